@@ -1,0 +1,1 @@
+"""rlvla3 package."""

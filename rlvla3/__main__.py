@@ -1,0 +1,56 @@
+"""``python -m rlvla3`` / ``rlvla3``: the command-line entry point.
+
+This module is only a table from command names to the modules that implement them; each such
+module exposes ``main(argv: list[str]) -> int`` and also runs as ``python -m <module>``. The
+table names modules by string so that ``rlvla3`` (the Ray-free core) never imports the actor,
+env or data-lake packages: a command's module is loaded only when that command runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "rl": ("actors.rl_job", "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
+}
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "async": ("actors.bench_async", "ablation of the RL pipeline modes (throughput JSON)"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: rlvla3 COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["  bench      benchmarks: " + ", ".join(BENCHMARKS)]
+    lines += ["", "Run 'rlvla3 COMMAND --help' for the options of one command."]
+    return "\n".join(lines)
+
+
+def _dispatch(table: dict[str, tuple[str, str]], name: str, argv: list[str], what: str) -> int:
+    if name not in table:
+        print(f"rlvla3: unknown {what} {name!r}; choose from: {', '.join(table)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(table[name][0])
+    return int(module.main(argv) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "bench":
+        if not rest or rest[0] in ("-h", "--help"):
+            print("usage: rlvla3 bench NAME [ARGS...]\n\nbenchmarks:")
+            for name, (_, help_) in BENCHMARKS.items():
+                print(f"  {name:<10} {help_}")
+            return 0 if rest else 2
+        return _dispatch(BENCHMARKS, rest[0], rest[1:], "benchmark")
+    return _dispatch(COMMANDS, command, rest, "command")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The seams of rlvla3: what an env, a policy and a trajectory source must provide.
+
+Anything that satisfies these protocols plugs into the pipeline without changing it: a new
+simulator implements ``Env``; a new model implements ``Policy``. Nothing here imports Ray.
+
+Invariants:
+- ``Env.step`` executes a whole action chunk and blocks until the simulator is done; env workers
+  run each slot in its own thread, so a blocking simulator never stalls the other slots.
+- ``Policy.evaluate`` on the (observations, actions, latents) recorded by ``Policy.act`` returns
+  the same log-probabilities for the same weights: that is what makes the decoupled PPO ratio
+  exact for fresh data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from rlvla3.types import EnvSpec, ObsBatch, Observation, PolicyOutput, StepResult
+
+
+@runtime_checkable
+class Env(Protocol):
+    """A simulator with fixed tasks and fixed initial states."""
+
+    spec: EnvSpec
+
+    def reset(self, task_id: int, init_state_id: int) -> Observation:
+        """Start an episode of ``task_id`` from fixed initial state ``init_state_id``."""
+        ...
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        """Execute one action chunk ``[chunk_len, action_dim]``."""
+        ...
+
+    def close(self) -> None:
+        """Release the simulator (processes, GL contexts)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A policy's differentiable view of recorded decisions."""
+
+    log_prob: torch.Tensor
+    """``[n]`` log-probability of the recorded action chunks under the current weights."""
+    value: torch.Tensor
+    """``[n]`` value estimates."""
+    entropy: torch.Tensor
+    """``[n]`` entropy (or an estimate of it) of the action distribution."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """An image + instruction + state policy with a value head. Also a ``torch.nn.Module``."""
+
+    def act(self, obs: ObsBatch, deterministic: bool = False) -> PolicyOutput:
+        """Sample (or take the mode of) action chunks; no gradient."""
+        ...
+
+    def evaluate(self, obs: ObsBatch, actions: torch.Tensor, latents: torch.Tensor) -> Evaluation:
+        """Log-probability, value and entropy of recorded decisions; differentiable."""
+        ...
+
+    def sft_loss(self, obs: ObsBatch, actions: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+        """Supervised (behaviour cloning) loss on demonstration action chunks."""
+        ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True): ...
+
+    def parameters(self): ...
