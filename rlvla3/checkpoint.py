@@ -1,0 +1,126 @@
+"""Checkpoints: safetensors weights, a weights-only optimizer state, and JSON metadata.
+
+Layout of one checkpoint directory::
+
+    policy.safetensors   policy parameters and buffers
+    optimizer.pt         optimizer state dict (loaded with ``weights_only=True``; optional)
+    meta.json            policy choice (name + options), env spec, policy version, counters
+
+A run directory keeps checkpoints in ``checkpoints/step-<version>/`` and points at the newest
+with ``checkpoints/latest`` (a one-line text file, so it works on filesystems without symlinks).
+Nothing here unpickles arbitrary objects: an untrusted checkpoint can at worst fail to load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from rlvla3.config import Named
+from rlvla3.protocols import Policy
+from rlvla3.types import EnvSpec
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What a checkpoint says about itself."""
+
+    policy: Named
+    """The policy choice the weights belong to."""
+    spec: EnvSpec
+    """Shapes of the env the policy was built for."""
+    version: int
+    """Policy version (optimizer steps taken)."""
+    counters: dict[str, Any] = field(default_factory=dict)
+    """Run counters to restore on resume (env steps, episodes, ...)."""
+
+
+def save_checkpoint(
+    directory: str | Path,
+    policy: Policy,
+    meta: CheckpointMeta,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Path:
+    """Write a checkpoint atomically (a temporary directory renamed into place)."""
+    directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
+    save_file(state, str(tmp / "policy.safetensors"))
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    payload = {
+        "policy": {"name": meta.policy.name, "options": dict(meta.policy.options)},
+        "spec": dataclasses.asdict(meta.spec),
+        "version": meta.version,
+        "counters": meta.counters,
+    }
+    (tmp / "meta.json").write_text(json.dumps(payload, indent=2))
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+    return directory
+
+
+def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMeta,
+                        optimizer: torch.optim.Optimizer | None = None, keep: int = 2) -> Path:
+    """Save ``checkpoints/step-<version>`` in a run directory, update ``latest``, prune old ones."""
+    root = Path(run_dir) / "checkpoints"
+    path = save_checkpoint(root / f"step-{meta.version:08d}", policy, meta, optimizer)
+    (root / "latest.tmp").write_text(path.name + "\n")
+    os.replace(root / "latest.tmp", root / "latest")
+    for old in sorted(root.glob("step-*"))[:-keep]:
+        if not old.name.endswith(".tmp"):
+            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory from either itself or a run directory (its latest checkpoint)."""
+    path = Path(path)
+    if (path / "meta.json").is_file():
+        return path
+    latest = path / "checkpoints" / "latest"
+    if latest.is_file():
+        ckpt = path / "checkpoints" / latest.read_text().strip()
+        if (ckpt / "meta.json").is_file():
+            return ckpt
+    raise FileNotFoundError(f"no checkpoint at {path} (expected meta.json or checkpoints/latest)")
+
+
+def read_meta(path: str | Path) -> CheckpointMeta:
+    """Metadata of the checkpoint at ``path`` (a checkpoint or run directory)."""
+    ckpt = resolve_checkpoint(path)
+    raw = json.loads((ckpt / "meta.json").read_text())
+    return CheckpointMeta(
+        policy=Named(raw["policy"]["name"], raw["policy"].get("options", {})),
+        spec=EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw["spec"].items()}),
+        version=int(raw["version"]),
+        counters=dict(raw.get("counters", {})),
+    )
+
+
+def load_policy(path: str | Path) -> tuple[Policy, CheckpointMeta]:
+    """Rebuild the policy a checkpoint was saved from and load its weights (strictly)."""
+    from rlvla3.policies import build_policy
+
+    meta = read_meta(path)
+    policy = build_policy(meta.policy, meta.spec)
+    policy.load_state_dict(load_file(str(resolve_checkpoint(path) / "policy.safetensors")))
+    return policy, meta
+
+
+def load_optimizer_state(path: str | Path) -> dict[str, Any] | None:
+    """The optimizer state saved beside the weights, or None; never unpickles objects."""
+    file = resolve_checkpoint(path) / "optimizer.pt"
+    if not file.is_file():
+        return None
+    return torch.load(file, map_location="cpu", weights_only=True)
