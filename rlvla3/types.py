@@ -143,6 +143,9 @@ class StepResult:
     """The task's success check holds."""
     steps: int
     """How many low-level simulator steps were executed (a chunk may stop early)."""
+    fault: str = ""
+    """Non-empty when the simulator crashed or hung during the chunk (the episode is then
+    truncated and the simulator restarted); says what happened."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +212,8 @@ class TrajectorySegment:
     """Value of the observation after the last step; used only when ``truncated``."""
     env_steps: int
     """Low-level simulator steps the episode took."""
+    fault: str = ""
+    """Non-empty when the episode was cut by a simulator fault (see ``StepResult.fault``)."""
 
     def __len__(self) -> int:
         return len(self.rewards)
