@@ -1,0 +1,126 @@
+"""Turning trajectory segments into flat training samples with advantages (numpy, no Ray).
+
+Role: the step between the trajectory queue and the learner's loss. Input: a list of
+``TrajectorySegment`` (whole episodes produced by the behaviour policy) and the ``AlgoConfig``.
+Output: one ``Samples`` with a row per decision point, in segment order, carrying everything the
+decoupled PPO objective needs (behaviour log-probabilities, advantages, returns, behaviour values).
+
+Invariants:
+- Advantages are computed per whole episode before anything is flattened, so a decision's
+  advantage never mixes rewards of two episodes.
+- PPO: GAE with the behaviour values recorded at rollout time and the segment's bootstrap value
+  when it was truncated; advantages are standardised over all samples of the call when
+  ``normalize_advantages`` (never per micro-batch, so that splitting a batch into micro-batches
+  does not change the update).
+- GRPO: segments are grouped by ``EpisodeKey``; each key must hold a whole number of groups of
+  ``group_size`` episodes (consecutive in list order form one group), otherwise ``ValueError``.
+  The per-step advantage is the episode's group advantage; the return is the episode return.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlvla3.algos import AlgoConfig, gae, grpo_advantages
+from rlvla3.types import EpisodeKey, ObsBatch, TrajectorySegment
+
+
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """``N`` decision points flattened from several episodes, ready for the loss."""
+
+    obs: ObsBatch
+    """Observations, ``N`` rows."""
+    actions: np.ndarray
+    """float32 ``[N, chunk_len, action_dim]``: the executed action chunks."""
+    latents: np.ndarray
+    """float32 ``[N, ...]``: what the policy needs to recompute the log-probabilities."""
+    log_probs: np.ndarray
+    """float32 ``[N]``: behaviour log-probabilities recorded at rollout time."""
+    advantages: np.ndarray
+    """float32 ``[N]``."""
+    returns: np.ndarray
+    """float32 ``[N]``: value targets (PPO) or episode returns (GRPO)."""
+    values: np.ndarray
+    """float32 ``[N]``: behaviour value estimates recorded at rollout time."""
+    policy_versions: np.ndarray
+    """int64 ``[N]``: version of the weights behind each action."""
+
+    def __len__(self) -> int:
+        return len(self.log_probs)
+
+    def select(self, index: np.ndarray) -> Samples:
+        """Rows ``index`` (an integer array) as new samples, e.g. one micro-batch."""
+        return Samples(
+            obs=self.obs.select(index),
+            actions=self.actions[index],
+            latents=self.latents[index],
+            log_probs=self.log_probs[index],
+            advantages=self.advantages[index],
+            returns=self.returns[index],
+            values=self.values[index],
+            policy_versions=self.policy_versions[index],
+        )
+
+
+def _ppo_advantages(
+    segments: Sequence[TrajectorySegment], cfg: AlgoConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    per_segment = [
+        gae(s.rewards, s.values, s.terminated, s.bootstrap_value, cfg.gamma, cfg.lam)
+        for s in segments
+    ]
+    advantages = np.concatenate([a for a, _ in per_segment])
+    returns = np.concatenate([r for _, r in per_segment])
+    if cfg.normalize_advantages:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    return advantages.astype(np.float32), returns
+
+
+def _grpo_advantages(
+    segments: Sequence[TrajectorySegment], cfg: AlgoConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    by_key: dict[EpisodeKey, list[int]] = defaultdict(list)
+    for i, segment in enumerate(segments):
+        by_key[segment.key].append(i)
+    episode_advantage = np.zeros(len(segments), dtype=np.float32)
+    for key, members in by_key.items():
+        if len(members) % cfg.group_size:
+            raise ValueError(
+                f"incomplete GRPO group for task {key.task_id}, init state {key.init_state_id}: "
+                f"{len(members)} episodes, not a multiple of group_size={cfg.group_size}"
+            )
+        for start in range(0, len(members), cfg.group_size):
+            group = members[start : start + cfg.group_size]
+            group_returns = np.array([segments[i].episode_return for i in group])
+            episode_advantage[group] = grpo_advantages(group_returns)
+    lengths = [len(s) for s in segments]
+    advantages = np.repeat(episode_advantage, lengths)
+    returns = np.repeat(np.array([s.episode_return for s in segments], np.float32), lengths)
+    return advantages, returns
+
+
+_ESTIMATORS = {"ppo": _ppo_advantages, "grpo": _grpo_advantages}
+
+
+def prepare_samples(segments: Sequence[TrajectorySegment], cfg: AlgoConfig) -> Samples:
+    """Flatten ``segments`` into ``Samples`` with advantages and returns for ``cfg.name``."""
+    if not segments:
+        raise ValueError("prepare_samples needs at least one segment")
+    advantages, returns = _ESTIMATORS[cfg.name](segments, cfg)
+    return Samples(
+        obs=ObsBatch.concat([s.obs for s in segments]),
+        actions=np.concatenate([s.actions for s in segments]).astype(np.float32, copy=False),
+        latents=np.concatenate([s.latents for s in segments]).astype(np.float32, copy=False),
+        log_probs=np.concatenate([s.log_probs for s in segments]).astype(np.float32, copy=False),
+        advantages=advantages,
+        returns=returns,
+        values=np.concatenate([s.values for s in segments]).astype(np.float32, copy=False),
+        policy_versions=np.concatenate([s.policy_versions for s in segments]).astype(
+            np.int64, copy=False
+        ),
+    )
