@@ -221,6 +221,9 @@ def value_loss(
         L = 0.5 * mean((V - R)^2)                                    if vf_clip is None
         V_clip = V_old + clip(V - V_old, -vf_clip, vf_clip)
         L = 0.5 * mean(max((V - R)^2, (V_clip - R)^2))               otherwise
+
+    The clipped form keeps one update from moving the value far from what the data was
+    collected with (the pessimistic maximum of the two errors is taken).
     """
     returns = returns.detach()
     error = (new_values - returns) ** 2
