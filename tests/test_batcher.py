@@ -1,0 +1,249 @@
+"""DynamicBatcher: the B_max / T_max firing rule, routing, isolation of failures, the
+between-batches hook and shutdown. Plain asyncio (``asyncio.run`` inside each test)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from rlvla3.batcher import BatcherClosed, BatcherConfig, DynamicBatcher
+from rlvla3.config import ConfigError, build
+
+
+class Recorder:
+    """An async ``process`` that records each batch and answers ``item * 10``."""
+
+    def __init__(self, delay_s: float = 0.0):
+        self.batches: list[list[int]] = []
+        self.delay_s = delay_s
+
+    async def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        await asyncio.sleep(self.delay_s)
+        return [i * 10 for i in items]
+
+
+def test_fires_at_b_max_without_waiting_for_t_max():
+    async def main():
+        process = Recorder()
+        batcher = DynamicBatcher(process, BatcherConfig(b_max=8, t_max_ms=5000.0))
+        start = time.monotonic()
+        results = await asyncio.gather(*(batcher.submit(i) for i in range(8)))
+        elapsed = time.monotonic() - start
+        await batcher.close()
+        return process, results, elapsed, batcher.stats()
+
+    process, results, elapsed, stats = asyncio.run(main())
+    assert results == [i * 10 for i in range(8)]
+    assert process.batches == [list(range(8))]
+    assert elapsed < 1.0  # far below t_max = 5 s
+    assert stats.batch_sizes == {8: 1} and stats.items == 8
+
+
+def test_fires_at_t_max_with_fewer_than_b_max():
+    async def main():
+        process = Recorder()
+        batcher = DynamicBatcher(process, BatcherConfig(b_max=64, t_max_ms=100.0))
+        start = time.monotonic()
+        results = await asyncio.gather(*(batcher.submit(i) for i in range(3)))
+        elapsed = time.monotonic() - start
+        await batcher.close()
+        return process, results, elapsed, batcher.stats()
+
+    process, results, elapsed, stats = asyncio.run(main())
+    assert results == [0, 10, 20]
+    assert process.batches == [[0, 1, 2]]
+    assert 0.09 <= elapsed < 1.0  # loose upper bound: the machine is shared and noisy
+    assert 0.09 <= stats.mean_wait_s < 1.0
+    assert stats.mean_batch_size == 3.0
+
+
+def test_t_max_counts_from_the_first_pending_request():
+    async def main():
+        process = Recorder()
+        batcher = DynamicBatcher(process, BatcherConfig(b_max=64, t_max_ms=400.0))
+        start = time.monotonic()
+        first = asyncio.ensure_future(batcher.submit(0))
+        await asyncio.sleep(0.3)
+        # a late request must not extend the deadline of the first one
+        second = await batcher.submit(1)
+        elapsed = time.monotonic() - start
+        await batcher.close()
+        return process, await first, second, elapsed
+
+    process, first, second, elapsed = asyncio.run(main())
+    assert (first, second) == (0, 10)
+    assert process.batches == [[0, 1]]
+    assert 0.39 <= elapsed < 0.6  # ~0.4 s, not 0.3 + 0.4 s
+
+
+def test_never_exceeds_b_max_and_routes_results_under_a_burst():
+    async def main():
+        process = Recorder(delay_s=0.002)
+        batcher = DynamicBatcher(process, BatcherConfig(b_max=5, t_max_ms=2.0))
+        rng = random.Random(0)
+
+        async def caller(i: int) -> tuple[int, int]:
+            await asyncio.sleep(rng.random() * 0.02)
+            return i, await batcher.submit(i)
+
+        answers = await asyncio.gather(*(caller(i) for i in range(203)))
+        await batcher.close()
+        return process, answers, batcher.stats()
+
+    process, answers, stats = asyncio.run(main())
+    assert all(result == i * 10 for i, result in answers)
+    assert max(len(b) for b in process.batches) <= 5
+    assert sorted(i for b in process.batches for i in b) == list(range(203))
+    assert stats.items == 203 and max(stats.batch_sizes) <= 5
+    assert sum(stats.batch_sizes.values()) == len(process.batches) == stats.batches
+    assert 0.0 < stats.busy_fraction <= 1.0
+
+
+def test_an_exception_reaches_only_the_callers_of_its_batch():
+    async def process(items: list[int]) -> list[int]:
+        if any(i < 0 for i in items):
+            raise ValueError(f"bad batch {items}")
+        return [i + 1 for i in items]
+
+    async def main():
+        batcher = DynamicBatcher(process, BatcherConfig(b_max=2, t_max_ms=50.0))
+        first = await asyncio.gather(
+            *(batcher.submit(i) for i in (-1, 1, 2, 3)), return_exceptions=True
+        )
+        later = await asyncio.gather(batcher.submit(7), batcher.submit(8))  # still serving
+        await batcher.close()
+        return first, later
+
+    first, later = asyncio.run(main())
+    assert isinstance(first[0], ValueError) and isinstance(first[1], ValueError)
+    assert first[0] is first[1]
+    assert first[2:] == [3, 4]
+    assert later == [8, 9]
+
+
+def test_wrong_number_of_results_is_an_error_for_that_batch():
+    async def main():
+        batcher = DynamicBatcher(lambda items: items[:-1], BatcherConfig(b_max=2, t_max_ms=10.0))
+        out = await asyncio.gather(batcher.submit(1), batcher.submit(2), return_exceptions=True)
+        await batcher.close()
+        return out
+
+    out = asyncio.run(main())
+    assert all(isinstance(o, RuntimeError) and "1 results for 2 items" in str(o) for o in out)
+
+
+def test_sync_process_runs_off_the_event_loop():
+    def process(items: list[int]) -> list[int]:
+        time.sleep(0.05)  # a blocking forward pass
+        return [-i for i in items]
+
+    async def main():
+        batcher = DynamicBatcher(process, BatcherConfig(b_max=4, t_max_ms=1.0))
+        busy = asyncio.ensure_future(batcher.submit(1))
+        await asyncio.sleep(0.01)  # the batch [1] is now running in a thread
+        ticks = 0
+        while not busy.done():  # the loop stays responsive meanwhile
+            ticks += 1
+            await asyncio.sleep(0.005)
+        rest = await asyncio.gather(*(batcher.submit(i) for i in range(2, 6)))
+        await batcher.close()
+        return await busy, rest, ticks
+
+    first, rest, ticks = asyncio.run(main())
+    assert first == -1 and rest == [-2, -3, -4, -5]
+    assert ticks >= 3
+
+
+def test_between_batches_hook_never_runs_during_a_batch():
+    async def main():
+        state = {"version": 0, "in_batch": False, "hook_calls": 0}
+        seen: list[set[int]] = []
+
+        async def hook() -> None:
+            assert not state["in_batch"]
+            await asyncio.sleep(0.001)
+            state["version"] += 1
+            state["hook_calls"] += 1
+
+        async def process(items: list[int]) -> list[int]:
+            state["in_batch"] = True
+            versions = set()
+            for _ in items:  # yield repeatedly: the hook must still not run
+                versions.add(state["version"])
+                await asyncio.sleep(0)
+            versions.add(state["version"])
+            seen.append(versions)
+            state["in_batch"] = False
+            return [state["version"]] * len(items)
+
+        batcher = DynamicBatcher(process, BatcherConfig(b_max=4, t_max_ms=1.0), hook)
+        rng = random.Random(1)
+
+        async def caller(i: int) -> int:
+            await asyncio.sleep(rng.random() * 0.03)
+            return await batcher.submit(i)
+
+        results = await asyncio.gather(*(caller(i) for i in range(60)))
+        await batcher.close()
+        return state, seen, results
+
+    state, seen, results = asyncio.run(main())
+    assert all(len(versions) == 1 for versions in seen)  # one version per batch
+    assert state["hook_calls"] == len(seen)  # once before each batch
+    assert sorted({v for versions in seen for v in versions}) == list(range(1, len(seen) + 1))
+    assert set(results) <= {v for versions in seen for v in versions}
+
+
+def test_close_with_pending_and_running_requests_does_not_hang():
+    async def main():
+        process = Recorder(delay_s=30.0)  # a batch that would run for a long time
+        batcher = DynamicBatcher(process, BatcherConfig(b_max=2, t_max_ms=60_000.0))
+        running = [asyncio.ensure_future(batcher.submit(i)) for i in range(2)]
+        await asyncio.sleep(0.05)  # [0, 1] fired (b_max) and is running
+        pending = asyncio.ensure_future(batcher.submit(2))  # waits for t_max = 60 s
+        await asyncio.sleep(0.01)
+        assert batcher.pending == 1
+        await asyncio.wait_for(batcher.close(), timeout=2.0)
+        out = await asyncio.wait_for(
+            asyncio.gather(*running, pending, return_exceptions=True), timeout=2.0
+        )
+        with pytest.raises(BatcherClosed):
+            await batcher.submit(3)
+        return process, out
+
+    process, out = asyncio.run(main())
+    assert process.batches == [[0, 1]]
+    assert all(isinstance(o, BatcherClosed) for o in out)
+
+
+def test_close_before_any_request():
+    async def main():
+        batcher = DynamicBatcher(Recorder(), BatcherConfig())
+        await batcher.close()
+        return batcher.stats()
+
+    assert asyncio.run(main()).batches == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"b_max": 0}, "rollout.b_max"),
+        ({"t_max_ms": -1.0}, "rollout.t_max_ms"),
+        ({"b_max": 2.5}, "rollout.b_max"),
+        ({"t_max": 5}, "rollout.t_max"),
+    ],
+)
+def test_config_errors_name_the_field(data, field):
+    with pytest.raises(ConfigError) as info:
+        build(BatcherConfig, data, "rollout")
+    assert info.value.field == field
+
+
+def test_config_accepts_zero_t_max():
+    cfg = build(BatcherConfig, {"b_max": 1, "t_max_ms": 0}, "rollout")
+    assert cfg.b_max == 1 and cfg.t_max_ms == 0.0
