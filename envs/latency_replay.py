@@ -321,7 +321,7 @@ class LatencyReplayEnv:
         self.spec = latency_replay_spec_of(config)
         self.model = make_latency_model(config)
         self._rng = np.random.default_rng(seed)
-        self._images = _task_images(config)
+        self._images = tuple(_task_images(config))  # one read-only view per task
         self._states = _task_states(config)
         self._limit = config.chunk_len * config.max_decisions
         self._scene: Any = None
