@@ -1,0 +1,144 @@
+"""One attention function over packed variable-length segments, with swappable backends.
+
+Inputs: queries ``q [Tq, Hq, D]`` and keys/values ``k, v [Tk, Hkv, D]`` of ``B`` segments laid
+end to end, boundaries ``cu_q`` / ``cu_k`` (int32 ``[B + 1]``, the FlashAttention varlen format),
+and optionally ``key_valid [Tk]`` (False on padding keys; padded mode only). Segment ``b`` of
+the queries attends, without a causal mask, to segment ``b`` of the keys and to nothing else.
+Output: ``[Tq, Hq, D]``. Grouped-query attention: ``Hq`` is a multiple of ``Hkv``.
+
+The model expresses the pi0 block structure with two calls of this function and no mask:
+prefix queries against prefix keys (bidirectional), and action queries against
+``[prefix keys, action keys]`` of the same sample.
+
+Backends (strategies, chosen by name or ``auto``; the choice is logged):
+- ``flash``: FlashAttention ``flash_attn_varlen_func`` (CUDA, imported lazily).
+- ``torch_varlen``: ``torch.nn.attention.varlen.varlen_attn`` (CUDA).
+- ``per_segment``: exact CPU path, one SDPA per segment (the fastest exact CPU path measured
+  here; a dense block-diagonal mask is ~6x slower and flex_attention has no CPU backward).
+- ``padded``: scatter into ``[B, L_max]``, masked SDPA, gather back (the baseline).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+
+class AttentionBackend:
+    """Computes varlen attention; subclasses implement ``__call__``."""
+
+    name = "abstract"
+    supports_key_mask = False
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                 cu_k: torch.Tensor, max_q: int, max_k: int,
+                 key_valid: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PerSegmentAttention(AttentionBackend):
+    """Exact: ``torch.split`` into segments, one SDPA each (split's backward is a cheap cat)."""
+
+    name = "per_segment"
+    supports_key_mask = True
+
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
+        lq = torch.diff(cu_q).tolist()
+        lk = torch.diff(cu_k).tolist()
+        gqa = q.shape[1] != k.shape[1]
+        masks = torch.split(key_valid, lk) if key_valid is not None else [None] * len(lq)
+        outs = []
+        for qs, ks, vs, m in zip(torch.split(q, lq), torch.split(k, lk), torch.split(v, lk), masks,
+                                 strict=True):
+            o = F.scaled_dot_product_attention(
+                qs.transpose(0, 1).unsqueeze(0), ks.transpose(0, 1).unsqueeze(0),
+                vs.transpose(0, 1).unsqueeze(0),
+                attn_mask=None if m is None else m.view(1, 1, 1, -1), enable_gqa=gqa,
+            )
+            outs.append(o[0].transpose(0, 1))
+        return torch.cat(outs) if outs else q.new_zeros(q.shape)
+
+
+class PaddedAttention(AttentionBackend):
+    """Baseline: pad every segment to the longest, one masked SDPA over ``[B, H, L, D]``."""
+
+    name = "padded"
+    supports_key_mask = True
+
+    @staticmethod
+    def _slots(cu: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lens = torch.diff(cu.long())
+        seg = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), lens)
+        return seg, torch.arange(total, device=cu.device) - cu.long()[seg]
+
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
+        b = len(cu_q) - 1
+        sq, oq = self._slots(cu_q, q.shape[0])
+        sk, ok = self._slots(cu_k, k.shape[0])
+        pq = q.new_zeros(b, max_q, *q.shape[1:]).index_put((sq, oq), q)
+        pk = k.new_zeros(b, max_k, *k.shape[1:]).index_put((sk, ok), k)
+        pv = v.new_zeros(b, max_k, *v.shape[1:]).index_put((sk, ok), v)
+        valid = torch.zeros(b, max_k, dtype=torch.bool, device=q.device)
+        valid[sk, ok] = True if key_valid is None else key_valid
+        out = F.scaled_dot_product_attention(
+            pq.transpose(1, 2), pk.transpose(1, 2), pv.transpose(1, 2),
+            attn_mask=valid[:, None, None, :], enable_gqa=q.shape[1] != k.shape[1],
+        )
+        return out.transpose(1, 2)[sq, oq]
+
+
+class TorchVarlenAttention(AttentionBackend):
+    """PyTorch's fused varlen kernel (CUDA only)."""
+
+    name = "torch_varlen"
+
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
+        from torch.nn.attention.varlen import varlen_attn
+
+        return varlen_attn(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k,
+                           enable_gqa=q.shape[1] != k.shape[1])
+
+
+class FlashAttention(AttentionBackend):
+    """FlashAttention 2/3 varlen kernel (CUDA, ``flash-attn`` installed)."""
+
+    name = "flash"
+
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
+        from flash_attn import flash_attn_varlen_func
+
+        return flash_attn_varlen_func(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k, causal=False)
+
+
+BACKENDS: dict[str, type[AttentionBackend]] = {
+    cls.name: cls
+    for cls in (FlashAttention, TorchVarlenAttention, PerSegmentAttention, PaddedAttention)
+}
+
+
+def flash_available() -> bool:
+    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def select_backend(name: str, device: torch.device, padded: bool = False) -> AttentionBackend:
+    """The backend named ``name`` (``auto``: best one for ``device``); logs the choice."""
+    if padded:
+        name = "padded" if name == "auto" else name
+    elif name == "auto":
+        if device.type == "cuda":
+            name = "flash" if flash_available() else "torch_varlen"
+        else:
+            name = "per_segment"
+    if name in ("flash", "torch_varlen") and device.type != "cuda":
+        raise ValueError(f"attention backend {name!r} needs a CUDA device, model is on {device}")
+    if name == "flash" and not flash_available():
+        raise ValueError("attention backend 'flash' needs the flash-attn package (not importable)")
+    backend = BACKENDS[name]()
+    log.info("attention backend: %s (device %s%s)", backend.name, device,
+             ", padded baseline" if padded else "")
+    return backend

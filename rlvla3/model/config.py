@@ -1,0 +1,129 @@
+"""Configuration of the VLA model: the option mapping a run passes, and the preset shapes.
+
+Input: the ``policy.options`` mapping (validated by ``rlvla3.config.build`` into ``VLAConfig``).
+Output: a frozen ``VLAConfig`` and, through ``shapes_for``, the frozen ``ModelShapes`` of the
+chosen preset.
+
+Invariants: the action expert shares depth, head count, KV-head count and head size with the
+backbone (every layer attends jointly over prefix keys and action keys, as in pi0/pi0.5);
+preset ``pi05`` has the shapes of PaliGemma-2B (SigLIP So400m/14 at 224 px + Gemma-2B) plus the
+Gemma-300M action expert, so that an openpi/LeRobot pi0.5 checkpoint loads onto it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from rlvla3.config import require
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    """Sizes of every part of the model."""
+
+    image_size: int
+    """Square side (pixels) the processor resizes camera images to."""
+    patch: int
+    """ViT patch side; an image yields ``(image_size // patch) ** 2`` tokens."""
+    vision_width: int
+    vision_depth: int
+    vision_heads: int
+    vision_mlp: int
+    width: int
+    """Backbone (prefix) hidden size."""
+    depth: int
+    """Layers of the backbone and of the action expert."""
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp: int
+    vocab: int
+    """Token-embedding rows (bytes, state bins and specials for the built-in tokenizer)."""
+    expert_width: int
+    expert_mlp: int
+    max_action_dim: int
+    """Actions are zero-padded to this width inside the model (0: the env's action_dim)."""
+
+    @property
+    def image_tokens(self) -> int:
+        return (self.image_size // self.patch) ** 2
+
+
+PRESETS: dict[str, ModelShapes] = {
+    "tiny": ModelShapes(
+        image_size=32, patch=8, vision_width=32, vision_depth=1, vision_heads=2, vision_mlp=64,
+        width=64, depth=2, heads=4, kv_heads=2, head_dim=16, mlp=128, vocab=528,
+        expert_width=32, expert_mlp=64, max_action_dim=0,
+    ),
+    "small": ModelShapes(
+        image_size=64, patch=8, vision_width=128, vision_depth=2, vision_heads=4, vision_mlp=256,
+        width=256, depth=4, heads=4, kv_heads=1, head_dim=64, mlp=1024, vocab=528,
+        expert_width=128, expert_mlp=512, max_action_dim=0,
+    ),
+    "pi05": ModelShapes(
+        image_size=224, patch=14, vision_width=1152, vision_depth=27, vision_heads=16,
+        vision_mlp=4304, width=2048, depth=18, heads=8, kv_heads=1, head_dim=256, mlp=16384,
+        vocab=257152, expert_width=1024, expert_mlp=4096, max_action_dim=32,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class VLAConfig:
+    """Options of the ``vla`` policy (``policy.options`` in a run config)."""
+
+    preset: Literal["tiny", "small", "pi05"] = "tiny"
+    """Model size; ``pi05`` is only built on a CUDA device."""
+    attention: Literal["auto", "flash", "torch_varlen", "per_segment", "padded"] = "auto"
+    """Attention backend; ``auto`` picks flash > torch_varlen on CUDA, per_segment on CPU."""
+    padded: bool = False
+    """Run the whole model in dynamic-padding mode (the benchmark baseline): absent cameras are
+    encoded as blank images and instructions padded to the batch maximum, then masked."""
+    fp8: bool = False
+    """Backbone and action-expert linears with FP8 e4m3 block-scaled weights/activations."""
+    fp8_backend: Literal["auto", "transformer_engine", "torchao", "emulated"] = "auto"
+    """Which FP8 implementation; ``auto`` prefers real kernels and falls back to emulation."""
+    logprob: Literal["flow_sde", "flow_noise"] = "flow_sde"
+    """How the denoising chain gets a likelihood: SDE noise level or a learned noise head."""
+    denoise_steps: int = 4
+    """K, the Euler steps from noise (t=1) to action (t=0)."""
+    noise_level: float = 0.5
+    """Flow-SDE ``a`` in ``sigma_t = a * sqrt(t / (1 - t))``."""
+    noise_min: float = 0.05
+    """Flow-Noise: smallest std the learned noise head may output."""
+    noise_max: float = 0.5
+    """Flow-Noise: largest std the learned noise head may output."""
+    max_text_tokens: int = 64
+    """Instructions are truncated to this many tokens by the processor."""
+    state_bins: int = 256
+    """Discretisation of each (normalised to [-1, 1]) state dimension."""
+    image_size: int = 0
+    """Override of the preset's image side (0: keep the preset's)."""
+    seed: int = 0
+    """Seed of the weight initialisation."""
+    checkpoint: str = ""
+    """Local pi0.5 checkpoint (LeRobot/openpi safetensors) to load after building; nothing is
+    downloaded."""
+
+    def validate(self) -> None:
+        require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")
+        require(self.noise_level > 0, "noise_level", "must be > 0")
+        require(0 < self.noise_min < self.noise_max, "noise_min", "need 0 < noise_min < noise_max")
+        require(self.max_text_tokens >= 1, "max_text_tokens", "must be >= 1")
+        require(2 <= self.state_bins <= 256, "state_bins", "must be in [2, 256]")
+        shapes = PRESETS[self.preset]
+        require(
+            self.image_size == 0 or self.image_size % shapes.patch == 0,
+            "image_size", f"must be a multiple of the patch size {shapes.patch}",
+        )
+        require(not (self.padded and self.attention not in ("auto", "padded")), "attention",
+                "padded mode runs only with the 'padded' attention backend")
+
+
+def shapes_for(cfg: VLAConfig) -> ModelShapes:
+    """The preset's shapes with the config's overrides applied."""
+    shapes = PRESETS[cfg.preset]
+    if cfg.image_size:
+        shapes = replace(shapes, image_size=cfg.image_size)
+    return shapes

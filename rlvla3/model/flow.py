@@ -1,0 +1,112 @@
+"""Flow-matching math of the action expert: training target, denoising chain, log-probs.
+
+Convention (pi0): ``x_t = t * noise + (1 - t) * action``, velocity ``u = noise - action``;
+sampling integrates from ``t = 1`` (noise) to ``t = 0`` (action) in K Euler steps of size
+``dt = 1 / K``. For RL the deterministic chain is made stochastic, giving a Gaussian per step
+whose log-density sums to the chain's log-probability (piRL, arXiv 2510.25889):
+
+- Flow-SDE: the marginal-preserving reverse SDE of the flow. With
+  ``sigma_t = a * sqrt(t / (1 - t))`` (t capped at ``1 - dt / 2`` so it stays finite)::
+
+      mean = x - dt * (v + sigma_t^2 / (2 t) * (x + (1 - t) v)),   std = sigma_t * sqrt(dt)
+
+- Flow-Noise: the ODE mean ``x - dt * v`` plus a learned std per element from the noise head,
+  squashed into ``[noise_min, noise_max]``.
+
+The chain log-probability is ``sum_k log N(x_{k+1}; mean_k, std_k^2)`` over all steps and
+action elements (the initial noise density is constant in the weights and left out). The
+recorded chain ``[n, K + 1, H, A]`` is all that is needed to recompute it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+@dataclass(frozen=True)
+class StepDistribution:
+    mean: torch.Tensor
+    std: torch.Tensor
+
+
+def time_grid(steps: int) -> list[float]:
+    """Flow times of the chain's states, ``1, 1 - 1/K, ..., 1/K`` (one per step)."""
+    return [1.0 - k / steps for k in range(steps)]
+
+
+def sde_step(x: torch.Tensor, v: torch.Tensor, t: torch.Tensor, dt: float,
+             noise_level: float) -> StepDistribution:
+    """Flow-SDE transition from ``x`` at time ``t [S]`` to ``t - dt``."""
+    tt = t.clamp(max=1.0 - dt / 2)[:, None, None]
+    sigma = noise_level * torch.sqrt(tt / (1 - tt))
+    t3 = t[:, None, None]
+    mean = x - dt * (v + sigma**2 / (2 * t3) * (x + (1 - t3) * v))
+    return StepDistribution(mean, (sigma * math.sqrt(dt)).expand_as(mean))
+
+
+def noise_step(x: torch.Tensor, v: torch.Tensor, raw_std: torch.Tensor, dt: float,
+               lo: float, hi: float) -> StepDistribution:
+    """Flow-Noise transition: Euler mean, learned std in ``[lo, hi]``."""
+    return StepDistribution(x - dt * v, lo + (hi - lo) * torch.sigmoid(raw_std))
+
+
+def gaussian_log_prob(x: torch.Tensor, dist: StepDistribution) -> torch.Tensor:
+    """Sum over all but the first dim of ``log N(x; mean, std^2)``."""
+    z = (x - dist.mean) / dist.std
+    lp = -0.5 * z**2 - torch.log(dist.std) - 0.5 * LOG_2PI
+    return lp.flatten(1).sum(1)
+
+
+def gaussian_entropy(dist: StepDistribution) -> torch.Tensor:
+    return (torch.log(dist.std) + 0.5 * (LOG_2PI + 1)).flatten(1).sum(1)
+
+
+StepFn = Callable[[torch.Tensor, torch.Tensor], StepDistribution]
+"""``(x [S, H, A], t [S]) -> StepDistribution`` for one denoising step."""
+
+
+def sample_chain(step: StepFn, x0: torch.Tensor, steps: int, deterministic: bool,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the chain from noise ``x0 [n, H, A]``; returns (chain ``[n, K+1, H, A]``, logp ``[n]``)."""
+    chain, logp, x = [x0], x0.new_zeros(len(x0)), x0
+    for t in time_grid(steps):
+        dist = step(x, torch.full((len(x),), t, device=x.device))
+        if deterministic:
+            x = dist.mean
+        else:
+            eps = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+            x = dist.mean + dist.std * eps
+        logp = logp + gaussian_log_prob(x, dist)
+        chain.append(x)
+    return torch.stack(chain, 1), logp
+
+
+def chain_log_prob(step: StepFn, chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob and entropy ``[n]`` of recorded chains, all K steps in one batched pass."""
+    n, k1 = chain.shape[:2]
+    steps = k1 - 1
+    x = chain[:, :-1].transpose(0, 1).reshape(steps * n, *chain.shape[2:])
+    t = torch.tensor(time_grid(steps), device=chain.device).repeat_interleave(n)
+    dist = step(x, t)
+    nxt = chain[:, 1:].transpose(0, 1).reshape_as(x)
+    logp = gaussian_log_prob(nxt, dist).view(steps, n).sum(0)
+    return logp, gaussian_entropy(dist).view(steps, n).sum(0)
+
+
+def flow_matching_target(actions: torch.Tensor, noise: torch.Tensor,
+                         t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x_t, u)`` for training: the noisy chunk and the velocity to regress."""
+    t3 = t[:, None, None]
+    return t3 * noise + (1 - t3) * actions, noise - actions
+
+
+def sample_time(n: int, device: torch.device, generator: torch.Generator | None = None):
+    """pi0's training times: ``Beta(1.5, 1)`` scaled into ``[0.001, 1]``."""
+    u = torch.rand(n, generator=generator, device=device)
+    return (u ** (1 / 1.5)) * 0.999 + 0.001
