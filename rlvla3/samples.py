@@ -66,6 +66,20 @@ class Samples:
             policy_versions=self.policy_versions[index],
         )
 
+    @staticmethod
+    def concat(parts: Sequence[Samples]) -> Samples:
+        """Rows of several ``Samples`` in order, e.g. a micro-batch that spans two arrivals."""
+        return Samples(
+            obs=ObsBatch.concat([p.obs for p in parts]),
+            actions=np.concatenate([p.actions for p in parts]),
+            latents=np.concatenate([p.latents for p in parts]),
+            log_probs=np.concatenate([p.log_probs for p in parts]),
+            advantages=np.concatenate([p.advantages for p in parts]),
+            returns=np.concatenate([p.returns for p in parts]),
+            values=np.concatenate([p.values for p in parts]),
+            policy_versions=np.concatenate([p.policy_versions for p in parts]),
+        )
+
 
 def _ppo_advantages(
     segments: Sequence[TrajectorySegment], cfg: AlgoConfig

@@ -1,0 +1,181 @@
+"""EnvWorker actor: several env slots, each running episodes against a rollout server.
+
+Each slot owns one ``Env`` and steps it in its own thread (a simulator call blocks; the other
+slots go on). Finished episodes are put into ``ray.put`` and shipped to the trajectory queue as
+``ObjectRef``s; a full queue makes ``put`` wait, which pauses that slot (backpressure).
+
+Two ways to drive the slots, chosen by the controller's rollout strategy:
+- ``run()``: every slot runs its own episode loop until ``stop()``; no slot waits for another
+  (asynchronous rollout).
+- ``begin_episodes()`` / ``step_slots(chunks)``: the controller steps all slots of a group in
+  lockstep and batches their inference itself (synchronous and pipelined rollout).
+
+An episode cut by a simulator fault is dropped and counted, never shipped: its last transition
+is not a real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import ray
+
+from actors.metrics import RoleMetrics
+from actors.trajectory_queue import SegmentInfo
+from envs import make_env
+from rlvla3.config import Named
+from rlvla3.episode import EpisodeRecorder, TaskSampler
+from rlvla3.run_config import EnvWorkerConfig
+from rlvla3.types import ActionChunk, EnvSpec, Observation, StepResult, TrajectorySegment
+
+
+class EnvWorker:
+    """A group of env slots."""
+
+    def __init__(self, worker_id: int, env: Named, spec: EnvSpec, cfg: EnvWorkerConfig,
+                 task_ids: list[int], init_state_ids: list[int], seed: int, repeat: int,
+                 servers: list, queue):
+        self.worker_id = worker_id
+        self.spec = spec
+        self.cfg = cfg
+        self.envs = [make_env(env, seed=seed * 100_003 + worker_id * 1009 + i)
+                     for i in range(cfg.slots_per_worker)]
+        self.pool = ThreadPoolExecutor(max_workers=cfg.slots_per_worker,
+                                       thread_name_prefix=f"env{worker_id}")
+        self.sampler = TaskSampler(task_ids, init_state_ids, seed * 31 + worker_id, repeat)
+        self.servers = servers
+        self.queue = queue
+        self.metrics = RoleMetrics("env", f"env-{worker_id}")
+        self._stop = False
+        self._started = time.monotonic()
+        self._recorders: list[EpisodeRecorder | None] = [None] * cfg.slots_per_worker
+        self._obs: list[Observation | None] = [None] * cfg.slots_per_worker
+        self.counts = {"env_steps": 0, "decisions": 0, "episodes": 0, "successes": 0,
+                       "dropped_faults": 0, "env_busy_s": 0.0, "infer_wait_s": 0.0,
+                       "queue_wait_s": 0.0}
+        self.recent: deque[tuple[float, bool]] = deque(maxlen=200)
+
+    # ---- env calls (threaded, with a timeout) -------------------------------------------
+    async def _call(self, fn, *args):
+        start = time.monotonic()
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(self.pool, fn, *args),
+                                          self.cfg.step_timeout_s)
+        finally:
+            self.counts["env_busy_s"] += time.monotonic() - start
+
+    async def _reset(self, slot: int) -> Observation:
+        key = self.sampler.next()
+        self._recorders[slot] = EpisodeRecorder(key, f"w{self.worker_id}/s{slot}")
+        obs = await self._call(self.envs[slot].reset, key.task_id, key.init_state_id)
+        self._obs[slot] = obs
+        return obs
+
+    async def _step(self, slot: int, chunk: ActionChunk) -> StepResult:
+        """Execute ``chunk`` on ``slot``, record it, and ship the episode if it ended."""
+        try:
+            result = await self._call(self.envs[slot].step, chunk.actions)
+        except asyncio.TimeoutError:
+            result = StepResult(self._obs[slot], 0.0, False, True, False, 0,
+                                fault=f"step timed out after {self.cfg.step_timeout_s}s")
+        rec = self._recorders[slot]
+        rec.record(self._obs[slot], chunk, result)
+        self.counts["env_steps"] += result.steps
+        self.counts["decisions"] += 1
+        self.metrics.inc("env_steps", result.steps)
+        self._obs[slot] = result.obs
+        done = result.terminated or result.truncated or len(rec) >= self.spec.max_decisions
+        if done:
+            await self._finish(slot, result)
+        return result
+
+    async def _finish(self, slot: int, last: StepResult) -> None:
+        rec, self._recorders[slot] = self._recorders[slot], None
+        if last.fault:
+            self.counts["dropped_faults"] += 1
+            self.metrics.inc("episodes_dropped")
+            return
+        bootstrap = 0.0
+        if not last.terminated:
+            start = time.monotonic()
+            bootstrap = (await self._server(slot).act.remote(last.obs)).value
+            self.counts["infer_wait_s"] += time.monotonic() - start
+        segment = rec.finish(last, bootstrap)
+        self.counts["episodes"] += 1
+        self.counts["successes"] += int(segment.success)
+        self.recent.append((segment.episode_return, segment.success))
+        self.metrics.inc("episodes")
+        await self._ship(segment)
+
+    async def _ship(self, segment: TrajectorySegment) -> None:
+        info = SegmentInfo(segment.source, segment.key, len(segment), segment.env_steps,
+                           int(segment.policy_versions.min()), segment.episode_return,
+                           segment.success)
+        start = time.monotonic()
+        await self.queue.put.remote(info, [ray.put(segment)])
+        self.counts["queue_wait_s"] += time.monotonic() - start
+        self.metrics.inc("trajectories")
+
+    def _server(self, slot: int):
+        return self.servers[(self.worker_id + slot) % len(self.servers)]
+
+    # ---- asynchronous rollout ----------------------------------------------------------
+    async def run(self) -> dict:
+        """Run every slot's own episode loop until ``stop()``."""
+        self._stop = False
+        await asyncio.gather(*(self._slot_loop(i) for i in range(len(self.envs))))
+        return self.stats()
+
+    async def _slot_loop(self, slot: int) -> None:
+        server = self._server(slot)
+        while not self._stop:
+            obs = await self._reset(slot)
+            while not self._stop:
+                start = time.monotonic()
+                chunk = await server.act.remote(obs)
+                self.counts["infer_wait_s"] += time.monotonic() - start
+                await self._step(slot, chunk)
+                if self._recorders[slot] is None:
+                    break
+                obs = self._obs[slot]
+
+    def stop(self) -> None:
+        self._stop = True
+
+    # ---- lockstep rollout (driven by the controller) ----------------------------------
+    async def begin_episodes(self) -> list[Observation]:
+        """Reset every slot to its next episode; returns one observation per slot."""
+        return list(await asyncio.gather(*(self._reset(i) for i in range(len(self.envs)))))
+
+    async def step_slots(self, chunks: list[ActionChunk | None]) -> list[Observation | None]:
+        """Step the slots whose chunk is given, all at once; None for slots now finished."""
+        live = [i for i, c in enumerate(chunks) if c is not None and self._recorders[i] is not None]
+        await asyncio.gather(*(self._step(i, chunks[i]) for i in live))
+        return [self._obs[i] if self._recorders[i] is not None else None
+                for i in range(len(self.envs))]
+
+    # ---- reporting ---------------------------------------------------------------------
+    def stats(self) -> dict:
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        returns = [r for r, _ in self.recent]
+        succ = [s for _, s in self.recent]
+        restarts = sum(getattr(env, "restarts", 0) for env in self.envs)
+        return {
+            **self.counts,
+            "slots": len(self.envs),
+            "busy_fraction": min(self.counts["env_busy_s"] / (elapsed * len(self.envs)), 1.0),
+            "recent_return": float(np.mean(returns)) if returns else 0.0,
+            "recent_success": float(np.mean(succ)) if succ else 0.0,
+            "recent_episodes": len(self.recent),
+            "restarts": restarts,
+        }
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,236 @@
+"""Learner actor: one rank of the learner group (torch.distributed + DDP).
+
+Rank 0 publishes weights after every optimizer step: a ``WeightsMessage`` put once into the
+object store and offered to every rollout server (they swap between batches), and the new
+version told to the queue (its staleness filter). On GPU clusters the same message carries no
+tensors and the weights travel by a collective broadcast instead (``broadcast_weights``).
+
+Two ways to drive it, chosen by the training strategy:
+- ``run()``: pull from the queue and train until ``stop()`` (asynchronous training).
+- ``train_available()``: drain what the queue holds now, train every full batch, return
+  (synchronous training: rollout, then train, then sync weights).
+The learner strategy (batch or streaming) decides when a micro-batch may start.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import ray
+import torch
+import torch.distributed as dist
+
+from actors.metrics import RoleMetrics
+from rlvla3.algos import AlgoConfig
+from rlvla3.checkpoint import CheckpointMeta, load_optimizer_state, save_run_checkpoint
+from rlvla3.config import Named
+from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats
+from rlvla3.policies import build_policy
+from rlvla3.protocols import Evaluation
+from rlvla3.run_config import LearnerConfig
+from rlvla3.types import EnvSpec, WeightsMessage
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class Learner:
+    """One learner rank."""
+
+    def __init__(self, rank: int, world_size: int, policy: Named, spec: EnvSpec,
+                 algo: AlgoConfig, cfg: LearnerConfig, strategy: str, seed: int):
+        torch.set_num_threads(cfg.torch_threads)
+        torch.manual_seed(seed)  # identical initial weights on every rank
+        self.rank = rank
+        self.world_size = world_size
+        self.policy_choice = policy
+        self.spec = spec
+        self.cfg = cfg
+        self.policy = build_policy(policy, spec)
+        self.core = LearnerCore(self.policy, algo, cfg.global_batch // world_size, cfg.micro_batch,
+                                cfg.lr, LEARNER_STRATEGIES[strategy]())
+        self.metrics = RoleMetrics("learner", f"learner-{rank}")
+        self.servers: list = []
+        self.queue = None
+        self._stop = threading.Event()
+        self._stop_version: int | None = None
+        self._started = time.monotonic()
+        self.wait_s = 0.0
+        self.last: StepStats | None = None
+        self.history: list[dict] = []
+
+    # ---- setup -------------------------------------------------------------------------
+    def address(self) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), free_port()
+
+    def init_group(self, master_addr: str, master_port: int) -> bool:
+        """Join the process group and wrap the policy in DDP (only when world_size > 1)."""
+        if self.world_size == 1:
+            return True
+        backend = self.cfg.backend
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() and self.cfg.num_gpus > 0 else "gloo"
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            _EvaluateModule(self.policy), find_unused_parameters=True)
+        self.core.model = _DDPEvaluate(ddp)
+        return True
+
+    def connect(self, servers: list, queue) -> None:
+        self.servers = servers
+        self.queue = queue
+
+    def restore(self, path: str) -> int:
+        """Load weights, optimizer state and version from a checkpoint; returns the version."""
+        from rlvla3.checkpoint import load_policy
+
+        policy, meta = load_policy(path)
+        self.policy.load_state_dict(policy.state_dict())
+        state = load_optimizer_state(path)
+        if state is not None:
+            self.core.optimizer.load_state_dict(state)
+        self.core.version = meta.version
+        return meta.version
+
+    # ---- training ----------------------------------------------------------------------
+    def _publish(self, stats: StepStats) -> None:
+        self.last = stats
+        self.metrics.inc("optimizer_steps")
+        self.metrics.inc("samples_trained", stats.samples)
+        self.metrics.set("loss", stats.loss)
+        self.metrics.set("policy_version", stats.version)
+        self.history.append({"version": stats.version, "loss": stats.loss,
+                             "policy_loss": stats.policy_loss, "value_loss": stats.value_loss,
+                             "entropy": stats.entropy, "approx_kl": stats.approx_kl,
+                             "clip_fraction": stats.clip_fraction,
+                             "staleness": stats.mean_staleness, "grad_norm": stats.grad_norm})
+        if self.rank != 0:
+            return
+        ref = ray.put(self.weights_message())
+        for server in self.servers:
+            server.update_weights.remote(ref)
+        if self.queue is not None:
+            self.queue.set_version.remote(stats.version)
+
+    def weights_message(self) -> WeightsMessage:
+        return WeightsMessage(self.core.version, self.core.weights())
+
+    def _pull(self, max_items: int, timeout_s: float) -> int:
+        start = time.monotonic()
+        items = ray.get(self.queue.get.remote(max_items, timeout_s))
+        segments = ray.get([refs[0] for _, refs in items]) if items else []
+        self.wait_s += time.monotonic() - start
+        self.core.add_segments(segments)
+        return len(segments)
+
+    def run(self) -> dict:
+        """Asynchronous training: pull and train until ``stop()`` (and the stop version)."""
+        self._stop.clear()
+        self._stop_version = None
+        while not (self._stop.is_set() and self._stop_reached()):
+            self._pull(max_items=8, timeout_s=0.2)
+            self.core.run_available(self._publish, until_version=self._stop_version)
+        return self.stats()
+
+    def _stop_reached(self) -> bool:
+        if self.world_size == 1 or self._stop_version is None:
+            return True
+        return self.core.version >= self._stop_version
+
+    def train_available(self) -> dict:
+        """Synchronous training (one rank): take everything queued now, train every full batch."""
+        while self._pull(max_items=1024, timeout_s=0.05):
+            pass
+        self.core.run_available(self._publish)
+        return self.stats()
+
+    def train_steps(self, steps: int, timeout_s: float = 120.0) -> dict:
+        """Synchronous training (any rank count): exactly ``steps`` optimizer steps, pulling
+        only the samples this rank needs, so every rank takes the same number of steps."""
+        target = self.core.version + steps
+        need = steps * self.core.local_batch - self.core.micro_done
+        deadline = time.monotonic() + timeout_s
+        while self.core.buffered < need:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"learner {self.rank}: no data for {steps} steps")
+            self._pull(max_items=1, timeout_s=0.5)
+        self.core.run_available(self._publish, until_version=target)
+        return self.stats()
+
+    def stop(self, at_version: int | None = None) -> None:
+        """Leave ``run()``; with several ranks, only once every rank reached ``at_version``."""
+        self._stop_version = at_version
+        self._stop.set()
+
+    def buffered(self) -> int:
+        return self.core.buffered
+
+    def broadcast_weights(self) -> int:
+        """GPU path: broadcast parameters from rank 0 over the process group (NCCL)."""
+        if self.world_size > 1:
+            for tensor in self.policy.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        return self.core.version
+
+    # ---- checkpoints and reporting --------------------------------------------------------
+    def save(self, run_dir: str, counters: dict) -> str:
+        meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version, counters)
+        return str(save_run_checkpoint(run_dir, self.policy, meta, self.core.optimizer))
+
+    def version(self) -> int:
+        return self.core.version
+
+    def stats(self) -> dict:
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        out = {
+            "version": self.core.version,
+            "samples_trained": self.core.samples_trained,
+            "buffered": self.core.buffered,
+            "busy_fraction": min(self.core.busy_s / elapsed, 1.0),
+            "busy_s": self.core.busy_s,
+            "data_wait_fraction": min(self.wait_s / elapsed, 1.0),
+        }
+        if self.last is not None:
+            out.update(loss=self.last.loss, entropy=self.last.entropy,
+                       approx_kl=self.last.approx_kl, staleness=self.last.mean_staleness)
+        return out
+
+    def take_history(self) -> list[dict]:
+        out, self.history = self.history, []
+        return out
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _EvaluateModule(torch.nn.Module):
+    """``forward`` = ``policy.evaluate`` as a tuple, the form DDP's gradient hooks need."""
+
+    def __init__(self, policy: torch.nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, obs, actions, latents):
+        ev = self.policy.evaluate(obs, actions, latents)
+        return ev.log_prob, ev.value, ev.entropy
+
+
+class _DDPEvaluate:
+    """Gives the learner core ``evaluate`` and ``no_sync`` on a DDP-wrapped policy."""
+
+    def __init__(self, ddp: torch.nn.parallel.DistributedDataParallel):
+        self.ddp = ddp
+
+    def evaluate(self, obs, actions, latents) -> Evaluation:
+        return Evaluation(*self.ddp(obs, actions, latents))
+
+    def no_sync(self):
+        return self.ddp.no_sync()

@@ -1,0 +1,118 @@
+"""RolloutServer actor: dynamic-batched policy inference for env slots.
+
+Two entry points, one per rollout strategy:
+- ``act(obs)``: one request per env slot (asynchronous rollout); a ``DynamicBatcher`` fires at
+  ``b_max`` pending requests or ``t_max`` after the first one.
+- ``act_batch(observations)``: a whole lockstep group in one call (lockstep/pipelined rollout).
+
+Invariant: weights offered by the learner (``update_weights``) are applied only between batches,
+under the same lock that serialises batches, so every action of a batch carries one version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import torch
+
+from actors.metrics import RoleMetrics
+from rlvla3.batcher import BatcherConfig, DynamicBatcher
+from rlvla3.config import Named
+from rlvla3.policies import build_policy
+from rlvla3.rollout import RolloutCore
+from rlvla3.run_config import RolloutConfig
+from rlvla3.types import ActionChunk, EnvSpec, Observation, WeightsMessage
+
+
+class RolloutServer:
+    """Holds one policy copy; serves actions to env slots."""
+
+    def __init__(self, server_id: int, policy: Named, spec: EnvSpec, cfg: RolloutConfig, seed: int):
+        torch.set_num_threads(cfg.torch_threads)
+        torch.manual_seed(seed * 7919 + server_id)
+        self.server_id = server_id
+        self.cfg = cfg
+        self.core = RolloutCore(build_policy(policy, spec), cfg.deterministic)
+        self.metrics = RoleMetrics("rollout", f"rollout-{server_id}")
+        self._lock: asyncio.Lock | None = None
+        self._batcher: DynamicBatcher | None = None
+        self._started = time.monotonic()
+        self._requests = 0
+        self._lockstep_sizes: dict[int, int] = {}
+
+    def _ensure(self) -> tuple[asyncio.Lock, DynamicBatcher]:
+        if self._batcher is None:
+            self._lock = asyncio.Lock()
+            self._batcher = DynamicBatcher(self._process, BatcherConfig(self.cfg.b_max, self.cfg.t_max_ms),
+                                           between_batches=self._swap)
+        return self._lock, self._batcher
+
+    async def _swap(self) -> None:
+        if self.core.swap_pending():
+            self.metrics.set("policy_version", self.core.version)
+
+    async def _process(self, observations: list[Observation]) -> list[ActionChunk]:
+        lock, _ = self._ensure()
+        async with lock:
+            chunks = await asyncio.to_thread(self.core.act_batch, observations)
+        self.metrics.observe("batch_size", len(observations))
+        self.metrics.inc("requests", len(observations))
+        self._requests += len(observations)
+        return chunks
+
+    async def act(self, obs: Observation) -> ActionChunk:
+        """One env slot's request; batched with whatever else is pending."""
+        _, batcher = self._ensure()
+        return await batcher.submit(obs)
+
+    async def act_batch(self, observations: list[Observation]) -> list[ActionChunk]:
+        """A whole lockstep group's requests as one batch (weights swapped before it)."""
+        lock, _ = self._ensure()
+        async with lock:
+            await self._swap()
+            chunks = await asyncio.to_thread(self.core.act_batch, observations)
+        n = len(observations)
+        self._lockstep_sizes[n] = self._lockstep_sizes.get(n, 0) + 1
+        self.metrics.observe("batch_size", n)
+        self.metrics.inc("requests", n)
+        self._requests += n
+        return chunks
+
+    def update_weights(self, message: WeightsMessage) -> int:
+        """Offer new weights; they apply at the next batch boundary. Returns the held version."""
+        self.core.offer_weights(message)
+        return self.core.version
+
+    async def load_weights_now(self, message: WeightsMessage) -> int:
+        """Apply weights at once (between batches: waits for a running batch to finish)."""
+        lock, _ = self._ensure()
+        async with lock:
+            self.core.offer_weights(message)
+            await self._swap()
+        return self.core.version
+
+    def version(self) -> int:
+        return self.core.version
+
+    def stats(self) -> dict:
+        """Counters for the controller's progress line and summary."""
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        sizes = dict(self._lockstep_sizes)
+        mean_wait = 0.0
+        if self._batcher is not None:
+            b = self._batcher.stats()
+            for size, count in b.batch_sizes.items():
+                sizes[size] = sizes.get(size, 0) + count
+            mean_wait = b.mean_wait_s
+        batches = sum(sizes.values())
+        return {
+            "requests": self._requests,
+            "batches": batches,
+            "batch_sizes": sizes,
+            "mean_batch_size": self._requests / batches if batches else 0.0,
+            "mean_batch_wait_ms": 1000 * mean_wait,
+            "busy_fraction": min(self.core.busy_s / elapsed, 1.0),
+            "busy_s": self.core.busy_s,
+            "version": self.core.version,
+        }

@@ -1,0 +1,173 @@
+"""Rollout and training strategies: how the controller drives env workers and learners.
+
+Each strategy is an object chosen by ``pipeline`` config; the controller's loop never branches on
+a mode name. Rollout strategies:
+- ``LockstepRollout(groups=1)``: all slots of all workers step, then one inference batch for all
+  of them, until every slot has finished its episode (synchronous, as colocated RL systems do).
+- ``LockstepRollout(groups=2)``: the workers split into two groups, each in lockstep; one group
+  simulates while the other's batch is inferred (the disaggregated pipeline).
+- ``AsyncRollout``: every slot runs its own loop; the rollout server's batcher groups requests.
+Training strategies:
+- ``SyncTraining``: one rollout round, then every learner trains on what was collected, then the
+  new weights reach the servers before the next round.
+- ``AsyncTraining``: rollout and learners run at once; staleness is bounded by the queue.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import ray
+
+
+class LockstepRollout:
+    """Lockstep groups of env workers, driven from threads of the controller."""
+
+    def __init__(self, groups: int):
+        self.groups = groups
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.errors: list[BaseException] = []
+
+    def _split(self, workers: Sequence, servers: Sequence) -> list[tuple[list, object]]:
+        n = min(self.groups, len(workers))
+        return [(list(workers[g::n]), servers[g % len(servers)]) for g in range(n)]
+
+    def _round(self, workers: list, server) -> None:
+        """Every slot of ``workers`` runs one episode, in lockstep."""
+        obs = ray.get([w.begin_episodes.remote() for w in workers])
+        while not self._stop.is_set():
+            flat = [(wi, si, o) for wi, slots in enumerate(obs) for si, o in enumerate(slots)
+                    if o is not None]
+            if not flat:
+                return
+            chunks = ray.get(server.act_batch.remote([o for _, _, o in flat]))
+            per_worker = [[None] * len(slots) for slots in obs]
+            for (wi, si, _), chunk in zip(flat, chunks):
+                per_worker[wi][si] = chunk
+            obs = ray.get([w.step_slots.remote(c) for w, c in zip(workers, per_worker)])
+
+    def _loop(self, workers: list, server, rounds: int | None) -> None:
+        try:
+            done = 0
+            while not self._stop.is_set() and (rounds is None or done < rounds):
+                self._round(workers, server)
+                done += 1
+        except BaseException as exc:  # surfaced by the controller's monitor
+            self.errors.append(exc)
+
+    def run_round(self, workers: Sequence, servers: Sequence) -> None:
+        """One round (every slot one episode), all groups at once; returns when all are done."""
+        self._stop.clear()
+        threads = [threading.Thread(target=self._loop, args=(w, s, 1), daemon=True)
+                   for w, s in self._split(workers, servers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self.errors:
+            raise self.errors[0]
+
+    def start(self, workers: Sequence, servers: Sequence) -> None:
+        """Run rounds continuously in the background until ``stop``."""
+        self._stop.clear()
+        self._threads = [threading.Thread(target=self._loop, args=(w, s, None), daemon=True)
+                         for w, s in self._split(workers, servers)]
+        for t in self._threads:
+            t.start()
+
+    def stop(self, workers: Sequence, timeout_s: float = 60.0) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout_s)
+
+
+class AsyncRollout:
+    """Every env slot runs its own episode loop inside its worker."""
+
+    def __init__(self):
+        self.refs: list = []
+        self.errors: list[BaseException] = []
+
+    def start(self, workers: Sequence, servers: Sequence) -> None:
+        self.refs = [w.run.remote() for w in workers]
+
+    def run_round(self, workers: Sequence, servers: Sequence) -> None:
+        raise RuntimeError("asynchronous rollout has no rounds; it needs asynchronous training")
+
+    def stop(self, workers: Sequence, timeout_s: float = 60.0) -> None:
+        for w in workers:
+            w.stop.remote()
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - reported, not raised, at shutdown
+                self.errors.append(exc)
+
+
+ROLLOUT_STRATEGIES = {
+    "lockstep": lambda: LockstepRollout(groups=1),
+    "pipelined": lambda: LockstepRollout(groups=2),
+    "async": AsyncRollout,
+}
+
+
+class SyncTraining:
+    """Rollout round, then train, then sync weights; nothing overlaps."""
+
+    concurrent = False
+
+    def __init__(self):
+        self.refs: list = []
+
+    def start(self, learners: Sequence) -> None:
+        pass
+
+    def after_round(self, learners: Sequence, queue, global_batch: int, max_decisions: int) -> None:
+        """Train every full global batch the round produced, on all ranks alike."""
+        if len(learners) == 1:
+            ray.get(learners[0].train_available.remote())
+            return
+        ray.get([lr.train_steps.remote(_full_steps(queue, learners, global_batch, max_decisions))
+                 for lr in learners])
+
+    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> None:
+        pass
+
+
+def _full_steps(queue, learners: Sequence, global_batch: int, max_decisions: int) -> int:
+    """Optimizer steps every rank can take from what is queued and buffered (with a margin for
+    segments that one rank takes whole)."""
+    queued = ray.get(queue.queued_decisions.remote())
+    buffered = sum(ray.get([lr.buffered.remote() for lr in learners]))
+    margin = len(learners) * max_decisions
+    return max(0, (queued + buffered - margin) // global_batch)
+
+
+class AsyncTraining:
+    """Learners pull from the queue and train while rollout goes on."""
+
+    concurrent = True
+
+    def __init__(self):
+        self.refs: list = []
+
+    def start(self, learners: Sequence) -> None:
+        self.refs = [lr.run.remote() for lr in learners]
+
+    def after_round(self, learners: Sequence, queue, global_batch: int, max_decisions: int) -> None:
+        pass
+
+    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> None:
+        """Stop all ranks at the same version so no rank waits in an all-reduce alone."""
+        target = max(ray.get([lr.version.remote() for lr in learners]))
+        if len(learners) > 1:
+            target += 1
+        for lr in learners:
+            lr.stop.remote(target)
+        ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
+
+
+TRAINING_STRATEGIES = {"sync": SyncTraining, "async": AsyncTraining}

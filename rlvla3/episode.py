@@ -1,0 +1,76 @@
+"""Per-slot episode bookkeeping: which episode to run next, and recording it into a segment.
+
+``TaskSampler`` hands out ``EpisodeKey``s (task, fixed initial state) in a seeded order, each key
+``repeat`` times in a row, so that GRPO groups (episodes of one key) form inside one env worker.
+``EpisodeRecorder`` accumulates one slot's decisions and returns a ``TrajectorySegment``; it
+never holds more than one episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlvla3.types import ActionChunk, EpisodeKey, ObsBatch, Observation, StepResult, TrajectorySegment
+
+
+class TaskSampler:
+    """Seeded, endless sequence of episode keys; each key repeated ``repeat`` times."""
+
+    def __init__(self, task_ids: Sequence[int], init_state_ids: Sequence[int], seed: int,
+                 repeat: int = 1):
+        self.keys = [EpisodeKey(t, s) for t in task_ids for s in init_state_ids]
+        if not self.keys:
+            raise ValueError("TaskSampler needs at least one task id and one initial state id")
+        self.rng = np.random.default_rng(seed)
+        self.repeat = repeat
+        self._order: list[EpisodeKey] = []
+
+    def next(self) -> EpisodeKey:
+        if not self._order:
+            perm = self.rng.permutation(len(self.keys))
+            self._order = [self.keys[i] for i in perm for _ in range(self.repeat)][::-1]
+        return self._order.pop()
+
+
+class EpisodeRecorder:
+    """Accumulates one episode of one slot."""
+
+    def __init__(self, key: EpisodeKey, source: str):
+        self.key = key
+        self.source = source
+        self.obs: list[Observation] = []
+        self.chunks: list[ActionChunk] = []
+        self.rewards: list[float] = []
+        self.env_steps = 0
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+    def record(self, obs: Observation, chunk: ActionChunk, result: StepResult) -> None:
+        self.obs.append(obs)
+        self.chunks.append(chunk)
+        self.rewards.append(result.reward)
+        self.env_steps += result.steps
+
+    def finish(self, last: StepResult, bootstrap_value: float) -> TrajectorySegment:
+        """The recorded episode; ``last`` is the final step's result."""
+        chunks = self.chunks
+        return TrajectorySegment(
+            key=self.key,
+            source=self.source,
+            obs=ObsBatch.stack(self.obs),
+            actions=np.stack([c.actions for c in chunks]).astype(np.float32),
+            latents=np.stack([c.latents for c in chunks]).astype(np.float32),
+            rewards=np.asarray(self.rewards, dtype=np.float32),
+            log_probs=np.asarray([c.log_prob for c in chunks], dtype=np.float32),
+            values=np.asarray([c.value for c in chunks], dtype=np.float32),
+            policy_versions=np.asarray([c.policy_version for c in chunks], dtype=np.int64),
+            terminated=last.terminated,
+            truncated=not last.terminated,
+            success=last.success,
+            bootstrap_value=float(bootstrap_value),
+            env_steps=self.env_steps,
+            fault=last.fault,
+        )

@@ -1,0 +1,64 @@
+"""The rollout core: batched policy inference that tags every action with its weight version.
+
+Inputs: lists of ``Observation``s (one per requesting env slot) and published weights.
+Outputs: one ``ActionChunk`` per observation.
+
+Invariant: weights change only in ``swap_pending``, which the rollout server calls between
+batches; a batch is always computed by one version, and each chunk carries that version.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from rlvla3.protocols import Policy
+from rlvla3.types import ActionChunk, ObsBatch, Observation, WeightsMessage
+
+
+class RolloutCore:
+    """A policy copy used only for acting."""
+
+    def __init__(self, policy: Policy, deterministic: bool = False):
+        self.policy = policy
+        self.deterministic = deterministic
+        self.version = 0
+        self._pending: WeightsMessage | None = None
+        self.swaps = 0
+        self.busy_s = 0.0
+
+    def offer_weights(self, message: WeightsMessage) -> None:
+        """Keep ``message`` to be applied at the next batch boundary (newest wins)."""
+        if message.version > self.version and (
+            self._pending is None or message.version > self._pending.version
+        ):
+            self._pending = message
+
+    def swap_pending(self) -> bool:
+        """Apply offered weights, if any; call only between batches."""
+        if self._pending is None:
+            return False
+        self.load(self._pending.tensors, self._pending.version)
+        self._pending = None
+        return True
+
+    def load(self, tensors: Mapping[str, np.ndarray], version: int) -> None:
+        self.policy.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in tensors.items()})
+        self.version = version
+        self.swaps += 1
+
+    def act_batch(self, observations: Sequence[Observation]) -> list[ActionChunk]:
+        """One forward pass for all ``observations``, by the current version."""
+        start = time.perf_counter()
+        out = self.policy.act(ObsBatch.stack(observations), deterministic=self.deterministic)
+        n = len(observations)
+        chunks = [
+            ActionChunk(out.actions[i], float(out.log_prob[i]), float(out.value[i]),
+                        out.latents[i], self.version, n)
+            for i in range(n)
+        ]
+        self.busy_s += time.perf_counter() - start
+        return chunks

@@ -1,0 +1,242 @@
+"""The RL run config: one frozen dataclass per component, composed into ``RunConfig``.
+
+Each actor receives only its own section. ``load_run_config`` merges a shipped preset, an
+optional YAML file and ``--set`` overrides, builds the dataclasses (unknown keys and bad types
+fail with the dotted field), then checks the rules that span sections. Env- and policy-specific
+options are validated by their own registries (``check_components``) before any actor starts.
+
+The pipeline mode is a name for a combination of four strategies, so that the RL-VLA3 ablation
+(colocated sync / disaggregated / +train async / +rollout async / +streamer) is one setting and
+each strategy can also be chosen on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from rlvla3.algos import AlgoConfig
+from rlvla3.config import Named, build, load_mapping, require
+
+Placement = Literal["colocated", "disaggregated"]
+RolloutStrategyName = Literal["lockstep", "pipelined", "async"]
+TrainingStrategyName = Literal["sync", "async"]
+LearnerStrategyName = Literal["batch", "streaming"]
+
+
+@dataclass(frozen=True)
+class Strategies:
+    """The four independent choices behind a pipeline mode."""
+
+    placement: Placement
+    """colocated: all roles share one pool of resources; disaggregated: each role its own."""
+    rollout: RolloutStrategyName
+    """lockstep: every env steps, then one inference batch; pipelined: two env groups in
+    lockstep, one simulating while the other is inferred; async: every slot its own loop."""
+    training: TrainingStrategyName
+    """sync: rollout, then train, then sync weights; async: both run at once (bounded staleness)."""
+    learner: LearnerStrategyName
+    """batch: wait for the global batch; streaming: start each micro-batch as soon as it is full."""
+
+
+MODES: dict[str, Strategies] = {
+    "sync": Strategies("colocated", "lockstep", "sync", "batch"),
+    "disaggregated": Strategies("disaggregated", "pipelined", "sync", "batch"),
+    "train_async": Strategies("disaggregated", "pipelined", "async", "batch"),
+    "rollout_async": Strategies("disaggregated", "async", "async", "batch"),
+    "full": Strategies("disaggregated", "async", "async", "streaming"),
+}
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Which ablation mode to run; a non-empty strategy field overrides the mode's choice."""
+
+    mode: str = "full"
+    placement: str = ""
+    rollout: str = ""
+    training: str = ""
+    learner: str = ""
+
+    def validate(self) -> None:
+        require(self.mode in MODES, "mode", f"unknown mode {self.mode!r} (known: {', '.join(MODES)})")
+        allowed = {
+            "placement": ("colocated", "disaggregated"),
+            "rollout": ("lockstep", "pipelined", "async"),
+            "training": ("sync", "async"),
+            "learner": ("batch", "streaming"),
+        }
+        for name, choices in allowed.items():
+            value = getattr(self, name)
+            require(value in ("", *choices), name, f"{value!r} is not one of {list(choices)}")
+        strategies = self.strategies()
+        require(not (strategies.rollout == "async" and strategies.training == "sync"), "rollout",
+                "async rollout needs async training (free-running env slots never pause for a "
+                "training phase)")
+
+    def strategies(self) -> Strategies:
+        base = MODES[self.mode]
+        changes = {k: getattr(self, k) for k in ("placement", "rollout", "training", "learner")
+                   if getattr(self, k)}
+        return replace(base, **changes)
+
+
+@dataclass(frozen=True)
+class EnvWorkerConfig:
+    """Env worker actors and their slots."""
+
+    num_workers: int = 2
+    slots_per_worker: int = 4
+    num_cpus: float = 0.25
+    step_timeout_s: float = 300.0
+    task_ids: tuple[int, ...] = ()
+    """Training task ids (empty: all tasks of the env)."""
+    init_state_ids: tuple[int, ...] = ()
+    """Training initial-state ids (empty: all)."""
+
+    def validate(self) -> None:
+        require(self.num_workers >= 1, "num_workers", "must be >= 1")
+        require(self.slots_per_worker >= 1, "slots_per_worker", "must be >= 1")
+        require(self.num_cpus >= 0, "num_cpus", "must be >= 0")
+        require(self.step_timeout_s > 0, "step_timeout_s", "must be > 0")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Rollout inference servers and their dynamic batcher."""
+
+    num_servers: int = 1
+    b_max: int = 64
+    """Fire a batch when this many requests are pending."""
+    t_max_ms: float = 5.0
+    """... or when this long has passed since the first pending request."""
+    num_cpus: float = 0.5
+    num_gpus: float = 0.0
+    torch_threads: int = 1
+    deterministic: bool = False
+
+    def validate(self) -> None:
+        require(self.num_servers >= 1, "num_servers", "must be >= 1")
+        require(self.b_max >= 1, "b_max", "must be >= 1")
+        require(self.t_max_ms >= 0, "t_max_ms", "must be >= 0")
+        require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """The trajectory queue between env workers and learners."""
+
+    capacity: int = 256
+    """Segments held at most; a full queue pauses the producing env slots (backpressure)."""
+    max_staleness: int = 2
+    """Drop a segment whose oldest action is more than this many versions behind the learner."""
+
+    def validate(self) -> None:
+        require(self.capacity >= 1, "capacity", "must be >= 1")
+        require(self.max_staleness >= 0, "max_staleness", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """The learner group (torch.distributed, DDP)."""
+
+    num_learners: int = 1
+    global_batch: int = 256
+    """Decision samples per optimizer step, summed over learners."""
+    micro_batch: int = 64
+    """Samples per forward/backward on one learner."""
+    lr: float = 3e-4
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    torch_threads: int = 1
+    backend: str = "auto"
+    """auto: nccl when learners have GPUs, else gloo."""
+
+    def validate(self) -> None:
+        require(self.num_learners >= 1, "num_learners", "must be >= 1")
+        require(self.micro_batch >= 1, "micro_batch", "must be >= 1")
+        require(self.global_batch >= self.micro_batch * self.num_learners, "global_batch",
+                "must be at least micro_batch x num_learners")
+        require(self.global_batch % self.num_learners == 0, "global_batch",
+                "must be divisible by num_learners")
+        require(self.lr > 0, "lr", "must be > 0")
+        require(self.backend in ("auto", "gloo", "nccl"), "backend", "must be auto, gloo or nccl")
+        require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """Where to run: an existing cluster, or a local one started by the job."""
+
+    address: str = ""
+    """Empty: RAY_ADDRESS if set (as under ``ray job submit``), else a local Ray."""
+    num_cpus: int = 0
+    """CPUs of a local Ray (0: all of this machine's)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one RL run needs."""
+
+    env: Named = field(default_factory=lambda: Named("reach"))
+    policy: Named = field(default_factory=lambda: Named("small"))
+    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig("ppo"))
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    env_workers: EnvWorkerConfig = field(default_factory=EnvWorkerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    seed: int = 0
+    total_env_steps: int = 100_000
+    """Stop after this many low-level env steps."""
+    max_minutes: float = 0.0
+    """Also stop after this much wall time (0: no limit)."""
+    run_root: str = "runs"
+    name: str = ""
+    """Run directory name under run_root (empty: a timestamp)."""
+    log_every_s: float = 2.0
+    checkpoint_every: int = 20
+    """Save a checkpoint every this many policy versions (0: only at the end)."""
+    eval_every: int = 0
+    """Evaluate on held-out initial states every this many policy versions (0: never)."""
+    eval_init_state_ids: tuple[int, ...] = ()
+    """Held-out initial states for periodic evaluation."""
+
+    def validate(self) -> None:
+        require(self.total_env_steps >= 1, "total_env_steps", "must be >= 1")
+        require(self.max_minutes >= 0, "max_minutes", "must be >= 0")
+        require(self.log_every_s > 0, "log_every_s", "must be > 0")
+        require(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0")
+        if self.algo.name == "grpo":
+            require(self.algo.group_size >= 2, "algo.group_size", "GRPO needs groups of >= 2")
+        strategies = self.pipeline.strategies()
+        if strategies.rollout == "pipelined":
+            require(self.env_workers.num_workers >= 2, "env_workers.num_workers",
+                    "the pipelined rollout strategy needs at least 2 env workers (two groups)")
+
+    @property
+    def strategies(self) -> Strategies:
+        return self.pipeline.strategies()
+
+
+def check_resources(cfg: RunConfig, cpus_available: float, learners_only: bool = False) -> None:
+    """Fail before any actor starts if the roles cannot all be placed (``learners_only``: check
+    just the learners, which need real cores, e.g. against this machine's CPU count)."""
+    learner_cpus = cfg.learner.num_learners * cfg.learner.num_cpus
+    require(learner_cpus <= cpus_available, "learner.num_learners",
+            f"{cfg.learner.num_learners} learners x {cfg.learner.num_cpus:g} CPUs need "
+            f"{learner_cpus:g} CPUs but only {cpus_available:g} are available")
+    if learners_only:
+        return
+    total = (learner_cpus + cfg.rollout.num_servers * cfg.rollout.num_cpus
+             + cfg.env_workers.num_workers * cfg.env_workers.num_cpus)
+    require(total <= cpus_available, "env_workers.num_workers",
+            f"the roles need {total:g} CPUs in all but the cluster has {cpus_available:g}")
+
+
+def load_run_config(preset: str | None = "default", config_file: str | None = None,
+                    overrides: Sequence[str] = ()) -> RunConfig:
+    """Preset + file + overrides -> a validated ``RunConfig``."""
+    return build(RunConfig, load_mapping(preset, config_file, overrides))
