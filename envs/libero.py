@@ -309,7 +309,9 @@ class LiberoEnv:
             raise IndexError(f"task_id {task_id} out of range 0..{len(self.cfg.tasks) - 1}")
         task = self._task_info(task_id)
         if not 0 <= init_state_id < len(task.init_states):
-            raise IndexError(f"init_state_id {init_state_id} out of range 0..{len(task.init_states) - 1}")
+            raise IndexError(
+                f"init_state_id {init_state_id} out of range 0..{len(task.init_states) - 1}"
+            )
         if self._sim_task != task_id:
             self._build(task_id)
         self._task = task
