@@ -1,0 +1,132 @@
+"""VLA policy: the Policy protocol, act/evaluate log-prob consistency, SFT, checkpoints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlvla3.checkpoint import CheckpointMeta, load_policy, save_checkpoint
+from rlvla3.config import ConfigError, Named
+from rlvla3.model import VLAPolicy, build_vla_policy, flow
+from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+from rlvla3.policies import build_policy
+from rlvla3.protocols import Policy
+
+SPEC = libero_like_spec(image_size=32, chunk_len=6)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matmuls: one intra-op thread is faster than two on a shared, loaded machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _obs(n=4, seed=0):
+    return libero_like_batch(SPEC, n, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("logprob", ["flow_sde", "flow_noise"])
+def test_evaluate_recomputes_the_behaviour_log_prob(logprob):
+    policy = build_vla_policy(SPEC, {"preset": "tiny", "logprob": logprob, "denoise_steps": 3})
+    assert isinstance(policy, Policy)
+    obs, _ = _obs()
+    out = policy.act(obs)
+    assert out.actions.shape == (4, SPEC.chunk_len, SPEC.action_dim)
+    assert out.latents.shape == (4, *policy.latent_shape) and out.latents.dtype == np.float32
+    np.testing.assert_array_equal(out.latents[:, -1], out.actions)
+    ev = policy.evaluate(obs, torch.tensor(out.actions), torch.tensor(out.latents))
+    np.testing.assert_allclose(ev.log_prob.detach().numpy(), out.log_prob, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(ev.value.detach().numpy(), out.value, atol=1e-6)
+    assert torch.isfinite(ev.entropy).all()
+    # A chain displaced from the sampled one is far less likely under the same weights.
+    moved = torch.tensor(out.latents)
+    moved[:, 1:] += 2.0
+    other = policy.evaluate(obs, moved[:, -1], moved).log_prob.detach().numpy()
+    assert (other < out.log_prob - 10).all()
+    # The learner's view is differentiable in the action expert and the value head.
+    (ev.log_prob.sum() + ev.value.sum()).backward()
+    assert policy.net.expert_layers[0].mlp.up_proj.weight.grad.abs().sum() > 0
+    assert policy.net.value_head[0].weight.grad.abs().sum() > 0
+    if logprob == "flow_noise":
+        assert policy.net.noise_head.weight.grad.abs().sum() > 0
+
+
+def test_deterministic_act_is_repeatable_and_sampling_is_not():
+    policy = build_vla_policy(SPEC, {"preset": "tiny"})
+    obs, _ = _obs(n=2)
+    a = policy.act(obs, deterministic=True)
+    b = policy.act(obs, deterministic=True)
+    assert not np.allclose(a.actions, b.actions)  # fresh initial noise each call
+    c = policy.act(obs)
+    assert np.isfinite(c.log_prob).all() and np.isfinite(c.value).all()
+    # Deterministic chains are the Euler means: each step has zero residual from its mean.
+    ev = policy.evaluate(obs, torch.tensor(a.actions), torch.tensor(a.latents))
+    np.testing.assert_allclose(ev.log_prob.detach().numpy(), a.log_prob, rtol=1e-5, atol=1e-3)
+
+
+def test_sft_training_reduces_the_flow_matching_loss():
+    policy = build_vla_policy(SPEC, {"preset": "tiny", "seed": 3})
+    obs, actions = _obs(n=6, seed=5)
+    actions = torch.tensor(actions)
+    mask = torch.ones(6, SPEC.chunk_len, dtype=torch.bool)
+    opt = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    noise, t = torch.randn(actions.shape, generator=g), torch.rand(6, generator=g)
+    first = policy.flow_losses(obs, actions, noise, t).mean().item()
+    torch.manual_seed(0)
+    for _ in range(40):
+        opt.zero_grad()
+        policy.sft_loss(obs, actions, mask).backward()
+        opt.step()
+    assert policy.flow_losses(obs, actions, noise, t).mean().item() < 0.9 * first
+
+
+def test_sft_loss_averages_only_valid_steps():
+    policy = build_vla_policy(SPEC, {"preset": "tiny"})
+    obs, actions = _obs(n=2, seed=6)
+    actions = torch.tensor(actions)
+    mask = torch.zeros(2, SPEC.chunk_len, dtype=torch.bool)
+    mask[0, :4] = True  # row 1 is all padding
+    torch.manual_seed(0)
+    loss = policy.sft_loss(obs, actions, mask)
+    torch.manual_seed(0)
+    noise, t = torch.randn(actions.shape), flow.sample_time(2, torch.device("cpu"))
+    x_t, target = flow.flow_matching_target(actions, noise, t)
+    pb, cache = policy._prefix(obs)
+    v, _ = policy.net.velocity(cache, policy.net.suffix_layout(pb, 1), x_t, t)
+    expected = (v - target)[0, :4].pow(2).mean()
+    torch.testing.assert_close(loss, expected)
+
+
+def test_policy_round_trips_through_checkpoint(tmp_path):
+    options = {"preset": "tiny", "logprob": "flow_noise", "seed": 7}
+    policy = build_policy(Named("vla", options), SPEC)
+    assert isinstance(policy, VLAPolicy)
+    obs, _ = _obs(n=3)
+    out = policy.act(obs)
+    save_checkpoint(tmp_path / "ck", policy, CheckpointMeta(Named("vla", options), SPEC, 5))
+    loaded, meta = load_policy(tmp_path / "ck")
+    assert meta.version == 5 and isinstance(loaded, VLAPolicy)
+    for k, v in policy.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k], v, msg=k)
+    ev = loaded.evaluate(obs, torch.tensor(out.actions), torch.tensor(out.latents))
+    np.testing.assert_allclose(ev.log_prob.detach().numpy(), out.log_prob, rtol=1e-5, atol=1e-3)
+
+
+def test_options_are_validated_with_the_field_named():
+    with pytest.raises(ConfigError, match="policy.options.logprob"):
+        build_vla_policy(SPEC, {"logprob": "gaussian"}, "policy.options")
+    with pytest.raises(ConfigError, match="policy.options.denoise_steps"):
+        build_vla_policy(SPEC, {"denoise_steps": 0}, "policy.options")
+    with pytest.raises(ConfigError, match="policy.options.colour"):
+        build_vla_policy(SPEC, {"colour": "red"}, "policy.options")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_pi05_preset_is_refused_on_cpu():
+    with pytest.raises(ConfigError, match="CUDA"):
+        build_vla_policy(SPEC, {"preset": "pi05"}, "policy.options")
