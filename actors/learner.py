@@ -187,6 +187,10 @@ class Learner:
     def version(self) -> int:
         return self.core.version
 
+    def checksum(self) -> float:
+        """Sum of all parameters (ranks of one group must agree)."""
+        return float(sum(p.detach().double().sum() for p in self.policy.parameters()))
+
     def stats(self) -> dict:
         elapsed = max(time.monotonic() - self._started, 1e-9)
         out = {

@@ -1,0 +1,85 @@
+"""End-to-end runs of the RL pipeline on a real local Ray cluster, in every ablation mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+
+from actors.controller import Controller
+from rlvla3.checkpoint import load_policy, read_meta
+from rlvla3.run_config import load_run_config
+
+SMALL = [
+    "env.options.image_size=16",
+    "env_workers.num_workers=2",
+    "env_workers.slots_per_worker=2",
+    "learner.global_batch=32",
+    "learner.micro_batch=16",
+    "policy.options.channels=8",
+    "policy.options.hidden=32",
+    "log_every_s=1.0",
+    "checkpoint_every=0",
+]
+
+
+def run(tmp_path, name: str, overrides: list[str], resume: bool = False) -> tuple[dict, Controller]:
+    cfg = load_run_config("smoke", overrides=SMALL + overrides)
+    controller = Controller(cfg, tmp_path / name, resume=resume, quiet=True)
+    try:
+        summary = controller.run()
+    finally:
+        controller.shutdown()
+    return summary, controller
+
+
+@pytest.mark.parametrize("mode", ["sync", "disaggregated", "train_async", "rollout_async", "full"])
+def test_every_mode_runs_end_to_end(ray_cluster, tmp_path, mode):
+    summary, _ = run(tmp_path, mode, [f"pipeline.mode={mode}", "total_env_steps=500"])
+    assert summary["mode"] == mode
+    assert summary["env_steps"] >= 500
+    assert summary["episodes"] > 0
+    assert summary["policy_version"] >= 1, "the learner never stepped"
+    assert summary["dropped_faults"] == 0
+    run_dir = tmp_path / mode
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert saved["env_steps"] == summary["env_steps"]
+    assert (run_dir / "config.yaml").is_file()
+    assert (run_dir / "metrics.jsonl").read_text().count("\n") >= 1
+    assert any((run_dir / "tb").iterdir())
+    policy, meta = load_policy(run_dir)
+    assert meta.version == summary["policy_version"]
+    if mode in ("sync", "disaggregated"):
+        # lockstep: one batch holds every slot of the group (4 in sync, 2 per pipelined
+        # group); bootstrap requests of episodes cut at the same step may batch across groups
+        group = 4 if mode == "sync" else 2
+        assert group in summary["batch_size_hist"]
+        assert max(summary["batch_size_hist"]) <= 4
+        assert summary["dropped_stale"] == 0
+
+
+def test_resume_continues_version_and_counters(ray_cluster, tmp_path):
+    first, _ = run(tmp_path, "r", ["total_env_steps=300"])
+    second, _ = run(tmp_path, "r", ["total_env_steps=700"], resume=True)
+    assert second["policy_version"] > first["policy_version"]
+    assert second["env_steps"] >= 700
+    assert read_meta(tmp_path / "r").counters["env_steps"] == second["env_steps"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "full"])
+def test_two_learners_stay_in_lockstep(ray_cluster, tmp_path, mode):
+    cfg = load_run_config("smoke", overrides=SMALL + [
+        f"pipeline.mode={mode}", "total_env_steps=600", "learner.num_learners=2",
+        "learner.global_batch=32", "learner.num_cpus=0.5"])
+    controller = Controller(cfg, tmp_path / mode, quiet=True)
+    try:
+        summary = controller.run()
+        learners = controller.topology.learners
+        versions = ray.get([lr.version.remote() for lr in learners])
+        sums = ray.get([lr.checksum.remote() for lr in learners])
+    finally:
+        controller.shutdown()
+    assert summary["policy_version"] >= 1
+    assert versions[0] == versions[1]
+    assert sums[0] == pytest.approx(sums[1], rel=1e-6), "DDP ranks diverged"
