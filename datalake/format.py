@@ -141,7 +141,7 @@ class DatasetMeta:
 
 def camera_name(video_key: str) -> str:
     """Model-facing camera name of a LeRobot video key (``observation.images.wrist`` -> ``wrist``)."""
-    return video_key[len(CAMERA_PREFIX):] if video_key.startswith(CAMERA_PREFIX) else video_key
+    return video_key[len(CAMERA_PREFIX) :] if video_key.startswith(CAMERA_PREFIX) else video_key
 
 
 def _read_json(fs: pafs.FileSystem, path: str) -> Any:
@@ -178,16 +178,23 @@ def _validate_info(info: Any, where: str) -> None:
     for name, ft in info["features"].items():
         if not isinstance(ft, Mapping) or "dtype" not in ft or "shape" not in ft:
             raise DatasetError(f"{where}: feature {name!r} lacks dtype/shape")
-    if any(ft["dtype"] == "video" for ft in info["features"].values()) and not info.get("video_path"):
+    if any(ft["dtype"] == "video" for ft in info["features"].values()) and not info.get(
+        "video_path"
+    ):
         raise DatasetError(f"{where}: video features but no video_path template")
 
 
 def _tasks(table: pa.Table) -> dict[int, str]:
     names = table.column_names
-    task_col = "task" if "task" in names else "__index_level_0__" if "__index_level_0__" in names else None
+    task_col = (
+        "task" if "task" in names else "__index_level_0__" if "__index_level_0__" in names else None
+    )
     if task_col is None or "task_index" not in names:
         raise DatasetError(f"{TASKS_PATH}: expected columns 'task' and 'task_index', got {names}")
-    return {int(i): str(t) for t, i in zip(table[task_col].to_pylist(), table["task_index"].to_pylist(), strict=True)}
+    return {
+        int(i): str(t)
+        for t, i in zip(table[task_col].to_pylist(), table["task_index"].to_pylist(), strict=True)
+    }
 
 
 def _episodes(table: pa.Table, info: Mapping[str, Any]) -> tuple[Episode, ...]:
@@ -202,7 +209,11 @@ def _episodes(table: pa.Table, info: Mapping[str, Any]) -> tuple[Episode, ...]:
                 chunk_index=row[f"videos/{key}/chunk_index"],
                 file_index=row[f"videos/{key}/file_index"],
             )
-            videos[key] = (rel, float(row[f"videos/{key}/from_timestamp"]), float(row[f"videos/{key}/to_timestamp"]))
+            videos[key] = (
+                rel,
+                float(row[f"videos/{key}/from_timestamp"]),
+                float(row[f"videos/{key}/to_timestamp"]),
+            )
         out.append(
             Episode(
                 index=int(row["episode_index"]),
@@ -245,7 +256,9 @@ def open_dataset(uri: str | Path) -> DatasetMeta:
     stats_path = posixpath.join(base, STATS_PATH)
     if fs.get_file_info(stats_path).type == pafs.FileType.File:
         raw = _read_json(fs, stats_path)
-        stats = {k: {s: np.asarray(v, dtype=np.float64) for s, v in d.items()} for k, d in raw.items()}
+        stats = {
+            k: {s: np.asarray(v, dtype=np.float64) for s, v in d.items()} for k, d in raw.items()
+        }
     return DatasetMeta(str(uri), fs, base, info, episodes, tasks, stats)
 
 
@@ -255,7 +268,9 @@ def open_dataset_cached(uri: str) -> DatasetMeta:
     return open_dataset(uri)
 
 
-def read_episode_table(meta: DatasetMeta, episode: Episode, columns: list[str] | None = None) -> pa.Table:
+def read_episode_table(
+    meta: DatasetMeta, episode: Episode, columns: list[str] | None = None
+) -> pa.Table:
     """The frames of ``episode`` from its data file, in frame order."""
     table = _read_data_file(meta.uri, episode.data_file, tuple(columns) if columns else None)
     idx = table["episode_index"].to_numpy()
@@ -270,4 +285,3 @@ def _read_data_file(uri: str, relative: str, columns: tuple[str, ...] | None) ->
     meta = open_dataset_cached(uri)
     cols = None if columns is None else sorted(set(columns) | {"episode_index", "frame_index"})
     return _read_parquet(meta.fs, meta.path(relative), cols)
-

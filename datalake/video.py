@@ -51,7 +51,9 @@ CODECS: dict[str, VideoCodec] = {
     # LeRobot's default: AV1, yuv420p, a keyframe every 2 frames for random access.
     "av1": VideoCodec("libsvtav1", "yuv420p", {"crf": "30", "g": "2", "preset": "8"}),
     # Lossless AV1 coding; the 4:2:0 chroma subsampling still rounds colours (a few levels).
-    "av1-lossless": VideoCodec("libsvtav1", "yuv420p", {"svtav1-params": "lossless=1", "preset": "8"}),
+    "av1-lossless": VideoCodec(
+        "libsvtav1", "yuv420p", {"svtav1-params": "lossless=1", "preset": "8"}
+    ),
     "h264": VideoCodec("libx264", "yuv420p", {"crf": "23", "g": "2", "preset": "veryfast"}),
     # Bit-exact: RGB H.264 with qp 0 decodes to exactly the frames written.
     "h264-lossless": VideoCodec("libx264rgb", "rgb24", {"qp": "0", "preset": "veryfast"}),
@@ -66,7 +68,9 @@ class VideoEncoder:
         self.fps = fps
         self.frames = 0
         self._container = av.open(path, "w")
-        self._stream = self._container.add_stream(codec.encoder, rate=fps, options=dict(codec.options))
+        self._stream = self._container.add_stream(
+            codec.encoder, rate=fps, options=dict(codec.options)
+        )
         self._stream.width, self._stream.height = width, height
         self._stream.pix_fmt = codec.pix_fmt
         self._stream.time_base = Fraction(1, fps * 1024)
@@ -158,20 +162,31 @@ class VideoFileReader:
         """The ``[H, W, 3]`` uint8 frame at file timestamp ``ts``, resized to ``size`` (H, W)."""
         tol = self.tolerance_s
         cur = self._current
-        if self._frames is None or cur is None or ts < cur[0] - tol or ts > cur[0] + self.max_forward_s:
+        if (
+            self._frames is None
+            or cur is None
+            or ts < cur[0] - tol
+            or ts > cur[0] + self.max_forward_s
+        ):
             self._seek(ts)
         while self._current is None or self._current[0] < ts - tol:
             nxt = self._next()
             if nxt is None:
                 last = "none" if self._current is None else f"{self._current[0]:.4f}s"
                 self._frames = None
-                raise VideoError(f"no frame at t={ts:.4f}s in {self.path} (stream ends, last frame {last})")
+                raise VideoError(
+                    f"no frame at t={ts:.4f}s in {self.path} (stream ends, last frame {last})"
+                )
             self._current = nxt
         found, frame = self._current
         if abs(found - ts) > tol:
-            raise VideoError(f"no frame at t={ts:.4f}s in {self.path} (nearest decoded {found:.4f}s)")
+            raise VideoError(
+                f"no frame at t={ts:.4f}s in {self.path} (nearest decoded {found:.4f}s)"
+            )
         if size is not None and (frame.height, frame.width) != tuple(size):
-            return frame.to_ndarray(height=size[0], width=size[1], format="rgb24", interpolation="BILINEAR")
+            return frame.to_ndarray(
+                height=size[0], width=size[1], format="rgb24", interpolation="BILINEAR"
+            )
         return frame.to_ndarray(format="rgb24")
 
     def close(self) -> None:
@@ -208,7 +223,9 @@ class DecoderCache:
         self._open.move_to_end(path)
         return reader
 
-    def frame(self, fs: pafs.FileSystem, path: str, ts: float, size: tuple[int, int] | None) -> np.ndarray:
+    def frame(
+        self, fs: pafs.FileSystem, path: str, ts: float, size: tuple[int, int] | None
+    ) -> np.ndarray:
         return self.reader(fs, path).frame_at(ts, size)
 
     def frames_decoded(self) -> int:

@@ -145,7 +145,11 @@ class LeRobotWriter:
     ):
         self.uri = str(root)
         self._remote = "://" in self.uri and not self.uri.startswith("file://")
-        local = tempfile.mkdtemp(prefix="lerobot-") if self._remote else self.uri.removeprefix("file://")
+        local = (
+            tempfile.mkdtemp(prefix="lerobot-")
+            if self._remote
+            else self.uri.removeprefix("file://")
+        )
         self.root = Path(local)
         if (self.root / INFO_PATH).exists():
             raise FileExistsError(f"a dataset already exists at {root}")
@@ -185,7 +189,9 @@ class LeRobotWriter:
         mb = 1024 * 1024
         full = cfg.episodes_per_file and self._in_file >= cfg.episodes_per_file
         full = full or os.path.getsize(self._pq.where) >= cfg.data_files_size_in_mb * mb
-        full = full or any(_size(e.path) >= cfg.video_files_size_in_mb * mb for e in self._enc.values())
+        full = full or any(
+            _size(e.path) >= cfg.video_files_size_in_mb * mb for e in self._enc.values()
+        )
         if full:
             self._close_files()
             self._file += 1
@@ -207,7 +213,10 @@ class LeRobotWriter:
         n = len(episode.action)
         if n == 0:
             raise ValueError("an episode needs at least one frame")
-        if episode.state.shape != (n, self.state_dim) or episode.action.shape != (n, self.action_dim):
+        if episode.state.shape != (n, self.state_dim) or episode.action.shape != (
+            n,
+            self.action_dim,
+        ):
             raise ValueError(
                 f"state {episode.state.shape} / action {episode.action.shape} do not match "
                 f"({n}, {self.state_dim}) / ({n}, {self.action_dim})"
@@ -228,14 +237,18 @@ class LeRobotWriter:
             "task_index": np.full(n, task_index, dtype=np.int64),
         }
         arrays = []
-        for name, value in columns.items():
+        for value in columns.values():
             if value.ndim == 2:
-                arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(value.reshape(-1)), value.shape[1]))
+                arrays.append(
+                    pa.FixedSizeListArray.from_arrays(pa.array(value.reshape(-1)), value.shape[1])
+                )
             else:
                 arrays.append(pa.array(value))
         table = pa.Table.from_arrays(arrays, schema=self._schema)
         if self._pq is None:
-            self._pq = pq.ParquetWriter(str(self._path(DATA_PATH)), self._schema, compression="snappy")
+            self._pq = pq.ParquetWriter(
+                str(self._path(DATA_PATH)), self._schema, compression="snappy"
+            )
         self._pq.write_table(table)
         row: dict[str, Any] = {
             "episode_index": ep_index,
@@ -251,11 +264,15 @@ class LeRobotWriter:
             key = CAMERA_PREFIX + cam
             h, w = self.cameras[cam]
             if frames.shape != (n, h, w, 3) or frames.dtype != np.uint8:
-                raise ValueError(f"camera {cam}: frames {frames.shape} {frames.dtype}, expected ({n}, {h}, {w}, 3) uint8")
+                raise ValueError(
+                    f"camera {cam}: frames {frames.shape} {frames.dtype}, expected ({n}, {h}, {w}, 3) uint8"
+                )
             enc = self._enc.get(key)
             if enc is None:
                 path = str(self._path(VIDEO_PATH, video_key=key))
-                enc = self._enc[key] = VideoEncoder(path, self.config.fps, w, h, CODECS[self.config.codec])
+                enc = self._enc[key] = VideoEncoder(
+                    path, self.config.fps, w, h, CODECS[self.config.codec]
+                )
             start = enc.start_episode()
             for image in frames:
                 enc.add(image)
@@ -284,7 +301,11 @@ class LeRobotWriter:
         }
         for cam, (h, w) in self.cameras.items():
             key = CAMERA_PREFIX + cam
-            feats[key] = {"dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"]}
+            feats[key] = {
+                "dtype": "video",
+                "shape": [h, w, 3],
+                "names": ["height", "width", "channels"],
+            }
             if key in self._video_info:
                 feats[key]["info"] = self._video_info[key]
         return feats | DEFAULT_FEATURES
@@ -296,7 +317,9 @@ class LeRobotWriter:
         self._close_files()
         import pandas as pd
 
-        tasks = pd.DataFrame({"task_index": list(self.tasks.values())}, index=pd.Index(list(self.tasks), name="task"))
+        tasks = pd.DataFrame(
+            {"task_index": list(self.tasks.values())}, index=pd.Index(list(self.tasks), name="task")
+        )
         (self.root / TASKS_PATH).parent.mkdir(parents=True, exist_ok=True)
         tasks.to_parquet(self.root / TASKS_PATH)
         ep_path = self.root / EPISODES_PATH.format(chunk_index=0, file_index=0)
