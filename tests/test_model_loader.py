@@ -79,3 +79,36 @@ def test_policy_option_loads_a_local_checkpoint(tmp_path):
     torch.testing.assert_close(built.net.embed_tokens.weight, src.net.embed_tokens.weight)
     with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
         build_vla_policy(SPEC, {"checkpoint": str(tmp_path / "absent.safetensors")})
+
+
+def test_pi05_preset_has_the_openpi_keys_and_shapes():
+    """Built on the meta device (no memory): the pi05 shapes a real checkpoint must match."""
+    from rlvla3.model.config import PRESETS
+    from rlvla3.model.network import VLANetwork
+
+    with torch.device("meta"):
+        net = VLANetwork(PRESETS["pi05"], action_dim=7, chunk_len=50, flow_noise=False)
+    shapes = {k: tuple(v.shape) for k, v in to_openpi_state_dict(net).items()}
+    pali, expert = "paligemma_with_expert.paligemma.model.", "paligemma_with_expert.gemma_expert.model."
+    vision = pali + "vision_tower.vision_model."
+    expected = {
+        vision + "embeddings.patch_embedding.weight": (1152, 3, 14, 14),
+        vision + "embeddings.position_embedding.weight": (256, 1152),
+        vision + "encoder.layers.26.mlp.fc1.weight": (4304, 1152),
+        pali + "multi_modal_projector.linear.weight": (2048, 1152),
+        pali + "language_model.embed_tokens.weight": (257152, 2048),
+        pali + "language_model.layers.17.self_attn.q_proj.weight": (2048, 2048),
+        pali + "language_model.layers.17.self_attn.k_proj.weight": (256, 2048),
+        pali + "language_model.layers.0.mlp.gate_proj.weight": (16384, 2048),
+        expert + "layers.17.self_attn.q_proj.weight": (2048, 1024),
+        expert + "layers.0.self_attn.o_proj.weight": (1024, 2048),
+        expert + "layers.0.mlp.up_proj.weight": (4096, 1024),
+        expert + "layers.0.input_layernorm.dense.weight": (3072, 1024),
+        expert + "norm.dense.weight": (3072, 1024),
+        "action_in_proj.weight": (1024, 32),
+        "action_out_proj.weight": (32, 1024),
+        "time_mlp_in.weight": (1024, 1024),
+    }
+    for key, shape in expected.items():
+        assert shapes[key] == shape, key
+    assert not any(".layers.27." in k for k in shapes) and len(shapes) > 400

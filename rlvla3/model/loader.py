@@ -71,7 +71,7 @@ def to_openpi_state_dict(net: VLANetwork) -> dict[str, torch.Tensor]:
     for name, tensor in net.state_dict().items():
         key = openpi_key(name)
         if key is not None:
-            out[key] = tensor.detach().cpu().contiguous()
+            out[key] = tensor.detach() if tensor.is_meta else tensor.detach().cpu().contiguous()
     return out
 
 

@@ -42,8 +42,8 @@ class VLAPolicy(nn.Module):
         self.shapes = shapes_for(cfg)
         self.processor = Processor(self.shapes, spec.cameras, spec.state_dim, cfg.max_text_tokens,
                                    cfg.state_bins)
-        torch.manual_seed(cfg.seed)
-        with device:
+        with torch.random.fork_rng(devices=[]), device:  # seeded init, caller's RNG untouched
+            torch.manual_seed(cfg.seed)
             self.net = VLANetwork(self.shapes, spec.action_dim, spec.chunk_len,
                                   flow_noise=cfg.logprob == "flow_noise")
         self.set_attention(cfg.attention)

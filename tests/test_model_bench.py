@@ -1,0 +1,27 @@
+"""The model benchmarks run end to end (tiny sizes) and report what they promise."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlvla3.model import bench_gpu, bench_packing
+
+
+def test_packing_benchmark_reports_speedup_and_ideal(capsys):
+    assert bench_packing.main(["--preset", "tiny", "--samples", "6", "--repeats", "1",
+                               "--max-tokens", "1024", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["real_tokens"] < out["padded_tokens"]
+    assert out["ideal_speedup"] == pytest.approx(out["padded_tokens"] / out["real_tokens"], 1e-3)
+    assert 0 < out["padding_fraction"] < 1 and out["speedup"] > 0
+    assert out["attention"] == {"packed": "per_segment", "padded": "padded"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
+def test_gpu_benchmark_says_there_is_no_gpu(capsys):
+    assert bench_gpu.main(["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu"] is False and out["skipped"] is True
