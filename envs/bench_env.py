@@ -146,7 +146,7 @@ def _command(args: argparse.Namespace) -> str:
     parts = ["python -m rlvla3 bench env", f"--suite {args.suite}"]
     parts.append("--task-ids " + " ".join(str(t) for t in args.task_ids))
     parts += [f"--episodes {args.episodes}", f"--steps {args.steps}", f"--image {args.image}"]
-    parts += ["--procs 0", f"--write-latency {args.write_latency}"]
+    parts += ["--procs 0 --no-default-render", f"--write-latency {args.write_latency}"]
     return " ".join(parts)
 
 
@@ -179,9 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         "image_size": [args.image, args.image],
         "cameras": ["agentview", "wrist"],
         "cpus": os.cpu_count(),
+        "load_average_at_start": round(os.getloadavg()[0], 2),
         "latency": {},
     }
     samples: dict[str, dict] = {}
+    load_before = os.getloadavg()[0]
     renders = [True] if args.no_default_render else [True, False]
     for fast in renders:
         raw = measure_latency(
@@ -209,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         raw = samples["fast_render"]
         payload = {
             "description": (
-                f"LIBERO {args.suite} measured on {os.cpu_count()} CPU cores (MuJoCo EGL on Mesa "
+                f"LIBERO {args.suite} measured on {os.cpu_count()} CPU cores (load average "
+                f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; MuJoCo EGL on Mesa "
                 f"llvmpipe, fast_render on, agentview + wrist at {args.image}x{args.image}, one "
                 "env process): step_ms holds the latency of one low-level env step per suite task "
                 "id, reset_ms of one reset (hard reset, initial state, settle steps; the first "
