@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.env_worker import EnvWorker
 from actors.learner import Learner
 from actors.rollout_server import RolloutServer
+from actors.run_status import NAME_PREFIX, NAMESPACE, RunStatus
 from actors.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.trajectory_queue import TrajectoryQueue
 from envs import env_spec
@@ -60,15 +61,15 @@ def ensure_ray(cfg: RunConfig) -> float:
     if not ray.is_initialized():
         address = cfg.ray.address or os.environ.get("RAY_ADDRESS", "")
         if address:
-            ray.init(address=address, log_to_driver=True)
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
         else:
             check_resources(cfg, physical, learners_only=True)
             need = (cfg.learner.num_learners * cfg.learner.num_cpus
                     + cfg.rollout.num_servers * cfg.rollout.num_cpus
                     + cfg.env_workers.num_workers * cfg.env_workers.num_cpus)
             cpus = cfg.ray.num_cpus or max(int(physical), int(need + 0.999))
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True,
-                     configure_logging=False)
+            ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False,
+                     log_to_driver=True, configure_logging=False)
     return float(ray.cluster_resources().get("CPU", physical))
 
 
@@ -165,7 +166,11 @@ class Controller:
             ).remote(w, cfg.env, spec, ec, task_ids, init_ids, cfg.seed, repeat, servers, queue)
             for w in range(ec.num_workers)
         ]
-        self.topology = Topology(queue, servers, learners, workers, pg)
+        status = ray.remote(RunStatus).options(
+            name=NAME_PREFIX + self.run_dir.name, namespace=NAMESPACE, num_cpus=0,
+            get_if_exists=True,
+        ).remote(self.run_dir.name, str(self.run_dir), cfg.pipeline.mode)
+        self.topology = Topology(queue, servers, learners, workers, pg, {"status": status})
         self._sync_initial_weights()
         return self.topology
 
@@ -275,6 +280,7 @@ class Controller:
         }
         self.counters.update(env_steps=row["env_steps"], episodes=row["episodes"],
                              wall_s=self._base["wall_s"] + elapsed)
+        topo.extra["status"].update.remote(row, "finished" if final else "running")
         self._history.extend(history)
         self._write_metrics(row, history)
         self._log(
@@ -344,7 +350,8 @@ class Controller:
                 ray.get(lr.close.remote(), timeout=30)
             except Exception:  # noqa: BLE001
                 pass
-        for handle in [*topo.workers, *topo.learners, *topo.servers, topo.queue]:
+        for handle in [*topo.workers, *topo.learners, *topo.servers, topo.queue,
+                       *topo.extra.values()]:
             ray.kill(handle)
         if topo.pg is not None:
             remove_placement_group(topo.pg)

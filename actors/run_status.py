@@ -1,0 +1,31 @@
+"""RunStatus actor: the live state of one run, readable from outside the job.
+
+The controller creates one per run, named ``rlvla3-status:<run name>`` in the ``rlvla3``
+namespace, and pushes its latest progress row to it on every tick (per-role throughput and
+busy fractions, queue depth, policy version, drops and restarts). ``rlvla3 status --address``
+finds these by name on a running cluster; nothing else depends on them.
+"""
+
+from __future__ import annotations
+
+import time
+
+NAME_PREFIX = "rlvla3-status:"
+NAMESPACE = "rlvla3"
+
+
+class RunStatus:
+    """Holds the latest progress row of one run."""
+
+    def __init__(self, run_name: str, run_dir: str, mode: str):
+        self.info = {"run": run_name, "run_dir": run_dir, "mode": mode, "state": "starting",
+                     "started_at": time.time()}
+        self.row: dict = {}
+
+    def update(self, row: dict, state: str = "running") -> None:
+        self.row = dict(row)
+        self.info["state"] = state
+        self.info["updated_at"] = time.time()
+
+    def get(self) -> dict:
+        return {**self.info, **self.row}
