@@ -115,6 +115,18 @@ def test_padded_model_mode_equals_packed_and_costs_more_tokens():
     assert int(pb_padded.key_valid.sum()) == len(pb_packed.prefix_index)
 
 
+def test_padded_mode_resizes_like_packed_mode():
+    small = libero_like_spec(image_size=16, chunk_len=4)  # the processor resizes 16 -> 32
+    packed = build_vla_policy(small, {"preset": "tiny"})
+    padded = build_vla_policy(small, {"preset": "tiny", "padded": True})
+    padded.load_state_dict(packed.state_dict())
+    obs, actions = libero_like_batch(small, 3, np.random.default_rng(4))
+    noise, t = torch.randn(actions.shape), torch.rand(3)
+    a = packed.flow_losses(obs, torch.tensor(actions), noise, t).detach()
+    b = padded.flow_losses(obs, torch.tensor(actions), noise, t).detach()
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_absent_camera_changes_nothing_but_token_count():
     policy = build_vla_policy(SPEC, {"preset": "tiny"})
     obs, actions, noise, t = _batch(n=3, seed=2)

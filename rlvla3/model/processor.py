@@ -131,11 +131,11 @@ class Processor:
         img_row = np.full(present.shape, -1, np.int64)
         order = np.argwhere(slots)  # rows sorted by sample, then camera
         img_row[order[:, 0], order[:, 1]] = np.arange(len(order))
-        blank = np.zeros((1, self.shapes.image_size, self.shapes.image_size, 3), np.uint8)
-        frames = [
-            obs.images[self.cameras[c]][i] if present[i, c] else blank[0] for i, c in order
-        ]
-        stack = np.stack(frames) if frames else blank[:0]
+        shape = next((v.shape[1:] for v in obs.images.values()),
+                     (self.shapes.image_size, self.shapes.image_size, 3))
+        blank = np.zeros(shape, np.uint8)  # padded mode encodes absent slots as blank frames
+        frames = [obs.images[self.cameras[c]][i] if present[i, c] else blank for i, c in order]
+        stack = np.stack(frames) if frames else blank[None][:0]
         pixels = self._pixels(stack, device)
 
         texts = [tokenize(t, self.max_text_tokens) for t in obs.instruction]
