@@ -22,6 +22,12 @@ from torch import nn
 from rlvla3.model.fp8 import BlockLinear
 
 
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / rms(x)`` computed in float32 (bf16 squares lose too much)."""
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -29,8 +35,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None):
-        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return y * (1.0 + self.weight), None
+        return (_rms(x, self.eps) * (1.0 + self.weight.float())).to(x.dtype), None
 
 
 class AdaRMSNorm(nn.Module):
@@ -46,9 +51,8 @@ class AdaRMSNorm(nn.Module):
             self.dense.bias[2 * dim:] = 1.0
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None):
-        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         scale, shift, gate = self.dense(cond).chunk(3, dim=-1)
-        return y * (1.0 + scale) + shift, gate
+        return (_rms(x, self.eps) * (1.0 + scale.float()) + shift.float()).to(x.dtype), gate
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:

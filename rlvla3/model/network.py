@@ -91,6 +91,8 @@ class VLANetwork(nn.Module):
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
+            if p.is_meta:  # shape-only build (e.g. to list a checkpoint layout)
+                continue
             if p.dim() >= 2 and ".dense." not in name:
                 nn.init.normal_(p, std=0.02)
             elif name.endswith("bias") and ".dense." not in name:
