@@ -1,0 +1,138 @@
+"""``rlvla3 status``: the live state of the RL runs on a running cluster.
+
+Examples::
+
+    python -m rlvla3 status --address 127.0.0.1:6379          # a table, one row per run
+    python -m rlvla3 status --address auto --json             # the same rows as JSON
+
+Every run's controller keeps a named ``RunStatus`` actor (``rlvla3-status:<run name>`` in the
+``rlvla3`` namespace) holding its latest progress row. This command connects to the cluster as a
+light driver (no resources), finds those actors by name and reads each one once: state, env
+steps and steps/s, trajectories/s, busy fraction per role, learner data wait, queue depth,
+policy version, dropped episodes and restarts. It is read-only: it calls nothing on a run but
+``RunStatus.get``. A run whose status actor disappears while being read (the run just ended) is
+left out rather than reported as an error.
+
+Under token authentication (Ray 2.60's default for ``ray start``) the token comes from
+``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, with ``RAY_AUTH_MODE=token``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from actors.run_status import NAME_PREFIX, NAMESPACE
+
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # (row key, column title, format)
+    ("run", "run", "s"),
+    ("state", "state", "s"),
+    ("mode", "mode", "s"),
+    ("env_steps", "env steps", "d"),
+    ("env_steps_per_s", "steps/s", ".1f"),
+    ("trajectories_per_s", "traj/s", ".2f"),
+    ("busy_env", "busy env", ".2f"),
+    ("busy_rollout", "busy roll", ".2f"),
+    ("busy_learner", "busy learn", ".2f"),
+    ("learner_data_wait", "data wait", ".2f"),
+    ("queue_depth", "queue", "d"),
+    ("policy_version", "version", "d"),
+    ("episode_return", "return", ".2f"),
+    ("success_rate", "success", ".2f"),
+    ("dropped", "dropped", "d"),
+    ("restarts", "restarts", "d"),
+    ("age_s", "updated", ".0f"),
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlvla3 status", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
+                   help="the cluster's GCS address host:port, or 'auto' (default: RAY_ADDRESS "
+                        "or auto)")
+    p.add_argument("--json", action="store_true", help="print the runs as a JSON list")
+    p.add_argument("--timeout-s", type=float, default=10.0,
+                   help="how long to wait for each run's status actor to answer")
+    return p
+
+
+def collect(timeout_s: float = 10.0) -> list[dict]:
+    """The status row of every live run on the connected cluster, sorted by run name.
+
+    Each row is ``RunStatus.get()`` plus ``dropped`` (stale + faulted episodes) and ``age_s``
+    (seconds since the controller last pushed a row; absent before the first one)."""
+    named = [a for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["name"].startswith(NAME_PREFIX)]
+    refs = []
+    for actor in named:
+        try:
+            handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
+        except ValueError:  # the run ended between listing and lookup
+            continue
+        refs.append(handle.get.remote())
+    now = time.time()
+    rows = []
+    for ref in refs:
+        try:
+            row = ray.get(ref, timeout=timeout_s)
+        except (RayActorError, GetTimeoutError):
+            continue
+        if "dropped_stale" in row:
+            row["dropped"] = row["dropped_stale"] + row["dropped_faults"]
+        if "updated_at" in row:
+            row["age_s"] = now - row["updated_at"]
+        rows.append(row)
+    return sorted(rows, key=lambda r: r["run"])
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "-"
+    return format(int(value) if fmt == "d" else value, fmt)
+
+
+def render(rows: list[dict]) -> None:
+    """Print the rows as a rich table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="rlvla3 runs")
+    for _, title, fmt in COLUMNS:
+        table.add_column(title, justify="left" if fmt == "s" else "right")
+    for row in rows:
+        table.add_row(*(_cell(row, key, fmt) for key, _, fmt in COLUMNS))
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False,
+                 logging_level="WARNING", configure_logging=False)
+    except ConnectionError as exc:
+        print(f"rlvla3 status: cannot connect to {args.address}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        rows = collect(args.timeout_s)
+    finally:
+        ray.shutdown()
+    if args.json:
+        print(json.dumps(rows))
+    elif rows:
+        render(rows)
+    else:
+        print(f"rlvla3 status: no rlvla3 runs on {args.address}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
