@@ -10,6 +10,15 @@ import torch
 from rlvla3.model import bench_gpu, bench_packing
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matmuls: one intra-op thread is faster than two on a shared, loaded machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def test_packing_benchmark_reports_speedup_and_ideal(capsys):
     assert bench_packing.main(["--preset", "tiny", "--samples", "6", "--repeats", "1",
                                "--max-tokens", "1024", "--json"]) == 0

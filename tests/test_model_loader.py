@@ -18,6 +18,15 @@ from rlvla3.model.synthetic import libero_like_spec
 SPEC = libero_like_spec(image_size=32, chunk_len=6)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matmuls: one intra-op thread is faster than two on a shared, loaded machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _pair():
     return (build_vla_policy(SPEC, {"preset": "tiny", "seed": 1}),
             build_vla_policy(SPEC, {"preset": "tiny", "seed": 2}))
