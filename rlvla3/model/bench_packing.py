@@ -11,7 +11,8 @@ flow-matching loss, with identical weights:
 
 Output (``--json``): real tokens/s of both (medians over ``--repeats``), ``speedup``,
 ``ideal_speedup`` (padded tokens / real tokens), the baseline's ``padding_fraction`` and whether
-``speedup >= 0.9 * ideal_speedup``. Entry point: ``main(argv) -> int``.
+``speedup >= 0.9 * ideal_speedup``. The two models alternate row by row and ``speedup`` is the
+median of per-repeat paired ratios, so load from other processes hits both alike. Entry point: ``main(argv) -> int``.
 """
 
 from __future__ import annotations
@@ -28,12 +29,10 @@ from rlvla3.model import build_vla_policy
 from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
 
 
-def _time_rows(policy, obs, actions, rows, noise, t) -> float:
+def _time_row(policy, obs, actions, row, noise, t) -> float:
     start = time.perf_counter()
-    for r in rows:
-        policy.zero_grad(set_to_none=True)
-        loss = policy.flow_losses(obs.select(r), actions[r], noise[r], t[r]).sum()
-        loss.backward()
+    policy.zero_grad(set_to_none=True)
+    policy.flow_losses(obs.select(row), actions[row], noise[row], t[row]).sum().backward()
     return time.perf_counter() - start
 
 
@@ -59,14 +58,21 @@ def run(preset: str, samples: int, max_tokens: int, max_segments: int, repeats: 
         padded_tokens += len(pb.prefix_index) + len(r) * spec.chunk_len
 
     times: dict[str, list[float]] = {"packed": [], "padded": []}
-    _time_rows(packed, obs, actions, rows[:1], noise, t)  # warm-up
-    _time_rows(padded, obs, actions, rows[:1], noise, t)
+    models = {"packed": packed, "padded": padded}
+    for model in models.values():  # warm-up
+        _time_row(model, obs, actions, rows[0], noise, t)
     for _ in range(repeats):
-        times["packed"].append(_time_rows(packed, obs, actions, rows, noise, t))
-        times["padded"].append(_time_rows(padded, obs, actions, rows, noise, t))
+        total = {"packed": 0.0, "padded": 0.0}
+        for row in rows:  # alternate row by row: both see the same machine load
+            for name, model in models.items():
+                total[name] += _time_row(model, obs, actions, row, noise, t)
+        for name in total:
+            times[name].append(total[name])
     med = {k: statistics.median(v) for k, v in times.items()}
     ideal = padded_tokens / real
-    speedup = med["padded"] / med["packed"]
+    # Median of paired per-repeat ratios: robust to load that drifts between repeats.
+    speedup = statistics.median(b / a for a, b in zip(times["packed"], times["padded"],
+                                                          strict=True))
     return {
         "preset": preset,
         "samples": samples,
