@@ -1,0 +1,338 @@
+"""Cluster operation: ``cluster.yaml`` under Ray's own validation, the Grafana dashboard against
+the series the roles export, and a real ``ray job submit`` of a short RL run to a local head
+node with token authentication, watched through ``rlvla3 status`` and Ray's Prometheus endpoint.
+
+The head node of the job test is this test's alone: its own temp dir, free ports, its own token
+file, and a marker in its environment. It is stopped by signalling its ``ray start --block``
+process and then killing, by pid, only processes that carry the marker (``ray stop`` would stop
+every Ray process on the machine, including other tests' clusters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from actors.metrics import _COUNTERS, _GAUGES, _HISTOGRAMS, TAGS
+
+REPO = Path(__file__).resolve().parents[1]
+DASHBOARD = REPO / "actors" / "dashboards" / "rlvla3_grafana.json"
+EGL_PACKAGES = ("libegl1", "libegl-mesa0", "libgl1-mesa-dri", "libgbm1", "libopengl0", "libgl1",
+                "libglib2.0-0")
+UPLOAD_EXCLUDES = ["runs/", ".git/", "**/__pycache__/", ".pytest_cache/", ".ruff_cache/",
+                   ".benchmarks/", "*.egg-info/"]
+
+
+# ---- cluster.yaml ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster_config() -> dict:
+    return yaml.safe_load((REPO / "cluster.yaml").read_text())
+
+
+def test_cluster_yaml_passes_ray_validation(cluster_config):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    prepared = prepare_config(copy.deepcopy(cluster_config))  # what `ray up` does first
+    validate_config(prepared)
+    assert prepared["head_node_type"] == "head"
+    assert prepared["available_node_types"]["head"]["max_workers"] == 0
+    broken = copy.deepcopy(cluster_config)  # the same validation rejects a malformed node type
+    broken["available_node_types"]["sim_cpu"]["resources"]["sim"] = "many"
+    with pytest.raises(Exception, match="many"):
+        validate_config(prepare_config(broken))
+
+
+def test_cluster_yaml_node_types(cluster_config):
+    types = cluster_config["available_node_types"]
+    gpu = {name: t for name, t in types.items() if t["resources"].get("GPU", 0) > 0}
+    assert {"learner", "rollout"} <= {k for t in gpu.values() for k in t["resources"]}
+    sim = [t for t in types.values() if t["resources"].get("sim", 0) > 0]
+    assert sim and all(t["resources"].get("GPU", 0) == 0 for t in sim)
+    assert types[cluster_config["head_node_type"]]["resources"] == {"CPU": 0}
+    for t in gpu.values():  # CUDA torch from PyPI, pinned, and the GPU extras
+        setup = " ".join(t["worker_setup_commands"])
+        assert "torch==2.13.0" in setup and "whl/cpu" not in setup
+        assert '".[libero,gpu]"' in setup
+        assert t["docker"]["worker_image"].startswith("rayproject/ray:2.60.0-py311-cu")
+    for t in sim:  # software EGL for MuJoCo, CPU torch, the simulator extra
+        setup = " ".join(t["worker_setup_commands"])
+        assert all(pkg in setup.split() for pkg in EGL_PACKAGES)
+        assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in setup
+        assert '".[libero]"' in setup
+    assert "torch==2.13.0" in " ".join(cluster_config["setup_commands"])
+    assert cluster_config["file_mounts"]["~/rlvla3"] == "."
+    assert {"runs", ".git"} <= set(cluster_config["rsync_exclude"])
+
+
+def test_cluster_yaml_dashboard_on_loopback_and_token_auth_on(cluster_config):
+    head = " ".join(cluster_config["head_start_ray_commands"])
+    assert re.search(r"--dashboard-host[= ]127\.0\.0\.1\b", head)
+    text = (REPO / "cluster.yaml").read_text()
+    assert "0.0.0.0" not in text
+    assert not re.search(r"RAY_AUTH_MODE\s*=\s*['\"]?disabled", text, re.IGNORECASE)
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        starts = [c for c in cluster_config[key] if "ray start" in c]
+        assert starts and all("RAY_AUTH_MODE=token" in c for c in starts), key
+    assert cluster_config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+
+
+# ---- Grafana dashboard -------------------------------------------------------------------------
+def exported_series() -> dict[str, str]:
+    """Prometheus series name -> metric name in actors/metrics.py, as Ray 2.60 exports them:
+    a ``ray_`` namespace prefix, ``_total`` on counters, ``_bucket/_sum/_count`` on histograms
+    (checked against a live endpoint in the job test below)."""
+    series = {f"ray_rlvla3_{n}_total": n for n in _COUNTERS}
+    series.update({f"ray_rlvla3_{n}": n for n in _GAUGES})
+    for n in _HISTOGRAMS:
+        series.update({f"ray_rlvla3_{n}_{suffix}": n for suffix in ("bucket", "sum", "count")})
+    return series
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def test_dashboard_has_ray_grafana_format(dashboard):
+    assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 27
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: set[tuple[int, int]] = set()
+    for p in panels:
+        assert p["datasource"] == "${datasource}", p["title"]
+        assert p["type"] in ("graph", "heatmap", "timeseries", "stat"), p["title"]
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0
+        area = {(x, y) for x in range(g["x"], g["x"] + g["w"])
+                for y in range(g["y"], g["y"] + g["h"])}
+        assert not area & cells, f"{p['title']} overlaps another panel"
+        cells |= area
+        refs = [t["refId"] for t in p["targets"]]
+        assert refs and len(set(refs)) == len(refs)
+
+
+def test_dashboard_queries_reference_exported_series(dashboard):
+    series = exported_series()
+    variables = {"$__rate_interval", "$SessionName", "$role"}
+    used = set()
+    for p in dashboard["panels"]:
+        for t in p["targets"]:
+            expr = t["expr"]
+            names = set(re.findall(r"\b(?:ray_)?rlvla3_\w+", expr))
+            assert names, f"{p['title']}: {expr} reads no rlvla3 series"
+            unknown = names - set(series)
+            assert not unknown, f"{p['title']}: {sorted(unknown)} are not exported by actors/metrics.py"
+            used |= {series[n] for n in names}
+            for group in re.findall(r"\bby \(([^)]*)\)", expr):
+                labels = {x.strip() for x in group.split(",")}
+                assert labels <= {*TAGS, "le"}, f"{p['title']}: unknown labels {labels}"
+            assert set(re.findall(r"\$\w+", expr)) <= variables, expr
+            assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}")
+            if p["type"] == "heatmap":
+                assert t.get("format") == "heatmap" and "_bucket" in expr
+    assert used == set(_COUNTERS) | set(_GAUGES) | set(_HISTOGRAMS), "metrics without a panel"
+
+
+# ---- ray job submit against a running head node -------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalHead:
+    """A ``ray start --head --block`` on loopback with token auth, owned by one test."""
+
+    def __init__(self, num_cpus: int = 4):
+        self.root = Path(tempfile.mkdtemp(prefix="rlvla3-ray-", dir="/tmp"))  # short: socket paths
+        self.token = secrets.token_hex(32)
+        (self.root / "auth_token").write_text(self.token)
+        self.marker = f"RLVLA3_TEST_CLUSTER={self.root}"
+        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.root / "auth_token"),
+                        RLVLA3_TEST_CLUSTER=str(self.root), PYTHONUNBUFFERED="1")
+        self.port, self.dashboard_port, self.metrics_port = _free_port(), _free_port(), _free_port()
+        self.log = self.root / "head.log"
+        cmd = ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+               f"--port={self.port}", "--dashboard-host=127.0.0.1",
+               f"--dashboard-port={self.dashboard_port}",
+               f"--dashboard-agent-listen-port={_free_port()}",
+               f"--dashboard-agent-grpc-port={_free_port()}",
+               f"--runtime-env-agent-port={_free_port()}",
+               f"--ray-client-server-port={_free_port()}",
+               f"--metrics-export-port={self.metrics_port}", f"--num-cpus={num_cpus}",
+               f"--temp-dir={self.root / 'ray'}", "--disable-usage-stats"]
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    @property
+    def gcs(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start exited {self.proc.returncode}:\n{self.log.read_text()}")
+            if "Ray runtime started" in self.log.read_text():
+                try:
+                    urllib.request.urlopen(self.http + "/api/version", timeout=5)
+                    return
+                except urllib.error.HTTPError:  # an answer (e.g. 401): the dashboard serves
+                    return
+                except OSError:
+                    pass
+            time.sleep(1.0)
+        raise TimeoutError(f"head node not ready after {timeout_s} s:\n{self.log.read_text()}")
+
+    def api(self, path: str, token: str | None = None) -> dict:
+        request = urllib.request.Request(self.http + path, headers={
+            "Authorization": f"Bearer {self.token if token is None else token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def run(self, *args: str, timeout_s: float = 180.0, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(list(args), env={**self.env, **env}, cwd=REPO, text=True,
+                              capture_output=True, timeout=timeout_s)
+
+    def _marked_pids(self) -> list[int]:
+        needle = self.marker.encode() + b"\0"
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                with contextlib.suppress(OSError):
+                    if needle in Path(f"/proc/{entry}/environ").read_bytes():
+                        pids.append(int(entry))
+        return pids
+
+    def stop(self) -> None:
+        """SIGTERM the blocking ``ray start`` (it drains and stops its processes), then SIGKILL
+        whatever still carries this cluster's marker, by pid."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=60)
+        for _ in range(3):
+            pids = self._marked_pids()
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(1.0)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _status(head: LocalHead, *extra: str) -> subprocess.CompletedProcess:
+    return head.run(sys.executable, "-m", "actors.status", "--address", head.gcs, *extra,
+                    timeout_s=120)
+
+
+def _scrape(head: LocalHead) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{head.metrics_port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+@pytest.mark.slow
+def test_job_submit_with_token_status_and_metrics(tmp_path):
+    run_dir = tmp_path / "runs" / f"smoke-{uuid.uuid4().hex[:6]}"
+    job_id = f"rlvla3-test-{uuid.uuid4().hex[:8]}"
+    head = LocalHead()
+    try:
+        head.wait_ready()
+        # Token auth is on: the jobs API turns away a wrong token.
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            head.api("/api/jobs/", token=secrets.token_hex(32))
+        assert denied.value.code in (401, 403)
+        submit = head.run(
+            "ray", "job", "submit", "--address", head.http, "--submission-id", job_id,
+            "--no-wait", "--working-dir", ".",
+            "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES}),
+            "--", "python", "-m", "rlvla3", "rl", "--preset", "smoke", "--run-dir", str(run_dir),
+            # long enough to be watched: stop on wall time, not on the smoke step budget
+            "--set", "total_env_steps=100000000", "--set", "max_minutes=1.0",
+            "--set", "log_every_s=1.0")
+        assert submit.returncode == 0, submit.stdout + submit.stderr
+
+        live, scraped, table = None, "", ""
+        deadline = time.monotonic() + 480
+        while time.monotonic() < deadline:
+            state = head.api(f"/api/jobs/{job_id}")["status"]
+            if state in ("SUCCEEDED", "FAILED", "STOPPED"):
+                break
+            if state == "RUNNING" and live is None:
+                out = _status(head, "--json")
+                assert out.returncode == 0, out.stderr
+                rows = {r["run"]: r for r in json.loads(out.stdout)}
+                row = rows.get(run_dir.name)
+                if row and row["state"] == "running" and row.get("env_steps", 0) > 0:
+                    live = row
+                    table = _status(head).stdout
+            if state == "RUNNING" and "ray_rlvla3_env_steps_total" not in scraped:
+                with contextlib.suppress(OSError):
+                    scraped = _scrape(head)
+            time.sleep(2.0)
+        logs = head.run("ray", "job", "logs", job_id, "--address", head.http)
+        assert state == "SUCCEEDED", f"job ended {state}:\n{logs.stdout[-4000:]}{logs.stderr}"
+        assert "summary:" in logs.stdout
+
+        # The live status seen while the job ran.
+        assert live is not None, "rlvla3 status never showed the run while it ran"
+        assert live["mode"] == "full" and live["run_dir"] == str(run_dir)
+        for key in ("env_steps_per_s", "queue_depth", "policy_version", "busy_env",
+                    "busy_rollout", "busy_learner", "dropped", "restarts", "age_s"):
+            assert key in live, key
+        assert live["env_steps_per_s"] > 0
+        assert run_dir.name in table and "steps/s" in table
+
+        # Ray's Prometheus endpoint carries the series the dashboard reads, with their tags.
+        assert re.search(r'ray_rlvla3_env_steps_total\{[^}]*actor_id="env-0"', scraped)
+        assert re.search(r'ray_rlvla3_env_steps_total\{[^}]*role="env"', scraped)
+        exported = set(re.findall(r"^(ray_rlvla3_\w+)[{ ]", scraped, re.MULTILINE))
+        series = exported_series()
+        assert exported - set(series) <= {f"ray_rlvla3_{n}" for n in _COUNTERS}, \
+            exported - set(series)  # only the deprecated counter-as-gauge twins are extra
+        assert {"ray_rlvla3_trajectories_total", "ray_rlvla3_requests_total",
+                "ray_rlvla3_batch_size_bucket", "ray_rlvla3_queue_depth"} <= exported
+
+        # The run directory the job wrote.
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["run_dir"] == str(run_dir) and summary["env_steps"] > 0
+        assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.jsonl").is_file()
+        assert any((run_dir / "checkpoints").iterdir())
+
+        # The finished run took its status actor with it.
+        after = _status(head, "--json")
+        assert after.returncode == 0 and run_dir.name not in {r["run"] for r in json.loads(after.stdout)}
+    finally:
+        head.stop()
+    assert not head._marked_pids(), "processes of the test cluster survived"
