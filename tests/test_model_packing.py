@@ -8,6 +8,7 @@ import torch
 
 from rlvla3.model import build_vla_policy
 from rlvla3.model.attention import PaddedAttention, PerSegmentAttention, select_backend
+from rlvla3.model.processor import sample_token_count
 from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
 from rlvla3.types import ObsBatch
 
@@ -156,6 +157,13 @@ def test_token_counts_drive_the_shared_packer():
     counts = policy.token_counts(obs)
     pb = policy.processor(obs)
     np.testing.assert_array_equal(np.diff(pb.cu_prefix.numpy()) + SPEC.chunk_len, counts)
+    direct = [
+        sample_token_count(policy.shapes, sum(bool(obs.image_mask[c][i]) for c in SPEC.cameras),
+                           obs.instruction[i], SPEC.state_dim, SPEC.chunk_len, 64)
+        for i in range(12)
+    ]
+    assert counts.tolist() == direct
+    assert counts.min() >= 2 * policy.shapes.image_tokens + 8 + 8 + SPEC.chunk_len
     budget = int(counts.max()) * 3
     rows = policy.pack(obs, budget, max_segments=4)
     assert sorted(np.concatenate(rows).tolist()) == list(range(12))

@@ -42,6 +42,15 @@ def tokenize(text: str, max_tokens: int) -> list[int]:
     return [BOS, *norm.encode("utf-8")][:max_tokens]
 
 
+def sample_token_count(shapes: ModelShapes, cameras_present: int, instruction: str,
+                       state_dim: int, chunk_len: int, max_text_tokens: int) -> int:
+    """Tokens one sample puts into a packed row: present images, instruction, state, actions.
+
+    The data lake calls this (through ``VLAPolicy.token_counts`` or directly) to pack rows."""
+    text = len(tokenize(instruction, max_text_tokens))
+    return cameras_present * shapes.image_tokens + text + state_dim + chunk_len
+
+
 @dataclass(frozen=True)
 class PrefixBatch:
     """Model-ready prefix inputs of ``n`` samples, laid out as one packed stream."""
@@ -92,9 +101,11 @@ class Processor:
     # -- token accounting (used by the data lake to pack) ---------------------------------
     def prefix_token_counts(self, obs: ObsBatch) -> np.ndarray:
         """Real prefix tokens per sample: present images, instruction, state."""
-        cams = self._present(obs)
-        texts = np.array([len(tokenize(t, self.max_text_tokens)) for t in obs.instruction])
-        return cams.sum(1) * self.shapes.image_tokens + texts + self.state_dim
+        cams = self._present(obs).sum(1)
+        return np.array([
+            sample_token_count(self.shapes, int(c), text, self.state_dim, 0, self.max_text_tokens)
+            for c, text in zip(cams, obs.instruction, strict=True)
+        ], dtype=np.int64)
 
     def _present(self, obs: ObsBatch) -> np.ndarray:
         unknown = set(obs.images) - set(self.cameras)
