@@ -30,25 +30,27 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.run_status import NAME_PREFIX, NAMESPACE
 
-COLUMNS: tuple[tuple[str, str, str], ...] = (
-    # (row key, column title, format)
-    ("run", "run", "s"),
+FIELDS: tuple[tuple[str, str, str], ...] = (
+    # (row key, label, format); the table has one column per run, so it stays narrow
     ("state", "state", "s"),
     ("mode", "mode", "s"),
     ("env_steps", "env steps", "d"),
-    ("env_steps_per_s", "steps/s", ".1f"),
-    ("trajectories_per_s", "traj/s", ".2f"),
-    ("busy_env", "busy env", ".2f"),
-    ("busy_rollout", "busy roll", ".2f"),
-    ("busy_learner", "busy learn", ".2f"),
-    ("learner_data_wait", "data wait", ".2f"),
-    ("queue_depth", "queue", "d"),
-    ("policy_version", "version", "d"),
-    ("episode_return", "return", ".2f"),
-    ("success_rate", "success", ".2f"),
-    ("dropped", "dropped", "d"),
+    ("env_steps_per_s", "env steps/s", ".1f"),
+    ("trajectories_per_s", "trajectories/s", ".2f"),
+    ("busy_env", "busy: env", ".2f"),
+    ("busy_rollout", "busy: rollout", ".2f"),
+    ("busy_learner", "busy: learner", ".2f"),
+    ("learner_data_wait", "learner data wait", ".2f"),
+    ("mean_batch_size", "rollout batch size", ".1f"),
+    ("queue_depth", "queue depth", "d"),
+    ("staleness", "staleness (versions)", ".2f"),
+    ("policy_version", "policy version", "d"),
+    ("episode_return", "episode return", ".2f"),
+    ("success_rate", "success rate", ".2f"),
+    ("dropped", "dropped episodes", "d"),
     ("restarts", "restarts", "d"),
-    ("age_s", "updated", ".0f"),
+    ("age_s", "updated (s ago)", ".0f"),
+    ("run_dir", "run dir", "s"),
 )
 
 
@@ -101,15 +103,16 @@ def _cell(row: dict, key: str, fmt: str) -> str:
 
 
 def render(rows: list[dict]) -> None:
-    """Print the rows as a rich table."""
+    """Print the rows as a rich table: one line per field, one column per run."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="rlvla3 runs")
-    for _, title, fmt in COLUMNS:
-        table.add_column(title, justify="left" if fmt == "s" else "right")
+    table.add_column("run")
     for row in rows:
-        table.add_row(*(_cell(row, key, fmt) for key, _, fmt in COLUMNS))
+        table.add_column(row["run"], justify="right")
+    for key, label, fmt in FIELDS:
+        table.add_row(label, *(_cell(row, key, fmt) for row in rows))
     Console().print(table)
 
 

@@ -312,7 +312,7 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
                     "busy_rollout", "busy_learner", "dropped", "restarts", "age_s"):
             assert key in live, key
         assert live["env_steps_per_s"] > 0
-        assert run_dir.name in table and "steps/s" in table
+        assert run_dir.name in table and "env steps/s" in table and "queue depth" in table
 
         # Ray's Prometheus endpoint carries the series the dashboard reads, with their tags.
         assert re.search(r'ray_rlvla3_env_steps_total\{[^}]*actor_id="env-0"', scraped)
