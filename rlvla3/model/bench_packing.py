@@ -25,7 +25,9 @@ import time
 import numpy as np
 import torch
 
+from rlvla3.config import build
 from rlvla3.model import build_vla_policy
+from rlvla3.model.config import VLAConfig, shapes_for
 from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
 
 
@@ -38,8 +40,8 @@ def _time_row(policy, obs, actions, row, noise, t) -> float:
 
 def run(preset: str, samples: int, max_tokens: int, max_segments: int, repeats: int,
         seed: int) -> dict:
-    probe = build_vla_policy(libero_like_spec(), {"preset": preset})
-    spec = libero_like_spec(image_size=probe.shapes.image_size, chunk_len=50)
+    side = shapes_for(build(VLAConfig, {"preset": preset})).image_size
+    spec = libero_like_spec(image_size=side, chunk_len=50)
     packed = build_vla_policy(spec, {"preset": preset, "seed": seed})
     padded = build_vla_policy(spec, {"preset": preset, "seed": seed, "padded": True})
     padded.load_state_dict(packed.state_dict())

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rlvla3.model.attention import AttentionBackend
@@ -170,15 +171,15 @@ class VLANetwork(nn.Module):
 
     def time_condition(self, t: torch.Tensor) -> torch.Tensor:
         emb = sinusoidal(t, self.shapes.expert_width).to(self.time_mlp_in.weight.dtype)
-        return torch.nn.functional.silu(self.time_mlp_out(
-            torch.nn.functional.silu(self.time_mlp_in(emb))))
+        return F.silu(self.time_mlp_out(
+            F.silu(self.time_mlp_in(emb))))
 
     def velocity(self, cache: PrefixCache, layout: SuffixLayout, x: torch.Tensor,
                  t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Flow velocity ``[S, H, A]`` and expert states ``[S, H, We]`` for chunks ``x``."""
         s, h, a = x.shape
         if a < self.action_width:
-            x = torch.nn.functional.pad(x, (0, self.action_width - a))
+            x = F.pad(x, (0, self.action_width - a))
         y = self.action_in_proj(x.to(self.action_in_proj.weight.dtype))
         cond = self.time_condition(t)[:, None, :]
         for layer, pk, pv in zip(self.expert_layers, cache.keys, cache.values, strict=True):
