@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "actors" / "dashboards" / "rlvla3_grafana.json"
 EGL_PACKAGES = ("libegl1", "libegl-mesa0", "libgl1-mesa-dri", "libgbm1", "libopengl0", "libgl1",
                 "libglib2.0-0")
+RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"  # this Python's CLI
 UPLOAD_EXCLUDES = ["runs/", ".git/", "**/__pycache__/", ".pytest_cache/", ".ruff_cache/",
                    ".benchmarks/", "*.egg-info/"]
 
@@ -174,7 +175,7 @@ class LocalHead:
                         RLVLA3_TEST_CLUSTER=str(self.root), PYTHONUNBUFFERED="1")
         self.port, self.dashboard_port, self.metrics_port = _free_port(), _free_port(), _free_port()
         self.log = self.root / "head.log"
-        cmd = ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+        cmd = [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1",
                f"--port={self.port}", "--dashboard-host=127.0.0.1",
                f"--dashboard-port={self.dashboard_port}",
                f"--dashboard-agent-listen-port={_free_port()}",
@@ -274,7 +275,7 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
             head.api("/api/jobs/", token=secrets.token_hex(32))
         assert denied.value.code in (401, 403)
         submit = head.run(
-            "ray", "job", "submit", "--address", head.http, "--submission-id", job_id,
+            RAY, "job", "submit", "--address", head.http, "--submission-id", job_id,
             "--no-wait", "--working-dir", ".",
             "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES}),
             "--", "python", "-m", "rlvla3", "rl", "--preset", "smoke", "--run-dir", str(run_dir),
@@ -301,7 +302,7 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
                 with contextlib.suppress(OSError):
                     scraped = _scrape(head)
             time.sleep(2.0)
-        logs = head.run("ray", "job", "logs", job_id, "--address", head.http)
+        logs = head.run(RAY, "job", "logs", job_id, "--address", head.http)
         assert state == "SUCCEEDED", f"job ended {state}:\n{logs.stdout[-4000:]}{logs.stderr}"
         assert "summary:" in logs.stdout
 
