@@ -103,8 +103,9 @@ class LiberoConfig:
     fast_render: bool = True
     process: bool = True
     """Run the simulator in its own process (crash isolation)."""
-    step_timeout_s: float = 60.0
-    reset_timeout_s: float = 180.0
+    step_timeout_s: float = 120.0
+    reset_timeout_s: float = 300.0
+    """A reset also builds the task's model when the task changes: minutes on a loaded CPU."""
 
     def validate(self) -> None:
         n = SUITE_NUM_TASKS[self.suite]

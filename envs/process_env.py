@@ -9,7 +9,8 @@ factory and talks to it over a pipe:
     child -> parent   ("ready", spec) once built, then ("ok", result) | ("error", traceback)
 
 Invariants:
-- A ``step`` always returns within ``step_timeout_s`` (plus the time to kill the child). If the
+- A ``step`` always returns within ``step_timeout_s`` (plus the time to kill the child, and
+  ``start_timeout_s`` for a child that is still building its env after a restart). If the
   child dies or does not answer in time it is killed, a fresh child is started right away (it
   builds its simulator while the caller moves on), ``restarts`` increments, and the step
   returns ``StepResult(truncated=True, fault=...)`` carrying the last good observation.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection, wait
@@ -85,14 +85,16 @@ class ProcessEnv:
         kwargs: Mapping[str, Any] | None = None,
         spec: EnvSpec | None = None,
         step_timeout_s: float = 60.0,
-        reset_timeout_s: float = 180.0,
+        reset_timeout_s: float = 300.0,
         reset_retries: int = 2,
+        start_timeout_s: float = 600.0,
     ):
         self._factory = factory
         self._kwargs = dict(kwargs or {})
         self.step_timeout_s = step_timeout_s
         self.reset_timeout_s = reset_timeout_s
         self.reset_retries = reset_retries
+        self.start_timeout_s = start_timeout_s
         self.restarts = 0
         """Children killed and replaced after a crash or hang."""
         self.faults: list[str] = []
@@ -104,7 +106,7 @@ class ProcessEnv:
         self._last_obs: Observation | None = None
         self._start()
         if spec is None:
-            spec = self._wait_ready(reset_timeout_s)
+            spec = self._wait_ready(start_timeout_s)
         self.spec = spec
 
     @property
@@ -161,14 +163,13 @@ class ProcessEnv:
         return payload
 
     def _call(self, command: str, payload: Any, timeout: float) -> tuple[str, Any]:
-        deadline = time.monotonic() + timeout
-        self._wait_ready(timeout)
+        self._wait_ready(self.start_timeout_s)
         assert self._conn is not None
         try:
             self._conn.send((command, payload))
         except (BrokenPipeError, OSError) as exc:
             raise _Fault(f"simulator process gone before {command} ({exc})") from None
-        return self._receive(max(deadline - time.monotonic(), 0.1), command)
+        return self._receive(timeout, command)
 
     def reset(self, task_id: int, init_state_id: int) -> Observation:
         for attempt in range(self.reset_retries + 1):

