@@ -15,7 +15,9 @@ whose log-density sums to the chain's log-probability (piRL, arXiv 2510.25889):
 
 The chain log-probability is ``sum_k log N(x_{k+1}; mean_k, std_k^2)`` over all steps and
 action elements (the initial noise density is constant in the weights and left out). The
-recorded chain ``[n, K + 1, H, A]`` is all that is needed to recompute it.
+recorded chain ``[n, K + 1, H, A]`` is all that is needed to recompute it. The entropy is the
+sum of the step Gaussians' entropies; under Flow-SDE it depends on the schedule only (no
+gradient), under Flow-Noise on the noise head.
 """
 
 from __future__ import annotations
