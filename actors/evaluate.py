@@ -108,7 +108,7 @@ def summarise(
         mine = [o for o in outcomes if o.task_id == i]
         wins = sum(o.success for o in mine)
         per_task[str(task)] = {
-            "instruction": mine[0].instruction if mine else "",
+            "instruction": next((o.instruction for o in mine if o.instruction), ""),
             "episodes": len(mine),
             "successes": wins,
             "success_rate": wins / len(mine) if mine else 0.0,
@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     jobs = [(i, k) for k in range(args.episodes_per_task) for i in range(len(tasks))]
     record = set(jobs[: args.videos])
 
-    if not ray.is_initialized():
+    started_ray = not ray.is_initialized()
+    if started_ray:
         if args.address:
             ray.init(address=args.address, log_to_driver=False)
         else:
@@ -187,6 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         remote.remote(env, source, args.seed + w) for w in range(min(args.workers, len(jobs)))
     ]
     pending: dict[Any, Any] = {}
+    jobs_of: dict[Any, tuple[int, int]] = {}
     outcomes: list[EpisodeOutcome] = []
     t0 = time.perf_counter()
     columns = (
@@ -199,26 +201,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with Progress(*columns, console=console, transient=False) as progress:
             bar = progress.add_task(f"eval {args.suite}", total=len(jobs))
             queue = list(jobs)
+
+            def submit(worker: Any) -> None:
+                job = queue.pop(0)
+                ref = worker.run_episode.remote(*job, job in record)
+                pending[ref], jobs_of[ref] = worker, job
+
             for worker in workers:
                 if queue:
-                    job = queue.pop(0)
-                    pending[worker.run_episode.remote(*job, job in record)] = worker
+                    submit(worker)
             while pending:
                 [done], _ = ray.wait(list(pending), num_returns=1)
                 worker = pending.pop(done)
-                outcome: EpisodeOutcome = ray.get(done)
+                try:
+                    outcome: EpisodeOutcome = ray.get(done)
+                except ray.exceptions.RayTaskError as exc:  # e.g. a reset that kept failing
+                    task_id, init_id = jobs_of[done]
+                    error = str(exc).strip().splitlines()[-1]
+                    outcome = EpisodeOutcome(task_id, init_id, False, 0, 0, 0.0, "", fault=error)
                 outcomes.append(outcome)
                 wins = sum(o.success for o in outcomes)
                 progress.update(bar, advance=1, description=f"eval {args.suite} ({wins} successes)")
                 if queue:
-                    job = queue.pop(0)
-                    pending[worker.run_episode.remote(*job, job in record)] = worker
+                    submit(worker)
         seconds = time.perf_counter() - t0
         restarts = sum(s["restarts"] for s in ray.get([w.stats.remote() for w in workers]))
         ray.get([w.close.remote() for w in workers])
     finally:
         for worker in workers:
             ray.kill(worker)
+        if started_ray:
+            ray.shutdown()
 
     chunk = env_options(args, tasks).get("chunk_len", 5)
     for o in sorted(outcomes, key=lambda o: (o.task_id, o.init_state_id)):
