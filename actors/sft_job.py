@@ -127,7 +127,10 @@ def _wrap(module: nn.Module, cfg: SFTConfig, distributed: bool) -> nn.Module:
 
         return FullyShardedDataParallel(module, device_id=torch.cuda.current_device())
     device_ids = [torch.cuda.current_device()] if cfg.use_gpu else None
-    return nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
+    # sft_loss need not touch every parameter (value heads): let DDP skip the unused ones.
+    return nn.parallel.DistributedDataParallel(
+        module, device_ids=device_ids, find_unused_parameters=True
+    )
 
 
 def _full_state(

@@ -1,0 +1,145 @@
+"""The SFT job on a generated dataset: two DDP workers lower the loss, checkpoint, resume; the CLIs."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from actors import sft_job
+from datalake import cli, synthetic
+from datalake.writer import WriterConfig, write_dataset
+from rlvla3.checkpoint import load_policy, read_meta
+from rlvla3.config import Named, build
+
+
+def _config(dataset, run_dir, steps):
+    return build(
+        sft_job.SFTConfig,
+        {
+            "lake": {
+                "datasets": [str(dataset)],
+                "image_size": [32, 32],
+                "chunk_len": 4,
+                "normalize": "mean_std",
+                "decode_actors": 1,
+                "max_tokens": 600,
+                "shuffle_buffer": 32,
+                "pack_window": 32,
+            },
+            "policy": {"name": "small", "options": {"channels": 8, "hidden": 64}},
+            "run_dir": str(run_dir),
+            "workers": 2,
+            "max_steps": steps,
+            "log_every": 4,
+            "checkpoint_every": 8,
+            "lr": 3e-3,
+        },
+    )
+
+
+def test_sft_lowers_loss_checkpoints_and_resumes(ray_cluster, tmp_path):
+    data = tmp_path / "demos"
+    write_dataset(
+        data,
+        synthetic.episodes(8, 20, 30, size=(32, 32)),
+        WriterConfig(codec="h264", episodes_per_file=4),
+    )
+    run_dir = tmp_path / "run"
+    summary = sft_job.run(_config(data, run_dir, 16))
+    logged = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in logged] == [4, 8, 12, 16]
+    assert summary["last_loss"] < summary["first_loss"]
+    assert all(
+        m["samples_per_s"] > 0 and m["real_tokens_per_s"] > m["samples_per_s"] for m in logged
+    )
+    assert all(0.0 <= m["data_wait_fraction"] <= 1.0 for m in logged)
+    # The checkpoint is the run layout RL and eval load: rebuild the policy and act.
+    policy, meta = load_policy(run_dir)
+    assert meta.policy == Named("small", {"channels": 8, "hidden": 64}) and meta.version == 16
+    assert meta.spec.cameras == ("agentview", "wrist") and meta.spec.chunk_len == 4
+    # Resume: a longer run continues from step 16 instead of starting over.
+    sft_job.run(_config(data, run_dir, 20))
+    assert read_meta(run_dir).version == 20
+    logged = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in logged][-1] == 20 and logged[-1]["step"] - logged[-2]["step"] <= 4
+
+
+def test_inspect_cli_reports_dataset_and_problems(tmp_path, capsys):
+    root = tmp_path / "ds"
+    write_dataset(
+        root,
+        synthetic.episodes(4, 8, 12, size=(16, 16)),
+        WriterConfig(codec="av1", episodes_per_file=2),
+    )
+    assert cli.main(["inspect", str(root), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["episodes"] == 4 and report["fps"] == 10 and report["codec"] == ["av1"]
+    assert set(report["cameras"]) == {"agentview", "wrist"} and report["problems"] == []
+    assert report["size_on_disk"] > 0 and len(report["tasks"]) == 3
+    (root / "videos/observation.images.wrist/chunk-000/file-001.mp4").unlink()
+    assert cli.main(["inspect", str(root), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert any("missing video" in p and "file-001.mp4" in p for p in report["problems"])
+
+
+def reach_expert(env, task_id: int, init_id: int):
+    """Move straight at the target (init state 1: straight away from it, so it fails)."""
+    from datalake.record import Demonstration
+
+    obs = env.reset(task_id, init_id)
+    observations, actions = [], []
+    sign = -1.0 if init_id == 1 else 1.0
+    while True:
+        gripper = (obs.state + 1.0) / 2.0
+        action = np.clip(
+            sign * (np.asarray(env.scene.target) - gripper) / env.config.step_size, -1, 1
+        )
+        action = np.broadcast_to(action, (env.config.chunk_len, 2)).astype(np.float32)
+        observations.append(obs)
+        actions.append(action[0])
+        result = env.step(action[:1])
+        obs = result.obs
+        if result.terminated or result.truncated:
+            return Demonstration(result.success, observations, actions)
+
+
+def make_reach():
+    from envs.reach import make_reach_env
+
+    return make_reach_env({"chunk_len": 1, "image_size": 32, "max_decisions": 30}, "env.options", 0)
+
+
+def test_record_writes_successful_expert_episodes(ray_cluster, tmp_path):
+    from ray import cloudpickle
+
+    from datalake.format import open_dataset
+    from datalake.record import record_dataset
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    jobs = [(t, s) for t in (0, 2) for s in range(3)]
+    out = str(tmp_path / "demos")
+    result = record_dataset(
+        out,
+        make_reach,
+        reach_expert,
+        jobs,
+        workers=2,
+        writer_config=WriterConfig(codec="h264-lossless"),
+    )
+    assert result["recorded"] == 4 and len(result["failed"]) == 2
+    assert all("expert failed" in f for f in result["failed"])
+    meta = open_dataset(out)
+    assert len(meta.episodes) == 4 and meta.video_keys == ["observation.images.top"]
+    assert sorted(meta.tasks.values()) == sorted(
+        {make_reach().reset(t, 0).instruction for t in (0, 2)}
+    )
+    # Episodes are written in job order: task 0 (init 0, 2), then task 2 (init 0, 2).
+    first = make_reach()
+    obs = first.reset(0, 0)
+    from datalake.video import DecoderCache
+
+    rel, start, _ = meta.episodes[0].videos["observation.images.top"]
+    img = DecoderCache().frame(meta.fs, meta.path(rel), start, None)
+    np.testing.assert_array_equal(img, obs.images["top"])
