@@ -1,1 +1,15 @@
-"""datalake package."""
+"""The data lake: LeRobot v3.0 datasets read, written, decoded, mixed and packed on Ray Data.
+
+Modules:
+    format     LeRobot v3.0 layout; ``open_dataset`` (local paths and filesystem URIs)
+    writer     ``LeRobotWriter`` / ``write_dataset``: parquet + mp4 (many episodes per file) + meta
+    video      PyAV encoding presets (h264, AV1, lossless variants) and sequential decoding
+    samples    one episode's samples: action chunk + mask, state, task, camera timestamps
+    pipeline   ``Lake``: mixing, episode shuffle, decoder actor pool, skip accounting, packing
+    report     ``inspect_dataset``: a dataset's shape and every problem found
+    record     expert demonstrations from parallel env workers into a dataset
+    synthetic  self-describing episodes for tests and benchmarks
+    cli        ``rlvla3 datalake inspect|record``; bench: ``rlvla3 bench lake``
+
+Only message types, protocols, config and packing are imported from ``rlvla3``.
+"""

@@ -266,7 +266,7 @@ class FrameDecoder:
                     )
                     present[i] = True
                 except VideoError as exc:
-                    out["problem"][i], out["skips"][i] = str(exc), 1
+                    out["problem"][i], out["skips"][i] = exc.per_file, 1
             out[f"image.{cam}"] = images
             out[f"has.{cam}"] = present
         return out

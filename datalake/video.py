@@ -34,6 +34,16 @@ logging.getLogger("libav").setLevel(logging.ERROR)
 class VideoError(RuntimeError):
     """A video file cannot be opened or does not hold a requested frame."""
 
+    def __init__(self, message: str, path: str = "", reason: str = ""):
+        super().__init__(message)
+        self.path = path
+        self.reason = reason or message
+
+    @property
+    def per_file(self) -> str:
+        """The problem without per-frame detail, so a bad file is one log line, not one per frame."""
+        return f"video {self.path}: {self.reason}" if self.path else str(self)
+
 
 @dataclass(frozen=True)
 class VideoCodec:
@@ -108,7 +118,7 @@ def probe(path: str) -> dict[str, Any]:
             "video.width": stream.width,
             "video.codec": stream.codec.canonical_name,
             "video.pix_fmt": stream.pix_fmt,
-            "video.is_depth_map": False,
+            "is_depth_map": False,
             "video.fps": int(stream.base_rate or stream.average_rate),
             "video.channels": 3,
             "has_audio": any(s.type == "audio" for s in container.streams),
@@ -130,9 +140,11 @@ class VideoFileReader:
                 self._container = av.open(self._file)
             self._stream = self._container.streams.video[0]
         except FileNotFoundError as exc:
-            raise VideoError(f"missing video {path}") from exc
+            raise VideoError(f"missing video {path}", path, "missing video file") from exc
         except (av.FFmpegError, IndexError, OSError) as exc:
-            raise VideoError(f"cannot open video {path}: {exc}") from exc
+            raise VideoError(
+                f"cannot open video {path}: {exc}", path, f"cannot open: {exc}"
+            ) from exc
         self._stream.thread_type = "AUTO"
         self._time_base = float(self._stream.time_base)
         self._frames = None
@@ -154,7 +166,9 @@ class VideoFileReader:
         except StopIteration:
             return None
         except av.FFmpegError as exc:
-            raise VideoError(f"decoding {self.path} failed: {exc}") from exc
+            raise VideoError(
+                f"decoding {self.path} failed: {exc}", self.path, "decoding failed"
+            ) from exc
         self.decoded += 1
         return float(frame.pts * self._time_base), frame
 
@@ -202,18 +216,18 @@ class DecoderCache:
         self.max_open = max_open
         self.tolerance_s = tolerance_s
         self._open: OrderedDict[str, VideoFileReader] = OrderedDict()
-        self.failed: dict[str, str] = {}
+        self.failed: dict[str, VideoError] = {}
         self.decoded = 0
 
     def reader(self, fs: pafs.FileSystem, path: str) -> VideoFileReader:
         if path in self.failed:
-            raise VideoError(self.failed[path])
+            raise self.failed[path]
         reader = self._open.get(path)
         if reader is None:
             try:
                 reader = VideoFileReader(fs, path, self.tolerance_s)
             except VideoError as exc:
-                self.failed[path] = str(exc)
+                self.failed[path] = exc
                 raise
             self._open[path] = reader
             while len(self._open) > self.max_open:

@@ -126,6 +126,7 @@ def test_bad_files_are_skipped_counted_and_named(ray_cluster, datasets, tmp_path
     bad_frames = sum(len(eps[i].action) for i in (2, 3, 4, 5))
     assert used == sum(len(e.action) for e in eps) - bad_frames
     assert loader.ledger.skipped == bad_frames
+    assert len(loader.ledger.problems) == 2  # one entry per bad file, not one per frame
     problems = " ".join(loader.ledger.problems)
     assert (
         "file-001.parquet" in problems
