@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,9 @@ from rlvla3.config import require, to_dict
 from rlvla3.policies import build_policy
 from rlvla3.run_config import RunConfig, check_resources
 from rlvla3.types import EnvSpec
+
+CARRIED = ("env_steps", "decisions", "episodes", "successes", "dropped_faults",
+           "dropped_decisions", "shipped_decisions", "env_busy_s")
 
 
 def check_components(cfg: RunConfig) -> EnvSpec:
@@ -100,6 +104,8 @@ class Controller:
         self.training = TRAINING_STRATEGIES[self.strategies.training]()
         self.topology: Topology | None = None
         self.counters = {"env_steps": 0, "episodes": 0, "wall_s": 0.0}
+        self.restarts = {"env_worker": 0, "rollout_server": 0, "learner": 0, "episodes_lost": 0}
+        self._incarnations: dict[int, dict] = {}
         self._tb = None
         self._history: list[dict] = []
 
@@ -137,25 +143,32 @@ class Controller:
         server_sched = sched[lc.num_learners:lc.num_learners + rc.num_servers]
         worker_sched = sched[lc.num_learners + rc.num_servers:]
 
+        # Fault tolerance: Ray restarts a crashed role and re-sends its in-flight calls; a
+        # restarted server pulls the newest weights from learner 0 (found by name), a restarted
+        # learner restores the last checkpoint. A DDP group cannot re-form around one new rank,
+        # so learners restart only when there is one.
+        learner0 = f"rlvla3-learner0:{self.run_dir.name}:{uuid.uuid4().hex[:8]}"
         queue = ray.remote(TrajectoryQueue).options(num_cpus=0, max_concurrency=1000).remote(cfg.queue)
         servers = [
             ray.remote(RolloutServer).options(
                 num_cpus=rc.num_cpus, num_gpus=rc.num_gpus, max_concurrency=10_000,
-                scheduling_strategy=server_sched[i], max_restarts=3,
-            ).remote(i, cfg.policy, spec, rc, cfg.seed)
+                scheduling_strategy=server_sched[i], max_restarts=-1, max_task_retries=-1,
+            ).remote(i, cfg.policy, spec, rc, cfg.seed, learner0)
             for i in range(rc.num_servers)
         ]
+        single = lc.num_learners == 1
         learners = [
             ray.remote(Learner).options(
                 num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, max_concurrency=4,
-                scheduling_strategy=learner_sched[r],
+                scheduling_strategy=learner_sched[r], max_restarts=-1 if single else 0,
+                max_task_retries=-1 if single else 0,
+                **({"name": learner0, "namespace": NAMESPACE} if r == 0 else {}),
             ).remote(r, lc.num_learners, cfg.policy, spec, cfg.algo, lc, self.strategies.learner,
-                     cfg.seed)
+                     cfg.seed, servers, queue, str(self.run_dir))
             for r in range(lc.num_learners)
         ]
         addr, port = ray.get(learners[0].address.remote())
         ray.get([lr.init_group.remote(addr, port) for lr in learners])
-        ray.get([lr.connect.remote(servers, queue) for lr in learners])
         task_ids = list(ec.task_ids) or list(range(spec.num_tasks))
         init_ids = list(ec.init_state_ids) or [
             i for i in range(spec.num_init_states) if i not in set(cfg.eval_init_state_ids)]
@@ -163,6 +176,7 @@ class Controller:
         workers = [
             ray.remote(EnvWorker).options(
                 num_cpus=ec.num_cpus, max_concurrency=1000, scheduling_strategy=worker_sched[w],
+                max_restarts=-1, max_task_retries=-1,
             ).remote(w, cfg.env, spec, ec, task_ids, init_ids, cfg.seed, repeat, servers, queue)
             for w in range(ec.num_workers)
         ]
@@ -228,9 +242,31 @@ class Controller:
         for ref in ready:
             ray.get(ref)  # a role that ended early ended by an exception: raise it here
 
+    def _role_stats(self, role: str, handles: list, carried: tuple[str, ...] = ()) -> list[dict]:
+        """Stats of one role's actors, counting restarts: an actor that Ray restarted reports a
+        new incarnation and starts its counters from zero; ``carried`` counters of earlier
+        incarnations are added back so totals never go down."""
+        stats = ray.get([h.stats.remote() for h in handles])
+        out = []
+        for i, st in enumerate(stats):
+            seen = self._incarnations.get((role, i))
+            if seen is not None and seen["incarnation"] != st["incarnation"]:
+                self.restarts[role] += 1
+                if role == "env_worker":  # the slots' in-flight episodes died with the worker
+                    self.restarts["episodes_lost"] += seen["last"]["slots"]
+                for key in carried:
+                    seen["carry"][key] = seen["carry"].get(key, 0) + seen["last"][key]
+            carry = seen["carry"] if seen is not None else {}
+            self._incarnations[(role, i)] = {"incarnation": st["incarnation"], "last": st,
+                                             "carry": carry}
+            out.append({**st, **{k: st[k] + carry.get(k, 0) for k in carried}})
+        return out
+
+    def _worker_stats(self) -> list[dict]:
+        return self._role_stats("env_worker", self.topology.workers, CARRIED)
+
     def _env_steps(self) -> int:
-        stats = ray.get([w.stats.remote() for w in self.topology.workers])
-        return self._base["env_steps"] + sum(s["env_steps"] for s in stats)
+        return self._base["env_steps"] + sum(s["env_steps"] for s in self._worker_stats())
 
     def _done(self) -> bool:
         elapsed = time.monotonic() - self._start
@@ -240,9 +276,9 @@ class Controller:
 
     def _tick(self, final: bool = False) -> dict:
         topo = self.topology
-        workers = ray.get([w.stats.remote() for w in topo.workers])
-        servers = ray.get([s.stats.remote() for s in topo.servers])
-        learners = ray.get([lr.stats.remote() for lr in topo.learners])
+        workers = self._worker_stats()
+        servers = self._role_stats("rollout_server", topo.servers, ("requests", "batches"))
+        learners = self._role_stats("learner", topo.learners)
         history = ray.get(topo.learners[0].take_history.remote())
         queue = ray.get(topo.queue.stats.remote())
         elapsed = time.monotonic() - self._start
@@ -270,7 +306,10 @@ class Controller:
             "queue_depth": queue["depth"],
             "dropped_stale": queue["dropped_stale"],
             "dropped_faults": sum(w["dropped_faults"] for w in workers),
-            "restarts": sum(w["restarts"] for w in workers),
+            "restarts": sum(w["restarts"] for w in workers) + sum(
+                v for k, v in self.restarts.items() if k != "episodes_lost"),
+            "restart_counts": {**self.restarts,
+                               "simulator": sum(w["restarts"] for w in workers)},
             "busy_env": sum(w["busy_fraction"] for w in workers) / len(workers),
             "busy_rollout": sum(s["busy_fraction"] for s in servers) / len(servers),
             "busy_learner": sum(lr["busy_fraction"] for lr in learners) / len(learners),

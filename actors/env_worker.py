@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -54,10 +55,12 @@ class EnvWorker:
         self._started = time.monotonic()
         self._recorders: list[EpisodeRecorder | None] = [None] * cfg.slots_per_worker
         self._obs: list[Observation | None] = [None] * cfg.slots_per_worker
+        self.incarnation = uuid.uuid4().hex
         self.counts = {"env_steps": 0, "decisions": 0, "episodes": 0, "successes": 0,
-                       "dropped_faults": 0, "env_busy_s": 0.0, "infer_wait_s": 0.0,
-                       "queue_wait_s": 0.0}
+                       "dropped_faults": 0, "dropped_decisions": 0, "shipped_decisions": 0,
+                       "env_busy_s": 0.0, "infer_wait_s": 0.0, "queue_wait_s": 0.0}
         self.recent: deque[tuple[float, bool]] = deque(maxlen=200)
+        self._reported_restarts = 0
 
     # ---- env calls (threaded, with a timeout) -------------------------------------------
     async def _call(self, fn, *args):
@@ -98,6 +101,7 @@ class EnvWorker:
         rec, self._recorders[slot] = self._recorders[slot], None
         if last.fault:
             self.counts["dropped_faults"] += 1
+            self.counts["dropped_decisions"] += len(rec)
             self.metrics.inc("episodes_dropped")
             return
         bootstrap = 0.0
@@ -119,6 +123,7 @@ class EnvWorker:
         start = time.monotonic()
         await self.queue.put.remote(info, [ray.put(segment)])
         self.counts["queue_wait_s"] += time.monotonic() - start
+        self.counts["shipped_decisions"] += len(segment)
         self.metrics.inc("trajectories")
 
     def _server(self, slot: int):
@@ -165,10 +170,19 @@ class EnvWorker:
         returns = [r for r, _ in self.recent]
         succ = [s for _, s in self.recent]
         restarts = sum(getattr(env, "restarts", 0) for env in self.envs)
+        busy = min(self.counts["env_busy_s"] / (elapsed * len(self.envs)), 1.0)
+        self.metrics.set("busy_fraction", busy)
+        if returns:
+            self.metrics.set("episode_return", float(np.mean(returns)))
+            self.metrics.set("success_rate", float(np.mean(succ)))
+        self.metrics.inc("restarts", restarts - self._reported_restarts)
+        self._reported_restarts = restarts
         return {
             **self.counts,
+            "incarnation": self.incarnation,
+            "inflight_decisions": sum(len(r) for r in self._recorders if r is not None),
             "slots": len(self.envs),
-            "busy_fraction": min(self.counts["env_busy_s"] / (elapsed * len(self.envs)), 1.0),
+            "busy_fraction": busy,
             "recent_return": float(np.mean(returns)) if returns else 0.0,
             "recent_success": float(np.mean(succ)) if succ else 0.0,
             "recent_episodes": len(self.recent),

@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 
 import ray
 import torch
@@ -25,7 +26,13 @@ import torch.distributed as dist
 
 from actors.metrics import RoleMetrics
 from rlvla3.algos import AlgoConfig
-from rlvla3.checkpoint import CheckpointMeta, load_optimizer_state, save_run_checkpoint
+from rlvla3.checkpoint import (
+    CheckpointMeta,
+    load_optimizer_state,
+    load_rng_state,
+    resolve_checkpoint,
+    save_run_checkpoint,
+)
 from rlvla3.config import Named
 from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats
 from rlvla3.policies import build_policy
@@ -44,7 +51,8 @@ class Learner:
     """One learner rank."""
 
     def __init__(self, rank: int, world_size: int, policy: Named, spec: EnvSpec,
-                 algo: AlgoConfig, cfg: LearnerConfig, strategy: str, seed: int):
+                 algo: AlgoConfig, cfg: LearnerConfig, strategy: str, seed: int,
+                 servers: list, queue, run_dir: str = ""):
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(seed)  # identical initial weights on every rank
         self.rank = rank
@@ -56,14 +64,27 @@ class Learner:
         self.core = LearnerCore(self.policy, algo, cfg.global_batch // world_size, cfg.micro_batch,
                                 cfg.lr, LEARNER_STRATEGIES[strategy]())
         self.metrics = RoleMetrics("learner", f"learner-{rank}")
-        self.servers: list = []
-        self.queue = None
+        self.servers = servers
+        self.queue = queue
+        self.incarnation = uuid.uuid4().hex
         self._stop = threading.Event()
         self._stop_version: int | None = None
         self._started = time.monotonic()
         self.wait_s = 0.0
         self.last: StepStats | None = None
         self.history: list[dict] = []
+        self.run_dir = run_dir
+        self.restored_from = ""
+        if run_dir and ray.get_runtime_context().was_current_actor_reconstructed:
+            # Ray restarted this actor after a crash: continue from the last checkpoint.
+            try:
+                self.restored_from = resolve_checkpoint(run_dir).name
+            except FileNotFoundError:
+                self.restored_from = "initial weights (no checkpoint yet)"
+            else:
+                self.restore(run_dir)
+            if rank == 0:
+                self._broadcast_to_servers(force=True)
 
     # ---- setup -------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -83,10 +104,6 @@ class Learner:
         self.core.model = _DDPEvaluate(ddp)
         return True
 
-    def connect(self, servers: list, queue) -> None:
-        self.servers = servers
-        self.queue = queue
-
     def restore(self, path: str) -> int:
         """Load weights, optimizer state and version from a checkpoint; returns the version."""
         from rlvla3.checkpoint import load_policy
@@ -96,6 +113,9 @@ class Learner:
         state = load_optimizer_state(path)
         if state is not None:
             self.core.optimizer.load_state_dict(state)
+        rng = load_rng_state(path)
+        if rng is not None:
+            torch.set_rng_state(rng)
         self.core.version = meta.version
         return meta.version
 
@@ -111,13 +131,15 @@ class Learner:
                              "entropy": stats.entropy, "approx_kl": stats.approx_kl,
                              "clip_fraction": stats.clip_fraction,
                              "staleness": stats.mean_staleness, "grad_norm": stats.grad_norm})
-        if self.rank != 0:
-            return
+        if self.rank == 0:
+            self._broadcast_to_servers()
+
+    def _broadcast_to_servers(self, force: bool = False) -> None:
+        """Offer the current weights to every rollout server (one object-store copy)."""
         ref = ray.put(self.weights_message())
         for server in self.servers:
-            server.update_weights.remote(ref)
-        if self.queue is not None:
-            self.queue.set_version.remote(stats.version)
+            server.update_weights.remote(ref, force)
+        self.queue.set_version.remote(self.core.version)
 
     def weights_message(self) -> WeightsMessage:
         return WeightsMessage(self.core.version, self.core.weights())
@@ -182,7 +204,8 @@ class Learner:
     # ---- checkpoints and reporting --------------------------------------------------------
     def save(self, run_dir: str, counters: dict) -> str:
         meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version, counters)
-        return str(save_run_checkpoint(run_dir, self.policy, meta, self.core.optimizer))
+        return str(save_run_checkpoint(run_dir, self.policy, meta, self.core.optimizer,
+                                       rng=torch.get_rng_state()))
 
     def version(self) -> int:
         return self.core.version
@@ -193,6 +216,8 @@ class Learner:
 
     def stats(self) -> dict:
         elapsed = max(time.monotonic() - self._started, 1e-9)
+        self.metrics.set("busy_fraction", min(self.core.busy_s / elapsed, 1.0))
+        self.metrics.set("data_wait_fraction", min(self.wait_s / elapsed, 1.0))
         out = {
             "version": self.core.version,
             "samples_trained": self.core.samples_trained,
@@ -200,6 +225,8 @@ class Learner:
             "busy_fraction": min(self.core.busy_s / elapsed, 1.0),
             "busy_s": self.core.busy_s,
             "data_wait_fraction": min(self.wait_s / elapsed, 1.0),
+            "incarnation": self.incarnation,
+            "restored_from": self.restored_from,
         }
         if self.last is not None:
             out.update(loss=self.last.loss, entropy=self.last.entropy,

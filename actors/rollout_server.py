@@ -7,16 +7,24 @@ Two entry points, one per rollout strategy:
 
 Invariant: weights offered by the learner (``update_weights``) are applied only between batches,
 under the same lock that serialises batches, so every action of a batch carries one version.
+
+Fault tolerance: the controller starts servers with unlimited restarts and task retries, so a
+request in flight when a server dies is re-sent to the restarted server and answered once (an
+env slot applies an action only when its answer arrives: nothing is applied twice). A restarted
+server fetches the latest weights from ``weights_source`` (learner rank 0) before serving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
+import ray
 import torch
 
 from actors.metrics import RoleMetrics
+from actors.run_status import NAMESPACE
 from rlvla3.batcher import BatcherConfig, DynamicBatcher
 from rlvla3.config import Named
 from rlvla3.policies import build_policy
@@ -28,7 +36,8 @@ from rlvla3.types import ActionChunk, EnvSpec, Observation, WeightsMessage
 class RolloutServer:
     """Holds one policy copy; serves actions to env slots."""
 
-    def __init__(self, server_id: int, policy: Named, spec: EnvSpec, cfg: RolloutConfig, seed: int):
+    def __init__(self, server_id: int, policy: Named, spec: EnvSpec, cfg: RolloutConfig, seed: int,
+                 weights_source: str = ""):
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(seed * 7919 + server_id)
         self.server_id = server_id
@@ -40,6 +49,10 @@ class RolloutServer:
         self._started = time.monotonic()
         self._requests = 0
         self._lockstep_sizes: dict[int, int] = {}
+        self.weights_source = weights_source
+        self.restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        self._caught_up = not (self.restarted and weights_source)
+        self.incarnation = uuid.uuid4().hex
 
     def _ensure(self) -> tuple[asyncio.Lock, DynamicBatcher]:
         if self._batcher is None:
@@ -49,11 +62,17 @@ class RolloutServer:
         return self._lock, self._batcher
 
     async def _swap(self) -> None:
+        if not self._caught_up:
+            source = ray.get_actor(self.weights_source, namespace=NAMESPACE)
+            self.core.offer_weights(await source.weights_message.remote(), force=True)
+            self._caught_up = True
         if self.core.swap_pending():
             self.metrics.set("policy_version", self.core.version)
 
-    async def _process(self, observations: list[Observation]) -> list[ActionChunk]:
+    async def _process(self, requests: list[tuple[float, Observation]]) -> list[ActionChunk]:
         lock, _ = self._ensure()
+        self.metrics.observe("batch_wait_ms", 1000 * (time.monotonic() - requests[0][0]))
+        observations = [obs for _, obs in requests]
         async with lock:
             chunks = await asyncio.to_thread(self.core.act_batch, observations)
         self.metrics.observe("batch_size", len(observations))
@@ -64,7 +83,7 @@ class RolloutServer:
     async def act(self, obs: Observation) -> ActionChunk:
         """One env slot's request; batched with whatever else is pending."""
         _, batcher = self._ensure()
-        return await batcher.submit(obs)
+        return await batcher.submit((time.monotonic(), obs))
 
     async def act_batch(self, observations: list[Observation]) -> list[ActionChunk]:
         """A whole lockstep group's requests as one batch (weights swapped before it)."""
@@ -79,9 +98,9 @@ class RolloutServer:
         self._requests += n
         return chunks
 
-    def update_weights(self, message: WeightsMessage) -> int:
+    def update_weights(self, message: WeightsMessage, force: bool = False) -> int:
         """Offer new weights; they apply at the next batch boundary. Returns the held version."""
-        self.core.offer_weights(message)
+        self.core.offer_weights(message, force)
         return self.core.version
 
     async def load_weights_now(self, message: WeightsMessage) -> int:
@@ -106,13 +125,17 @@ class RolloutServer:
                 sizes[size] = sizes.get(size, 0) + count
             mean_wait = b.mean_wait_s
         batches = sum(sizes.values())
+        busy = min(self.core.busy_s / elapsed, 1.0)
+        self.metrics.set("busy_fraction", busy)
         return {
             "requests": self._requests,
             "batches": batches,
             "batch_sizes": sizes,
             "mean_batch_size": self._requests / batches if batches else 0.0,
             "mean_batch_wait_ms": 1000 * mean_wait,
-            "busy_fraction": min(self.core.busy_s / elapsed, 1.0),
+            "busy_fraction": busy,
             "busy_s": self.core.busy_s,
             "version": self.core.version,
+            "restarted": self.restarted,
+            "incarnation": self.incarnation,
         }

@@ -18,14 +18,25 @@ class RunStatus:
     """Holds the latest progress row of one run."""
 
     def __init__(self, run_name: str, run_dir: str, mode: str):
+        from actors.metrics import RoleMetrics
+
         self.info = {"run": run_name, "run_dir": run_dir, "mode": mode, "state": "starting",
                      "started_at": time.time()}
         self.row: dict = {}
+        self.metrics = RoleMetrics("controller", run_name)
 
     def update(self, row: dict, state: str = "running") -> None:
+        """Keep the latest row; export the actor restarts the controller counted since the last
+        one (simulator restarts are exported by the env workers themselves)."""
+        self.metrics.inc("restarts", _actor_restarts(row) - _actor_restarts(self.row))
         self.row = dict(row)
         self.info["state"] = state
         self.info["updated_at"] = time.time()
 
     def get(self) -> dict:
         return {**self.info, **self.row}
+
+
+def _actor_restarts(row: dict) -> int:
+    counts = row.get("restart_counts", {})
+    return sum(counts.get(k, 0) for k in ("env_worker", "rollout_server", "learner"))

@@ -44,9 +44,9 @@ class LockstepRollout:
                 return
             chunks = ray.get(server.act_batch.remote([o for _, _, o in flat]))
             per_worker = [[None] * len(slots) for slots in obs]
-            for (wi, si, _), chunk in zip(flat, chunks):
+            for (wi, si, _), chunk in zip(flat, chunks, strict=False):
                 per_worker[wi][si] = chunk
-            obs = ray.get([w.step_slots.remote(c) for w, c in zip(workers, per_worker)])
+            obs = ray.get([w.step_slots.remote(c) for w, c in zip(workers, per_worker, strict=False)])
 
     def _loop(self, workers: list, server, rounds: int | None) -> None:
         try:

@@ -48,7 +48,8 @@ class TrajectoryQueue:
         self._version = 0
         self._cond: asyncio.Condition | None = None
         self.metrics = RoleMetrics("queue", "queue-0")
-        self.counts = {"put": 0, "got": 0, "dropped_stale": 0, "producer_wait_s": 0.0}
+        self.counts = {"put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
+                       "dropped_stale": 0, "producer_wait_s": 0.0}
         self.staleness: dict[int, int] = {}
 
     def _condition(self) -> asyncio.Condition:
@@ -64,6 +65,7 @@ class TrajectoryQueue:
             await cond.wait_for(lambda: len(self._items) < self.cfg.capacity)
             self._items.append((info, refs))
             self.counts["put"] += 1
+            self.counts["put_decisions"] += info.decisions
             self.counts["producer_wait_s"] += time.monotonic() - start
             cond.notify_all()
             depth = len(self._items)
@@ -90,6 +92,7 @@ class TrajectoryQueue:
                 self.metrics.observe("staleness", lag)
                 out.append((info, refs))
             self.counts["got"] += len(out)
+            self.counts["got_decisions"] += sum(info.decisions for info, _ in out)
             cond.notify_all()
         self.metrics.inc("trajectories", len(out))
         self.metrics.set("queue_depth", len(self._items))

@@ -13,10 +13,13 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "rl": ("actors.rl_job", "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
+    "status": ("actors.status", "live state of the runs on a cluster (table or JSON)"),
 }
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "async": ("actors.bench_async", "ablation of the RL pipeline modes (throughput JSON)"),
+    "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA model"),
+    "gpu": ("rlvla3.model.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
 }
 
 

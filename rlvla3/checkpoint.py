@@ -4,6 +4,7 @@ Layout of one checkpoint directory::
 
     policy.safetensors   policy parameters and buffers
     optimizer.pt         optimizer state dict (loaded with ``weights_only=True``; optional)
+    rng.safetensors      torch RNG state of the learner (optional)
     meta.json            policy choice (name + options), env spec, policy version, counters
 
 A run directory keeps checkpoints in ``checkpoints/step-<version>/`` and points at the newest
@@ -48,6 +49,7 @@ def save_checkpoint(
     policy: Policy,
     meta: CheckpointMeta,
     optimizer: torch.optim.Optimizer | None = None,
+    rng: torch.Tensor | None = None,
 ) -> Path:
     """Write a checkpoint atomically (a temporary directory renamed into place)."""
     directory = Path(directory)
@@ -58,6 +60,8 @@ def save_checkpoint(
     save_file(state, str(tmp / "policy.safetensors"))
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if rng is not None:
+        save_file({"torch": rng.contiguous()}, str(tmp / "rng.safetensors"))
     payload = {
         "policy": {"name": meta.policy.name, "options": dict(meta.policy.options)},
         "spec": dataclasses.asdict(meta.spec),
@@ -71,10 +75,11 @@ def save_checkpoint(
 
 
 def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMeta,
-                        optimizer: torch.optim.Optimizer | None = None, keep: int = 2) -> Path:
+                        optimizer: torch.optim.Optimizer | None = None, keep: int = 2,
+                        rng: torch.Tensor | None = None) -> Path:
     """Save ``checkpoints/step-<version>`` in a run directory, update ``latest``, prune old ones."""
     root = Path(run_dir) / "checkpoints"
-    path = save_checkpoint(root / f"step-{meta.version:08d}", policy, meta, optimizer)
+    path = save_checkpoint(root / f"step-{meta.version:08d}", policy, meta, optimizer, rng)
     (root / "latest.tmp").write_text(path.name + "\n")
     os.replace(root / "latest.tmp", root / "latest")
     for old in sorted(root.glob("step-*"))[:-keep]:
@@ -124,3 +129,9 @@ def load_optimizer_state(path: str | Path) -> dict[str, Any] | None:
     if not file.is_file():
         return None
     return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def load_rng_state(path: str | Path) -> torch.Tensor | None:
+    """The torch RNG state saved beside the weights, or None."""
+    file = resolve_checkpoint(path) / "rng.safetensors"
+    return load_file(str(file))["torch"] if file.is_file() else None

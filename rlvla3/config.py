@@ -84,7 +84,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
                 raise ConfigError(path, f"expected {len(args)} items, got {len(value)}")
-            return tuple(_convert(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+            return tuple(_convert(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=False)))
         item = args[0] if args else Any
         return tuple(_convert(v, item, f"{path}[{i}]") for i, v in enumerate(value))
     if origin in (dict, Mapping) or tp in (dict, Mapping):

@@ -12,7 +12,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlvla3.types import ActionChunk, EpisodeKey, ObsBatch, Observation, StepResult, TrajectorySegment
+from rlvla3.types import (
+    ActionChunk,
+    EpisodeKey,
+    ObsBatch,
+    Observation,
+    StepResult,
+    TrajectorySegment,
+)
 
 
 class TaskSampler:

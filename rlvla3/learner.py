@@ -176,7 +176,7 @@ class LearnerCore:
         weights = np.asarray([a["n"] for a in acc], dtype=np.float64) / self.local_batch
 
         def avg(key: str) -> float:
-            return float(sum(w * a[key] for w, a in zip(weights, acc)))
+            return float(sum(w * a[key] for w, a in zip(weights, acc, strict=False)))
 
         self._done_in_step = 0
         self.busy_s += time.perf_counter() - start

@@ -30,11 +30,12 @@ class RolloutCore:
         self.swaps = 0
         self.busy_s = 0.0
 
-    def offer_weights(self, message: WeightsMessage) -> None:
-        """Keep ``message`` to be applied at the next batch boundary (newest wins)."""
-        if message.version > self.version and (
+    def offer_weights(self, message: WeightsMessage, force: bool = False) -> None:
+        """Keep ``message`` to be applied at the next batch boundary (newest wins). ``force``
+        accepts an older version too: a learner restored from a checkpoint rolls back."""
+        if force or (message.version > self.version and (
             self._pending is None or message.version > self._pending.version
-        ):
+        )):
             self._pending = message
 
     def swap_pending(self) -> bool:
