@@ -1,8 +1,8 @@
 """Scripted pick-and-place expert for LIBERO from privileged simulator state.
 
 Role: the source of demonstrations (no LIBERO demonstrations can be downloaded here) and of a
-known-solvable policy for tests. It reads the task's BDDL goal; when the goal is a single
-``(On A B)`` or ``(In A B)`` with ``A`` a movable object, it plans from the objects' collision
+known-solvable policy for tests. It reads the task's BDDL goal; when every part of the goal is
+``(On A B)`` or ``(In A B)`` with ``A`` a movable object, it does them in order and plans from the objects' collision
 geometry and drives the Panda with OSC_POSE delta actions, one low-level step at a time:
 
     approach  above the grasp point, gripper open, fingers turned to the grasp yaw
@@ -12,7 +12,7 @@ geometry and drives the Panda with OSC_POSE delta actions, one low-level step at
     carry     the *object* (not the hand) over the place point, corrected every step
     lower     until the object's bottom is just above the target's top
     release   open the gripper; the env stops the episode when the goal predicate holds
-    retreat   move up (only reached if the goal does not hold yet)
+    retreat   move up; then the next pick-and-place of the goal, if any
 
 Grasps come from the object's box in its own frame: an object whose narrow side fits between
 the fingers (``MAX_CENTER_GRASP``) is pinched across that side at its centre; a wider one (a
@@ -107,15 +107,18 @@ class Goal:
     target: str
 
 
-def pick_place_goal(raw: Any) -> Goal | None:
-    """The task's goal if it is one pick-and-place; None otherwise."""
-    goal = raw.parsed_problem["goal_state"]
-    if len(goal) != 1 or len(goal[0]) != 3:
-        return None
-    relation, obj, target = (str(x).lower() for x in goal[0])
-    if relation not in ("on", "in") or obj not in raw.objects_dict:
-        return None
-    return Goal(relation, obj, target)
+def pick_place_goals(raw: Any) -> list[Goal] | None:
+    """The task's goal as pick-and-places to do in order; None if any part is something else
+    (opening a drawer, turning on a stove, ...)."""
+    goals = []
+    for atom in raw.parsed_problem["goal_state"]:
+        if len(atom) != 3:
+            return None
+        relation, obj, target = (str(x).lower() for x in atom)
+        if relation not in ("on", "in") or obj not in raw.objects_dict:
+            return None
+        goals.append(Goal(relation, obj, target))
+    return goals or None
 
 
 @dataclass
@@ -125,19 +128,25 @@ class _Plan:
     phase: str = "approach"
     phase_steps: int = 0
     lift_bottom: float = 0.0
-    history: list[str] = field(default_factory=list)
+    retreat_z: float = 0.0
 
 
 class PickPlaceExpert:
-    """Drives one episode of a pick-and-place task; ``act()`` gives the next action (7,)."""
+    """Drives one episode of pick-and-places (in order); ``act()`` gives the next action (7,)."""
 
-    def __init__(self, env: LiberoEnv, goal: Goal):
+    def __init__(self, env: LiberoEnv, goals: list[Goal]):
         self.env = env
         self.raw = env.raw
-        self.goal = goal
+        self.goals = goals
+        self.index = 0
         self.model = self.raw.sim.model._model
         self.data = self.raw.sim.data._data
+        self.history: list[str] = []
         self.plan = self._plan_grasp()
+
+    @property
+    def goal(self) -> Goal:
+        return self.goals[self.index]
 
     # -- scene geometry -------------------------------------------------------------------
     def _body_id(self, name: str) -> int:
@@ -223,7 +232,7 @@ class PickPlaceExpert:
         return np.concatenate([delta, rot, [gripper]])
 
     def _goto(self, phase: str) -> None:
-        self.plan.history.append(self.plan.phase)
+        self.history.append(f"{self.plan.phase}:{self.plan.phase_steps}")
         self.plan.phase, self.plan.phase_steps = phase, 0
 
     def act(self) -> np.ndarray:
@@ -270,8 +279,13 @@ class PickPlaceExpert:
         if p.phase == "release":
             if p.phase_steps > 15:
                 self._goto("retreat")
+                p.retreat_z = eef[2] + 0.1
             return np.concatenate([np.zeros(6), [OPEN]])
-        return self._move(eef + np.array([0.0, 0.0, 0.05]), OPEN)
+        if p.phase_steps > 20 and self.index + 1 < len(self.goals):
+            self.history.append(f"{p.phase}:{p.phase_steps}")
+            self.index += 1
+            self.plan = self._plan_grasp()
+        return self._move(np.array([eef[0], eef[1], p.retreat_z]), OPEN)
 
 
 @dataclass
@@ -290,10 +304,10 @@ def run_expert_episode(
 ) -> ExpertEpisode | None:
     """Run the expert on one episode; None when the task is not a single pick-and-place."""
     obs = env.reset(task_id, init_state_id)
-    goal = pick_place_goal(env.raw)
-    if goal is None:
+    goals = pick_place_goals(env.raw)
+    if goals is None:
         return None
-    expert = PickPlaceExpert(env, goal)
+    expert = PickPlaceExpert(env, goals)
     episode = ExpertEpisode(False, 0, [])
     while True:
         action = expert.act()
@@ -305,7 +319,7 @@ def run_expert_episode(
         episode.steps += result.steps
         if result.terminated or result.truncated:
             episode.success = result.success
-            episode.phases = [*expert.plan.history, expert.plan.phase]
+            episode.phases = [*expert.history, f"{expert.plan.phase}:{expert.plan.phase_steps}"]
             return episode
 
 

@@ -127,11 +127,11 @@ def test_episode_is_truncated_at_the_limit():
 
 
 def test_success_check_holds_when_the_bowl_is_on_the_plate(spatial):
-    from envs.libero_expert import body_box, pick_place_goal
+    from envs.libero_expert import body_box, pick_place_goals
 
     spatial.reset(0, 1)
     raw = spatial.raw
-    goal = pick_place_goal(raw)
+    [goal] = pick_place_goals(raw)
     assert (goal.relation, goal.obj, goal.target) == ("on", "akita_black_bowl_1", "plate_1")
     assert not spatial.check_success()
     model, data = raw.sim.model._model, raw.sim.data._data
@@ -157,7 +157,7 @@ def test_expert_solves_a_spatial_task(spatial):
     assert episode is not None and episode.success, episode
     assert episode.steps <= SUITE_MAX_STEPS["libero_spatial"]
     assert len(episode.actions) == episode.steps == len(episode.observations)
-    assert "release" in episode.phases
+    assert any(phase.startswith("release") for phase in episode.phases)
     assert all(np.all(np.abs(a) <= 1.0) for a in episode.actions)
 
 
