@@ -271,3 +271,14 @@ def test_mixing_weights_and_seeded_episode_order(lossless, av1):
     # One dataset, one epoch of its frames: every episode exactly once.
     single = plan_episodes(metas[:1], (), seed=0, epoch=0, samples=metas[0].total_frames)
     assert sorted(p for _, p in single) == list(range(5))
+
+
+def test_tasks_with_unnamed_pandas_index(lossless, tmp_path):
+    """LeRobot 0.4.x writes tasks.parquet with an unnamed index (``__index_level_0__``)."""
+    root = _copy(lossless[0], tmp_path / "tasks")
+    tasks = pd.read_parquet(root / "meta/tasks.parquet")
+    tasks.index.name = None
+    tasks.to_parquet(root / "meta/tasks.parquet")
+    assert "__index_level_0__" in pq.read_schema(root / "meta/tasks.parquet").names
+    meta = open_dataset(root)
+    assert meta.tasks == open_dataset(lossless[0]).tasks and len(meta.tasks) == 3
