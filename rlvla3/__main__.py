@@ -14,12 +14,18 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "rl": ("actors.rl_job", "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
     "status": ("actors.status", "live state of the runs on a cluster (table or JSON)"),
+    "eval": ("actors.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),
+    "sft": ("actors.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
+    "datalake": ("datalake.cli", "inspect LeRobot datasets; record expert demonstrations"),
 }
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "async": ("actors.bench_async", "ablation of the RL pipeline modes (throughput JSON)"),
     "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA model"),
     "gpu": ("rlvla3.model.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
+    "env": ("envs.bench_env", "LIBERO step/reset latency and env steps/s per process count"),
+    "lake": ("datalake.bench", "data lake samples/s and data-wait vs a per-sample loader"),
+    "soak": ("actors.bench_soak", "long run with periodic kills: recovery time, memory over time"),
 }
 
 
