@@ -100,27 +100,40 @@ def measure_throughput(suite: str, procs: int, seconds: float, image: int, seed:
     start = threading.Barrier(procs + 1)
     stop = threading.Event()
 
+    errors: list[str] = []
+
     def drive(i: int) -> None:
         rng = np.random.default_rng(seed + i)
         env = envs[i]
         task = tasks[i % len(tasks)]
-        env.reset(task, i)
-        env.step(np.zeros((5, 7)))  # numba compiles on a process's first step
+        try:
+            env.reset(task, i)
+            env.step(np.zeros((5, 7)))  # numba compiles on a process's first step
+        except Exception as exc:
+            errors.append(f"env {i}: {exc}")
+            start.abort()
+            return
         start.wait()
         episode = 1
-        while not stop.is_set():
-            result = env.step(rng.uniform(-0.5, 0.5, size=(5, 7)))
-            counts[i] += result.steps
-            faults[i] += bool(result.fault)
-            if result.terminated or result.truncated:
-                env.reset(task, episode % 50)
-                episode += 1
+        try:
+            while not stop.is_set():
+                result = env.step(rng.uniform(-0.5, 0.5, size=(5, 7)))
+                counts[i] += result.steps
+                faults[i] += bool(result.fault)
+                if result.terminated or result.truncated:
+                    env.reset(task, episode % 50)
+                    episode += 1
+        except Exception as exc:
+            errors.append(f"env {i}: {exc}")
 
     threads = [threading.Thread(target=drive, args=(i,), daemon=True) for i in range(procs)]
     try:
         for t in threads:
             t.start()
-        start.wait()
+        try:
+            start.wait()
+        except threading.BrokenBarrierError:
+            raise RuntimeError(f"env processes failed to start: {errors}") from None
         base = sum(counts)
         t0 = time.perf_counter()
         time.sleep(seconds)
@@ -139,6 +152,7 @@ def measure_throughput(suite: str, procs: int, seconds: float, image: int, seed:
         "steps": total,
         "seconds": round(elapsed, 1),
         "faults": sum(faults),
+        "errors": errors,
     }
 
 
