@@ -2,9 +2,9 @@
 
 ``record_dataset`` is env-agnostic: it takes ``make_env`` (builds an ``Env`` in the worker) and
 ``run_expert`` (plays one episode and returns a ``Demonstration``, or None when the expert does
-not cover the task). Each worker is a Ray task over a slice of the (task, initial state) jobs;
-workers return whole episodes and the driver writes the successful ones with
-``LeRobotWriter`` in job order, so the dataset does not depend on which worker finished first.
+not cover the task). Each worker is a Ray actor holding one env; (task, initial state) jobs
+are spread over them and the driver writes the successful episodes with ``LeRobotWriter`` in
+job order as they arrive, so the dataset does not depend on which worker finished first.
 ``libero_recorder`` wires the scripted LIBERO pick-and-place expert (``envs.libero_expert``).
 """
 
@@ -48,27 +48,28 @@ def to_record(demo: Demonstration) -> EpisodeRecord:
     )
 
 
-def _work(
-    make_env: EnvFactory, run_expert: Expert, jobs: Sequence[tuple[int, int, int]]
-) -> list[tuple[int, Any]]:
-    env = make_env()
-    out: list[tuple[int, Any]] = []
-    try:
-        for order, task_id, init_id in jobs:
-            try:
-                demo = run_expert(env, task_id, init_id)
-            except Exception as exc:  # a simulator fault loses this episode, not the recording
-                out.append((order, f"task {task_id} init {init_id}: {type(exc).__name__}: {exc}"))
-                continue
-            if demo is None:
-                out.append((order, f"task {task_id}: not covered by the expert"))
-            elif not demo.success:
-                out.append((order, f"task {task_id} init {init_id}: expert failed"))
-            else:
-                out.append((order, to_record(demo)))
-    finally:
-        env.close()
-    return out
+class RecordWorker:
+    """Holds one env (built once: a LIBERO build takes seconds) and plays jobs on it."""
+
+    def __init__(self, make_env: EnvFactory, run_expert: Expert):
+        self.env = make_env()
+        self.run_expert = run_expert
+
+    def run(self, job: tuple[int, int]) -> EpisodeRecord | str:
+        """The recorded episode, or why there is none."""
+        task_id, init_id = job
+        try:
+            demo = self.run_expert(self.env, task_id, init_id)
+        except Exception as exc:  # a simulator fault loses this episode, not the recording
+            return f"task {task_id} init {init_id}: {type(exc).__name__}: {exc}"
+        if demo is None:
+            return f"task {task_id}: not covered by the expert"
+        if not demo.success:
+            return f"task {task_id} init {init_id}: expert failed"
+        return to_record(demo)
+
+    def close(self) -> None:
+        self.env.close()
 
 
 def record_dataset(
@@ -79,30 +80,33 @@ def record_dataset(
     workers: int,
     writer_config: WriterConfig,
 ) -> dict[str, Any]:
-    """Run ``jobs`` ((task_id, init_state_id) pairs) over ``workers`` Ray tasks; write successes."""
-    import ray
+    """Play ``jobs`` ((task_id, init_state_id) pairs) on ``workers`` Ray actors; write successes.
 
-    remote = ray.remote(num_cpus=1)(_work)
-    indexed = [(i, t, s) for i, (t, s) in enumerate(jobs)]
-    slices = [indexed[w::workers] for w in range(workers) if indexed[w::workers]]
-    refs = [remote.remote(make_env, run_expert, part) for part in slices]
-    results: dict[int, Any] = {}
-    for part in ray.get(refs):
-        results.update(dict(part))
+    Results stream back in job order (``ActorPool.map``), so the driver holds only the episodes
+    that finished ahead of an earlier, slower one."""
+    import ray
+    from ray.util import ActorPool
+
+    actor = ray.remote(num_cpus=1)(RecordWorker)
+    pool_actors = [
+        actor.remote(make_env, run_expert) for _ in range(max(1, min(workers, len(jobs))))
+    ]
     writer: LeRobotWriter | None = None
     failures: list[str] = []
-    for order in sorted(results):
-        item = results[order]
-        if isinstance(item, str):
-            failures.append(item)
-            log.warning("not recorded: %s", item)
-            continue
-        if writer is None:
-            cams = {c: tuple(v.shape[1:3]) for c, v in item.images.items()}
-            writer = LeRobotWriter(
-                out, cams, item.state.shape[1], item.action.shape[1], writer_config
-            )
-        writer.add_episode(item)
+    try:
+        for item in ActorPool(pool_actors).map(lambda a, job: a.run.remote(job), list(jobs)):
+            if isinstance(item, str):
+                failures.append(item)
+                log.warning("not recorded: %s", item)
+                continue
+            if writer is None:
+                cams = {c: tuple(v.shape[1:3]) for c, v in item.images.items()}
+                writer = LeRobotWriter(
+                    out, cams, item.state.shape[1], item.action.shape[1], writer_config
+                )
+            writer.add_episode(item)
+    finally:
+        ray.get([a.close.remote() for a in pool_actors])
     recorded = 0 if writer is None else len(writer.episodes)
     if writer is not None:
         writer.close()
