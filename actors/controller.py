@@ -34,7 +34,7 @@ from actors.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.trajectory_queue import TrajectoryQueue
 from envs import env_spec
 from rlvla3.checkpoint import read_meta, resolve_checkpoint
-from rlvla3.config import require, to_dict
+from rlvla3.config import ConfigError, require, to_dict
 from rlvla3.policies import build_policy
 from rlvla3.run_config import RunConfig, check_resources
 from rlvla3.types import EnvSpec
@@ -53,6 +53,15 @@ def check_components(cfg: RunConfig) -> EnvSpec:
         bad = [i for i in ids if not 0 <= i < bound]
         require(not bad, name, f"ids {bad} out of range 0..{bound - 1}")
     build_policy(cfg.policy, spec)
+    if cfg.init_from:
+        try:
+            meta = read_meta(cfg.init_from)
+        except FileNotFoundError as exc:
+            raise ConfigError("init_from", str(exc)) from None
+        require(meta.policy.name == cfg.policy.name, "init_from",
+                f"the checkpoint holds a {meta.policy.name!r} policy, not {cfg.policy.name!r}")
+        require(meta.spec.action_dim == spec.action_dim and meta.spec.cameras == spec.cameras,
+                "init_from", f"the checkpoint was trained for {meta.spec}, this env is {spec}")
     return spec
 
 
@@ -194,6 +203,9 @@ class Controller:
             ckpt = str(resolve_checkpoint(self.run_dir))
             ray.get([lr.restore.remote(ckpt) for lr in topo.learners])
             self.counters.update(read_meta(ckpt).counters)
+        elif self.cfg.init_from:
+            ckpt = str(resolve_checkpoint(self.cfg.init_from))
+            ray.get([lr.load_weights.remote(ckpt) for lr in topo.learners])
         message = ray.get(topo.learners[0].weights_message.remote())
         ref = ray.put(message)
         ray.get([s.load_weights_now.remote(ref) for s in topo.servers])

@@ -104,6 +104,17 @@ class Learner:
         self.core.model = _DDPEvaluate(ddp)
         return True
 
+    def load_weights(self, path: str) -> int:
+        """Initialise from another run's weights (e.g. SFT); optimizer and version stay fresh."""
+        from rlvla3.checkpoint import load_policy
+
+        policy, meta = load_policy(path)
+        if meta.policy.name != self.policy_choice.name:
+            raise ValueError(f"init_from {path}: checkpoint holds a {meta.policy.name!r} policy, "
+                             f"this run builds {self.policy_choice.name!r}")
+        self.policy.load_state_dict(policy.state_dict())
+        return self.core.version
+
     def restore(self, path: str) -> int:
         """Load weights, optimizer state and version from a checkpoint; returns the version."""
         from rlvla3.checkpoint import load_policy

@@ -203,6 +203,9 @@ class RunConfig:
     """Evaluate on held-out initial states every this many policy versions (0: never)."""
     eval_init_state_ids: tuple[int, ...] = ()
     """Held-out initial states for periodic evaluation."""
+    init_from: str = ""
+    """Start from the policy weights of this checkpoint or run directory (e.g. an SFT run);
+    the policy section must describe the same model. Optimizer and version start fresh."""
 
     def validate(self) -> None:
         require(self.total_env_steps >= 1, "total_env_steps", "must be >= 1")

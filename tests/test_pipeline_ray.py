@@ -83,3 +83,19 @@ def test_two_learners_stay_in_lockstep(ray_cluster, tmp_path, mode):
     assert summary["policy_version"] >= 1
     assert versions[0] == versions[1]
     assert sums[0] == pytest.approx(sums[1], rel=1e-6), "DDP ranks diverged"
+
+
+def test_init_from_starts_with_the_checkpoint_weights(ray_cluster, tmp_path):
+    run(tmp_path, "first", ["total_env_steps=300"])
+    policy, _ = load_policy(tmp_path / "first")
+    expected = float(sum(p.detach().double().sum() for p in policy.parameters()))
+    cfg = load_run_config("smoke", overrides=SMALL + [f"init_from={tmp_path / 'first'}"])
+    controller = Controller(cfg, tmp_path / "second", quiet=True)
+    try:
+        topo = controller.build()
+        start = ray.get(topo.learners[0].checksum.remote())
+        version = ray.get(topo.learners[0].version.remote())
+    finally:
+        controller.shutdown()
+    assert start == pytest.approx(expected, rel=1e-9)
+    assert version == 0
