@@ -101,7 +101,7 @@ def spec_for(cfg: SFTConfig, lake: Lake) -> EnvSpec:
     tasks = {t for m in lake.metas if m is not None for t in m.tasks.values()}
     return EnvSpec(
         cameras=lake.cameras,
-        image_size=tuple(cfg.lake.image_size),
+        image_size=lake.image_size,
         state_dim=lake.state_dim,
         action_dim=lake.action_dim,
         chunk_len=cfg.lake.chunk_len,

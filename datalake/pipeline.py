@@ -64,8 +64,9 @@ class LakeConfig:
     """Sampling weight per dataset (share of samples); empty: equal."""
     cameras: tuple[str, ...] = ()
     """Model camera names; empty: those of the first dataset."""
-    image_size: tuple[int, int] = (224, 224)
-    """(H, W) frames are resized to."""
+    image_size: tuple[int, ...] = ()
+    """(H, W) frames are resized to (the model's resolution); empty: the native size of the
+    first dataset's first camera."""
     chunk_len: int = 8
     normalize: Literal["none", "mean_std", "min_max"] = "mean_std"
     seed: int = 0
@@ -105,9 +106,9 @@ class LakeConfig:
         )
         require(self.chunk_len >= 1, "chunk_len", "must be >= 1")
         require(
-            len(self.image_size) == 2 and min(self.image_size) > 0,
+            len(self.image_size) in (0, 2) and all(d > 0 for d in self.image_size),
             "image_size",
-            "must be (H, W) > 0",
+            "must be empty or (H, W) > 0",
         )
         require(self.decode_actors >= 1, "decode_actors", "must be >= 1")
         require(0.0 <= self.max_skip_fraction <= 1.0, "max_skip_fraction", "must be in [0, 1]")
@@ -293,6 +294,8 @@ class Lake:
             )
         first = live[0]
         self.cameras = tuple(config.cameras) or tuple(camera_name(k) for k in first.video_keys)
+        native = first.feature_shape(first.video_keys[0])[:2] if first.video_keys else (224, 224)
+        self.image_size: tuple[int, int] = tuple(config.image_size) or native
         self.state_dim = first.feature_shape(STATE_KEY)[0]
         self.action_dim = first.feature_shape(ACTION_KEY)[0]
         for i, m in enumerate(self.metas):
@@ -362,7 +365,7 @@ class Lake:
             fn_constructor_kwargs={
                 "uris": uris,
                 "cameras": self.cameras,
-                "image_size": tuple(cfg.image_size),
+                "image_size": self.image_size,
                 "max_open": cfg.max_open_files,
                 "tolerance_s": cfg.tolerance_s,
             },

@@ -282,3 +282,16 @@ def test_tasks_with_unnamed_pandas_index(lossless, tmp_path):
     assert "__index_level_0__" in pq.read_schema(root / "meta/tasks.parquet").names
     meta = open_dataset(root)
     assert meta.tasks == open_dataset(lossless[0]).tasks and len(meta.tasks) == 3
+
+
+def test_lake_config_defaults_and_errors(lossless):
+    from datalake.pipeline import Lake, LakeConfig
+    from rlvla3.config import ConfigError, build
+
+    lake = Lake(build(LakeConfig, {"datasets": [str(lossless[0])]}))
+    assert lake.image_size == (48, 64) and lake.cameras == ("agentview", "wrist")
+    assert (lake.state_dim, lake.action_dim) == (8, 7)
+    with pytest.raises(ConfigError, match="weights"):
+        build(LakeConfig, {"datasets": ["a", "b"], "weights": [1.0]})
+    with pytest.raises(ConfigError, match="image_size"):
+        build(LakeConfig, {"datasets": ["a"], "image_size": [0, 4]})
