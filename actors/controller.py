@@ -114,7 +114,10 @@ class Controller:
         self.topology: Topology | None = None
         self.counters = {"env_steps": 0, "episodes": 0, "wall_s": 0.0}
         self.restarts = {"env_worker": 0, "rollout_server": 0, "learner": 0, "episodes_lost": 0}
-        self._incarnations: dict[int, dict] = {}
+        self._incarnations: dict[tuple[str, int], dict] = {}
+        self._eval: tuple | None = None
+        self._last_eval_version = 0
+        self.evals: list[dict] = []
         self._tb = None
         self._history: list[dict] = []
 
@@ -343,7 +346,10 @@ class Controller:
             f"{row['busy_learner']:.2f} wait {row['learner_data_wait']:.2f}")
         if not final:
             self._checkpoint()
+            self._collect_eval()
+            self._maybe_start_eval(row["policy_version"])
             return row
+        self._collect_eval(wait_s=600.0)
         return {
             **row,
             "mode": self.cfg.pipeline.mode,
@@ -354,6 +360,7 @@ class Controller:
             "env_slots": sum(w["slots"] for w in workers),
             "batch_size_hist": dict(sorted(sizes.items())),
             "staleness_hist": queue["staleness_hist"],
+            "evals": self.evals,
             "wall_s": self.counters["wall_s"],
             "run_dir": str(self.run_dir),
         }
@@ -375,12 +382,53 @@ class Controller:
                     self._tb.add_scalar(f"learner/{key}", value, h["version"])
         self._tb.flush()
 
-    def _checkpoint(self, force: bool = False) -> None:
+    def _checkpoint(self, force: bool = False) -> str | None:
         every = self.cfg.checkpoint_every
         version = ray.get(self.topology.learners[0].version.remote())
         if force or (every and version - self._last_ckpt_version >= every):
-            ray.get(self.topology.learners[0].save.remote(str(self.run_dir), dict(self.counters)))
+            path = ray.get(self.topology.learners[0].save.remote(str(self.run_dir),
+                                                                   dict(self.counters)))
             self._last_ckpt_version = version
+            return path
+        return None
+
+    # ---- periodic evaluation on held-out initial states ----------------------------------
+    def _maybe_start_eval(self, version: int) -> None:
+        """Every ``eval_every`` versions: snapshot the weights and evaluate them deterministically
+        on ``eval_init_state_ids`` of every training task in a separate actor, without pausing
+        training; the result is collected by a later tick."""
+        cfg = self.cfg
+        if (not cfg.eval_every or not cfg.eval_init_state_ids or self._eval is not None
+                or version - self._last_eval_version < cfg.eval_every):
+            return
+        from actors.eval_worker import ActionSource, EvalWorker
+
+        path = self._checkpoint(force=True)
+        worker = ray.remote(EvalWorker).options(num_cpus=0).remote(
+            cfg.env, ActionSource("checkpoint", path), cfg.seed)
+        tasks = list(cfg.env_workers.task_ids) or list(range(self.spec.num_tasks))
+        refs = [worker.run_episode.remote(t, s) for t in tasks for s in cfg.eval_init_state_ids]
+        self._eval = (version, worker, refs)
+        self._last_eval_version = version
+
+    def _collect_eval(self, wait_s: float = 0.0) -> dict | None:
+        if self._eval is None:
+            return None
+        version, worker, refs = self._eval
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+        if len(ready) < len(refs):
+            return None
+        outcomes = ray.get(refs)
+        ray.kill(worker)
+        self._eval = None
+        result = {"version": version, "episodes": len(outcomes),
+                  "success_rate": sum(o.success for o in outcomes) / len(outcomes)}
+        self.evals.append(result)
+        self._log(f"eval at v{version}: success {result['success_rate']:.2f} "
+                  f"over {len(outcomes)} held-out episodes")
+        if self._tb is not None:
+            self._tb.add_scalar("eval/success_rate", result["success_rate"], version)
+        return result
 
     def _log(self, text: str) -> None:
         if not self.quiet:
@@ -391,6 +439,9 @@ class Controller:
         topo = self.topology
         if topo is None:
             return
+        if self._eval is not None:
+            ray.kill(self._eval[1])
+            self._eval = None
         for w in topo.workers:
             try:
                 ray.get(w.close.remote(), timeout=30)

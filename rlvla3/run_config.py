@@ -212,6 +212,9 @@ class RunConfig:
         require(self.max_minutes >= 0, "max_minutes", "must be >= 0")
         require(self.log_every_s > 0, "log_every_s", "must be > 0")
         require(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0")
+        require(self.eval_every >= 0, "eval_every", "must be >= 0")
+        require(not self.eval_every or self.eval_init_state_ids, "eval_init_state_ids",
+                "periodic evaluation (eval_every > 0) needs held-out initial states")
         if self.algo.name == "grpo":
             require(self.algo.group_size >= 2, "algo.group_size", "GRPO needs groups of >= 2")
         strategies = self.pipeline.strategies()

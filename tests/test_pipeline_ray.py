@@ -99,3 +99,13 @@ def test_init_from_starts_with_the_checkpoint_weights(ray_cluster, tmp_path):
         controller.shutdown()
     assert start == pytest.approx(expected, rel=1e-9)
     assert version == 0
+
+
+def test_periodic_eval_on_held_out_initial_states(ray_cluster, tmp_path):
+    summary, _ = run(tmp_path, "eval", ["total_env_steps=800", "eval_every=2",
+                                        "eval_init_state_ids=[48, 49]"])
+    assert summary["evals"], "no evaluation ran"
+    for result in summary["evals"]:
+        assert result["episodes"] == 4 * 2  # every task x the two held-out initial states
+        assert 0.0 <= result["success_rate"] <= 1.0
+    assert [r["version"] for r in summary["evals"]] == sorted(r["version"] for r in summary["evals"])
