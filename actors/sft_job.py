@@ -14,6 +14,9 @@ so DDP (gloo on CPU) or FSDP (``--gpu --set strategy=fsdp``) hooks see it. A ste
 Every rank checks each micro-batch that all ranks still have data (one all-reduce), so ranks
 whose shards pack into different row counts never wait on each other at a collective.
 
+Eval hook: every ``eval_every`` steps rank 0 starts ``eval_command`` (e.g. ``rlvla3 eval``) on
+the checkpoint just written, in the background; the job waits for the hooks before it ends.
+
 Checkpoints: rank 0 writes ``rlvla3.checkpoint.save_run_checkpoint`` into ``run_dir`` (the same
 layout the RL job and eval load), with the optimizer state and the counters to resume from;
 an existing ``run_dir/checkpoints/latest`` is resumed. Metrics (loss, samples/s, real
@@ -28,6 +31,7 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -69,6 +73,11 @@ class SFTConfig:
     """Packed rows per optimizer step (per worker)."""
     max_steps: int = 200
     checkpoint_every: int = 50
+    eval_every: int = 0
+    """Run ``eval_command`` on every ``eval_every``-th checkpoint step (0: never)."""
+    eval_command: tuple[str, ...] = ()
+    """Closed-loop eval hook, e.g. ``python -m rlvla3 eval --suite libero_spatial --task-ids 0
+    --checkpoint {checkpoint} --output-dir {run_dir}/eval/{step} --json``."""
     log_every: int = 10
     torch_threads: int = 1
     seed: int = 0
@@ -179,6 +188,7 @@ def train_loop(config: dict[str, Any]) -> None:
     shard = ray.train.get_dataset_shard("train")
     device = next(policy.parameters()).device
     log_path = Path(cfg.run_dir) / "metrics.jsonl"
+    hooks: list[subprocess.Popen] = []
     window = {"loss": [], "samples": 0, "tokens": 0, "wait": 0.0, "t0": time.perf_counter()}
     while step < cfg.max_steps:
         ledger = SkipLedger(cfg.lake.max_skip_fraction, cfg.lake.min_samples_before_abort)
@@ -249,10 +259,27 @@ def train_loop(config: dict[str, Any]) -> None:
                         policy.load_state_dict(full)
                     counters = {"step": step, "samples": samples_done, "epoch": epoch}
                     meta = CheckpointMeta(cfg.policy, spec, step, counters)
-                    save_run_checkpoint(cfg.run_dir, policy, meta, optimizer)
+                    path = save_run_checkpoint(cfg.run_dir, policy, meta, optimizer)
+                    if cfg.eval_every and cfg.eval_command and step % cfg.eval_every == 0:
+                        hooks.append(start_eval(cfg, step, path))
         epoch += 1
         # Each pass over the shard re-executes the pipeline; the shuffle seed moves with the epoch.
+    for hook in hooks:
+        hook.wait()
     ray.train.report({"step": step})
+
+
+def start_eval(cfg: SFTConfig, step: int, checkpoint: Path) -> subprocess.Popen:
+    """Launch ``eval_command`` on a saved checkpoint in the background (training goes on).
+
+    ``{checkpoint}``, ``{step}`` and ``{run_dir}`` in the command are filled in; its output
+    goes to ``run_dir/eval/step-<step>.log``."""
+    fields = {"checkpoint": str(checkpoint), "step": step, "run_dir": cfg.run_dir}
+    argv = [arg.format(**fields) for arg in cfg.eval_command]
+    log = Path(cfg.run_dir) / "eval" / f"step-{step:08d}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 
 
 def run(cfg: SFTConfig) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from datalake.writer import WriterConfig, write_dataset
 from rlvla3.checkpoint import load_policy, read_meta
 from rlvla3.config import Named, build
 
+HOOK = "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"
+
 
 def _config(dataset, run_dir, steps):
     return build(
@@ -35,6 +37,14 @@ def _config(dataset, run_dir, steps):
             "log_every": 4,
             "checkpoint_every": 8,
             "lr": 3e-3,
+            "eval_every": 8,
+            "eval_command": [
+                sys.executable,
+                "-c",
+                HOOK,
+                "{run_dir}/hook-{step}.txt",
+                "{checkpoint}",
+            ],
         },
     )
 
@@ -59,6 +69,9 @@ def test_sft_lowers_loss_checkpoints_and_resumes(ray_cluster, tmp_path):
     policy, meta = load_policy(run_dir)
     assert meta.policy == Named("small", {"channels": 8, "hidden": 64}) and meta.version == 16
     assert meta.spec.cameras == ("agentview", "wrist") and meta.spec.chunk_len == 4
+    # The eval hook ran on each eval checkpoint, with its path filled in.
+    assert (run_dir / "hook-8.txt").read_text().endswith("step-00000008")
+    assert (run_dir / "hook-16.txt").read_text().endswith("step-00000016")
     # Resume: a longer run continues from step 16 instead of starting over.
     sft_job.run(_config(data, run_dir, 20))
     assert read_meta(run_dir).version == 20
