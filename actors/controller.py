@@ -164,7 +164,9 @@ class Controller:
         servers = [
             ray.remote(RolloutServer).options(
                 num_cpus=rc.num_cpus, num_gpus=rc.num_gpus, max_concurrency=10_000,
-                scheduling_strategy=server_sched[i], max_restarts=-1, max_task_retries=-1,
+                scheduling_strategy=server_sched[i],
+                max_restarts=-1 if lc.weight_sync == "object_store" else 0,
+                max_task_retries=-1 if lc.weight_sync == "object_store" else 0,
             ).remote(i, cfg.policy, spec, rc, cfg.seed, learner0)
             for i in range(rc.num_servers)
         ]
@@ -181,6 +183,13 @@ class Controller:
         ]
         addr, port = ray.get(learners[0].address.remote())
         ray.get([lr.init_group.remote(addr, port) for lr in learners])
+        if lc.weight_sync == "collective":
+            addr, port = ray.get(learners[0].address.remote())
+            world = 1 + len(servers)
+            backend = "nccl" if lc.num_gpus > 0 and rc.num_gpus > 0 else "gloo"
+            ray.get([learners[0].open_weight_channel.remote(addr, port, world, backend)]
+                    + [s.open_weight_channel.remote(addr, port, i + 1, world, backend)
+                       for i, s in enumerate(servers)])
         task_ids = list(ec.task_ids) or list(range(spec.num_tasks))
         init_ids = list(ec.init_state_ids) or [
             i for i in range(spec.num_init_states) if i not in set(cfg.eval_init_state_ids)]

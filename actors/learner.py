@@ -67,6 +67,7 @@ class Learner:
         self.servers = servers
         self.queue = queue
         self.incarnation = uuid.uuid4().hex
+        self._channel = None
         self._stop = threading.Event()
         self._stop_version: int | None = None
         self._started = time.monotonic()
@@ -146,11 +147,24 @@ class Learner:
             self._broadcast_to_servers()
 
     def _broadcast_to_servers(self, force: bool = False) -> None:
-        """Offer the current weights to every rollout server (one object-store copy)."""
-        ref = ray.put(self.weights_message())
-        for server in self.servers:
-            server.update_weights.remote(ref, force)
+        """Send the current weights to every rollout server: over the collective channel if
+        one is open, else one object-store copy that every server pulls."""
+        if self._channel is not None:
+            self._channel.send(self.policy.state_dict(), self.core.version)
+        else:
+            ref = ray.put(self.weights_message())
+            for server in self.servers:
+                server.update_weights.remote(ref, force)
         self.queue.set_version.remote(self.core.version)
+
+    def open_weight_channel(self, host: str, port: int, world_size: int, backend: str) -> str:
+        """Join the weight broadcast group as its sender (rank 0)."""
+        from rlvla3.weight_sync import WeightBroadcaster
+
+        device = "cuda" if backend == "nccl" else "cpu"
+        self._channel = WeightBroadcaster(self.policy.state_dict(), host, port, 0, world_size,
+                                          backend, device)
+        return backend
 
     def weights_message(self) -> WeightsMessage:
         return WeightsMessage(self.core.version, self.core.weights())

@@ -98,6 +98,26 @@ class RolloutServer:
         self._requests += n
         return chunks
 
+    async def open_weight_channel(self, host: str, port: int, rank: int, world_size: int,
+                                  backend: str) -> int:
+        """Join learner 0's weight broadcast group; a thread then receives every version and
+        offers it (applied between batches, like object-store weights)."""
+        import threading
+
+        from rlvla3.weight_sync import WeightBroadcaster
+
+        device = "cuda" if backend == "nccl" else "cpu"
+        channel = await asyncio.to_thread(WeightBroadcaster, self.core.policy.state_dict(), host,
+                                          port, rank, world_size, backend, device)
+
+        def receive_forever() -> None:
+            while True:
+                version, tensors = channel.receive()
+                self.core.offer_weights(WeightsMessage(version, tensors))
+
+        threading.Thread(target=receive_forever, daemon=True, name="weights").start()
+        return rank
+
     def update_weights(self, message: WeightsMessage, force: bool = False) -> int:
         """Offer new weights; they apply at the next batch boundary. Returns the held version."""
         self.core.offer_weights(message, force)

@@ -152,6 +152,10 @@ class LearnerConfig:
     torch_threads: int = 1
     backend: str = "auto"
     """auto: nccl when learners have GPUs, else gloo."""
+    weight_sync: str = "object_store"
+    """How new weights reach the rollout servers: ``object_store`` (one ``ray.put``, servers
+    pull; survives server restarts) or ``collective`` (a broadcast group of learner 0 and the
+    servers: NCCL GPU to GPU, gloo on CPU; a server that dies cannot rejoin it)."""
 
     def validate(self) -> None:
         require(self.num_learners >= 1, "num_learners", "must be >= 1")
@@ -162,6 +166,8 @@ class LearnerConfig:
                 "must be divisible by num_learners")
         require(self.lr > 0, "lr", "must be > 0")
         require(self.backend in ("auto", "gloo", "nccl"), "backend", "must be auto, gloo or nccl")
+        require(self.weight_sync in ("object_store", "collective"), "weight_sync",
+                "must be object_store or collective")
         require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
 
 

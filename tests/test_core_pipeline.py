@@ -257,3 +257,38 @@ def test_queue_staleness_filter_and_backpressure():
     assert empty == []
     assert stats["dropped_stale"] == 2 and stats["got"] == 2
     assert stats["staleness_hist"] == {0: 1, 1: 1}
+
+
+def test_weight_broadcaster_delivers_exact_tensors():
+    """The collective weight path (gloo on CPU; NCCL on GPUs runs the same code)."""
+    import socket
+    import threading
+
+    from rlvla3.weight_sync import WeightBroadcaster
+
+    policy = make_policy(3)
+    template = policy.state_dict()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    received = {}
+
+    def receiver(rank: int) -> None:
+        channel = WeightBroadcaster(template, "127.0.0.1", port, rank, 3, timeout_s=60)
+        received[rank] = [channel.receive() for _ in range(2)]
+
+    threads = [threading.Thread(target=receiver, args=(r,)) for r in (1, 2)]
+    for t in threads:
+        t.start()
+    sender = WeightBroadcaster(template, "127.0.0.1", port, 0, 3, timeout_s=60)
+    sender.send(template, 7)
+    changed = {k: v + 1 if v.is_floating_point() else v for k, v in template.items()}
+    sender.send(changed, 8)
+    for t in threads:
+        t.join(60)
+    for rank in (1, 2):
+        (v1, first), (v2, second) = received[rank]
+        assert (v1, v2) == (7, 8)
+        for name, tensor in template.items():
+            np.testing.assert_array_equal(first[name], tensor.numpy())
+            np.testing.assert_array_equal(second[name], changed[name].numpy())

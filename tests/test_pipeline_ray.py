@@ -109,3 +109,20 @@ def test_periodic_eval_on_held_out_initial_states(ray_cluster, tmp_path):
         assert result["episodes"] == 4 * 2  # every task x the two held-out initial states
         assert 0.0 <= result["success_rate"] <= 1.0
     assert [r["version"] for r in summary["evals"]] == sorted(r["version"] for r in summary["evals"])
+
+
+def test_collective_weight_sync(ray_cluster, tmp_path):
+    """Weights reach the servers over a broadcast group (gloo here, NCCL on GPUs)."""
+    cfg = load_run_config("smoke", overrides=SMALL + [
+        "learner.weight_sync=collective", "total_env_steps=600", "rollout.num_servers=2"])
+    controller = Controller(cfg, tmp_path / "collective", quiet=True)
+    try:
+        summary = controller.run()
+        topo = controller.topology
+        learner_version = ray.get(topo.learners[0].version.remote())
+        served = ray.get([s.version.remote() for s in topo.servers])
+    finally:
+        controller.shutdown()
+    assert summary["policy_version"] >= 2
+    assert all(v >= 1 for v in served), "servers never received broadcast weights"
+    assert max(served) <= learner_version
