@@ -38,6 +38,7 @@ from datalake.format import (
     STATS_PATH,
     TASKS_PATH,
     VIDEO_PATH,
+    resolve_filesystem,
 )
 from datalake.video import CODECS, VideoEncoder, probe
 from rlvla3.config import require
@@ -346,7 +347,7 @@ class LeRobotWriter:
         }
         (self.root / INFO_PATH).write_text(json.dumps(info, indent=4))
         if self._remote:
-            fs, path = pafs.FileSystem.from_uri(self.uri)
+            fs, path = resolve_filesystem(self.uri)
             pafs.copy_files(str(self.root), path, destination_filesystem=fs)
             shutil.rmtree(self.root, ignore_errors=True)
         return self.uri

@@ -295,3 +295,14 @@ def test_lake_config_defaults_and_errors(lossless):
         build(LakeConfig, {"datasets": ["a", "b"], "weights": [1.0]})
     with pytest.raises(ConfigError, match="image_size"):
         build(LakeConfig, {"datasets": ["a"], "image_size": [0, 4]})
+
+
+def test_writes_to_a_filesystem_uri():
+    eps = [synthetic.episode(i, n, size=(16, 16)) for i, n in enumerate((5, 4))]
+    uri = write_dataset("memory://written-lake", eps, WriterConfig(codec="h264-lossless"))
+    meta = open_dataset(uri)
+    assert [e.length for e in meta.episodes] == [5, 4]
+    rel, start, _ = meta.episodes[1].videos["observation.images.agentview"]
+    img = DecoderCache().frame(meta.fs, meta.path(rel), start + 0.3, None)
+    np.testing.assert_array_equal(img, eps[1].images["agentview"][3])
+    fsspec.filesystem("memory").rm("/written-lake", recursive=True)
