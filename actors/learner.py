@@ -61,6 +61,8 @@ class Learner:
         self.spec = spec
         self.cfg = cfg
         self.policy = build_policy(policy, spec)
+        if cfg.num_gpus > 0 and torch.cuda.is_available():
+            self.policy.to("cuda")
         self.core = LearnerCore(self.policy, algo, cfg.global_batch // world_size, cfg.micro_batch,
                                 cfg.lr, LEARNER_STRATEGIES[strategy]())
         self.metrics = RoleMetrics("learner", f"learner-{rank}")

@@ -42,7 +42,10 @@ class RolloutServer:
         torch.manual_seed(seed * 7919 + server_id)
         self.server_id = server_id
         self.cfg = cfg
-        self.core = RolloutCore(build_policy(policy, spec), cfg.deterministic)
+        model = build_policy(policy, spec)
+        if cfg.num_gpus > 0 and torch.cuda.is_available():
+            model.to("cuda")
+        self.core = RolloutCore(model, cfg.deterministic)
         self.metrics = RoleMetrics("rollout", f"rollout-{server_id}")
         self._lock: asyncio.Lock | None = None
         self._batcher: DynamicBatcher | None = None

@@ -142,9 +142,12 @@ class LearnerCore:
         """The PPO/GRPO objective on one micro-batch (mean over its samples)."""
         ev = self.model.evaluate(batch.obs, torch.from_numpy(batch.actions),
                                  torch.from_numpy(batch.latents))
-        total, stats = objective(self.algo, ev, torch.from_numpy(batch.log_probs),
-                                 torch.from_numpy(batch.advantages),
-                                 torch.from_numpy(batch.returns), torch.from_numpy(batch.values))
+
+        def t(a: np.ndarray) -> torch.Tensor:  # recorded data, on the policy's device
+            return torch.from_numpy(a).to(ev.log_prob.device)
+
+        total, stats = objective(self.algo, ev, t(batch.log_probs), t(batch.advantages),
+                                 t(batch.returns), t(batch.values))
         return total, {"loss": stats.loss, "policy_loss": stats.policy_loss,
                        "value_loss": stats.value_loss, "entropy": stats.entropy,
                        "clip_fraction": stats.policy.clip_fraction,

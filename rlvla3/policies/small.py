@@ -114,20 +114,25 @@ class SmallPolicy(nn.Module):
         nn.init.zeros_(self.mean_head[-1].bias)
         self.mean_head[-1].weight.data.mul_(0.1)
 
+    @property
+    def device(self) -> torch.device:
+        return self.log_std.device
+
     def _features(self, obs: ObsBatch) -> torch.Tensor:
-        ids = tokenize_words(obs.instruction, self.cfg.vocab, self.cfg.max_words)
+        dev = self.device
+        ids = tokenize_words(obs.instruction, self.cfg.vocab, self.cfg.max_words).to(dev)
         counts = (ids > 0).sum(1, keepdim=True).clamp(min=1)
         text = self.words(ids).sum(1) / counts
         parts = []
         for cam in self.cameras:
             if cam not in obs.images:
-                parts.append(torch.zeros(len(obs), 2 * self.cfg.channels))
+                parts.append(torch.zeros(len(obs), 2 * self.cfg.channels, device=dev))
                 continue
-            img = torch.from_numpy(np.ascontiguousarray(obs.images[cam])).permute(0, 3, 1, 2)
+            img = torch.from_numpy(np.ascontiguousarray(obs.images[cam])).to(dev).permute(0, 3, 1, 2)
             keypoints = self.encoder(img.float() / 255.0, text)
-            mask = torch.from_numpy(np.asarray(obs.image_mask[cam], dtype=np.float32))[:, None]
+            mask = torch.from_numpy(np.asarray(obs.image_mask[cam], dtype=np.float32)).to(dev)[:, None]
             parts.append(keypoints * mask)
-        parts.append(torch.from_numpy(np.asarray(obs.state, dtype=np.float32)))
+        parts.append(torch.from_numpy(np.asarray(obs.state, dtype=np.float32)).to(dev))
         parts.append(text)
         return torch.cat(parts, dim=-1)
 
@@ -148,16 +153,16 @@ class SmallPolicy(nn.Module):
         flat = mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
         n = len(obs)
         return PolicyOutput(
-            actions=flat.view(n, self.spec.chunk_len, self.spec.action_dim).numpy().astype(np.float32),
-            log_prob=self._log_prob(flat, mean, log_std).numpy().astype(np.float32),
-            value=self.value_head(feats).squeeze(-1).numpy().astype(np.float32),
+            actions=flat.view(n, self.spec.chunk_len, self.spec.action_dim).cpu().numpy(),
+            log_prob=self._log_prob(flat, mean, log_std).cpu().numpy(),
+            value=self.value_head(feats).squeeze(-1).cpu().numpy(),
             latents=np.zeros((n, 0), dtype=np.float32),
         )
 
     def evaluate(self, obs: ObsBatch, actions: torch.Tensor, latents: torch.Tensor) -> Evaluation:
         feats = self._features(obs)
         mean, log_std = self._dist(feats)
-        flat = actions.reshape(len(obs), -1).float()
+        flat = actions.reshape(len(obs), -1).float().to(self.device)
         entropy = (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
         return Evaluation(self._log_prob(flat, mean, log_std),
                           self.value_head(feats).squeeze(-1), entropy)
@@ -165,8 +170,8 @@ class SmallPolicy(nn.Module):
     def sft_loss(self, obs: ObsBatch, actions: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
         mean, _ = self._dist(self._features(obs))
         mean = mean.view(len(obs), self.spec.chunk_len, self.spec.action_dim)
-        mask = action_mask.float()[..., None]
-        return ((mean - actions.float()).pow(2) * mask).sum() / (mask.sum() * self.spec.action_dim).clamp(min=1)
+        mask = action_mask.float().to(self.device)[..., None]
+        return ((mean - actions.float().to(self.device)).pow(2) * mask).sum() / (mask.sum() * self.spec.action_dim).clamp(min=1)
 
 
 def build_small_policy(spec: EnvSpec, options: Mapping, path: str) -> SmallPolicy:
