@@ -108,28 +108,17 @@ def recorded_segments(cfg, spec, n: int):
     """Episodes with real observations and behaviour data (no latency), for the alone stages."""
     from envs import make_env
     from rlvla3.config import Named
-    from rlvla3.episode import EpisodeRecorder, TaskSampler
+    from rlvla3.episode import TaskSampler
     from rlvla3.policies import build_policy
-    from rlvla3.rollout import RolloutCore
+    from rlvla3.rollout import RolloutCore, collect_episodes
 
     options = dict(cfg.env.options)
     if cfg.env.name == "latency_replay":
         options["time_scale"] = 0.0
     env = make_env(Named(cfg.env.name, options))
-    core = RolloutCore(build_policy(cfg.policy, spec))
     sampler = TaskSampler(range(spec.num_tasks), range(spec.num_init_states), 0)
-    segments = []
-    for _ in range(n):
-        key = sampler.next()
-        obs, rec = env.reset(key.task_id, key.init_state_id), EpisodeRecorder(key, "bench")
-        while True:
-            chunk = core.act_batch([obs])[0]
-            result = env.step(chunk.actions)
-            rec.record(obs, chunk, result)
-            obs = result.obs
-            if result.terminated or result.truncated:
-                segments.append(rec.finish(result, 0.0))
-                break
+    segments = collect_episodes(env, RolloutCore(build_policy(cfg.policy, spec)), sampler, n,
+                                "bench")
     env.close()
     return segments
 

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from rlvla3.protocols import Policy
-from rlvla3.types import ActionChunk, ObsBatch, Observation, WeightsMessage
+from rlvla3.episode import EpisodeRecorder, TaskSampler
+from rlvla3.protocols import Env, Policy
+from rlvla3.types import ActionChunk, ObsBatch, Observation, TrajectorySegment, WeightsMessage
 
 
 class RolloutCore:
@@ -63,3 +64,23 @@ class RolloutCore:
         ]
         self.busy_s += time.perf_counter() - start
         return chunks
+
+
+def collect_episodes(env: Env, core: RolloutCore, sampler: TaskSampler, n: int,
+                     source: str = "local") -> list[TrajectorySegment]:
+    """``n`` whole episodes in this process, one decision at a time (no Ray, no latency
+    hiding): for debugging, tests and benchmarks that need real behaviour data. Episodes cut
+    by the time limit get a bootstrap value of 0."""
+    segments = []
+    for _ in range(n):
+        key = sampler.next()
+        obs, rec = env.reset(key.task_id, key.init_state_id), EpisodeRecorder(key, source)
+        while True:
+            chunk = core.act_batch([obs])[0]
+            result = env.step(chunk.actions)
+            rec.record(obs, chunk, result)
+            obs = result.obs
+            if result.terminated or result.truncated:
+                segments.append(rec.finish(result, 0.0))
+                break
+    return segments

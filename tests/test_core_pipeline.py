@@ -14,10 +14,10 @@ from envs import env_spec, make_env
 from rlvla3.algos import AlgoConfig
 from rlvla3.batcher import BatcherConfig, DynamicBatcher
 from rlvla3.config import ConfigError, Named, build
-from rlvla3.episode import EpisodeRecorder, TaskSampler
+from rlvla3.episode import TaskSampler
 from rlvla3.learner import BatchStart, LearnerCore, StreamingStart
 from rlvla3.policies import build_policy
-from rlvla3.rollout import RolloutCore
+from rlvla3.rollout import RolloutCore, collect_episodes
 from rlvla3.run_config import RunConfig, check_resources, load_run_config
 from rlvla3.types import EpisodeKey, WeightsMessage
 
@@ -94,23 +94,8 @@ def test_override_and_config_file(tmp_path):
 # ---- helpers -----------------------------------------------------------------------------
 def collect_segments(policy, n_episodes: int, seed: int = 0):
     """Real episodes of the reach env acted by ``policy`` through a RolloutCore."""
-    env = make_env(REACH)
-    core = RolloutCore(policy)
-    sampler = TaskSampler(range(4), range(5), seed)
-    segments = []
-    for _ in range(n_episodes):
-        key = sampler.next()
-        obs = env.reset(key.task_id, key.init_state_id)
-        rec = EpisodeRecorder(key, "test")
-        while True:
-            chunk = core.act_batch([obs])[0]
-            result = env.step(chunk.actions)
-            rec.record(obs, chunk, result)
-            obs = result.obs
-            if result.terminated or result.truncated:
-                segments.append(rec.finish(result, 0.0))
-                break
-    return segments
+    return collect_episodes(make_env(REACH), RolloutCore(policy),
+                            TaskSampler(range(4), range(5), seed), n_episodes, "test")
 
 
 def make_policy(seed: int = 0):

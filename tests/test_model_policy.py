@@ -136,26 +136,15 @@ def test_rl_core_pipeline_runs_with_the_vla_policy():
     """Rollout core -> recorded episodes -> PPO learner core, with the tiny VLA as the policy."""
     from envs import env_spec, make_env
     from rlvla3.algos import AlgoConfig
-    from rlvla3.episode import EpisodeRecorder, TaskSampler
+    from rlvla3.episode import TaskSampler
     from rlvla3.learner import BatchStart, LearnerCore
-    from rlvla3.rollout import RolloutCore
+    from rlvla3.rollout import RolloutCore, collect_episodes
     from rlvla3.samples import prepare_samples
 
     reach = Named("reach", {"image_size": 16, "max_decisions": 6})
     policy = build_policy(Named("vla", {"preset": "tiny", "denoise_steps": 2}), env_spec(reach))
-    env, core = make_env(reach), RolloutCore(policy)
-    sampler, segments = TaskSampler(range(4), range(5), 0), []
-    for _ in range(6):
-        key = sampler.next()
-        obs, rec = env.reset(key.task_id, key.init_state_id), EpisodeRecorder(key, "test")
-        while True:
-            chunk = core.act_batch([obs])[0]
-            result = env.step(chunk.actions)
-            rec.record(obs, chunk, result)
-            obs = result.obs
-            if result.terminated or result.truncated:
-                segments.append(rec.finish(result, 0.0))
-                break
+    segments = collect_episodes(make_env(reach), RolloutCore(policy),
+                                TaskSampler(range(4), range(5), 0), 6, "test")
     learner = LearnerCore(policy, AlgoConfig("ppo"), 16, 8, 1e-3, BatchStart())
     learner.add_segments(segments)
     _, stats = learner.loss(prepare_samples(segments, AlgoConfig("ppo")))
