@@ -210,7 +210,7 @@ class PickPlaceExpert:
                 if score > best_score:
                     best, best_score = (point, d), score
         point, d = best
-        return _Plan(np.array([point[0], point[1], top - 0.02]), d)
+        return _Plan(np.array([point[0], point[1], max(top - 0.02, box.bottom + 0.012)]), d)
 
     # -- control --------------------------------------------------------------------------
     def _rotation(self, finger_dir: np.ndarray) -> np.ndarray:
