@@ -128,6 +128,11 @@ class DatasetMeta:
         return [k for k, ft in self.features.items() if ft["dtype"] == "video"]
 
     @property
+    def camera_keys(self) -> list[str]:
+        """Video features and ``image`` features (frames stored in the parquet rows)."""
+        return [k for k, ft in self.features.items() if ft["dtype"] in ("video", "image")]
+
+    @property
     def total_frames(self) -> int:
         return sum(ep.length for ep in self.episodes)
 

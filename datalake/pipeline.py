@@ -39,7 +39,7 @@ from datalake.format import (
     resolve_filesystem,
 )
 from datalake.samples import ACTION_KEY, STATE_KEY, episode_samples
-from datalake.video import DecoderCache, VideoError
+from datalake.video import DecoderCache, VideoError, decode_image
 from rlvla3.config import ConfigError, require
 from rlvla3.packing import cu_seqlens, pack_best_fit
 from rlvla3.types import ObsBatch
@@ -251,20 +251,22 @@ class FrameDecoder:
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = len(batch["frame"])
         h, w = self.size
-        out = {k: v for k, v in batch.items() if not k.startswith(("video.", "ts."))}
+        out = {k: v for k, v in batch.items() if not k.startswith(("video.", "ts.", "png."))}
         out["problem"] = batch["problem"].copy()
         out["skips"] = batch["skips"].copy()
         for cam in self.cameras:
             images = np.zeros((n, h, w, 3), np.uint8)
             present = np.zeros(n, bool)
-            paths, stamps = batch[f"video.{cam}"], batch[f"ts.{cam}"]
+            paths, stamps, stills = batch[f"video.{cam}"], batch[f"ts.{cam}"], batch[f"png.{cam}"]
             for i in range(n):
-                if out["problem"][i] or not paths[i]:
+                if out["problem"][i] or not (paths[i] or stills[i]):
                     continue
                 try:
-                    images[i] = self.cache.frame(
-                        self.fs[int(batch["dataset"][i])], paths[i], float(stamps[i]), self.size
-                    )
+                    if stills[i]:
+                        images[i] = decode_image(stills[i], self.size)
+                    else:
+                        fs = self.fs[int(batch["dataset"][i])]
+                        images[i] = self.cache.frame(fs, paths[i], float(stamps[i]), self.size)
                     present[i] = True
                 except VideoError as exc:
                     out["problem"][i], out["skips"][i] = exc.per_file, 1
@@ -293,8 +295,8 @@ class Lake:
                 "no readable dataset: " + "; ".join(p for p, _ in self.dataset_problems)
             )
         first = live[0]
-        self.cameras = tuple(config.cameras) or tuple(camera_name(k) for k in first.video_keys)
-        native = first.feature_shape(first.video_keys[0])[:2] if first.video_keys else (224, 224)
+        self.cameras = tuple(config.cameras) or tuple(camera_name(k) for k in first.camera_keys)
+        native = first.feature_shape(first.camera_keys[0])[:2] if first.camera_keys else (224, 224)
         self.image_size: tuple[int, int] = tuple(config.image_size) or native
         self.state_dim = first.feature_shape(STATE_KEY)[0]
         self.action_dim = first.feature_shape(ACTION_KEY)[0]

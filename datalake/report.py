@@ -128,7 +128,10 @@ def inspect_dataset(uri: str) -> dict[str, Any]:
         "features": {
             k: {"dtype": ft["dtype"], "shape": list(ft["shape"])} for k, ft in meta.features.items()
         },
-        "cameras": {camera_name(k): {"key": k, **videos.get(k, {})} for k in meta.video_keys},
+        "cameras": {
+            camera_name(k): {"key": k, "storage": meta.features[k]["dtype"], **videos.get(k, {})}
+            for k in meta.camera_keys
+        },
         "tasks": [meta.tasks[i] for i in sorted(meta.tasks)],
         "codec": sorted({v["codec"] for v in videos.values()}),
         "stats": sorted(meta.stats),

@@ -9,7 +9,9 @@ Rows are plain column batches (a dict of numpy arrays) with one fixed schema for
 dataset of a mix, so Ray Data blocks from different datasets concatenate:
 
     dataset int32, episode int64, frame int64, task str, state f32[S], actions f32[C, A],
-    action_mask bool[C], video.<cam> str, ts.<cam> f64, problem str, skips int64
+    action_mask bool[C], video.<cam> str, ts.<cam> f64, png.<cam> bytes, problem str, skips int64
+
+(``png.<cam>`` holds the encoded image of cameras stored as LeRobot ``image`` features.)
 
 A row with a non-empty ``problem`` stands for ``skips`` samples that could not be built (an
 unreadable data file, a row whose feature has the wrong shape); its arrays are zeros. The
@@ -119,6 +121,7 @@ def empty_rows(
     for cam in cameras:
         rows[f"video.{cam}"] = np.full(n, "", dtype=object)
         rows[f"ts.{cam}"] = np.zeros(n, np.float64)
+        rows[f"png.{cam}"] = np.full(n, b"", dtype=object)
     return rows
 
 
@@ -150,10 +153,14 @@ def episode_samples(
     """All samples of ``episode`` in frame order, plus problem rows for frames that are bad."""
     state_dim = meta.feature_shape(STATE_KEY)[0]
     action_dim = meta.feature_shape(ACTION_KEY)[0]
+    image_keys = {
+        camera_name(k): k
+        for k, ft in meta.features.items()
+        if ft["dtype"] == "image" and camera_name(k) in cameras
+    }
     try:
-        table = read_episode_table(
-            meta, episode, [STATE_KEY, ACTION_KEY, "timestamp", "task_index"]
-        )
+        columns = [STATE_KEY, ACTION_KEY, "timestamp", "task_index", *image_keys.values()]
+        table = read_episode_table(meta, episode, columns)
     except DatasetError as exc:
         return problem_rows(
             cameras,
@@ -204,6 +211,10 @@ def episode_samples(
             rel, start, _ = by_name[cam]
             rows[f"video.{cam}"][:] = meta.path(rel)
             rows[f"ts.{cam}"] = start + timestamps
+    for cam, key in image_keys.items():
+        # LeRobot ``image`` features: a struct {bytes, path} per row, the bytes a PNG / JPEG file.
+        cells = table[key].to_pylist()
+        rows[f"png.{cam}"] = np.array([(c or {}).get("bytes") or b"" for c in cells], dtype=object)
     if not ok.all():
         bad = np.flatnonzero(~ok)
         where = meta.path(episode.data_file)

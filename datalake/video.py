@@ -250,3 +250,29 @@ class DecoderCache:
             self.decoded += reader.decoded
             reader.close()
         self._open.clear()
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """PNG bytes of a uint8 ``[H, W, 3]`` image (how LeRobot stores ``image`` features)."""
+    ctx = av.CodecContext.create("png", "w")
+    ctx.width, ctx.height, ctx.pix_fmt = image.shape[1], image.shape[0], "rgb24"
+    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+    return b"".join(bytes(p) for p in [*ctx.encode(frame), *ctx.encode(None)])
+
+
+def decode_image(data: bytes, size: tuple[int, int] | None = None) -> np.ndarray:
+    """A PNG / JPEG image stored in parquet as ``[H, W, 3]`` uint8, resized to ``size`` (H, W)."""
+    codec = "png" if data[:4] == b"\x89PNG" else "mjpeg"
+    try:
+        frames = av.CodecContext.create(codec, "r").decode(av.Packet(data))
+    except av.FFmpegError as exc:
+        raise VideoError(
+            f"undecodable {codec} image: {exc}", reason=f"undecodable {codec} image"
+        ) from exc
+    if not frames:
+        raise VideoError(f"empty {codec} image", reason=f"empty {codec} image")
+    if size is None:
+        return frames[0].to_ndarray(format="rgb24")
+    return frames[0].to_ndarray(
+        height=size[0], width=size[1], format="rgb24", interpolation="BILINEAR"
+    )

@@ -306,3 +306,37 @@ def test_writes_to_a_filesystem_uri():
     img = DecoderCache().frame(meta.fs, meta.path(rel), start + 0.3, None)
     np.testing.assert_array_equal(img, eps[1].images["agentview"][3])
     fsspec.filesystem("memory").rm("/written-lake", recursive=True)
+
+
+def test_image_features_stored_in_parquet(tmp_path):
+    """LeRobot ``image`` features (PNG bytes in the data rows) decode like video frames."""
+    import pyarrow as pa
+
+    from datalake.pipeline import FrameDecoder, Lake, LakeConfig
+    from datalake.video import encode_png
+
+    eps = [synthetic.episode(i, n, cameras=("agentview",), size=(16, 16)) for i, n in enumerate((5, 6))]
+    root = tmp_path / "images"
+    write_dataset(root, eps, WriterConfig(codec="h264-lossless"))
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"]["observation.images.still"] = {"dtype": "image", "shape": [16, 16, 3], "names": None}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    path = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    cells = [
+        {"bytes": encode_png(synthetic.frame(e, t, 5, 16, 16)), "path": None}
+        for e, t in zip(table["episode_index"].to_pylist(), table["frame_index"].to_pylist(), strict=True)
+    ]
+    pq.write_table(table.append_column("observation.images.still", pa.array(cells)), path)
+    lake = Lake(LakeConfig(datasets=(str(root),), image_size=(8, 8)))
+    assert lake.cameras == ("agentview", "still")
+    rows = episode_samples(lake.metas[0], 0, lake.metas[0].episodes[1], lake.cameras, chunk_len=2)
+    decoder = FrameDecoder([str(root)], lake.cameras, (16, 16), 4, 1e-3)
+    out = decoder(rows)
+    assert out["has.still"].all() and out["has.agentview"].all() and (out["problem"] == "").all()
+    for t in range(6):
+        np.testing.assert_array_equal(out["image.still"][t], synthetic.frame(1, t, 5, 16, 16))
+        np.testing.assert_array_equal(out["image.agentview"][t], eps[1].images["agentview"][t])
+    rows["png.still"][2] = b"not an image"
+    out = decoder(rows)
+    assert out["problem"][2] and not out["has.still"][2] and out["skips"][2] == 1
