@@ -276,17 +276,19 @@ def open_dataset_cached(uri: str) -> DatasetMeta:
 def read_episode_table(
     meta: DatasetMeta, episode: Episode, columns: list[str] | None = None
 ) -> pa.Table:
-    """The frames of ``episode`` from its data file, in frame order."""
-    table = _read_data_file(meta.uri, episode.data_file, tuple(columns) if columns else None)
-    idx = table["episode_index"].to_numpy()
-    rows = np.flatnonzero(idx == episode.index)
-    out = table.take(pa.array(rows))
-    order = np.argsort(out["frame_index"].to_numpy(), kind="stable")
-    return out.take(pa.array(order))
+    """The frames of ``episode`` from its data file, in frame order.
 
-
-@functools.lru_cache(maxsize=4)
-def _read_data_file(uri: str, relative: str, columns: tuple[str, ...] | None) -> pa.Table:
-    meta = open_dataset_cached(uri)
+    Only the row groups whose ``episode_index`` statistics can hold the episode are read (LeRobot
+    and ``LeRobotWriter`` write one row group per episode), so reading one episode of a large
+    file does not read the file."""
+    path = meta.path(episode.data_file)
     cols = None if columns is None else sorted(set(columns) | {"episode_index", "frame_index"})
-    return _read_parquet(meta.fs, meta.path(relative), cols)
+    try:
+        with meta.fs.open_input_file(path) as f:
+            table = pq.read_table(f, columns=cols, filters=[("episode_index", "==", episode.index)])
+    except FileNotFoundError as exc:
+        raise DatasetError(f"missing file {path}") from exc
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"unreadable parquet {path}: {exc}") from exc
+    order = np.argsort(table["frame_index"].to_numpy(), kind="stable")
+    return table.take(pa.array(order))
