@@ -263,7 +263,8 @@ def train_loop(config: dict[str, Any]) -> None:
                     if cfg.eval_every and cfg.eval_command and step % cfg.eval_every == 0:
                         hooks.append(start_eval(cfg, step, path))
         epoch += 1
-        # Each pass over the shard re-executes the pipeline; the shuffle seed moves with the epoch.
+        # Each pass over the shard re-executes the pipeline: the same episode plan (that of the
+        # epoch the run started in), with the local shuffle seed moved on by the epoch.
     for hook in hooks:
         hook.wait()
     ray.train.report({"step": step})
@@ -280,6 +281,14 @@ def start_eval(cfg: SFTConfig, step: int, checkpoint: Path) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _resume_epoch(run_dir: Path) -> int:
+    """The epoch a resumed run continues in (its episode order is that epoch's plan)."""
+    if not (run_dir / "checkpoints" / "latest").is_file():
+        return 0
+    meta = json.loads((resolve_checkpoint(run_dir) / "meta.json").read_text())
+    return int(meta["counters"].get("epoch", 0))
 
 
 def run(cfg: SFTConfig) -> dict[str, Any]:
@@ -327,7 +336,7 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
         scaling_config=ScalingConfig(
             num_workers=cfg.workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": 1}
         ),
-        datasets={"train": lake.samples()},
+        datasets={"train": lake.samples(_resume_epoch(run_dir))},
         run_config=RunConfig(name="sft", storage_path=str(run_dir / "ray")),
     )
     trainer.fit()
