@@ -12,8 +12,9 @@ Stages (one Ray Data pipeline per epoch):
    and dropped (``SkipLedger``), token lengths from ``length_fn``, then
    ``rlvla3.packing.pack_best_fit`` into rows of at most ``max_tokens`` with ``cu_seqlens``.
 
-Invariants: for a given config and seed the sample order is the same run after run
-(``preserve_order`` plus seeded shuffles); a sample that cannot be built is counted and named
+Invariants: for a given config and seed a single consumer sees the same sample order run
+after run (``preserve_order`` plus seeded shuffles); with ``streaming_split`` the epoch's
+samples are the same but which learner gets which block depends on timing. A sample that cannot be built is counted and named
 in the log, never silently replaced; the run aborts with ``LakeError`` only when the skipped
 fraction exceeds ``max_skip_fraction``. Backpressure comes from Ray Data's streaming executor
 within ``max_cpus`` / ``object_store_mb``, so the lake can neither starve nor swamp learners.
