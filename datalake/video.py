@@ -151,6 +151,8 @@ class VideoFileReader:
         self._current: tuple[float, av.VideoFrame] | None = None
         self.decoded = 0
         self.seeks = 0
+        self.end_s: float | None = None
+        """Timestamp of the last frame, once decoding has reached it."""
         self.max_forward_s = 2.0
         """Farther ahead than this, seeking beats decoding forward."""
 
@@ -175,6 +177,12 @@ class VideoFileReader:
     def frame_at(self, ts: float, size: tuple[int, int] | None = None) -> np.ndarray:
         """The ``[H, W, 3]`` uint8 frame at file timestamp ``ts``, resized to ``size`` (H, W)."""
         tol = self.tolerance_s
+        if self.end_s is not None and ts > self.end_s + tol:
+            raise VideoError(
+                f"no frame at t={ts:.4f}s in {self.path} (stream ends at {self.end_s:.4f}s)",
+                self.path,
+                "requested frames lie past the end of the stream",
+            )
         cur = self._current
         if (
             self._frames is None
@@ -187,15 +195,21 @@ class VideoFileReader:
             nxt = self._next()
             if nxt is None:
                 last = "none" if self._current is None else f"{self._current[0]:.4f}s"
+                if self._current is not None:
+                    self.end_s = self._current[0]
                 self._frames = None
                 raise VideoError(
-                    f"no frame at t={ts:.4f}s in {self.path} (stream ends, last frame {last})"
+                    f"no frame at t={ts:.4f}s in {self.path} (stream ends, last frame {last})",
+                    self.path,
+                    "requested frames lie past the end of the stream",
                 )
             self._current = nxt
         found, frame = self._current
         if abs(found - ts) > tol:
             raise VideoError(
-                f"no frame at t={ts:.4f}s in {self.path} (nearest decoded {found:.4f}s)"
+                f"no frame at t={ts:.4f}s in {self.path} (nearest decoded {found:.4f}s)",
+                self.path,
+                "requested timestamps have no frame within tolerance",
             )
         if size is not None and (frame.height, frame.width) != tuple(size):
             return frame.to_ndarray(

@@ -6,6 +6,8 @@ import shutil
 import threading
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from datalake import synthetic
@@ -116,23 +118,28 @@ def test_bad_files_are_skipped_counted_and_named(ray_cluster, datasets, tmp_path
     base, eps, _ = datasets
     root = tmp_path / "bad"
     shutil.copytree(base / "a", root)
+    # Episode 1's wrist frames point past the end of its video (file-000).
+    meta_path = root / "meta/episodes/chunk-000/file-000.parquet"
+    episodes = pq.read_table(meta_path)
+    col = "videos/observation.images.wrist/from_timestamp"
+    shifted = [v + 60.0 if i == 1 else v for i, v in enumerate(episodes[col].to_pylist())]
+    episodes = episodes.set_column(episodes.column_names.index(col), col, pa.array(shifted))
+    pq.write_table(episodes, meta_path)
     # Episodes 2, 3 live in file-001: corrupt its parquet. Episodes 4, 5: delete one mp4.
     parquet = root / "data/chunk-000/file-001.parquet"
     parquet.write_bytes(parquet.read_bytes()[:100])
     (root / "videos/observation.images.wrist/chunk-000/file-002.mp4").unlink()
-    lake = Lake(_config(root, max_skip_fraction=0.9))
+    lake = Lake(_config(root, max_skip_fraction=0.95))
     loader = lake.packed()
     used = sum(len(b) for b in loader)
-    bad_frames = sum(len(eps[i].action) for i in (2, 3, 4, 5))
-    assert used == sum(len(e.action) for e in eps) - bad_frames
+    bad_frames = sum(len(eps[i].action) for i in (1, 2, 3, 4, 5))
+    assert used == len(eps[0].action)
     assert loader.ledger.skipped == bad_frames
-    assert len(loader.ledger.problems) == 2  # one entry per bad file, not one per frame
+    assert len(loader.ledger.problems) == 3  # one entry per bad file, not one per frame
     problems = " ".join(loader.ledger.problems)
-    assert (
-        "file-001.parquet" in problems
-        and "missing video" in problems
-        and "file-002.mp4" in problems
-    )
+    assert "file-001.parquet" in problems
+    assert "missing video" in problems and "file-002.mp4" in problems
+    assert "wrist/chunk-000/file-000.mp4: requested frames lie past the end" in problems
 
     strict = Lake(_config(root, max_skip_fraction=0.1))
     with pytest.raises(LakeError, match=r"skipped \d+ of \d+ samples .* max_skip_fraction=10.0%"):
