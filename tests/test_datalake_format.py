@@ -315,17 +315,25 @@ def test_image_features_stored_in_parquet(tmp_path):
     from datalake.pipeline import FrameDecoder, Lake, LakeConfig
     from datalake.video import encode_png
 
-    eps = [synthetic.episode(i, n, cameras=("agentview",), size=(16, 16)) for i, n in enumerate((5, 6))]
+    eps = [
+        synthetic.episode(i, n, cameras=("agentview",), size=(16, 16)) for i, n in enumerate((5, 6))
+    ]
     root = tmp_path / "images"
     write_dataset(root, eps, WriterConfig(codec="h264-lossless"))
     info = json.loads((root / "meta/info.json").read_text())
-    info["features"]["observation.images.still"] = {"dtype": "image", "shape": [16, 16, 3], "names": None}
+    info["features"]["observation.images.still"] = {
+        "dtype": "image",
+        "shape": [16, 16, 3],
+        "names": None,
+    }
     (root / "meta/info.json").write_text(json.dumps(info))
     path = root / "data/chunk-000/file-000.parquet"
     table = pq.read_table(path)
     cells = [
         {"bytes": encode_png(synthetic.frame(e, t, 5, 16, 16)), "path": None}
-        for e, t in zip(table["episode_index"].to_pylist(), table["frame_index"].to_pylist(), strict=True)
+        for e, t in zip(
+            table["episode_index"].to_pylist(), table["frame_index"].to_pylist(), strict=True
+        )
     ]
     pq.write_table(table.append_column("observation.images.still", pa.array(cells)), path)
     lake = Lake(LakeConfig(datasets=(str(root),), image_size=(8, 8)))
