@@ -29,6 +29,8 @@ import numpy as np
 import ray
 import torch
 
+from actors.jsonout import stdout_to_stderr
+
 MODES = ("sync", "disaggregated", "train_async", "rollout_async", "full")
 
 WORKLOADS = {
@@ -187,6 +189,16 @@ def run_mode(mode: str, overrides: list[str], seconds: float, root: Path) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run the benchmark with stdout kept for the JSON result."""
+    args = parse_args(argv)
+    with stdout_to_stderr(args.json):
+        out = measure(args)
+        ray.shutdown()  # Ray's exit notices go to stderr too
+    print(json.dumps(out))
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rlvla3 bench async", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", choices=sorted(WORKLOADS), default="latency_replay")
@@ -196,8 +208,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="latency_replay: multiply every latency (1.0 = as measured)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def measure(args: argparse.Namespace) -> dict:
+    """Run the benchmark; return the JSON-able result."""
     from actors.controller import check_components, ensure_ray
     from rlvla3.run_config import load_run_config
 
@@ -206,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"env.options.time_scale={args.time_scale}")
     cfg = load_run_config("default", overrides=overrides)
     spec = check_components(cfg)
-    ensure_ray(cfg)
+    ensure_ray(cfg, log_to_driver=not args.json)
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
     modes = [m for m in args.modes.split(",") if m]
     results: dict[str, dict] = {}
@@ -237,8 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             results["full"]["env_steps_per_s"] / results["sync"]["env_steps_per_s"], 3)
     if "full" in results:
         out["ideal_bound_fraction"] = round(results["full"]["env_steps_per_s"] / stages[slowest], 3)
-    print(json.dumps(out))
-    return 0
+    return out
 
 
 if __name__ == "__main__":

@@ -24,19 +24,23 @@ from pathlib import Path
 import psutil
 import ray
 
+from actors.jsonout import stdout_to_stderr
+
 WINDOW_S = 10.0
 RECOVERY_WINDOW_S = 3.0
 
 
-def ray_rss_mb() -> float:
-    """Resident memory of every Ray worker process of this machine, MB."""
+def ray_rss_mb(session: str) -> float:
+    """Resident memory of this Ray session's processes (its raylet and everything below it,
+    i.e. all actors), MB; other Ray instances on the machine are not counted."""
     total = 0
-    for proc in psutil.process_iter(["cmdline", "memory_info"]):
+    for proc in psutil.process_iter(["cmdline"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
-            if cmd.startswith("ray::") or "default_worker.py" in cmd:
-                total += proc.info["memory_info"].rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied, TypeError):
+            if "raylet" in cmd and session in cmd:
+                for p in [proc, *proc.children(recursive=True)]:
+                    total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return total / 2**20
 
@@ -60,6 +64,16 @@ def rate(samples: list[tuple[float, int]], start: float, end: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run the benchmark with stdout kept for the JSON result."""
+    args = parse_args(argv)
+    with stdout_to_stderr(args.json):
+        out = measure(args)
+        ray.shutdown()  # Ray's exit notices go to stderr too
+    print(json.dumps(out))
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rlvla3 bench soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=5.0)
@@ -68,14 +82,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
-    from actors.controller import Controller
+
+def measure(args: argparse.Namespace) -> dict:
+    """Run the benchmark; return the JSON-able result."""
+    from actors.controller import Controller, ensure_ray
     from rlvla3.run_config import load_run_config
 
     cfg = load_run_config(args.preset, overrides=[
         *args.overrides, f"max_minutes={args.minutes}", "total_env_steps=1000000000",
         "log_every_s=1.0"])
+    ensure_ray(cfg, log_to_driver=not args.json)
+    session = ray._private.worker.global_worker.node.session_name
     rng = random.Random(args.seed)
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 if rows:
                     row = json.loads(rows[-1])
                     samples.append((now, row["env_steps"]))
-            memory.append((now, ray_rss_mb(), object_store_mb()))
+            memory.append((now, ray_rss_mb(session), object_store_mb()))
             if now >= next_kill and now < args.minutes * 60 - WINDOW_S:
                 if not server_killed and now >= args.minutes * 30:
                     target, handle = "rollout_server", topo.servers[0]
@@ -149,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory_timeline": [{"t_s": round(t, 1), "rss_mb": round(r, 1), "object_store_mb": o}
                             for t, r, o in memory[:: max(1, len(memory) // 30)]],
     }
-    print(json.dumps(out))
-    return 0
+    return out
 
 
 if __name__ == "__main__":

@@ -65,8 +65,9 @@ def check_components(cfg: RunConfig) -> EnvSpec:
     return spec
 
 
-def ensure_ray(cfg: RunConfig) -> float:
+def ensure_ray(cfg: RunConfig, log_to_driver: bool = True) -> float:
     """Connect to the configured cluster or start a local one; return its CPU count.
+    ``log_to_driver=False`` keeps the actors' output off this process's stdout (JSON output).
 
     A local Ray gets at least as many logical CPUs as the roles ask for (env workers mostly
     wait on simulators), but the learners are checked against the physical cores."""
@@ -74,7 +75,7 @@ def ensure_ray(cfg: RunConfig) -> float:
     if not ray.is_initialized():
         address = cfg.ray.address or os.environ.get("RAY_ADDRESS", "")
         if address:
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=log_to_driver)
         else:
             check_resources(cfg, physical, learners_only=True)
             need = (cfg.learner.num_learners * cfg.learner.num_cpus
@@ -82,7 +83,7 @@ def ensure_ray(cfg: RunConfig) -> float:
                     + cfg.env_workers.num_workers * cfg.env_workers.num_cpus)
             cpus = cfg.ray.num_cpus or max(int(physical), int(need + 0.999))
             ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False,
-                     log_to_driver=True, configure_logging=False)
+                     log_to_driver=log_to_driver, configure_logging=False)
     return float(ray.cluster_resources().get("CPU", physical))
 
 
@@ -330,6 +331,7 @@ class Controller:
             "queue_depth": queue["depth"],
             "dropped_stale": queue["dropped_stale"],
             "dropped_faults": sum(w["dropped_faults"] for w in workers),
+            "lost_segments": sum(lr["lost_segments"] for lr in learners),
             "restarts": sum(w["restarts"] for w in workers) + sum(
                 v for k, v in self.restarts.items() if k != "episodes_lost"),
             "restart_counts": {**self.restarts,

@@ -121,6 +121,8 @@ class EnvWorker:
                            int(segment.policy_versions.min()), segment.episode_return,
                            segment.success)
         start = time.monotonic()
+        # This worker owns the payload (zero-copy hand-off); if it crashes, shipped episodes not
+        # yet fetched are lost with it, and the learner counts them (``lost_segments``).
         await self.queue.put.remote(info, [ray.put(segment)])
         self.counts["queue_wait_s"] += time.monotonic() - start
         self.counts["shipped_decisions"] += len(segment)

@@ -74,6 +74,7 @@ class Learner:
         self._stop_version: int | None = None
         self._started = time.monotonic()
         self.wait_s = 0.0
+        self.lost_segments = 0
         self.last: StepStats | None = None
         self.history: list[dict] = []
         self.run_dir = run_dir
@@ -174,7 +175,12 @@ class Learner:
     def _pull(self, max_items: int, timeout_s: float) -> int:
         start = time.monotonic()
         items = ray.get(self.queue.get.remote(max_items, timeout_s))
-        segments = ray.get([refs[0] for _, refs in items]) if items else []
+        segments = []
+        for _, refs in items:
+            try:
+                segments.append(ray.get(refs[0]))
+            except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError):
+                self.lost_segments += 1  # its payload died with a node; counted, not fatal
         self.wait_s += time.monotonic() - start
         self.core.add_segments(segments)
         return len(segments)
@@ -254,6 +260,7 @@ class Learner:
             "data_wait_fraction": min(self.wait_s / elapsed, 1.0),
             "incarnation": self.incarnation,
             "restored_from": self.restored_from,
+            "lost_segments": self.lost_segments,
         }
         if self.last is not None:
             out.update(loss=self.last.loss, entropy=self.last.entropy,
