@@ -87,7 +87,8 @@ def record_dataset(
     import ray
     from ray.util import ActorPool
 
-    actor = ray.remote(num_cpus=1)(RecordWorker)
+    # A simulator that crashes its process takes the actor down: restart it and retry the job.
+    actor = ray.remote(num_cpus=1, max_restarts=2, max_task_retries=1)(RecordWorker)
     pool_actors = [
         actor.remote(make_env, run_expert) for _ in range(max(1, min(workers, len(jobs))))
     ]
