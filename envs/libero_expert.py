@@ -20,7 +20,12 @@ bowl, a plate) is pinched across its rim on the side with the most free space ar
 fingers. The expert needs the in-process ``LiberoEnv`` (``process: false``) for the sim state.
 
 ``python -m envs.libero_expert --suite libero_spatial --episodes 5 --json`` reports the solve
-rate per task (a task the expert does not cover reports ``"covered": false``).
+rate per task (a task the expert does not cover reports ``"covered": false``). Measured here
+(initial states 0..k-1 of each task): libero_spatial 20/20 (all 10 tasks, 2 each); libero_object
+10/10 (all 10 tasks, 1 each); libero_goal 6/7 of its pick-and-place tasks (1 each; "push the
+plate to the front of the stove" fails: a plate is too flat to pinch at the rim); libero_10 3/6
+of its pick-and-place tasks (two-object tasks 0, 6, 7 solved; 1 fails to reach an object near
+the workspace edge, 4 (mugs on plates) and 5 (book into a caddy) fail).
 """
 
 from __future__ import annotations
