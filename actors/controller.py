@@ -245,6 +245,7 @@ class Controller:
                     self._tick()
                     next_log = time.monotonic() + self.cfg.log_every_s
             self.training.stop(topo.learners)
+            ray.get(topo.queue.close.remote())
             self.rollout.stop(topo.workers)
         else:
             while not self._done():

@@ -7,6 +7,8 @@ payloads, so its own memory stays flat. Invariants:
 - ``get`` drops, and counts, segments whose oldest action is more than ``max_staleness`` policy
   versions behind the learner's current version; what it returns is fresh enough to train on.
 - Segments leave in arrival order; none is returned twice.
+- After ``close()`` (the learners stopped), ``put`` no longer waits: it counts the segment as
+  discarded, so a run never hangs at shutdown on a full queue.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ class TrajectoryQueue:
         self._cond: asyncio.Condition | None = None
         self.metrics = RoleMetrics("queue", "queue-0")
         self.counts = {"put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
-                       "dropped_stale": 0, "producer_wait_s": 0.0}
+                       "dropped_stale": 0, "discarded_at_stop": 0, "discarded_decisions": 0,
+                       "producer_wait_s": 0.0}
+        self._closed = False
         self.staleness: dict[int, int] = {}
 
     def _condition(self) -> asyncio.Condition:
@@ -62,7 +66,11 @@ class TrajectoryQueue:
         cond = self._condition()
         start = time.monotonic()
         async with cond:
-            await cond.wait_for(lambda: len(self._items) < self.cfg.capacity)
+            await cond.wait_for(lambda: len(self._items) < self.cfg.capacity or self._closed)
+            if self._closed:  # the run is stopping and no learner will take it: count, drop
+                self.counts["discarded_at_stop"] += 1
+                self.counts["discarded_decisions"] += info.decisions
+                return len(self._items)
             self._items.append((info, refs))
             self.counts["put"] += 1
             self.counts["put_decisions"] += info.decisions
@@ -97,6 +105,14 @@ class TrajectoryQueue:
         self.metrics.inc("trajectories", len(out))
         self.metrics.set("queue_depth", len(self._items))
         return out
+
+    async def close(self) -> None:
+        """The learners have stopped: release producers waiting on a full queue (their
+        segments are counted as discarded) so the rollout can stop without waiting."""
+        self._closed = True
+        cond = self._condition()
+        async with cond:
+            cond.notify_all()
 
     def set_version(self, version: int) -> None:
         """The learner's current policy version (for the staleness filter)."""

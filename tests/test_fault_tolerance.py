@@ -29,8 +29,8 @@ FAST = [
 
 
 def run_with_kill(tmp_path, target: str, steps: int = 2500):
-    """Run full mode; once the policy reached version 3, kill ``target``; return the summary and
-    the final stats of the surviving actors."""
+    """Run full mode; once the policy reached version 3 and a checkpoint exists, kill
+    ``target``; return the summary and the final stats of the surviving actors."""
     cfg = load_run_config("smoke", overrides=FAST + [f"total_env_steps={steps}"])
     controller = Controller(cfg, tmp_path / target, quiet=True)
     topo = controller.build()
@@ -39,7 +39,8 @@ def run_with_kill(tmp_path, target: str, steps: int = 2500):
     thread.start()
     try:
         deadline = time.monotonic() + 240
-        while ray.get(topo.learners[0].version.remote()) < 3:
+        latest = tmp_path / target / "checkpoints" / "latest"
+        while ray.get(topo.learners[0].version.remote()) < 3 or not latest.is_file():
             assert time.monotonic() < deadline, "the run made no progress before the kill"
             time.sleep(0.2)
         victim = {"env_worker": topo.workers[0], "rollout_server": topo.servers[0],
@@ -65,7 +66,8 @@ def assert_transitions_accounted(workers, queue):
         assert w["decisions"] == (w["shipped_decisions"] + w["inflight_decisions"]
                                   + w["dropped_decisions"])
     assert queue["put"] == queue["got"] + queue["depth"] + queue["dropped_stale"]
-    assert queue["put_decisions"] == sum(w["shipped_decisions"] for w in workers)
+    assert queue["put_decisions"] + queue["discarded_decisions"] == sum(
+        w["shipped_decisions"] for w in workers)
 
 
 @pytest.mark.slow
