@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from importlib.util import find_spec
 
 import numpy as np
@@ -51,6 +53,22 @@ def test_spec_and_config_validation():
         libero_spec({"suite": "libero_goal", "task_ids": [10]}, "env.options")
     with pytest.raises(ConfigError, match="cameras"):
         libero_spec({"cameras": ["frontview"]}, "env.options")
+
+
+def test_import_never_prompts_even_without_a_libero_config(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path), "LIBERO_CONFIG_PATH": str(tmp_path / "cfg")}
+    code = "from envs.libero import libero_available; print(repr(libero_available()))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "''"  # importable, and nothing read from stdin
 
 
 @pytest.mark.parametrize(
