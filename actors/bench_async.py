@@ -5,7 +5,9 @@ wall time on the same LIBERO-like workload and prints one JSON object: per mode 
 busy fractions per role, mean inference batch size, learner data wait, staleness drops; then
 ``ratio_full_vs_sync`` and ``ideal_bound_fraction`` = full-mode throughput / the throughput of
 the slowest stage run alone (env slots with an instant action source, inference on full
-batches, training on recorded samples), each expressed in env steps/s.
+batches, training on recorded samples), each expressed in env steps/s. Throughput is the
+steady state: the first ``--warmup`` seconds of every mode (all slots resetting at once) are
+excluded; lockstep modes are measured over whole rounds.
 
 The workload (``--env latency_replay``, default): 64 env slots replaying simulator step and
 reset latencies (60-180 ms per step with p99 about 1.2x the scene mean, hard resets of
@@ -79,8 +81,9 @@ class InstantActions:
         return [self._chunk() for _ in observations]
 
 
-def env_stage_alone(cfg, spec, seconds: float) -> float:
-    """Env steps/s of all slots with an instant action source (no inference, no training)."""
+def env_stage_alone(cfg, spec, seconds: float, warmup_s: float) -> float:
+    """Env steps/s of all slots with an instant action source (no inference, no training),
+    after the same warm-up as the pipeline modes."""
     from actors.env_worker import EnvWorker
     from actors.trajectory_queue import TrajectoryQueue
     from rlvla3.run_config import QueueConfig
@@ -94,9 +97,14 @@ def env_stage_alone(cfg, spec, seconds: float) -> float:
         w, cfg.env, spec, ec, list(range(spec.num_tasks)), list(range(spec.num_init_states)),
         cfg.seed, 1, [server], queue) for w in range(ec.num_workers)]
     refs = [w.run.remote() for w in workers]
-    start = time.monotonic()
-    time.sleep(seconds)
-    steps = sum(s["env_steps"] for s in ray.get([w.stats.remote() for w in workers]))
+
+    def total() -> int:
+        return sum(s["env_steps"] for s in ray.get([w.stats.remote() for w in workers]))
+
+    time.sleep(warmup_s)
+    start, first = time.monotonic(), total()
+    time.sleep(max(seconds - warmup_s, 1.0))
+    steps = total() - first
     elapsed = time.monotonic() - start
     for w in workers:
         w.stop.remote()
@@ -160,20 +168,33 @@ def training_stage_alone(cfg, spec, segments, seconds: float) -> float:
     return core.samples_trained / (time.monotonic() - start) * cfg.learner.num_learners
 
 
-def run_mode(mode: str, overrides: list[str], seconds: float, root: Path) -> dict:
+def steady_rate(metrics_file: Path, warmup_s: float) -> float | None:
+    """Env steps/s between the first progress row after ``warmup_s`` and the last row, so the
+    start-up transient (every slot resetting at once) weighs on no mode. A lockstep run writes
+    rows at round ends, so its window is whole rounds."""
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    rows = [r for r in rows if r["time_s"] >= warmup_s]
+    if len(rows) < 2 or rows[-1]["time_s"] <= rows[0]["time_s"]:
+        return None
+    return (rows[-1]["env_steps"] - rows[0]["env_steps"]) / (rows[-1]["time_s"] - rows[0]["time_s"])
+
+
+def run_mode(mode: str, overrides: list[str], seconds: float, warmup_s: float, root: Path) -> dict:
     from actors.controller import Controller
     from rlvla3.run_config import load_run_config
 
     cfg = load_run_config("default", overrides=overrides + [
         f"pipeline.mode={mode}", f"max_minutes={seconds / 60}", "total_env_steps=1000000000",
-        "checkpoint_every=0", f"log_every_s={max(seconds / 6, 2)}"])
+        "checkpoint_every=0", f"log_every_s={max(seconds / 12, 2)}"])
     controller = Controller(cfg, root / mode, quiet=True)
     try:
         s = controller.run()
     finally:
         controller.shutdown()
+    steady = steady_rate(root / mode / "metrics.jsonl", warmup_s)
     return {
-        "env_steps_per_s": round(s["env_steps_per_s"], 2),
+        "env_steps_per_s": round(steady if steady is not None else s["env_steps_per_s"], 2),
+        "env_steps_per_s_whole_run": round(s["env_steps_per_s"], 2),
         "env_steps": s["env_steps"],
         "episodes": s["episodes"],
         "wall_s": round(s["wall_s"], 1),
@@ -202,7 +223,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rlvla3 bench async", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", choices=sorted(WORKLOADS), default="latency_replay")
-    p.add_argument("--seconds", type=float, default=90.0, help="wall time per mode")
+    p.add_argument("--seconds", type=float, default=150.0, help="wall time per mode")
+    p.add_argument("--warmup", type=float, default=20.0,
+                   help="seconds excluded at the start of each mode (all slots reset at once)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of modes")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="latency_replay: multiply every latency (1.0 = as measured)")
@@ -228,10 +251,10 @@ def measure(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for mode in modes:
             say(f"bench async: running {mode} for {args.seconds:.0f}s ...")
-            results[mode] = run_mode(mode, overrides, args.seconds, Path(tmp))
+            results[mode] = run_mode(mode, overrides, args.seconds, args.warmup, Path(tmp))
             say(f"  {mode}: {results[mode]['env_steps_per_s']:.1f} env steps/s")
     say("bench async: measuring each stage alone ...")
-    env_alone = env_stage_alone(cfg, spec, min(args.seconds, 60.0))
+    env_alone = env_stage_alone(cfg, spec, min(args.seconds, 90.0), args.warmup)
     segments = recorded_segments(cfg, spec, 16)
     steps_per_decision = statistics.mean(s.env_steps / len(s) for s in segments)
     infer_alone = inference_stage_alone(cfg, spec, segments, 10.0) * steps_per_decision
@@ -241,6 +264,7 @@ def measure(args: argparse.Namespace) -> dict:
     out = {
         "env": args.env,
         "seconds_per_mode": args.seconds,
+        "warmup_s": args.warmup,
         "env_slots": cfg.env_workers.num_workers * cfg.env_workers.slots_per_worker,
         "cpus": ray.cluster_resources().get("CPU"),
         "modes": results,
