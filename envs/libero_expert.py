@@ -25,7 +25,9 @@ rate per task (a task the expert does not cover reports ``"covered": false``). M
 10/10 (all 10 tasks, 1 each); libero_goal 6/7 of its pick-and-place tasks (1 each; "push the
 plate to the front of the stove" fails: a plate is too flat to pinch at the rim); libero_10 3/6
 of its pick-and-place tasks (two-object tasks 0, 6, 7 solved; 1 fails to reach an object near
-the workspace edge, 4 (mugs on plates) and 5 (book into a caddy) fail).
+the workspace edge, 4 (mugs on plates) and 5 (book into a caddy) fail); libero_90, a sample of
+14 pick-and-place tasks, 10 solved (2, 9, 10, 12, 27, 36, 46, 55, 60, 69; not 16: a bowl stacked
+on a bowl, 18: frying pan, 19: moka pot, 65: a mug by its body).
 """
 
 from __future__ import annotations
