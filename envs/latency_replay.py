@@ -51,6 +51,8 @@ from rlvla3.types import EnvSpec, Observation, StepResult
 
 CAMERA = "top"
 SYNTHETIC = "synthetic"
+MEASURED = "data/libero_latency.json"
+"""The default: LIBERO libero_spatial step and reset latencies measured on this kind of machine."""
 Z99 = 2.3263478740408408
 """The 0.99 quantile of the standard normal."""
 
@@ -60,8 +62,9 @@ class LatencyReplayConfig:
     """Options of the latency-replay env (``env.options`` when ``env.name`` is
     ``latency_replay``)."""
 
-    distribution: str = SYNTHETIC
-    """``"synthetic"`` or a path to a latency JSON file (see the module docstring)."""
+    distribution: str = MEASURED
+    """A latency JSON file (see the module docstring; default: LIBERO as measured here, with
+    the command that re-measures it inside) or ``"synthetic"`` (the parametric model below)."""
     time_scale: float = 1.0
     """Multiplies every latency before sleeping (small values for fast tests; 0: no sleep)."""
     step_ms_min: float = 60.0

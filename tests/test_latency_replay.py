@@ -27,6 +27,8 @@ TINY = 1e-6
 
 
 def make(seed: int = 0, **options) -> LatencyReplayEnv:
+    """An env on the synthetic model unless the test names a distribution."""
+    options.setdefault("distribution", "synthetic")
     return make_latency_replay_env(options, "env.options", seed)
 
 
@@ -72,7 +74,7 @@ def test_spec_defaults_and_protocol():
 
 
 def test_summary_matches_configured_distribution():
-    summary = summarize_latency({}, episodes=2000)
+    summary = summarize_latency({"distribution": "synthetic"}, episodes=2000)
     assert summary["source"].startswith("synthetic")
     step, reset = summary["step_ms"], summary["reset_ms"]
     assert 110 < step["mean"] < 130  # scene means uniform in [60, 180] ms
@@ -84,7 +86,8 @@ def test_summary_matches_configured_distribution():
     assert 150 < summary["episode_steps"]["mean"] < 200
     assert summary["episode_steps"]["p99"] == 220
     json.dumps(summary)
-    scaled = summarize_latency({"step_ms_min": 30, "step_ms_max": 30}, episodes=200)
+    scaled = summarize_latency({"distribution": "synthetic", "step_ms_min": 30,
+                                "step_ms_max": 30}, episodes=200)
     assert scaled["step_ms"]["mean"] == pytest.approx(30, rel=0.02)
 
 
@@ -264,3 +267,10 @@ def test_config_errors_name_the_field(options, field):
     with pytest.raises(ConfigError) as info:
         latency_replay_spec(options, "env.options")
     assert info.value.field == field
+
+
+def test_default_distribution_is_libero_measured_here():
+    summary = summarize_latency({}, episodes=300)
+    assert summary["source"].startswith("LIBERO")
+    assert 50 < summary["step_ms"]["p50"] < 400  # a LIBERO step with fast rendering
+    assert summary["reset_ms"]["p50"] > 1000  # a hard reset takes seconds
