@@ -9,11 +9,12 @@ batches, training on recorded samples), each expressed in env steps/s. Throughpu
 steady state: the first ``--warmup`` seconds of every mode (all slots resetting at once) are
 excluded; lockstep modes are measured over whole rounds.
 
-The workload (``--env latency_replay``, default): 64 env slots replaying simulator step and
-reset latencies (60-180 ms per step with p99 about 1.2x the scene mean, hard resets of
-1.5-2.3 s with a tail to 6 s, episodes of up to 220 steps in chunks of 5 that end early on
-success for about half of them) at almost no CPU cost, with real inference and real training
-of the small policy. ``--env libero`` runs the same ablation on real LIBERO simulators at the
+The workload (``--env latency_replay``, default): 64 env slots replaying LIBERO step and reset
+latencies measured here (``envs/data/libero_latency.json``; ``--set
+env.options.distribution=synthetic`` gives the parametric model instead: 60-180 ms per step
+with p99 about 1.2x the scene mean, hard resets of 1.5-2.3 s with a tail to 6 s), episodes of up
+to 220 steps in chunks of 5 that end early on success for about half of them, at almost no CPU
+cost, with real inference and real training of the small policy. ``--env libero`` runs the same ablation on real LIBERO simulators at the
 scale this machine allows.
 """
 
