@@ -21,7 +21,8 @@ fingers. The expert needs the in-process ``LiberoEnv`` (``process: false``) for 
 
 ``python -m envs.libero_expert --suite libero_spatial --episodes 5 --json`` reports the solve
 rate per task (a task the expert does not cover reports ``"covered": false``). Measured here
-(initial states 0..k-1 of each task): libero_spatial 20/20 (all 10 tasks, 2 each); libero_object
+(initial states 0..k-1 of each task): libero_spatial 49/50 (all 10 tasks, 5 each; task 1 from
+state 2 releases the bowl but it does not come to rest on the plate); libero_object
 10/10 (all 10 tasks, 1 each); libero_goal 6/7 of its pick-and-place tasks (1 each; "push the
 plate to the front of the stove" fails: a plate is too flat to pinch at the rim); libero_10 3/6
 of its pick-and-place tasks (two-object tasks 0, 6, 7 solved; 1 fails to reach an object near
