@@ -32,7 +32,7 @@ import numpy as np
 import ray
 import torch
 
-from actors.jsonout import stdout_to_stderr
+from actors.jsonout import json_main
 
 MODES = ("sync", "disaggregated", "train_async", "rollout_async", "full")
 
@@ -211,13 +211,7 @@ def run_mode(mode: str, overrides: list[str], seconds: float, warmup_s: float, r
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments, run the benchmark with stdout kept for the JSON result."""
-    args = parse_args(argv)
-    with stdout_to_stderr(args.json):
-        out = measure(args)
-        ray.shutdown()  # Ray's exit notices go to stderr too
-    print(json.dumps(out))
-    return 0
+    return json_main(parse_args, measure, argv)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

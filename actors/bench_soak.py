@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import ray
 
-from actors.jsonout import stdout_to_stderr
+from actors.jsonout import json_main
 
 WINDOW_S = 10.0
 RECOVERY_WINDOW_S = 3.0
@@ -64,13 +64,7 @@ def rate(samples: list[tuple[float, int]], start: float, end: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments, run the benchmark with stdout kept for the JSON result."""
-    args = parse_args(argv)
-    with stdout_to_stderr(args.json):
-        out = measure(args)
-        ray.shutdown()  # Ray's exit notices go to stderr too
-    print(json.dumps(out))
-    return 0
+    return json_main(parse_args, measure, argv)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

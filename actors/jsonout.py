@@ -7,10 +7,12 @@ descriptor level while it runs, then prints its JSON on the real stdout.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 @contextlib.contextmanager
@@ -28,3 +30,17 @@ def stdout_to_stderr(enabled: bool = True) -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def json_main(parse_args: Callable[[list[str] | None], argparse.Namespace],
+              measure: Callable[[argparse.Namespace], dict], argv: list[str] | None) -> int:
+    """Run a benchmark's ``measure`` with stdout kept for its JSON result (``--json``), shut
+    Ray down inside the redirect (its exit notices go to stderr too), then print the JSON."""
+    import ray
+
+    args = parse_args(argv)
+    with stdout_to_stderr(args.json):
+        out = measure(args)
+        ray.shutdown()
+    print(json.dumps(out))
+    return 0
