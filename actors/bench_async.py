@@ -250,7 +250,8 @@ def measure(args: argparse.Namespace) -> dict:
             say(f"  {mode}: {results[mode]['env_steps_per_s']:.1f} env steps/s")
     say("bench async: measuring each stage alone ...")
     env_alone = env_stage_alone(cfg, spec, min(args.seconds, 90.0), args.warmup)
-    segments = recorded_segments(cfg, spec, 16)
+    # behaviour data for the inference and training stages (a LIBERO episode takes ~20 s here)
+    segments = recorded_segments(cfg, spec, 2 if args.env == "libero" else 16)
     steps_per_decision = statistics.mean(s.env_steps / len(s) for s in segments)
     infer_alone = inference_stage_alone(cfg, spec, segments, 10.0) * steps_per_decision
     train_alone = training_stage_alone(cfg, spec, segments, 15.0) * steps_per_decision
