@@ -158,33 +158,18 @@ def episode_samples(
         for k, ft in meta.features.items()
         if ft["dtype"] == "image" and camera_name(k) in cameras
     }
+    def skipped(reason: str) -> dict[str, np.ndarray]:
+        return problem_rows(cameras, state_dim, action_dim, chunk_len, dataset, episode.index,
+                            reason, episode.length)
+
     try:
         columns = [STATE_KEY, ACTION_KEY, "timestamp", "task_index", *image_keys.values()]
         table = read_episode_table(meta, episode, columns)
     except DatasetError as exc:
-        return problem_rows(
-            cameras,
-            state_dim,
-            action_dim,
-            chunk_len,
-            dataset,
-            episode.index,
-            str(exc),
-            episode.length,
-        )
+        return skipped(str(exc))
     n = table.num_rows
     if n == 0:
-        where = meta.path(episode.data_file)
-        return problem_rows(
-            cameras,
-            state_dim,
-            action_dim,
-            chunk_len,
-            dataset,
-            episode.index,
-            f"episode {episode.index} has no rows in {where}",
-            episode.length,
-        )
+        return skipped(f"episode {episode.index} has no rows in {meta.path(episode.data_file)}")
     state, state_ok = _vector_rows(table[STATE_KEY], state_dim)
     action, action_ok = _vector_rows(table[ACTION_KEY], action_dim)
     state = build_normalizer(normalize, meta.stats, STATE_KEY)(state)

@@ -9,23 +9,13 @@ import time
 
 import pytest
 import ray
+from tiny_runs import TINY_RUN
 
 from actors.controller import Controller
 from rlvla3.checkpoint import read_meta
 from rlvla3.run_config import load_run_config
 
-FAST = [
-    "env.options.image_size=16",
-    "env_workers.num_workers=2",
-    "env_workers.slots_per_worker=2",
-    "learner.global_batch=32",
-    "learner.micro_batch=16",
-    "policy.options.channels=8",
-    "policy.options.hidden=32",
-    "log_every_s=0.5",
-    "checkpoint_every=2",
-    "queue.max_staleness=1000",
-]
+FAST = [*TINY_RUN, "log_every_s=0.5", "checkpoint_every=2", "queue.max_staleness=1000"]
 
 
 def run_with_kill(tmp_path, target: str, steps: int = 2500):

@@ -6,22 +6,13 @@ import json
 
 import pytest
 import ray
+from tiny_runs import TINY_RUN
 
 from actors.controller import Controller
 from rlvla3.checkpoint import load_policy, read_meta
 from rlvla3.run_config import load_run_config
 
-SMALL = [
-    "env.options.image_size=16",
-    "env_workers.num_workers=2",
-    "env_workers.slots_per_worker=2",
-    "learner.global_batch=32",
-    "learner.micro_batch=16",
-    "policy.options.channels=8",
-    "policy.options.hidden=32",
-    "log_every_s=1.0",
-    "checkpoint_every=0",
-]
+SMALL = [*TINY_RUN, "log_every_s=1.0", "checkpoint_every=0"]
 
 
 def run(tmp_path, name: str, overrides: list[str], resume: bool = False) -> tuple[dict, Controller]:

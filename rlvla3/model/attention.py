@@ -20,6 +20,7 @@ Backends (strategies, chosen by name or ``auto``; the choice is logged):
 
 from __future__ import annotations
 
+import abc
 import importlib.util
 import logging
 
@@ -29,16 +30,17 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 
-class AttentionBackend:
+class AttentionBackend(abc.ABC):
     """Computes varlen attention; subclasses implement ``__call__``."""
 
     name = "abstract"
     supports_key_mask = False
 
+    @abc.abstractmethod
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
                  cu_k: torch.Tensor, max_q: int, max_k: int,
                  key_valid: torch.Tensor | None = None) -> torch.Tensor:
-        raise NotImplementedError
+        """Attention of packed ``q`` over packed ``k``/``v`` segment by segment."""
 
 
 class PerSegmentAttention(AttentionBackend):

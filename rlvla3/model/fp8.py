@@ -20,6 +20,7 @@ round-trips with relative error <= 2^-4.
 
 from __future__ import annotations
 
+import abc
 import importlib.util
 import logging
 
@@ -85,13 +86,14 @@ def fake_quant_activation(x: torch.Tensor) -> torch.Tensor:
     return x + (dequantize_activation(q, s, x.shape[-1]).to(x.dtype) - x).detach()
 
 
-class Fp8Backend:
+class Fp8Backend(abc.ABC):
     """Computes a linear layer from FP8 block-quantised operands."""
 
     name = "abstract"
 
+    @abc.abstractmethod
     def linear(self, layer: BlockLinear, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """``x @ W^T + b`` of ``layer`` with FP8 numerics."""
 
 
 class EmulatedFp8(Fp8Backend):
