@@ -120,6 +120,22 @@ def spec_for(cfg: SFTConfig, lake: Lake) -> EnvSpec:
     )
 
 
+def with_state_range(cfg: SFTConfig, lake: Lake) -> SFTConfig:
+    """The packed VLA bins its state tokens over ``state_low..state_high``; unless the config
+    sets them, take them from the datasets' stats (the checkpoint keeps them, so eval and RL
+    discretise the state the same way)."""
+    options = dict(cfg.policy.options)
+    if cfg.policy.name != "vla" or options.get("state_low"):
+        return cfg
+    bounds = lake.state_range()
+    if bounds is None:
+        print("[sft] no state stats in the datasets: the VLA bins the state over [-1, 1]",
+              file=sys.stderr)
+        return cfg
+    options["state_low"], options["state_high"] = (b.round(4).tolist() for b in bounds)
+    return dataclasses.replace(cfg, policy=Named(cfg.policy.name, options))
+
+
 def _all_have_data(has: bool, distributed: bool) -> bool:
     if not distributed:
         return has
@@ -323,6 +339,7 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
         )
         cfg = dataclasses.replace(cfg, lake=lake_cfg)
         lake = Lake(lake_cfg)
+    cfg = with_state_range(cfg, lake)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     trainer = TorchTrainer(
         train_loop,

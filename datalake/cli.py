@@ -47,8 +47,9 @@ def _record(args: argparse.Namespace) -> int:
 
     if not ray.is_initialized():
         ray.init(num_cpus=max(args.workers, 1), include_dashboard=False, configure_logging=False)
-    make_env, expert = libero_recorder(args.suite, tuple(args.image_size))
-    jobs = [(t, s) for t in args.task_ids for s in range(args.episodes)]
+    make_env, expert = libero_recorder(args.suite, tuple(args.image_size), args.action_noise)
+    inits = args.init_ids if args.init_ids else list(range(args.episodes))
+    jobs = [(t, s, k) for t in args.task_ids for s in inits for k in range(args.takes)]
     config = WriterConfig(fps=args.fps, codec=args.codec, robot_type="panda")
     result = record_dataset(args.out, make_env, expert, jobs, args.workers, config)
     print(json.dumps(result, indent=2))
@@ -69,7 +70,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument("--suite", default="libero_spatial")
     r.add_argument("--task-ids", type=int, nargs="+", default=[0])
-    r.add_argument("--episodes", type=int, default=10, help="initial states per task")
+    r.add_argument("--episodes", type=int, default=10, help="initial states per task (0..N-1)")
+    r.add_argument(
+        "--init-ids", type=int, nargs="+", default=[], help="explicit initial states (overrides --episodes)"
+    )
+    r.add_argument(
+        "--takes", type=int, default=1,
+        help="episodes per initial state: take 0 is clean, the others use --action-noise",
+    )
+    r.add_argument(
+        "--action-noise", type=float, default=0.3,
+        help="std of the perturbation of executed translations (action units) in takes > 0",
+    )
     r.add_argument("--out", required=True)
     r.add_argument("--workers", type=int, default=2)
     r.add_argument("--image-size", type=int, nargs=2, default=[128, 128], metavar=("H", "W"))

@@ -322,6 +322,17 @@ class Lake:
     def total_frames(self) -> int:
         return sum(m.total_frames for m in self.metas if m is not None)
 
+    def state_range(self, margin: float = 0.05) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per-dimension (low, high) of the state over every dataset's ``meta/stats.json``,
+        each side widened by ``margin`` of the span; None when a dataset has no state stats."""
+        live = [m for m in self.metas if m is not None]
+        if not live or not all("min" in m.stats.get(STATE_KEY, {}) for m in live):
+            return None
+        low = np.min([m.stats[STATE_KEY]["min"] for m in live], axis=0)
+        high = np.max([m.stats[STATE_KEY]["max"] for m in live], axis=0)
+        pad = np.maximum(high - low, 1e-3) * margin
+        return low - pad, high + pad
+
     def plan(self, epoch: int = 0) -> list[tuple[int, int]]:
         samples = self.config.samples_per_epoch or self.total_frames
         return plan_episodes(self.metas, self.config.weights, self.config.seed, epoch, samples)

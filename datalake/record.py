@@ -11,6 +11,8 @@ job order as they arrive, so the dataset does not depend on which worker finishe
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +36,11 @@ class Demonstration:
 
 
 EnvFactory = Callable[[], Env]
-Expert = Callable[[Env, int, int], Demonstration | None]
+Expert = Callable[[Env, int, int, int], Demonstration | None]
+"""``(env, task_id, init_state_id, take)``: take 0 is the clean expert, later takes may differ
+(the LIBERO recorder perturbs them; see ``libero_recorder``)."""
+Job = tuple[int, int, int]
+"""(task_id, init_state_id, take)."""
 
 
 def to_record(demo: Demonstration) -> EpisodeRecord:
@@ -55,17 +61,18 @@ class RecordWorker:
         self.env = make_env()
         self.run_expert = run_expert
 
-    def run(self, job: tuple[int, int]) -> EpisodeRecord | str:
+    def run(self, job: Job) -> EpisodeRecord | str:
         """The recorded episode, or why there is none."""
-        task_id, init_id = job
+        task_id, init_id, take = job
+        where = f"task {task_id} init {init_id} take {take}"
         try:
-            demo = self.run_expert(self.env, task_id, init_id)
+            demo = self.run_expert(self.env, task_id, init_id, take)
         except Exception as exc:  # a simulator fault loses this episode, not the recording
-            return f"task {task_id} init {init_id}: {type(exc).__name__}: {exc}"
+            return f"{where}: {type(exc).__name__}: {exc}"
         if demo is None:
             return f"task {task_id}: not covered by the expert"
         if not demo.success:
-            return f"task {task_id} init {init_id}: expert failed"
+            return f"{where}: expert failed"
         return to_record(demo)
 
     def close(self) -> None:
@@ -76,11 +83,11 @@ def record_dataset(
     out: str,
     make_env: EnvFactory,
     run_expert: Expert,
-    jobs: Sequence[tuple[int, int]],
+    jobs: Sequence[Job],
     workers: int,
     writer_config: WriterConfig,
 ) -> dict[str, Any]:
-    """Play ``jobs`` ((task_id, init_state_id) pairs) on ``workers`` Ray actors; write successes.
+    """Play ``jobs`` ((task_id, init_state_id, take)) on ``workers`` Ray actors; write successes.
 
     Results stream back in job order (``ActorPool.map``), so the driver holds only the episodes
     that finished ahead of an earlier, slower one."""
@@ -94,8 +101,13 @@ def record_dataset(
     ]
     writer: LeRobotWriter | None = None
     failures: list[str] = []
+    t0 = time.perf_counter()
     try:
-        for item in ActorPool(pool_actors).map(lambda a, job: a.run.remote(job), list(jobs)):
+        results = ActorPool(pool_actors).map(lambda a, job: a.run.remote(job), list(jobs))
+        for done, item in enumerate(results, 1):
+            rate = (time.perf_counter() - t0) / done
+            print(f"[record] {done}/{len(jobs)} episodes ({len(failures) + isinstance(item, str)} "
+                  f"not recorded), {rate:.1f} s/episode", file=sys.stderr, flush=True)
             if isinstance(item, str):
                 failures.append(item)
                 log.warning("not recorded: %s", item)
@@ -114,8 +126,13 @@ def record_dataset(
     return {"out": out, "jobs": len(jobs), "recorded": recorded, "failed": failures}
 
 
-def libero_recorder(suite: str, image_size: tuple[int, int]) -> tuple[EnvFactory, Expert]:
-    """``make_env`` / ``run_expert`` for the scripted LIBERO pick-and-place expert."""
+def libero_recorder(
+    suite: str, image_size: tuple[int, int], action_noise: float = 0.0
+) -> tuple[EnvFactory, Expert]:
+    """``make_env`` / ``run_expert`` for the scripted LIBERO pick-and-place expert.
+
+    Take 0 of an initial state is the clean expert; take k > 0 executes its motion with
+    ``action_noise`` (seeded by k) and records the expert's corrections as the actions."""
     from envs.libero import LiberoConfig, LiberoEnv
     from envs.libero_expert import run_expert_episode
 
@@ -124,8 +141,9 @@ def libero_recorder(suite: str, image_size: tuple[int, int]) -> tuple[EnvFactory
     def make_env() -> Env:
         return LiberoEnv(cfg)
 
-    def run_expert(env: Env, task_id: int, init_id: int) -> Demonstration | None:
-        episode = run_expert_episode(env, task_id, init_id, record=True)
+    def run_expert(env: Env, task_id: int, init_id: int, take: int) -> Demonstration | None:
+        noise = action_noise if take > 0 else 0.0
+        episode = run_expert_episode(env, task_id, init_id, True, noise, seed=take)
         if episode is None:
             return None
         return Demonstration(episode.success, episode.observations, episode.actions)

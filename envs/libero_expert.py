@@ -307,21 +307,39 @@ class ExpertEpisode:
     actions: list[np.ndarray] = field(default_factory=list)
 
 
+NOISY_PHASES = ("approach", "lift", "carry")
+"""Free-space phases where ``action_noise`` perturbs the executed motion (never near contact)."""
+
+
 def run_expert_episode(
-    env: LiberoEnv, task_id: int, init_state_id: int, record: bool = False
+    env: LiberoEnv,
+    task_id: int,
+    init_state_id: int,
+    record: bool = False,
+    action_noise: float = 0.0,
+    seed: int = 0,
 ) -> ExpertEpisode | None:
-    """Run the expert on one episode; None when the task is not a single pick-and-place."""
+    """Run the expert on one episode; None when the task is not a single pick-and-place.
+
+    ``action_noise`` > 0 adds N(0, action_noise) to the executed translation in the free-space
+    phases while the *recorded* action stays the expert's own: the expert corrects the
+    perturbation on the next steps, so the demonstrations show how to recover from positions
+    the clean expert never visits (the states an imitating policy drifts into)."""
     obs = env.reset(task_id, init_state_id)
     goals = pick_place_goals(env.raw)
     if goals is None:
         return None
     expert = PickPlaceExpert(env, goals)
     episode = ExpertEpisode(False, 0, [])
+    rng = np.random.default_rng([seed, task_id, init_state_id])
     while True:
         action = expert.act()
         if record:
             episode.observations.append(obs)
             episode.actions.append(action.astype(np.float32))
+        if action_noise > 0 and expert.plan.phase in NOISY_PHASES:
+            action = action.copy()
+            action[:3] = np.clip(action[:3] + rng.normal(0.0, action_noise, 3), -1.0, 1.0)
         result = env.step(action[None])
         obs = result.obs
         episode.steps += result.steps

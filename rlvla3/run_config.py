@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from rlvla3.algos import AlgoConfig
-from rlvla3.config import Named, build, load_mapping, require
+from rlvla3.config import Named, build, deep_merge, load_mapping, require
 
 Placement = Literal["colocated", "disaggregated"]
 RolloutStrategyName = Literal["lockstep", "pipelined", "async"]
@@ -251,4 +251,25 @@ def check_resources(cfg: RunConfig, cpus_available: float, learners_only: bool =
 def load_run_config(preset: str | None = "default", config_file: str | None = None,
                     overrides: Sequence[str] = ()) -> RunConfig:
     """Preset + file + overrides -> a validated ``RunConfig``."""
-    return build(RunConfig, load_mapping(preset, config_file, overrides))
+    return build(RunConfig, adopt_init_policy(load_mapping(preset, config_file, overrides)))
+
+
+def adopt_init_policy(data: dict[str, Any]) -> dict[str, Any]:
+    """With ``init_from`` naming a checkpoint of the same policy, the checkpoint's policy options
+    (model size, image side, state range, ...) become the defaults and the run's own options
+    override them: a policy built from different options would not be the one that was trained.
+    A different policy name or a missing checkpoint is left for ``check_components`` to report."""
+    source = data.get("init_from")
+    policy = data.get("policy") or {}
+    if not source:
+        return data
+    from rlvla3.checkpoint import read_meta
+
+    try:
+        meta = read_meta(source)
+    except (FileNotFoundError, OSError, ValueError, KeyError):
+        return data
+    if meta.policy.name != policy.get("name", meta.policy.name):
+        return data
+    options = deep_merge(dict(meta.policy.options), dict(policy.get("options") or {}))
+    return {**data, "policy": {**policy, "name": meta.policy.name, "options": options}}

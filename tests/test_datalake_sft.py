@@ -97,7 +97,7 @@ def test_inspect_cli_reports_dataset_and_problems(tmp_path, capsys):
     assert any("missing video" in p and "file-001.mp4" in p for p in report["problems"])
 
 
-def reach_expert(env, task_id: int, init_id: int):
+def reach_expert(env, task_id: int, init_id: int, take: int):
     """Move straight at the target (init state 1: straight away from it, so it fails)."""
     from datalake.record import Demonstration
 
@@ -131,7 +131,7 @@ def test_record_writes_successful_expert_episodes(ray_cluster, tmp_path):
     from datalake.record import record_dataset
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    jobs = [(t, s) for t in (0, 2) for s in range(3)]
+    jobs = [(t, s, 0) for t in (0, 2) for s in range(3)]
     out = str(tmp_path / "demos")
     result = record_dataset(
         out,

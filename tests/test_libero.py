@@ -156,6 +156,14 @@ def test_expert_solves_a_spatial_task(spatial):
     assert len(episode.actions) == episode.steps == len(episode.observations)
     assert any(phase.startswith("release") for phase in episode.phases)
     assert all(np.all(np.abs(a) <= 1.0) for a in episode.actions)
+    # A perturbed take: the executed motion is pushed off the clean path, the expert corrects
+    # it (the recorded actions are its corrections) and still succeeds.
+    noisy = run_expert_episode(spatial, 0, 3, record=True, action_noise=0.3, seed=1)
+    assert noisy is not None and noisy.success, noisy
+    clean = np.stack([o.state for o in episode.observations[:20]])
+    pushed = np.stack([o.state for o in noisy.observations[:20]])
+    assert np.abs(clean[:, :3] - pushed[:, :3]).max() > 0.005
+    assert all(np.all(np.abs(a) <= 1.0) for a in noisy.actions)
 
 
 def test_killed_simulator_truncates_the_episode_and_restarts_then_the_limit_truncates():

@@ -126,6 +126,40 @@ def test_options_are_validated_with_the_field_named():
         build_vla_policy(SPEC, {"colour": "red"}, "policy.options")
 
 
+def test_state_range_sets_the_bins_and_travels_with_the_checkpoint(tmp_path):
+    dim = SPEC.state_dim
+    low, high = [0.5] * dim, [1.5] * dim
+    options = {"preset": "tiny", "state_low": low, "state_high": high}
+    policy = build_vla_policy(SPEC, options)
+    state = np.full((1, dim), 1.2, np.float32)  # beyond the default [-1, 1]: one clipped bin
+    inside = policy.processor.state_tokens(state)
+    default = build_vla_policy(SPEC, {"preset": "tiny"}).processor.state_tokens(state)
+    base = 256  # state bin b is token 256 + b (after the 256 byte tokens)
+    assert (default == base + 255).all() and (inside == base + int(0.7 * 256)).all()
+    save_checkpoint(tmp_path / "ck", policy, CheckpointMeta(Named("vla", options), SPEC, 1))
+    loaded, _ = load_policy(tmp_path / "ck")
+    np.testing.assert_array_equal(loaded.processor.state_tokens(state), inside)
+    with pytest.raises(ConfigError, match="policy.options.state_high"):
+        build_vla_policy(SPEC, {"state_low": low, "state_high": high[:-1]}, "policy.options")
+    with pytest.raises(ConfigError, match="policy.options.state_high"):
+        build_vla_policy(SPEC, {"state_low": high, "state_high": low}, "policy.options")
+    with pytest.raises(ConfigError, match="policy.options.state_low"):
+        build_vla_policy(SPEC, {"state_low": [0.0], "state_high": [1.0]}, "policy.options")
+
+
+def test_rl_run_from_a_checkpoint_adopts_its_policy_options(tmp_path):
+    from rlvla3.run_config import load_run_config
+
+    options = {"preset": "tiny", "image_size": 16, "state_low": [0.0] * 8, "state_high": [2.0] * 8}
+    policy = build_vla_policy(SPEC, options)
+    save_checkpoint(tmp_path / "ck", policy, CheckpointMeta(Named("vla", options), SPEC, 3))
+    cfg = load_run_config("smoke", overrides=[
+        f"init_from={tmp_path / 'ck'}", "policy.name=vla", "policy.options.denoise_steps=2"])
+    assert cfg.policy.options == {**options, "denoise_steps": 2}  # the run's own option wins
+    other = load_run_config("smoke", overrides=[f"init_from={tmp_path / 'ck'}"])
+    assert other.policy.name == "small"  # a different policy: left for check_components
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_pi05_preset_is_refused_on_cpu():
     with pytest.raises(ConfigError, match="CUDA"):

@@ -97,7 +97,12 @@ class VLAConfig:
     max_text_tokens: int = 64
     """Instructions are truncated to this many tokens by the processor."""
     state_bins: int = 256
-    """Discretisation of each (normalised to [-1, 1]) state dimension."""
+    """Discretisation of each state dimension over [state_low, state_high]."""
+    state_low: tuple[float, ...] = ()
+    """Per-dimension lower end of the state range the bins cover (empty: -1 everywhere).
+    ``rlvla3 sft`` fills it from the datasets' ``meta/stats.json`` (min, widened by 5%)."""
+    state_high: tuple[float, ...] = ()
+    """Per-dimension upper end (empty: +1 everywhere)."""
     image_size: int = 0
     """Override of the preset's image side (0: keep the preset's)."""
     seed: int = 0
@@ -112,6 +117,10 @@ class VLAConfig:
         require(0 < self.noise_min < self.noise_max, "noise_min", "need 0 < noise_min < noise_max")
         require(self.max_text_tokens >= 1, "max_text_tokens", "must be >= 1")
         require(2 <= self.state_bins <= 256, "state_bins", "must be in [2, 256]")
+        require(len(self.state_low) == len(self.state_high), "state_high",
+                f"has {len(self.state_high)} values but state_low has {len(self.state_low)}")
+        require(all(lo < hi for lo, hi in zip(self.state_low, self.state_high)), "state_high",
+                "every dimension needs state_low < state_high")
         shapes = PRESETS[self.preset]
         require(
             self.image_size == 0 or self.image_size % shapes.patch == 0,

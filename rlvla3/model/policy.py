@@ -26,6 +26,7 @@ from rlvla3.model.fp8 import select_fp8
 from rlvla3.model.network import PrefixCache, SuffixLayout, VLANetwork
 from rlvla3.model.processor import PrefixBatch, Processor
 from rlvla3.packing import pack_best_fit
+from rlvla3.config import ConfigError
 from rlvla3.protocols import Evaluation
 from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput
 
@@ -40,8 +41,12 @@ class VLAPolicy(nn.Module):
         device = torch.device(device)
         self.spec, self.cfg = spec, cfg
         self.shapes = shapes_for(cfg)
+        if cfg.state_low and len(cfg.state_low) != spec.state_dim:
+            raise ConfigError("policy.options.state_low", f"has {len(cfg.state_low)} values, the "
+                              f"env's state has {spec.state_dim} dimensions")
+        bounds = [np.asarray(b, np.float32) if b else None for b in (cfg.state_low, cfg.state_high)]
         self.processor = Processor(self.shapes, spec.cameras, spec.state_dim, cfg.max_text_tokens,
-                                   cfg.state_bins)
+                                   cfg.state_bins, *bounds)
         with torch.random.fork_rng(devices=[]), device:  # seeded init, caller's RNG untouched
             torch.manual_seed(cfg.seed)
             self.net = VLANetwork(self.shapes, spec.action_dim, spec.chunk_len,
