@@ -79,6 +79,28 @@ def test_sft_lowers_loss_checkpoints_and_resumes(ray_cluster, tmp_path):
     assert [m["step"] for m in logged][-1] == 20 and logged[-1]["step"] - logged[-2]["step"] <= 4
 
 
+def test_sft_bins_the_vla_state_over_the_datasets_range(tmp_path):
+    from datalake.pipeline import Lake
+
+    write_dataset(tmp_path / "d", synthetic.episodes(2, 10, 12, size=(16, 16)), WriterConfig())
+    stats = json.loads((tmp_path / "d" / "meta" / "stats.json").read_text())["observation.state"]
+    cfg = build(sft_job.SFTConfig, {"lake": {"datasets": [str(tmp_path / "d")]},
+                                    "policy": {"name": "vla", "options": {"preset": "tiny"}}})
+    lake = Lake(cfg.lake)
+    options = sft_job.with_state_range(cfg, lake).policy.options
+    low, high = np.array(options["state_low"]), np.array(options["state_high"])
+    assert (low < np.array(stats["min"])).all() and (high > np.array(stats["max"])).all()
+    span = np.array(stats["max"]) - np.array(stats["min"])
+    np.testing.assert_allclose(high - low, 1.1 * span, rtol=1e-3, atol=2e-4)
+    # A range the config sets, or a policy without state bins, is left as it is.
+    fixed = build(sft_job.SFTConfig, {"lake": {"datasets": [str(tmp_path / "d")]}, "policy": {
+        "name": "vla", "options": {"state_low": [0.0] * len(low), "state_high": [1.0] * len(low)}}})
+    assert sft_job.with_state_range(fixed, lake) == fixed
+    small = build(sft_job.SFTConfig, {"lake": {"datasets": [str(tmp_path / "d")]},
+                                      "policy": {"name": "small"}})
+    assert sft_job.with_state_range(small, lake) == small
+
+
 def test_inspect_cli_reports_dataset_and_problems(tmp_path, capsys):
     root = tmp_path / "ds"
     write_dataset(
