@@ -1,4 +1,5 @@
-"""The SFT job on a generated dataset: two DDP workers lower the loss, checkpoint, resume; the CLIs."""
+"""The SFT job on a generated dataset: two DDP or FSDP workers lower the loss, checkpoint,
+resume; the CLIs."""
 
 from __future__ import annotations
 
@@ -6,12 +7,20 @@ import json
 import sys
 
 import numpy as np
+import torch
 
 from actors import sft_job
 from datalake import cli, synthetic
 from datalake.writer import WriterConfig, write_dataset
-from rlvla3.checkpoint import load_policy, read_meta
+from rlvla3.checkpoint import (
+    CheckpointMeta,
+    load_optimizer_state,
+    load_policy,
+    read_meta,
+    save_run_checkpoint,
+)
 from rlvla3.config import Named, build
+from rlvla3.policies import build_policy
 
 HOOK = "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"
 
@@ -77,6 +86,60 @@ def test_sft_lowers_loss_checkpoints_and_resumes(ray_cluster, tmp_path):
     assert read_meta(run_dir).version == 20
     logged = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in logged][-1] == 20 and logged[-1]["step"] - logged[-2]["step"] <= 4
+
+
+def test_sft_fsdp_resumes_shards_and_checkpoints_the_whole_vla_on_cpu(ray_cluster, tmp_path):
+    from datalake.pipeline import Lake
+
+    data, run_dir = tmp_path / "demos", tmp_path / "run"
+    write_dataset(data, synthetic.episodes(6, 16, 24, size=(16, 16)), WriterConfig(codec="h264"))
+    cfg = build(sft_job.SFTConfig, {
+        "lake": {"datasets": [str(data)], "image_size": [16, 16], "chunk_len": 4,
+                 "decode_actors": 1, "max_tokens": 400, "shuffle_buffer": 32, "pack_window": 32},
+        "policy": {"name": "vla", "options": {"preset": "tiny", "image_size": 16}},
+        "run_dir": str(run_dir), "workers": 2, "strategy": "fsdp", "grad_accum": 2,
+        "max_steps": 6, "log_every": 2, "checkpoint_every": 6, "lr": 3e-3,
+    })
+    # Start from a plain (unsharded) checkpoint at step 2: initial weights, an optimizer
+    # state with small random moments (steps at lr 0 do not move the weights).
+    lake = Lake(cfg.lake)
+    spec, choice = sft_job.spec_for(cfg, lake), sft_job.with_state_range(cfg, lake).policy
+    start = build_policy(choice, spec)
+    optimizer = torch.optim.AdamW(start.parameters(), lr=0.0)
+    for _ in range(2):
+        for p in start.parameters():
+            p.grad = 1e-3 * torch.randn_like(p)
+        optimizer.step()
+    optimizer.param_groups[0]["lr"] = cfg.lr
+    counters = {"step": 2, "samples": 0, "epoch": 0}
+    save_run_checkpoint(run_dir, start, CheckpointMeta(choice, spec, 2, counters), optimizer)
+    saved = optimizer.state_dict()
+
+    summary = sft_job.run(cfg)
+    assert summary["steps"] == 6 and summary["last_loss"] < summary["first_loss"]
+    policy, meta = load_policy(run_dir)
+    assert meta.version == 6
+    # Each weight of a sharded block is split by rows over the two ranks: both halves
+    # trained means the checkpoint gathered both ranks' shards.
+    before, after = start.state_dict(), policy.state_dict()
+    for name in ("net.expert_layers.0.mlp.up_proj.weight", "net.vision.layers.0.mlp.fc1.weight",
+                 "net.layers.0.self_attn.k_proj.weight"):
+        half = len(before[name]) // 2
+        assert not torch.equal(after[name][:half], before[name][:half]), name
+        assert not torch.equal(after[name][half:], before[name][half:]), name
+    # The optimizer state went through the shards and back in a plain optimizer's layout:
+    # it loads into one over the checkpoint's policy; the resumed moments were stepped on
+    # (4 steps after the 2 saved), those of the value head (no SFT gradient) kept as saved.
+    state = load_optimizer_state(run_dir)
+    params = dict(policy.named_parameters())
+    torch.optim.AdamW(params.values()).load_state_dict(state)
+    index = {name: i for i, name in enumerate(params)}
+    assert all(s["exp_avg"].shape == params[n].shape
+               for n, i in index.items() if (s := state["state"].get(i)) is not None)
+    assert float(state["state"][index["net.vision.patch_embedding.weight"]]["step"]) == 6
+    head = index["net.value_head.0.weight"]
+    assert float(state["state"][head]["step"]) == 2
+    torch.testing.assert_close(state["state"][head]["exp_avg"], saved["state"][head]["exp_avg"])
 
 
 def test_sft_bins_the_vla_state_over_the_datasets_range(tmp_path):
