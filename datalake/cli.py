@@ -47,7 +47,17 @@ def _record(args: argparse.Namespace) -> int:
 
     if not ray.is_initialized():
         ray.init(num_cpus=max(args.workers, 1), include_dashboard=False, configure_logging=False)
-    make_env, expert = libero_recorder(args.suite, tuple(args.image_size), args.action_noise)
+    if args.policy:
+        from rlvla3.checkpoint import read_meta
+
+        spec = read_meta(args.policy).spec  # fails early on a path without a checkpoint
+        if tuple(spec.image_size) != tuple(args.image_size):
+            print(f"rlvla3 datalake record: --policy was trained on {spec.image_size} images, "
+                  f"--image-size is {args.image_size}", file=sys.stderr)
+            return 2
+    make_env, expert = libero_recorder(
+        args.suite, tuple(args.image_size), args.action_noise, args.policy, args.policy_share
+    )
     inits = args.init_ids if args.init_ids else list(range(args.episodes))
     jobs = [(t, s, k) for t in args.task_ids for s in inits for k in range(args.takes)]
     config = WriterConfig(fps=args.fps, codec=args.codec, robot_type="panda")
@@ -84,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument("--out", required=True)
     r.add_argument("--workers", type=int, default=2)
+    r.add_argument(
+        "--policy", default="",
+        help="checkpoint that drives part of every take (the expert still labels every step)",
+    )
+    r.add_argument(
+        "--policy-share", type=float, default=0.5,
+        help="fraction of decisions the --policy drives",
+    )
     r.add_argument("--image-size", type=int, nargs=2, default=[128, 128], metavar=("H", "W"))
     r.add_argument("--codec", choices=sorted(CODECS), default="av1")
     r.add_argument("--fps", type=int, default=20)

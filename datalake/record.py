@@ -21,7 +21,7 @@ import numpy as np
 
 from datalake.writer import EpisodeRecord, LeRobotWriter, WriterConfig
 from rlvla3.protocols import Env
-from rlvla3.types import Observation
+from rlvla3.types import Observation, ObsBatch
 
 log = logging.getLogger("datalake.record")
 
@@ -127,23 +127,40 @@ def record_dataset(
 
 
 def libero_recorder(
-    suite: str, image_size: tuple[int, int], action_noise: float = 0.0
+    suite: str,
+    image_size: tuple[int, int],
+    action_noise: float = 0.0,
+    policy: str = "",
+    policy_share: float = 0.5,
 ) -> tuple[EnvFactory, Expert]:
     """``make_env`` / ``run_expert`` for the scripted LIBERO pick-and-place expert.
 
     Take 0 of an initial state is the clean expert; take k > 0 executes its motion with
-    ``action_noise`` (seeded by k) and records the expert's corrections as the actions."""
+    ``action_noise`` (seeded by k). Given a ``policy`` checkpoint, that policy drives a
+    ``policy_share`` of the decisions of every take (its chunks, deterministic actions). Either
+    way the recorded actions are the expert's for the states reached (DAgger-style labels)."""
     from envs.libero import LiberoConfig, LiberoEnv
     from envs.libero_expert import run_expert_episode
 
     cfg = LiberoConfig(suite=suite, image_size=image_size, process=False)
+    driver_cache: dict[str, Any] = {}
 
     def make_env() -> Env:
         return LiberoEnv(cfg)
 
+    def driver(obs: Observation) -> np.ndarray:
+        if "policy" not in driver_cache:
+            from rlvla3.checkpoint import load_policy
+
+            driver_cache["policy"], _ = load_policy(policy)
+        return driver_cache["policy"].act(ObsBatch.stack([obs]), deterministic=True).actions[0]
+
     def run_expert(env: Env, task_id: int, init_id: int, take: int) -> Demonstration | None:
         noise = action_noise if take > 0 else 0.0
-        episode = run_expert_episode(env, task_id, init_id, True, noise, seed=take)
+        drive = driver if policy else None
+        episode = run_expert_episode(
+            env, task_id, init_id, True, noise, seed=take, driver=drive, driver_share=policy_share
+        )
         if episode is None:
             return None
         return Demonstration(episode.success, episode.observations, episode.actions)

@@ -38,6 +38,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,11 +244,27 @@ class PickPlaceExpert:
         self.history.append(f"{self.plan.phase}:{self.plan.phase_steps}")
         self.plan.phase, self.plan.phase_steps = phase, 0
 
+    def _lost(self, eef: np.ndarray) -> bool:
+        """The hand is clear of the object it should hold: a missed or dropped grasp."""
+        obj = self._box(self.goal.obj)
+        return eef[2] - obj.top > 0.04 or obj.distance_xy(eef) > 0.02
+
     def act(self) -> np.ndarray:
-        """The next low-level action for the current simulator state."""
+        """The next low-level action for the current simulator state.
+
+        The grasp is re-planned from the object's pose until the gripper closes, and a grasp
+        found lost while lifting, carrying or lowering restarts the approach, so the expert
+        also labels states another driver led it into (a pushed object, a missed grasp)."""
         p = self.plan
         p.phase_steps += 1
         eef = self._eef()
+        if p.phase in ("approach", "descend"):
+            fresh = self._plan_grasp()
+            p.grasp, p.finger_dir = fresh.grasp, fresh.finger_dir
+        elif p.phase in ("lift", "carry", "lower") and self._lost(eef):
+            self._goto("approach")
+            fresh = self._plan_grasp()
+            p.grasp, p.finger_dir = fresh.grasp, fresh.finger_dir
         if p.phase == "approach":
             above = p.grasp + np.array([0.0, 0.0, 0.08])
             yaw_ok = abs(self._rotation(p.finger_dir)[2]) < 0.08
@@ -318,8 +335,15 @@ def run_expert_episode(
     record: bool = False,
     action_noise: float = 0.0,
     seed: int = 0,
+    driver: Callable[[Any], np.ndarray] | None = None,
+    driver_share: float = 0.0,
+    decision_steps: int = 5,
 ) -> ExpertEpisode | None:
     """Run the expert on one episode; None when the task is not a single pick-and-place.
+
+    ``driver`` (an observation -> action chunk ``[k, 7]`` callable, e.g. a trained policy)
+    takes over a ``driver_share`` of the decisions and its chunk is executed step by step; the
+    recorded action is always the expert's for the state reached (DAgger-style labels).
 
     ``action_noise`` > 0 adds N(0, action_noise) to the executed translation in the free-space
     phases while the *recorded* action stays the expert's own: the expert corrects the
@@ -332,14 +356,25 @@ def run_expert_episode(
     expert = PickPlaceExpert(env, goals)
     episode = ExpertEpisode(False, 0, [])
     rng = np.random.default_rng([seed, task_id, init_state_id])
+    queued: list[np.ndarray] = []
+    expert_steps = 0
     while True:
         action = expert.act()
         if record:
             episode.observations.append(obs)
             episode.actions.append(action.astype(np.float32))
-        if action_noise > 0 and expert.plan.phase in NOISY_PHASES:
-            action = action.copy()
-            action[:3] = np.clip(action[:3] + rng.normal(0.0, action_noise, 3), -1.0, 1.0)
+        if not queued and not expert_steps:
+            if driver is not None and rng.random() < driver_share:
+                queued = list(np.asarray(driver(obs), np.float32))
+            else:
+                expert_steps = decision_steps
+        if queued:
+            action = np.clip(queued.pop(0), -1.0, 1.0)
+        else:
+            expert_steps -= 1
+            if action_noise > 0 and expert.plan.phase in NOISY_PHASES:
+                action = action.copy()
+                action[:3] = np.clip(action[:3] + rng.normal(0.0, action_noise, 3), -1.0, 1.0)
         result = env.step(action[None])
         obs = result.obs
         episode.steps += result.steps
