@@ -255,6 +255,7 @@ class Learner:
             "version": self.core.version,
             "samples_trained": self.core.samples_trained,
             "buffered": self.core.buffered,
+            "held_episodes": self.core.held_episodes,
             "busy_fraction": min(self.core.busy_s / elapsed, 1.0),
             "busy_s": self.core.busy_s,
             "data_wait_fraction": min(self.wait_s / elapsed, 1.0),

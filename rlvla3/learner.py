@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -30,7 +30,7 @@ from torch import nn
 from rlvla3.algos import AlgoConfig, objective
 from rlvla3.protocols import Policy
 from rlvla3.samples import Samples, prepare_samples
-from rlvla3.types import TrajectorySegment
+from rlvla3.types import EpisodeKey, TrajectorySegment
 
 
 class BatchStart:
@@ -86,6 +86,7 @@ class LearnerCore:
         self.version = 0
         self._pending: deque[Samples] = deque()
         self.buffered = 0
+        self._groups: dict[EpisodeKey, list[TrajectorySegment]] = defaultdict(list)
         self._done_in_step = 0
         self._micro_index = 0
         self._acc: list[dict[str, float]] = []
@@ -97,9 +98,28 @@ class LearnerCore:
         """Samples already consumed toward the current optimizer step."""
         return self._done_in_step
 
+    @property
+    def held_episodes(self) -> int:
+        """GRPO: episodes waiting for the rest of their group."""
+        return sum(len(g) for g in self._groups.values())
+
+    def _complete_groups(self, segments: list[TrajectorySegment]) -> list[TrajectorySegment]:
+        """GRPO needs whole groups, but asynchronous slots finish a group's episodes at
+        different times: hold each episode until ``group_size`` of its (task, initial state)
+        have arrived, then release them together."""
+        ready: list[TrajectorySegment] = []
+        for segment in segments:
+            group = self._groups[segment.key]
+            group.append(segment)
+            if len(group) == self.algo.group_size:
+                ready.extend(self._groups.pop(segment.key))
+        return ready
+
     def add_segments(self, segments: Iterable[TrajectorySegment]) -> None:
         """Turn segments into samples (advantages computed here) and buffer them."""
         segments = list(segments)
+        if self.algo.name == "grpo":
+            segments = self._complete_groups(segments)
         if not segments:
             return
         samples = prepare_samples(segments, self.algo)

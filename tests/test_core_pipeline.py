@@ -156,6 +156,24 @@ def test_no_sample_dropped_or_reused_across_steps():
     assert core.buffered == total - core.samples_trained
 
 
+def test_grpo_learner_holds_episodes_until_their_group_is_complete():
+    """Asynchronous slots finish a group's episodes at different times, interleaved with other
+    groups: nothing of a group is trained on before all of it has arrived."""
+    policy = make_policy(1)
+    env, core = make_env(REACH), RolloutCore(policy)
+    a = collect_episodes(env, core, TaskSampler([0], [0], 0), 3, "test")
+    b = collect_episodes(env, core, TaskSampler([1], [2], 0), 3, "test")
+    learner = LearnerCore(make_policy(2), AlgoConfig("grpo", group_size=3), 4, 2, 1e-3,
+                          StreamingStart())
+    learner.add_segments([a[0], b[0]])
+    learner.add_segments([b[1], a[1]])
+    assert learner.buffered == 0 and learner.held_episodes == 4
+    learner.add_segments([a[2]])  # group a is whole: released, with its own advantages
+    assert learner.buffered == sum(len(s) for s in a) and learner.held_episodes == 2
+    learner.add_segments([b[2]])
+    assert learner.buffered == sum(len(s) for s in a + b) and learner.held_episodes == 0
+
+
 def test_learning_signal_improves_the_objective():
     """A few PPO steps on fixed data raise the log-prob of positive-advantage actions."""
     segments = collect_segments(make_policy(1), 16)
