@@ -384,6 +384,9 @@ def train_loop(config: dict[str, Any]) -> None:
                         f"[sft] step {step}/{cfg.max_steps} loss {metrics['loss']:.4f} "
                         f"{metrics['samples_per_s']:.1f} samples/s {metrics['real_tokens_per_s']:.0f} tok/s "
                         f"data-wait {metrics['data_wait_fraction']:.1%}",
+                        # Ray Train's print patch would both tee and log a plain print (two
+                        # lines on the console); the process's own stdout gets it once.
+                        file=sys.__stdout__,
                         flush=True,
                     )
                     with log_path.open("a") as f:
