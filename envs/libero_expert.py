@@ -258,11 +258,9 @@ class PickPlaceExpert:
         p = self.plan
         p.phase_steps += 1
         eef = self._eef()
-        if p.phase in ("approach", "descend"):
-            fresh = self._plan_grasp()
-            p.grasp, p.finger_dir = fresh.grasp, fresh.finger_dir
-        elif p.phase in ("lift", "carry", "lower") and self._lost(eef):
+        if p.phase in ("lift", "carry", "lower") and self._lost(eef):
             self._goto("approach")
+        if p.phase in ("approach", "descend"):
             fresh = self._plan_grasp()
             p.grasp, p.finger_dir = fresh.grasp, fresh.finger_dir
         if p.phase == "approach":
