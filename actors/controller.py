@@ -362,6 +362,8 @@ class Controller:
             self._maybe_start_eval(row["policy_version"])
             return row
         self._collect_eval(wait_s=600.0)
+        self._maybe_start_eval(row["policy_version"], final=True)
+        self._collect_eval(wait_s=600.0)
         return {
             **row,
             "mode": self.cfg.pipeline.mode,
@@ -405,13 +407,15 @@ class Controller:
         return None
 
     # ---- periodic evaluation on held-out initial states ----------------------------------
-    def _maybe_start_eval(self, version: int) -> None:
+    def _maybe_start_eval(self, version: int, final: bool = False) -> None:
         """Every ``eval_every`` versions: snapshot the weights and evaluate them deterministically
         on ``eval_init_state_ids`` of every training task in a separate actor, without pausing
-        training; the result is collected by a later tick."""
+        training; the result is collected by a later tick. At the end of the run (``final``) the
+        last policy is evaluated too unless that version already was."""
         cfg = self.cfg
+        due = 1 if final else cfg.eval_every
         if (not cfg.eval_every or not cfg.eval_init_state_ids or self._eval is not None
-                or version - self._last_eval_version < cfg.eval_every):
+                or version - self._last_eval_version < due):
             return
         from actors.eval_worker import ActionSource, EvalWorker
 

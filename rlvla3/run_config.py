@@ -206,7 +206,8 @@ class RunConfig:
     checkpoint_every: int = 20
     """Save a checkpoint every this many policy versions (0: only at the end)."""
     eval_every: int = 0
-    """Evaluate on held-out initial states every this many policy versions (0: never)."""
+    """Evaluate on held-out initial states every this many policy versions, and the final
+    policy at the end of the run (0: never)."""
     eval_init_state_ids: tuple[int, ...] = ()
     """Held-out initial states for periodic evaluation."""
     init_from: str = ""

@@ -100,6 +100,8 @@ def test_periodic_eval_on_held_out_initial_states(ray_cluster, tmp_path):
         assert result["episodes"] == 4 * 2  # every task x the two held-out initial states
         assert 0.0 <= result["success_rate"] <= 1.0
     assert [r["version"] for r in summary["evals"]] == sorted(r["version"] for r in summary["evals"])
+    # the policy the run ends with is always evaluated, however few ticks the run had
+    assert summary["evals"][-1]["version"] == summary["policy_version"]
 
 
 def test_collective_weight_sync(ray_cluster, tmp_path):
