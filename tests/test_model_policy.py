@@ -68,6 +68,25 @@ def test_deterministic_act_is_repeatable_and_sampling_is_not():
     np.testing.assert_allclose(ev.log_prob.detach().numpy(), a.log_prob, rtol=1e-5, atol=1e-3)
 
 
+@pytest.mark.parametrize("noise_level", [0.1, 0.5, 1.0])
+def test_deterministic_chain_follows_the_flow_ode_to_the_action(noise_level):
+    """With the exact velocity of a single target action, ``v = (x - a) / t``, Euler steps of
+    the ODE land on ``a``; the Flow-SDE mean without its noise would not (it also removes
+    the score term's share of the noise)."""
+    target = torch.tensor([[[0.7, -0.3, 0.1]]]).repeat(4, 2, 1)
+
+    def step(x, t):
+        v = (x - target) / t[:, None, None]
+        return flow.sde_step(x, v, t, 1 / 4, noise_level)
+
+    x0 = torch.randn(target.shape, generator=torch.Generator().manual_seed(0))
+    chain, _ = flow.sample_chain(step, x0, 4, deterministic=True)
+    torch.testing.assert_close(chain[:, -1], target, rtol=0, atol=1e-5)
+    noisy, _ = flow.sample_chain(step, x0, 4, deterministic=False,
+                                 generator=torch.Generator().manual_seed(1))
+    assert (noisy[:, -1] - target).abs().max() > 1e-3
+
+
 def test_sft_training_reduces_the_flow_matching_loss():
     policy = build_vla_policy(SPEC, {"preset": "tiny", "seed": 3})
     obs, actions = _obs(n=6, seed=5)

@@ -13,6 +13,10 @@ whose log-density sums to the chain's log-probability (piRL, arXiv 2510.25889):
 - Flow-Noise: the ODE mean ``x - dt * v`` plus a learned std per element from the noise head,
   squashed into ``[noise_min, noise_max]``.
 
+Deterministic sampling (evaluation) follows the ODE, ``x - dt * v``, under both: the SDE mean
+without its noise would also remove the score term's share of the noise and leave the flow's
+marginals, biasing the action.
+
 The chain log-probability is ``sum_k log N(x_{k+1}; mean_k, std_k^2)`` over all steps and
 action elements (the initial noise density is constant in the weights and left out). The
 recorded chain ``[n, K + 1, H, A]`` is all that is needed to recompute it. The entropy is the
@@ -35,6 +39,12 @@ LOG_2PI = math.log(2 * math.pi)
 class StepDistribution:
     mean: torch.Tensor
     std: torch.Tensor
+    ode: torch.Tensor | None = None
+    """The deterministic (probability-flow ODE) step ``x - dt * v``; None: ``mean`` is it."""
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return self.mean if self.ode is None else self.ode
 
 
 def time_grid(steps: int) -> list[float]:
@@ -49,7 +59,7 @@ def sde_step(x: torch.Tensor, v: torch.Tensor, t: torch.Tensor, dt: float,
     sigma = noise_level * torch.sqrt(tt / (1 - tt))
     t3 = t[:, None, None]
     mean = x - dt * (v + sigma**2 / (2 * t3) * (x + (1 - t3) * v))
-    return StepDistribution(mean, (sigma * math.sqrt(dt)).expand_as(mean))
+    return StepDistribution(mean, (sigma * math.sqrt(dt)).expand_as(mean), ode=x - dt * v)
 
 
 def noise_step(x: torch.Tensor, v: torch.Tensor, raw_std: torch.Tensor, dt: float,
@@ -80,7 +90,7 @@ def sample_chain(step: StepFn, x0: torch.Tensor, steps: int, deterministic: bool
     for t in time_grid(steps):
         dist = step(x, torch.full((len(x),), t, device=x.device))
         if deterministic:
-            x = dist.mean
+            x = dist.mode
         else:
             eps = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
             x = dist.mean + dist.std * eps
