@@ -81,6 +81,13 @@ class SFTConfig:
     use_gpu: bool = False
     strategy: Literal["ddp", "fsdp"] = "ddp"
     lr: float = 3e-4
+    """Peak learning rate."""
+    lr_schedule: Literal["constant", "cosine"] = "cosine"
+    """``cosine``: after warm-up, decay from ``lr`` to ``lr * min_lr_ratio`` at ``max_steps``
+    (a resumed run with a larger ``max_steps`` stretches the rest of the curve)."""
+    warmup_steps: int = 0
+    """Linear warm-up from ``lr / warmup_steps`` to ``lr`` over this many steps."""
+    min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     grad_accum: int = 1
@@ -101,6 +108,19 @@ class SFTConfig:
         require(self.grad_accum >= 1, "grad_accum", "must be >= 1")
         require(self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self.lr > 0, "lr", "must be > 0")
+        require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+
+
+def lr_at(cfg: SFTConfig, step: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) under the config's schedule."""
+    scale = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+    if cfg.lr_schedule == "cosine":
+        span = max(1, cfg.max_steps - cfg.warmup_steps)
+        progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / span))
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+        scale *= cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+    return cfg.lr * scale
 
 
 class _SFTForward(nn.Module):
@@ -363,6 +383,9 @@ def train_loop(config: dict[str, Any]) -> None:
                 break
             if cfg.grad_clip > 0:  # over the whole model: the norm of sharded grads is global
                 nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            lr = lr_at(cfg, step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             optimizer.step()
             step += 1
             window["loss"].append(float(np.mean(losses)))
@@ -373,6 +396,7 @@ def train_loop(config: dict[str, Any]) -> None:
                     "step": step,
                     "epoch": epoch,
                     "loss": float(np.mean(window["loss"])),
+                    "lr": lr,
                     "samples_per_s": window["samples"] * world / dt,
                     "real_tokens_per_s": window["tokens"] * world / dt,
                     "data_wait_fraction": window["wait"] / dt,
@@ -381,7 +405,7 @@ def train_loop(config: dict[str, Any]) -> None:
                 }
                 if rank == 0:
                     print(
-                        f"[sft] step {step}/{cfg.max_steps} loss {metrics['loss']:.4f} "
+                        f"[sft] step {step}/{cfg.max_steps} loss {metrics['loss']:.4f} lr {lr:.2e} "
                         f"{metrics['samples_per_s']:.1f} samples/s {metrics['real_tokens_per_s']:.0f} tok/s "
                         f"data-wait {metrics['data_wait_fraction']:.1%}",
                         # Ray Train's print patch would both tee and log a plain print (two

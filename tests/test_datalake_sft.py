@@ -7,6 +7,7 @@ import json
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from actors import sft_job
@@ -19,7 +20,7 @@ from rlvla3.checkpoint import (
     read_meta,
     save_run_checkpoint,
 )
-from rlvla3.config import Named, build
+from rlvla3.config import ConfigError, Named, build
 from rlvla3.policies import build_policy
 
 HOOK = "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"
@@ -74,6 +75,8 @@ def test_sft_lowers_loss_checkpoints_and_resumes(ray_cluster, tmp_path):
         m["samples_per_s"] > 0 and m["real_tokens_per_s"] > m["samples_per_s"] for m in logged
     )
     assert all(0.0 <= m["data_wait_fraction"] <= 1.0 for m in logged)
+    lrs = [m["lr"] for m in logged]  # the default cosine schedule decays towards 0
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] < 0.05 * 3e-3 < lrs[0]
     # The checkpoint is the run layout RL and eval load: rebuild the policy and act.
     policy, meta = load_policy(run_dir)
     assert meta.policy == Named("small", {"channels": 8, "hidden": 64}) and meta.version == 16
@@ -86,6 +89,21 @@ def test_sft_lowers_loss_checkpoints_and_resumes(ray_cluster, tmp_path):
     assert read_meta(run_dir).version == 20
     logged = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in logged][-1] == 20 and logged[-1]["step"] - logged[-2]["step"] <= 4
+
+
+def test_lr_schedule_warms_up_then_follows_the_cosine():
+    def cfg(**kw):
+        return build(sft_job.SFTConfig, {"lake": {"datasets": ["x"]}, "lr": 1e-3,
+                                         "max_steps": 110, **kw})
+
+    warm = cfg(warmup_steps=10, min_lr_ratio=0.1)
+    assert sft_job.lr_at(warm, 0) == pytest.approx(1e-4)
+    assert sft_job.lr_at(warm, 9) == pytest.approx(1e-3)
+    assert sft_job.lr_at(warm, 60) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    assert sft_job.lr_at(warm, 110) == pytest.approx(1e-4)
+    assert sft_job.lr_at(cfg(lr_schedule="constant"), 100) == 1e-3
+    with pytest.raises(ConfigError, match="min_lr_ratio"):
+        cfg(min_lr_ratio=2.0)
 
 
 def test_sft_fsdp_resumes_shards_and_checkpoints_the_whole_vla_on_cpu(ray_cluster, tmp_path):
