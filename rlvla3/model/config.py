@@ -12,7 +12,8 @@ Gemma-300M action expert, so that an openpi/LeRobot pi0.5 checkpoint loads onto 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 from rlvla3.config import require
@@ -44,6 +45,10 @@ class ModelShapes:
     expert_mlp: int
     max_action_dim: int
     """Actions are zero-padded to this width inside the model (0: the env's action_dim)."""
+    conv_stem: int = 0
+    """Stride-2 3x3 convolutions (GELU between) that replace the ViT's patchify convolution
+    (``patch == 2 ** conv_stem``): a convolutional stem, finer spatial features for a little
+    compute (Xiao et al. 2021, "Early convolutions help transformers see better"). 0: patchify."""
 
     @property
     def image_tokens(self) -> int:
@@ -105,6 +110,9 @@ class VLAConfig:
     """Per-dimension upper end (empty: +1 everywhere)."""
     image_size: int = 0
     """Override of the preset's image side (0: keep the preset's)."""
+    shapes: Mapping[str, int] = field(default_factory=dict)
+    """Overrides of other preset shapes, by ``ModelShapes`` field, e.g. ``{vision_depth: 2,
+    vision_width: 64}`` for a finer vision tower on the tiny preset."""
     seed: int = 0
     """Seed of the weight initialisation."""
     checkpoint: str = ""
@@ -121,7 +129,21 @@ class VLAConfig:
                 f"has {len(self.state_high)} values but state_low has {len(self.state_low)}")
         require(all(lo < hi for lo, hi in zip(self.state_low, self.state_high)), "state_high",
                 "every dimension needs state_low < state_high")
-        shapes = PRESETS[self.preset]
+        names = {f.name for f in fields(ModelShapes)} - {"image_size"}
+        for key, value in self.shapes.items():
+            require(key in names, f"shapes.{key}",
+                    f"is not a model shape (one of: {', '.join(sorted(names))})")
+            least = 0 if key in ("max_action_dim", "conv_stem") else 1
+            require(isinstance(value, int) and value >= least,
+                    f"shapes.{key}", f"must be an integer >= {least}, got {value!r}")
+        shapes = shapes_for(self)
+        require(shapes.vision_width % shapes.vision_heads == 0, "shapes.vision_width",
+                f"{shapes.vision_width} is not divisible by vision_heads {shapes.vision_heads}")
+        require(not shapes.conv_stem or shapes.patch == 2 ** shapes.conv_stem,
+                "shapes.conv_stem", f"a stem of {shapes.conv_stem} stride-2 convolutions needs "
+                f"patch {2 ** shapes.conv_stem}, the patch is {shapes.patch}")
+        require(shapes.heads % shapes.kv_heads == 0, "shapes.kv_heads",
+                f"heads {shapes.heads} is not a multiple of kv_heads {shapes.kv_heads}")
         require(
             self.image_size == 0 or self.image_size % shapes.patch == 0,
             "image_size", f"must be a multiple of the patch size {shapes.patch}",
@@ -132,7 +154,7 @@ class VLAConfig:
 
 def shapes_for(cfg: VLAConfig) -> ModelShapes:
     """The preset's shapes with the config's overrides applied."""
-    shapes = PRESETS[cfg.preset]
+    shapes = replace(PRESETS[cfg.preset], **dict(cfg.shapes))
     if cfg.image_size:
         shapes = replace(shapes, image_size=cfg.image_size)
     return shapes

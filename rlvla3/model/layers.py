@@ -161,9 +161,17 @@ class VisionEncoder(nn.Module):
     """ViT over each encoded image: ``[M, 3, S, S]`` -> ``[M, P, out_dim]`` (stays bf16/fp32)."""
 
     def __init__(self, image_size: int, patch: int, dim: int, depth: int, heads: int, mlp: int,
-                 out_dim: int):
+                 out_dim: int, conv_stem: int = 0):
         super().__init__()
-        self.patch_embedding = nn.Conv2d(3, dim, patch, stride=patch)
+        if conv_stem:  # channels double up to ``dim``; each conv halves the side
+            widths = [3] + [max(8, dim >> (conv_stem - 1 - i)) for i in range(conv_stem)]
+            convs: list[nn.Module] = []
+            for i, (cin, cout) in enumerate(zip(widths, widths[1:])):
+                convs += [nn.Conv2d(cin, cout, 3, stride=2, padding=1)]
+                convs += [nn.GELU()] if i < conv_stem - 1 else []
+            self.patch_embedding = nn.Sequential(*convs)
+        else:
+            self.patch_embedding = nn.Conv2d(3, dim, patch, stride=patch)
         self.position_embedding = nn.Embedding((image_size // patch) ** 2, dim)
         self.layers = nn.ModuleList(VisionLayer(dim, heads, mlp) for _ in range(depth))
         self.post_layernorm = nn.LayerNorm(dim, eps=1e-6)

@@ -68,7 +68,7 @@ class VLANetwork(nn.Module):
         self.action_dim = action_dim
         self.action_width = max(s.max_action_dim, action_dim)
         self.vision = VisionEncoder(s.image_size, s.patch, s.vision_width, s.vision_depth,
-                                    s.vision_heads, s.vision_mlp, s.width)
+                                    s.vision_heads, s.vision_mlp, s.width, s.conv_stem)
         self.embed_tokens = nn.Embedding(s.vocab, s.width)
         self.layers = nn.ModuleList(
             DecoderLayer(s.width, s.mlp, s.heads, s.kv_heads, s.head_dim) for _ in range(s.depth)
@@ -110,7 +110,7 @@ class VLANetwork(nn.Module):
         """Packed prefix embeddings ``[T_prefix, width]`` (images, instruction, state)."""
         parts = []
         if len(pb.pixels):
-            dtype = self.vision.patch_embedding.weight.dtype
+            dtype = self.vision.position_embedding.weight.dtype
             parts.append(self.vision(pb.pixels.to(dtype)).flatten(0, 1).to(self.norm.weight.dtype))
         ids = torch.cat([pb.text_ids, pb.state_ids])
         parts.append(self.embed_tokens(ids) * math.sqrt(self.shapes.width))

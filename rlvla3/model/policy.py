@@ -110,12 +110,16 @@ class VLAPolicy(nn.Module):
     # -- Policy protocol -------------------------------------------------------------------
     @torch.no_grad()
     def act(self, obs: ObsBatch, deterministic: bool = False) -> PolicyOutput:
-        """Sample the denoising chain; its last state is the action chunk."""
+        """Sample the denoising chain; its last state is the action chunk. ``deterministic``:
+        the ODE from zero noise, a fixed function of the observation (evaluation)."""
         pb, cache = self._prefix(obs)
         value = self.net.value(cache, pb)
         layout = self.net.suffix_layout(pb, reps=1)
         shape = (len(obs), self.spec.chunk_len, self.spec.action_dim)
-        x0 = torch.randn(shape, generator=self._generator, device=self.device)
+        if deterministic:  # the chain's mode: the ODE from the noise distribution's mean
+            x0 = torch.zeros(shape, device=self.device)
+        else:
+            x0 = torch.randn(shape, generator=self._generator, device=self.device)
         chain, logp = flow.sample_chain(self._step_fn(cache, layout), x0, self.cfg.denoise_steps,
                                         deterministic, self._generator)
         return PolicyOutput(
