@@ -153,19 +153,30 @@ def spec_for(cfg: SFTConfig, lake: Lake) -> EnvSpec:
     )
 
 
-def with_state_range(cfg: SFTConfig, lake: Lake) -> SFTConfig:
-    """The packed VLA bins its state tokens over ``state_low..state_high``; unless the config
-    sets them, take them from the datasets' stats (the checkpoint keeps them, so eval and RL
-    discretise the state the same way)."""
+def with_dataset_stats(cfg: SFTConfig, lake: Lake) -> SFTConfig:
+    """The packed VLA bins its state tokens over ``state_low..state_high`` and standardises its
+    actions by ``action_mean/action_std``; what the config leaves unset comes from the
+    datasets' stats (the checkpoint keeps them, so eval and RL see the same state bins and
+    actions in the same units)."""
     options = dict(cfg.policy.options)
-    if cfg.policy.name != "vla" or options.get("state_low"):
+    if cfg.policy.name != "vla":
         return cfg
-    bounds = lake.state_range()
-    if bounds is None:
-        print("[sft] no state stats in the datasets: the VLA bins the state over [-1, 1]",
-              file=sys.stderr)
+    if not options.get("state_low"):
+        bounds = lake.state_range()
+        if bounds is None:
+            print("[sft] no state stats in the datasets: the VLA bins the state over [-1, 1]",
+                  file=sys.stderr)
+        else:
+            options["state_low"], options["state_high"] = (b.round(4).tolist() for b in bounds)
+    if not options.get("action_mean"):
+        stats = lake.action_stats()
+        if stats is None:
+            print("[sft] no action stats in the datasets: the VLA learns raw actions",
+                  file=sys.stderr)
+        else:
+            options["action_mean"], options["action_std"] = (v.round(5).tolist() for v in stats)
+    if options == dict(cfg.policy.options):
         return cfg
-    options["state_low"], options["state_high"] = (b.round(4).tolist() for b in bounds)
     return dataclasses.replace(cfg, policy=Named(cfg.policy.name, options))
 
 
@@ -494,7 +505,7 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
         )
         cfg = dataclasses.replace(cfg, lake=lake_cfg)
         lake = Lake(lake_cfg)
-    cfg = with_state_range(cfg, lake)
+    cfg = with_dataset_stats(cfg, lake)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     trainer = TorchTrainer(
         train_loop,

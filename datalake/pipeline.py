@@ -333,6 +333,19 @@ class Lake:
         pad = np.maximum(high - low, 1e-3) * margin
         return low - pad, high + pad
 
+    def action_stats(self, floor: float = 1e-3) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per-dimension (mean, std) of the action over every dataset's ``meta/stats.json``,
+        pooled by frame count, the std floored at ``floor``; None when a dataset has none."""
+        live = [m for m in self.metas if m is not None]
+        if not live or not all({"mean", "std"} <= set(m.stats.get(ACTION_KEY, {})) for m in live):
+            return None
+        frames = np.array([max(m.total_frames, 1) for m in live], np.float64)[:, None]
+        means = np.array([m.stats[ACTION_KEY]["mean"] for m in live], np.float64)
+        stds = np.array([m.stats[ACTION_KEY]["std"] for m in live], np.float64)
+        mean = (frames * means).sum(0) / frames.sum()
+        second = (frames * (stds**2 + means**2)).sum(0) / frames.sum()
+        return mean, np.maximum(np.sqrt(np.maximum(second - mean**2, 0.0)), floor)
+
     def plan(self, epoch: int = 0) -> list[tuple[int, int]]:
         samples = self.config.samples_per_epoch or self.total_frames
         return plan_episodes(self.metas, self.config.weights, self.config.seed, epoch, samples)

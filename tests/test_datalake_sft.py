@@ -121,7 +121,7 @@ def test_sft_fsdp_resumes_shards_and_checkpoints_the_whole_vla_on_cpu(ray_cluste
     # Start from a plain (unsharded) checkpoint at step 2: initial weights, an optimizer
     # state with small random moments (steps at lr 0 do not move the weights).
     lake = Lake(cfg.lake)
-    spec, choice = sft_job.spec_for(cfg, lake), sft_job.with_state_range(cfg, lake).policy
+    spec, choice = sft_job.spec_for(cfg, lake), sft_job.with_dataset_stats(cfg, lake).policy
     start = build_policy(choice, spec)
     optimizer = torch.optim.AdamW(start.parameters(), lr=0.0)
     for _ in range(2):
@@ -160,7 +160,7 @@ def test_sft_fsdp_resumes_shards_and_checkpoints_the_whole_vla_on_cpu(ray_cluste
     torch.testing.assert_close(state["state"][head]["exp_avg"], saved["state"][head]["exp_avg"])
 
 
-def test_sft_bins_the_vla_state_over_the_datasets_range(tmp_path):
+def test_sft_takes_the_vla_state_bins_and_action_scale_from_the_datasets_stats(tmp_path):
     from datalake.pipeline import Lake
 
     write_dataset(tmp_path / "d", synthetic.episodes(2, 10, 12, size=(16, 16)), WriterConfig())
@@ -168,18 +168,36 @@ def test_sft_bins_the_vla_state_over_the_datasets_range(tmp_path):
     cfg = build(sft_job.SFTConfig, {"lake": {"datasets": [str(tmp_path / "d")]},
                                     "policy": {"name": "vla", "options": {"preset": "tiny"}}})
     lake = Lake(cfg.lake)
-    options = sft_job.with_state_range(cfg, lake).policy.options
+    options = sft_job.with_dataset_stats(cfg, lake).policy.options
     low, high = np.array(options["state_low"]), np.array(options["state_high"])
     assert (low < np.array(stats["min"])).all() and (high > np.array(stats["max"])).all()
     span = np.array(stats["max"]) - np.array(stats["min"])
     np.testing.assert_allclose(high - low, 1.1 * span, rtol=1e-3, atol=2e-4)
-    # A range the config sets, or a policy without state bins, is left as it is.
+    actions = json.loads((tmp_path / "d" / "meta" / "stats.json").read_text())["action"]
+    np.testing.assert_allclose(options["action_mean"], actions["mean"], atol=1e-5)
+    np.testing.assert_allclose(options["action_std"], actions["std"], atol=1e-5)
+    # Ranges the config sets, or a policy without state bins, are left as they are.
+    n = len(actions["mean"])
     fixed = build(sft_job.SFTConfig, {"lake": {"datasets": [str(tmp_path / "d")]}, "policy": {
-        "name": "vla", "options": {"state_low": [0.0] * len(low), "state_high": [1.0] * len(low)}}})
-    assert sft_job.with_state_range(fixed, lake) == fixed
+        "name": "vla", "options": {"state_low": [0.0] * len(low), "state_high": [1.0] * len(low),
+                                   "action_mean": [0.0] * n, "action_std": [1.0] * n}}})
+    assert sft_job.with_dataset_stats(fixed, lake) == fixed
     small = build(sft_job.SFTConfig, {"lake": {"datasets": [str(tmp_path / "d")]},
                                       "policy": {"name": "small"}})
-    assert sft_job.with_state_range(small, lake) == small
+    assert sft_job.with_dataset_stats(small, lake) == small
+
+
+def test_action_stats_of_mixed_datasets_are_those_of_all_their_frames(tmp_path):
+    from datalake.pipeline import Lake, LakeConfig
+
+    episodes = synthetic.episodes(5, 8, 15, size=(16, 16))
+    write_dataset(tmp_path / "a", episodes[:2], WriterConfig())
+    write_dataset(tmp_path / "b", episodes[2:], WriterConfig())
+    write_dataset(tmp_path / "all", episodes, WriterConfig())
+    pooled = Lake(LakeConfig(datasets=(str(tmp_path / "a"), str(tmp_path / "b")))).action_stats()
+    whole = Lake(LakeConfig(datasets=(str(tmp_path / "all"),))).action_stats()
+    np.testing.assert_allclose(pooled[0], whole[0], atol=1e-5)
+    np.testing.assert_allclose(pooled[1], whole[1], atol=1e-4)
 
 
 def test_inspect_cli_reports_dataset_and_problems(tmp_path, capsys):

@@ -163,6 +163,25 @@ def test_shape_overrides_build_the_model_and_travel_with_the_checkpoint(tmp_path
         build_vla_policy(SPEC, {"shapes": {"conv_stem": 2}})
 
 
+def test_action_scale_standardises_the_flow_and_maps_actions_back():
+    mean, std = [0.2, -0.1, 0.0, 0.0, 0.01, 0.0, 0.3], [0.5, 0.4, 0.5, 0.02, 0.05, 0.1, 1.0]
+    scaled = build_vla_policy(SPEC, {"seed": 3, "action_mean": mean, "action_std": std})
+    raw = build_vla_policy(SPEC, {"seed": 3})
+    obs, _ = _obs(n=2)
+    m, sd = torch.tensor(mean), torch.tensor(std)
+    np.testing.assert_allclose(scaled.act(obs, deterministic=True).actions,
+                               (torch.tensor(raw.act(obs, deterministic=True).actions) * sd + m)
+                               .numpy(), rtol=1e-5, atol=1e-6)
+    actions = torch.randn(2, SPEC.chunk_len, SPEC.action_dim)
+    noise, t = torch.randn_like(actions), torch.tensor([0.3, 0.8])
+    torch.testing.assert_close(scaled.flow_losses(obs, actions, noise, t),
+                               raw.flow_losses(obs, (actions - m) / sd, noise, t))
+    with pytest.raises(ConfigError, match="action_std"):
+        build_vla_policy(SPEC, {"action_mean": mean, "action_std": std[:3]})
+    with pytest.raises(ConfigError, match="action_mean"):
+        build_vla_policy(SPEC, {"action_mean": mean[:3], "action_std": std[:3]})
+
+
 def test_options_are_validated_with_the_field_named():
     with pytest.raises(ConfigError, match="policy.options.logprob"):
         build_vla_policy(SPEC, {"logprob": "gaussian"}, "policy.options")

@@ -108,6 +108,12 @@ class VLAConfig:
     ``rlvla3 sft`` fills it from the datasets' ``meta/stats.json`` (min, widened by 5%)."""
     state_high: tuple[float, ...] = ()
     """Per-dimension upper end (empty: +1 everywhere)."""
+    action_mean: tuple[float, ...] = ()
+    """Per-dimension mean the flow's action space is standardised by: the chain denoises
+    ``(action - mean) / std`` and ``act`` returns it mapped back (empty: raw actions).
+    ``rlvla3 sft`` fills it and ``action_std`` from the datasets' ``meta/stats.json``, so that
+    a small dimension (a rotation delta) weighs in the loss as much as a large one."""
+    action_std: tuple[float, ...] = ()
     image_size: int = 0
     """Override of the preset's image side (0: keep the preset's)."""
     shapes: Mapping[str, int] = field(default_factory=dict)
@@ -129,6 +135,9 @@ class VLAConfig:
                 f"has {len(self.state_high)} values but state_low has {len(self.state_low)}")
         require(all(lo < hi for lo, hi in zip(self.state_low, self.state_high)), "state_high",
                 "every dimension needs state_low < state_high")
+        require(len(self.action_mean) == len(self.action_std), "action_std",
+                f"has {len(self.action_std)} values but action_mean has {len(self.action_mean)}")
+        require(all(sd > 0 for sd in self.action_std), "action_std", "every value must be > 0")
         names = {f.name for f in fields(ModelShapes)} - {"image_size"}
         for key, value in self.shapes.items():
             require(key in names, f"shapes.{key}",

@@ -1,7 +1,8 @@
 """``VLAPolicy``: the packed VLA network behind the ``rlvla3.protocols.Policy`` protocol.
 
 Inputs: ``ObsBatch`` (processed by ``Processor``), action chunks ``[n, chunk_len, action_dim]``
-and, for ``evaluate``, the denoising chains recorded by ``act`` as ``latents``
+(env units; the flow works on them standardised by ``action_mean/action_std``) and, for
+``evaluate``, the denoising chains recorded by ``act`` as ``latents`` (standardised units)
 (float32 ``[n, K + 1, chunk_len, action_dim]``, fixed shape per policy).
 Outputs: ``act`` -> numpy ``PolicyOutput``; ``evaluate`` -> differentiable ``Evaluation``;
 ``sft_loss`` -> scalar flow-matching loss.
@@ -44,6 +45,11 @@ class VLAPolicy(nn.Module):
         if cfg.state_low and len(cfg.state_low) != spec.state_dim:
             raise ConfigError("policy.options.state_low", f"has {len(cfg.state_low)} values, the "
                               f"env's state has {spec.state_dim} dimensions")
+        if cfg.action_mean and len(cfg.action_mean) != spec.action_dim:
+            raise ConfigError("policy.options.action_mean", f"has {len(cfg.action_mean)} values, "
+                              f"the env's actions have {spec.action_dim} dimensions")
+        self._action_mean = torch.tensor(cfg.action_mean or [0.0] * spec.action_dim)
+        self._action_std = torch.tensor(cfg.action_std or [1.0] * spec.action_dim)
         bounds = [np.asarray(b, np.float32) if b else None for b in (cfg.state_low, cfg.state_high)]
         self.processor = Processor(self.shapes, spec.cameras, spec.state_dim, cfg.max_text_tokens,
                                    cfg.state_bins, *bounds)
@@ -122,8 +128,9 @@ class VLAPolicy(nn.Module):
             x0 = torch.randn(shape, generator=self._generator, device=self.device)
         chain, logp = flow.sample_chain(self._step_fn(cache, layout), x0, self.cfg.denoise_steps,
                                         deterministic, self._generator)
+        actions = chain[:, -1].cpu() * self._action_std + self._action_mean
         return PolicyOutput(
-            actions=chain[:, -1].cpu().numpy().astype(np.float32),
+            actions=actions.numpy().astype(np.float32),
             log_prob=logp.cpu().numpy().astype(np.float32),
             value=value.cpu().numpy().astype(np.float32),
             latents=chain.cpu().numpy().astype(np.float32),
@@ -145,6 +152,7 @@ class VLAPolicy(nn.Module):
         pb, cache = self._prefix(obs)
         layout = self.net.suffix_layout(pb, reps=1)
         actions = actions.to(self.device, torch.float32)
+        actions = (actions - self._action_mean.to(actions)) / self._action_std.to(actions)
         x_t, target = flow.flow_matching_target(actions, noise.to(actions), t.to(actions))
         v, _ = self.net.velocity(cache, layout, x_t, t.to(actions))
         err = (v - target).pow(2)
