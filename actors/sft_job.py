@@ -161,20 +161,20 @@ def with_dataset_stats(cfg: SFTConfig, lake: Lake) -> SFTConfig:
     options = dict(cfg.policy.options)
     if cfg.policy.name != "vla":
         return cfg
-    if not options.get("state_low"):
-        bounds = lake.state_range()
-        if bounds is None:
-            print("[sft] no state stats in the datasets: the VLA bins the state over [-1, 1]",
+    fills = [
+        (("state_low", "state_high"), lake.state_range, 4, "bins the state over [-1, 1]"),
+        (("action_mean", "action_std"), lake.action_stats, 5, "learns raw actions"),
+    ]
+    for keys, source, digits, fallback in fills:
+        if options.get(keys[0]):
+            continue
+        values = source()
+        if values is None:
+            print(f"[sft] no {keys[0].split('_')[0]} stats in the datasets: the VLA {fallback}",
                   file=sys.stderr)
-        else:
-            options["state_low"], options["state_high"] = (b.round(4).tolist() for b in bounds)
-    if not options.get("action_mean"):
-        stats = lake.action_stats()
-        if stats is None:
-            print("[sft] no action stats in the datasets: the VLA learns raw actions",
-                  file=sys.stderr)
-        else:
-            options["action_mean"], options["action_std"] = (v.round(5).tolist() for v in stats)
+            continue
+        for key, value in zip(keys, values):
+            options[key] = value.round(digits).tolist()
     if options == dict(cfg.policy.options):
         return cfg
     return dataclasses.replace(cfg, policy=Named(cfg.policy.name, options))
