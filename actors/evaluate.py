@@ -10,7 +10,7 @@ restart on one worker never idles the others. Episode ``k`` of a task starts fro
 fixed initial state ``k``, as published LIBERO evaluations do.
 
 Outputs, in ``--output-dir``: ``results.json`` (per task: instruction, episodes, successes,
-success_rate; overall success_rate, episodes/s, faults, restarts), MP4 videos of the first
+success_rate and ``by_init_state``, each episode's initial state, success and steps; overall success_rate, episodes/s, faults, restarts), MP4 videos of the first
 ``--videos`` episodes (agentview and wrist side by side, one frame per decision), and
 ``success_by_task.png``. A progress bar and a per-task table go to stderr; with ``--json`` the
 same summary is printed on stdout as one JSON object.
@@ -112,6 +112,11 @@ def summarise(
             "episodes": len(mine),
             "successes": wins,
             "success_rate": wins / len(mine) if mine else 0.0,
+            "by_init_state": [
+                {"init_state": o.init_state_id, "success": bool(o.success), "steps": o.steps,
+                 **({"fault": o.fault} if o.fault else {})}
+                for o in sorted(mine, key=lambda o: o.init_state_id)
+            ],
         }
     total = len(outcomes)
     return {

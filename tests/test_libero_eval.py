@@ -57,6 +57,7 @@ def test_eval_two_tasks_writes_json_videos_and_chart(tmp_path, capsys):
         assert row["episodes"] == 1 and 0 <= row["successes"] <= 1
         assert row["success_rate"] == row["successes"] / row["episodes"]
         assert "black bowl" in row["instruction"]
+        assert row["by_init_state"] == [{"init_state": 0, "success": False, "steps": 10}]
     assert summary["episodes"] == 2 and summary["faults"] == 0 and summary["env_steps"] == 20
     assert summary["success_rate"] == 0.0  # random actions for 10 steps do not solve LIBERO
     assert summary["episodes_per_s"] > 0
