@@ -118,6 +118,7 @@ class Controller:
         self._incarnations: dict[tuple[str, int], dict] = {}
         self._eval: tuple | None = None
         self._last_eval_version = 0
+        self._saved: tuple[int, dict, str] | None = None  # (version, counters, path) last written
         self.evals: list[dict] = []
         self._tb = None
         self._history: list[dict] = []
@@ -399,10 +400,13 @@ class Controller:
     def _checkpoint(self, force: bool = False) -> str | None:
         every = self.cfg.checkpoint_every
         version = ray.get(self.topology.learners[0].version.remote())
+        if self._saved and self._saved[:2] == (version, self.counters):
+            return self._saved[2]  # e.g. the final eval's snapshot is the final checkpoint
         if force or (every and version - self._last_ckpt_version >= every):
             path = ray.get(self.topology.learners[0].save.remote(str(self.run_dir),
                                                                    dict(self.counters)))
             self._last_ckpt_version = version
+            self._saved = (version, dict(self.counters), path)
             return path
         return None
 

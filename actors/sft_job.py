@@ -162,16 +162,17 @@ def with_dataset_stats(cfg: SFTConfig, lake: Lake) -> SFTConfig:
     if cfg.policy.name != "vla":
         return cfg
     fills = [
-        (("state_low", "state_high"), lake.state_range, 4, "bins the state over [-1, 1]"),
-        (("action_mean", "action_std"), lake.action_stats, 5, "learns raw actions"),
+        (("state_low", "state_high"), lake.state_range, 4,
+         "no state stats in the datasets: the VLA bins the state over [-1, 1]"),
+        (("action_mean", "action_std"), lake.action_stats, 5,
+         "no action stats in the datasets: the VLA learns raw actions"),
     ]
-    for keys, source, digits, fallback in fills:
+    for keys, source, digits, missing in fills:
         if options.get(keys[0]):
             continue
         values = source()
         if values is None:
-            print(f"[sft] no {keys[0].split('_')[0]} stats in the datasets: the VLA {fallback}",
-                  file=sys.stderr)
+            print(f"[sft] {missing}", file=sys.stderr)
             continue
         for key, value in zip(keys, values):
             options[key] = value.round(digits).tolist()

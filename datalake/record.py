@@ -105,13 +105,14 @@ def record_dataset(
     try:
         results = ActorPool(pool_actors).map(lambda a, job: a.run.remote(job), list(jobs))
         for done, item in enumerate(results, 1):
-            if isinstance(item, str):
+            failed = isinstance(item, str)
+            if failed:
                 failures.append(item)
                 log.warning("not recorded: %s", item)
             rate = (time.perf_counter() - t0) / done
             print(f"[record] {done}/{len(jobs)} episodes ({len(failures)} not recorded), "
                   f"{rate:.1f} s/episode", file=sys.stderr, flush=True)
-            if isinstance(item, str):
+            if failed:
                 continue
             if writer is None:
                 cams = {c: tuple(v.shape[1:3]) for c, v in item.images.items()}
