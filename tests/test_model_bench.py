@@ -19,14 +19,42 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def test_packing_benchmark_reports_speedup_and_ideal(capsys):
+def test_packing_benchmark_reports_speedup_token_ratio_and_bound(capsys):
     assert bench_packing.main(["--preset", "tiny", "--samples", "6", "--repeats", "1",
                                "--max-tokens", "1024", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["real_tokens"] < out["padded_tokens"]
-    assert out["ideal_speedup"] == pytest.approx(out["padded_tokens"] / out["real_tokens"], 1e-3)
+    assert out["token_ratio"] == pytest.approx(out["padded_tokens"] / out["real_tokens"], 1e-3)
     assert 0 < out["padding_fraction"] < 1 and out["speedup"] > 0
     assert out["attention"] == {"packed": "per_segment", "padded": "padded"}
+    packed, padded = out["cost"]["packed"], out["cost"]["padded"]
+    assert (packed["backend"], padded["backend"]) == ("per_segment", "padded")
+    for part in (packed, padded):
+        assert 0 < part["attention_seconds"] <= part["seconds"]
+        assert part["attention_seconds"] + part["other_seconds"] == pytest.approx(
+            part["seconds"], abs=2e-4)
+    # Padding costs linear work in proportion to tokens, attention work more than that.
+    assert packed["linear_gflop"] < padded["linear_gflop"]
+    attention_ratio = padded["attention_gflop"] / packed["attention_gflop"]
+    assert attention_ratio > out["token_ratio"]
+    assert out["upper_bound_speedup"] > 1
+    assert out["fraction_of_bound"] == pytest.approx(
+        out["speedup"] / out["upper_bound_speedup"], abs=1e-3)
+
+
+def test_attention_work_counts_what_each_kernel_computes():
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)  # segments of 3 and 5 tokens
+    call = bench_packing.AttentionCall((8, 2, 4), (8, 1, 4), cu, cu, 5, 5, None)
+    assert call.work(padded=False) == (3 * 3 + 5 * 5) * 2 * 4
+    assert call.work(padded=True) == 2 * 5 * 5 * 2 * 4
+
+
+def test_linear_flops_are_counted_per_call():
+    layer, conv = torch.nn.Linear(4, 6), torch.nn.Conv2d(3, 5, 2, stride=2)
+    with bench_packing._count_linear_flops() as flops:
+        layer(torch.zeros(7, 4))
+        conv(torch.zeros(1, 3, 8, 8))
+    assert flops[0] == 2 * 7 * 4 * 6 + 2 * (5 * 4 * 4) * (3 * 2 * 2)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
