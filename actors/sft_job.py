@@ -2,7 +2,12 @@
 
     rlvla3 sft --dataset PATH [--dataset PATH2 --weights 3 1] [--policy vla] [--env libero]
                [--run-dir runs/sft] [--workers N] [--max-steps S] [--grad-accum K] [--gpu]
-               [--set section.field=value ...]
+               [--verify-data] [--set section.field=value ...]
+
+Checks (``prepare`` and ``connect``, before any actor starts): the config, that every dataset
+path exists and at least one dataset opens, the env (with its optional extra) and the policy,
+the cluster's CPUs and GPUs, and with ``--verify-data`` the data itself (``datalake.verify``).
+A failure is one line on stderr and exit status 2.
 
 Data: the Ray Data lake (``datalake.pipeline``) streams packed rows to every Ray Train worker
 (``get_dataset_shard``: a ``streaming_split`` of one pipeline); token lengths come from the
@@ -56,7 +61,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from datalake.pipeline import Lake, LakeConfig, PackedLoader, SkipLedger, estimate_tokens
+from datalake.format import DatasetError, resolve_filesystem
+from datalake.pipeline import (
+    Lake,
+    LakeConfig,
+    LakeError,
+    PackedLoader,
+    SkipLedger,
+    estimate_tokens,
+)
 from rlvla3.checkpoint import (
     CheckpointMeta,
     load_optimizer_state,
@@ -174,7 +187,7 @@ def with_dataset_stats(cfg: SFTConfig, lake: Lake) -> SFTConfig:
         if values is None:
             print(f"[sft] {missing}", file=sys.stderr)
             continue
-        for key, value in zip(keys, values):
+        for key, value in zip(keys, values, strict=True):
             options[key] = value.round(digits).tolist()
     if options == dict(cfg.policy.options):
         return cfg
@@ -474,11 +487,81 @@ def _resume_epoch(run_dir: Path) -> int:
     return int(meta["counters"].get("epoch", 0))
 
 
-def run(cfg: SFTConfig) -> dict[str, Any]:
-    """Plan, start Ray Train, wait; returns a summary (first / last logged loss, checkpoint)."""
+@dataclass(frozen=True)
+class SFTJob:
+    """A run whose inputs were checked: the resolved config, its lake and the policy's spec."""
+
+    cfg: SFTConfig
+    lake: Lake
+    spec: EnvSpec
+
+
+def _check_datasets_exist(uris: tuple[str, ...]) -> None:
+    """A dataset path that does not exist is a typo, not bad data: stop (bad data is skipped)."""
+    import pyarrow.fs as pafs
+
+    for uri in uris:
+        fs, base = resolve_filesystem(uri)
+        if fs.get_file_info(base).type == pafs.FileType.NotFound:
+            raise DatasetError(f"dataset not found: {uri} (no such file or directory)")
+
+
+def verify_data(lake: Lake, max_skip_fraction: float) -> None:
+    """The deep check of ``datalake.verify`` on every dataset of the lake. More unreadable
+    frames than ``max_skip_fraction`` of all is a ``DatasetError``; fewer are printed and left
+    to the lake to skip and count."""
+    from datalake.verify import verify_dataset
+
+    live = [m for m in lake.metas if m is not None]
+    reports = [verify_dataset(m, tolerance_s=lake.config.tolerance_s, workers=os.cpu_count() or 1)
+               for m in live]
+    problems = [p for r in reports for p in r.problems]
+    lost = sum(r.affected_frames for r in reports)
+    total = max(1, sum(m.total_frames for m in live))
+    summary = (f"{len(live)} dataset(s), {sum(r.videos for r in reports)} videos, "
+               f"{sum(r.row_groups for r in reports)} row groups checked in "
+               f"{sum(r.seconds for r in reports):.1f}s: {lost} of {total} frames "
+               f"({lost / total:.1%}) unreadable")
+    if lost / total > max_skip_fraction:
+        raise DatasetError(
+            f"--verify-data: {summary}, more than lake.max_skip_fraction={max_skip_fraction:g}; "
+            f"{len(problems)} problem(s), the first: {problems[0]} (all of them: rlvla3 datalake "
+            "inspect PATH --verify)"
+        )
+    for problem in problems:  # few enough: the lake skips and counts them
+        print(f"[sft] verify-data: {problem}", file=sys.stderr)
+    print(f"[sft] verify-data: {summary}", file=sys.stderr)
+
+
+def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
+    """Everything that can fail on user input, before Ray starts: the datasets exist and open,
+    the env (and its optional extra) and the policy resolve, and with ``verify`` the data
+    decodes (``verify_data``). Raises ``ConfigError``, ``DatasetError`` or ``LakeError``."""
+    _check_datasets_exist(cfg.lake.datasets)
+    cfg = dataclasses.replace(cfg, run_dir=str(Path(cfg.run_dir).resolve()))
+    lake = Lake(cfg.lake)
+    spec = spec_for(cfg, lake)
+    if cfg.env is not None:
+        lake_cfg = dataclasses.replace(
+            cfg.lake, cameras=spec.cameras, image_size=spec.image_size, chunk_len=spec.chunk_len
+        )
+        cfg = dataclasses.replace(cfg, lake=lake_cfg)
+        lake = Lake(lake_cfg)
+    cfg = with_dataset_stats(cfg, lake)
+    from rlvla3.policies import POLICIES, build_policy
+    from rlvla3.registry import resolve
+
+    resolve(POLICIES, cfg.policy.name, "policy.name")
+    if not cfg.use_gpu:  # what every worker builds; on GPUs the driver keeps off the devices
+        build_policy(cfg.policy, spec)
+    if verify:
+        verify_data(lake, cfg.lake.max_skip_fraction)
+    return SFTJob(cfg, lake, spec)
+
+
+def connect(cfg: SFTConfig) -> None:
+    """Start (or join) Ray and check that it has the CPUs and GPUs the run asks for."""
     import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
 
     lc = cfg.lake
     need = cfg.workers + lc.decode_actors * lc.cpus_per_decoder + lc.expand_cpus
@@ -495,18 +578,22 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
             f"{cfg.workers} train workers + the lake's {need - cfg.workers:g} CPUs "
             f"exceed the cluster's {have:g} CPUs (the data pipeline would stall)",
         )
-    run_dir = Path(cfg.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
-    lake = Lake(cfg.lake)
-    spec = spec_for(cfg, lake)
-    if cfg.env is not None:
-        lake_cfg = dataclasses.replace(
-            cfg.lake, cameras=spec.cameras, image_size=spec.image_size, chunk_len=spec.chunk_len
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    if cfg.use_gpu and gpus < cfg.workers:
+        raise ConfigError(
+            "use_gpu", f"--gpu needs {cfg.workers} GPU(s), one per worker; the cluster has {gpus:g}"
         )
-        cfg = dataclasses.replace(cfg, lake=lake_cfg)
-        lake = Lake(lake_cfg)
-    cfg = with_dataset_stats(cfg, lake)
+
+
+def train(job: SFTJob) -> dict[str, Any]:
+    """Start Ray Train on a prepared job and wait; returns a summary (first / last logged loss,
+    checkpoint)."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    cfg, lake, spec = job.cfg, job.lake, job.spec
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     trainer = TorchTrainer(
         train_loop,
@@ -535,6 +622,13 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
     }
 
 
+def run(cfg: SFTConfig, verify: bool = False) -> dict[str, Any]:
+    """Prepare, start Ray, train; returns the summary of ``train``."""
+    job = prepare(cfg, verify)
+    connect(job.cfg)
+    return train(job)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlvla3 sft", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -551,6 +645,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--gpu", action="store_true")
+    parser.add_argument(
+        "--verify-data", action="store_true",
+        help="before starting, decode every video through the last frame its episodes need and "
+        "read every parquet row group (as `datalake inspect --verify`); stop if more frames are "
+        "unreadable than lake.max_skip_fraction",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = parser.parse_args(argv)
     mapping: dict[str, Any] = {
@@ -568,14 +668,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.env:
         mapping["env"] = {"name": args.env}
-    try:
+    try:  # every user error: one line, exit status 2, before any actor starts
         for item in args.set:
             mapping = deep_merge(mapping, parse_override(item))
-        cfg = build(SFTConfig, mapping)
-    except ConfigError as exc:
+        job = prepare(build(SFTConfig, mapping), verify=args.verify_data)
+        connect(job.cfg)
+    except (ConfigError, DatasetError, LakeError) as exc:
         print(f"rlvla3 sft: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(run(cfg), indent=2))
+    print(json.dumps(train(job), indent=2))
     return 0
 
 

@@ -1,10 +1,12 @@
 """``rlvla3 datalake``: inspect LeRobot v3.0 datasets and record expert demonstrations.
 
-    datalake inspect PATH [--json]
+    datalake inspect PATH [--json] [--verify [--workers N]]
     datalake record --suite libero_spatial --task-ids 0 1 --episodes N --out PATH
                     [--workers W] [--image-size H W] [--codec av1] [--fps 20]
 
-``inspect`` exits 1 when it finds problems (the report lists them). ``record`` runs the scripted
+``inspect`` exits 1 when it finds problems (the report lists them); it reads metadata only,
+unless ``--verify`` also decodes every video through the last frame its episodes need and
+reads every parquet row group (each problem then names the episodes it affects). ``record`` runs the scripted
 LIBERO expert on ``--episodes`` initial states of each task in parallel Ray workers and writes
 the successful episodes as a LeRobot v3.0 dataset.
 """
@@ -21,7 +23,7 @@ from datalake.video import CODECS
 def _inspect(args: argparse.Namespace) -> int:
     from datalake.report import inspect_dataset
 
-    report = inspect_dataset(args.path)
+    report = inspect_dataset(args.path, verify=args.verify, workers=args.workers)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -29,11 +31,18 @@ def _inspect(args: argparse.Namespace) -> int:
             if key in report:
                 print(f"{key:>13}: {report[key]}")
         for name, cam in report.get("cameras", {}).items():
+            if cam.get("storage") == "image":
+                print(f"{'camera':>13}: {name} images in the parquet rows")
+                continue
             print(
                 f"{'camera':>13}: {name} {cam.get('width')}x{cam.get('height')} {cam.get('codec')}"
             )
         for task in report.get("tasks", []):
             print(f"{'task':>13}: {task}")
+        if "verified" in report:
+            v = report["verified"]
+            print(f"{'verified':>13}: {v['videos']} videos ({v['frames_decoded']} frames decoded), "
+                  f"{v['row_groups']} row groups in {v['seconds']:.1f}s")
         for problem in report["problems"]:
             print(f"{'PROBLEM':>13}: {problem}")
     return 1 if report["problems"] else 0
@@ -74,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("path", help="dataset root (local path or filesystem URI)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--verify", action="store_true",
+        help="also decode every video through the last frame its episodes need and read every "
+        "parquet row group (slow: reads the whole dataset)",
+    )
+    p.add_argument("--workers", type=int, default=4, help="files checked at once by --verify")
     p.set_defaults(fn=_inspect)
     r = sub.add_parser(
         "record", help="record scripted LIBERO demonstrations as a LeRobot v3.0 dataset"

@@ -21,7 +21,7 @@ import numpy as np
 
 from datalake.writer import EpisodeRecord, LeRobotWriter, WriterConfig
 from rlvla3.protocols import Env
-from rlvla3.types import Observation, ObsBatch
+from rlvla3.types import ObsBatch, Observation
 
 log = logging.getLogger("datalake.record")
 

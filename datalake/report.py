@@ -3,7 +3,10 @@
 ``inspect_dataset`` never raises for bad data: it reads what it can and lists each problem
 (unreadable metadata, unknown version, unreadable or short data files, features whose stored
 shape differs from ``info.json``, missing or unopenable videos, episodes whose frames lie past
-the end of their video) with the file it concerns.
+the end of their video) with the file it concerns. That check reads metadata only (footers,
+stream headers) and stays fast; ``verify=True`` adds the deep check of ``datalake.verify``
+(decode every video through the last frame its episodes need, read every parquet row group),
+whose problems also name the episodes affected.
 """
 
 from __future__ import annotations
@@ -103,8 +106,9 @@ def _check_videos(meta: DatasetMeta, problems: list[str]) -> dict[str, dict[str,
     return found
 
 
-def inspect_dataset(uri: str) -> dict[str, Any]:
-    """A JSON-able report of the dataset at ``uri`` (``problems`` lists what is wrong)."""
+def inspect_dataset(uri: str, verify: bool = False, workers: int = 4) -> dict[str, Any]:
+    """A JSON-able report of the dataset at ``uri`` (``problems`` lists what is wrong);
+    ``verify`` adds the deep check (``verified``: what it decoded and read, in how long)."""
     fs, base = resolve_filesystem(uri)
     report: dict[str, Any] = {
         "path": str(uri),
@@ -140,4 +144,17 @@ def inspect_dataset(uri: str) -> dict[str, Any]:
         problems.append(
             f"info.json total_frames {meta.info['total_frames']} != {report['frames']} in episodes"
         )
+    if verify:
+        from datalake.verify import verify_dataset
+
+        deep = verify_dataset(meta, workers=workers)
+        problems.extend(str(p) for p in deep.problems)
+        report["verified"] = {
+            "videos": deep.videos,
+            "frames_decoded": deep.frames_decoded,
+            "row_groups": deep.row_groups,
+            "affected_episodes": sorted({i for p in deep.problems for i in p.episodes}),
+            "affected_frames": deep.affected_frames,
+            "seconds": round(deep.seconds, 3),
+        }
     return report
