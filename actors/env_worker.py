@@ -6,12 +6,19 @@ slots go on). Finished episodes are put into ``ray.put`` and shipped to the traj
 
 Two ways to drive the slots, chosen by the controller's rollout strategy:
 - ``run()``: every slot runs its own episode loop until ``stop()``; no slot waits for another
-  (asynchronous rollout).
+  (asynchronous rollout). Before each episode the slot asks the queue for admission (pacing:
+  it waits while the learners could not train the episode within the staleness bound).
 - ``begin_episodes()`` / ``step_slots(chunks)``: the controller steps all slots of a group in
-  lockstep and batches their inference itself (synchronous and pipelined rollout).
+  lockstep and batches their inference itself (synchronous and pipelined rollout);
+  ``continue_episodes()`` / ``step_slots(chunks, autoreset=True)`` keep every slot busy for a
+  fixed number of steps per round, a finished episode resetting in place (autoreset rollout).
 
 An episode cut by a simulator fault is dropped and counted, never shipped: its last transition
-is not a real one.
+is not a real one (the queue is told, so a GRPO group does not wait for it). A restarted worker
+tells the queue that its predecessor's admitted episodes are gone.
+
+Accounting: ``decisions`` (produced) = decisions of running episodes (``inflight_decisions``) +
+``dropped_decisions`` (faults) + ``shipped_decisions``.
 """
 
 from __future__ import annotations
@@ -26,12 +33,20 @@ import numpy as np
 import ray
 
 from actors.metrics import RoleMetrics
+from actors.runtime import lookup, was_restarted
 from actors.trajectory_queue import SegmentInfo
 from envs import make_env
 from rlvla3.config import Named
 from rlvla3.episode import EpisodeRecorder, TaskSampler
 from rlvla3.run_config import EnvWorkerConfig
-from rlvla3.types import ActionChunk, EnvSpec, Observation, StepResult, TrajectorySegment
+from rlvla3.types import (
+    ActionChunk,
+    EnvSpec,
+    EpisodeKey,
+    Observation,
+    StepResult,
+    TrajectorySegment,
+)
 
 
 class EnvWorker:
@@ -39,7 +54,7 @@ class EnvWorker:
 
     def __init__(self, worker_id: int, env: Named, spec: EnvSpec, cfg: EnvWorkerConfig,
                  task_ids: list[int], init_state_ids: list[int], seed: int, repeat: int,
-                 servers: list, queue):
+                 servers: list[str], queue: str):
         self.worker_id = worker_id
         self.spec = spec
         self.cfg = cfg
@@ -48,19 +63,28 @@ class EnvWorker:
         self.pool = ThreadPoolExecutor(max_workers=cfg.slots_per_worker,
                                        thread_name_prefix=f"env{worker_id}")
         self.sampler = TaskSampler(task_ids, init_state_ids, seed * 31 + worker_id, repeat)
-        self.servers = servers
-        self.queue = queue
+        self.servers = [lookup(name) for name in servers]
+        self.queue = lookup(queue)
         self.metrics = RoleMetrics("env", f"env-{worker_id}")
         self._stop = False
         self._started = time.monotonic()
         self._recorders: list[EpisodeRecorder | None] = [None] * cfg.slots_per_worker
+        self._tickets: list[int | None] = [None] * cfg.slots_per_worker
         self._obs: list[Observation | None] = [None] * cfg.slots_per_worker
+        self._phases: list[str] = ["idle"] * cfg.slots_per_worker
+        """What each slot waits on now (admit, reset, step, infer, put, idle): the watchdog's
+        answer to "what is this run waiting on"."""
         self.incarnation = uuid.uuid4().hex
         self.counts = {"env_steps": 0, "decisions": 0, "episodes": 0, "successes": 0,
                        "dropped_faults": 0, "dropped_decisions": 0, "shipped_decisions": 0,
-                       "env_busy_s": 0.0, "infer_wait_s": 0.0, "queue_wait_s": 0.0}
+                       "shipped_env_steps": 0, "env_busy_s": 0.0, "infer_wait_s": 0.0,
+                       "queue_wait_s": 0.0, "admit_wait_s": 0.0}
+        self.length_hist: dict[int, int] = {}
+        """Decisions per finished episode (shipped or dropped): what was produced."""
         self.recent: deque[tuple[float, bool]] = deque(maxlen=200)
         self._reported_restarts = 0
+        if was_restarted():
+            self.queue.reset_worker.remote(worker_id)
 
     # ---- env calls (threaded, with a timeout) -------------------------------------------
     async def _call(self, fn, *args):
@@ -72,15 +96,20 @@ class EnvWorker:
         finally:
             self.counts["env_busy_s"] += time.monotonic() - start
 
-    async def _reset(self, slot: int) -> Observation:
-        key = self.sampler.next()
+    async def _reset(self, slot: int, key: EpisodeKey | None = None,
+                     ticket: int | None = None) -> Observation:
+        key = key or self.sampler.next()
+        self._tickets[slot] = ticket
         self._recorders[slot] = EpisodeRecorder(key, f"w{self.worker_id}/s{slot}")
+        self._phases[slot] = "reset"
         obs = await self._call(self.envs[slot].reset, key.task_id, key.init_state_id)
+        self._phases[slot] = "idle"
         self._obs[slot] = obs
         return obs
 
     async def _step(self, slot: int, chunk: ActionChunk) -> StepResult:
         """Execute ``chunk`` on ``slot``, record it, and ship the episode if it ended."""
+        self._phases[slot] = "step"
         try:
             result = await self._call(self.envs[slot].step, chunk.actions)
         except asyncio.TimeoutError:
@@ -95,17 +124,22 @@ class EnvWorker:
         done = result.terminated or result.truncated or len(rec) >= self.spec.max_decisions
         if done:
             await self._finish(slot, result)
+        self._phases[slot] = "idle"
         return result
 
     async def _finish(self, slot: int, last: StepResult) -> None:
         rec, self._recorders[slot] = self._recorders[slot], None
+        ticket, self._tickets[slot] = self._tickets[slot], None
+        self.length_hist[len(rec)] = self.length_hist.get(len(rec), 0) + 1
         if last.fault:
             self.counts["dropped_faults"] += 1
             self.counts["dropped_decisions"] += len(rec)
             self.metrics.inc("episodes_dropped")
+            await self.queue.drop.remote(rec.key, len(rec), ticket)
             return
         bootstrap = 0.0
         if not last.terminated:
+            self._phases[slot] = "infer"
             start = time.monotonic()
             bootstrap = (await self._server(slot).act.remote(last.obs)).value
             self.counts["infer_wait_s"] += time.monotonic() - start
@@ -114,18 +148,20 @@ class EnvWorker:
         self.counts["successes"] += int(segment.success)
         self.recent.append((segment.episode_return, segment.success))
         self.metrics.inc("episodes")
-        await self._ship(segment)
+        self._phases[slot] = "put"
+        await self._ship(segment, ticket)
 
-    async def _ship(self, segment: TrajectorySegment) -> None:
+    async def _ship(self, segment: TrajectorySegment, ticket: int | None) -> None:
         info = SegmentInfo(segment.source, segment.key, len(segment), segment.env_steps,
                            int(segment.policy_versions.min()), segment.episode_return,
-                           segment.success)
+                           segment.success, int(segment.policy_versions.max()))
         start = time.monotonic()
+        self.counts["shipped_decisions"] += len(segment)
+        self.counts["shipped_env_steps"] += segment.env_steps
         # This worker owns the payload (zero-copy hand-off); if it crashes, shipped episodes not
         # yet fetched are lost with it, and the learner counts them (``lost_segments``).
-        await self.queue.put.remote(info, [ray.put(segment)])
+        await self.queue.put.remote(info, [ray.put(segment)], ticket)
         self.counts["queue_wait_s"] += time.monotonic() - start
-        self.counts["shipped_decisions"] += len(segment)
         self.metrics.inc("trajectories")
 
     def _server(self, slot: int):
@@ -141,9 +177,18 @@ class EnvWorker:
     async def _slot_loop(self, slot: int) -> None:
         server = self._server(slot)
         while not self._stop:
-            obs = await self._reset(slot)
+            key = self.sampler.next()
+            start = time.monotonic()
+            self._phases[slot] = "admit"
+            ticket = await self.queue.admit.remote(self.worker_id, key)
+            self.counts["admit_wait_s"] += time.monotonic() - start
+            if self._stop:
+                await self.queue.cancel.remote(ticket)
+                break
+            obs = await self._reset(slot, key, ticket)
             while not self._stop:
                 start = time.monotonic()
+                self._phases[slot] = "infer"
                 chunk = await server.act.remote(obs)
                 self.counts["infer_wait_s"] += time.monotonic() - start
                 await self._step(slot, chunk)
@@ -159,10 +204,25 @@ class EnvWorker:
         """Reset every slot to its next episode; returns one observation per slot."""
         return list(await asyncio.gather(*(self._reset(i) for i in range(len(self.envs)))))
 
-    async def step_slots(self, chunks: list[ActionChunk | None]) -> list[Observation | None]:
-        """Step the slots whose chunk is given, all at once; None for slots now finished."""
+    async def continue_episodes(self) -> list[Observation]:
+        """Autoreset rounds: every slot's current observation, resetting only the slots with
+        no episode running (the first round, or after a restart)."""
+        await asyncio.gather(*(self._reset(i) for i in range(len(self.envs))
+                               if self._recorders[i] is None))
+        return list(self._obs)
+
+    async def step_slots(self, chunks: list[ActionChunk | None],
+                         autoreset: bool = False) -> list[Observation | None]:
+        """Step the slots whose chunk is given, all at once; None for slots now finished, or
+        with ``autoreset`` the first observation of the slot's next episode instead."""
         live = [i for i, c in enumerate(chunks) if c is not None and self._recorders[i] is not None]
-        await asyncio.gather(*(self._step(i, chunks[i]) for i in live))
+
+        async def one(i: int) -> None:
+            await self._step(i, chunks[i])
+            if autoreset and self._recorders[i] is None:
+                await self._reset(i)
+
+        await asyncio.gather(*(one(i) for i in live))
         return [self._obs[i] if self._recorders[i] is not None else None
                 for i in range(len(self.envs))]
 
@@ -181,6 +241,8 @@ class EnvWorker:
         self._reported_restarts = restarts
         return {
             **self.counts,
+            "length_hist": dict(self.length_hist),
+            "phases": {p: self._phases.count(p) for p in set(self._phases)},
             "incarnation": self.incarnation,
             "inflight_decisions": sum(len(r) for r in self._recorders if r is not None),
             "slots": len(self.envs),

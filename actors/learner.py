@@ -2,7 +2,9 @@
 
 Rank 0 publishes weights after every optimizer step: a ``WeightsMessage`` put once into the
 object store and offered to every rollout server (they swap between batches), and the new
-version told to the queue (its staleness filter). On GPU clusters the same message carries no
+version told to the queue (its staleness filter); after a restore from an older checkpoint the
+queue follows the version backwards. Every rank tells the queue how many decisions it holds
+untrained (the backlog that paces the env slots). On GPU clusters the same message carries no
 tensors and the weights travel by a collective broadcast instead (``broadcast_weights``).
 
 Two ways to drive it, chosen by the training strategy:
@@ -20,11 +22,13 @@ import threading
 import time
 import uuid
 
+import numpy as np
 import ray
 import torch
 import torch.distributed as dist
 
 from actors.metrics import RoleMetrics
+from actors.runtime import lookup, was_restarted
 from rlvla3.algos import AlgoConfig
 from rlvla3.checkpoint import (
     CheckpointMeta,
@@ -52,7 +56,8 @@ class Learner:
 
     def __init__(self, rank: int, world_size: int, policy: Named, spec: EnvSpec,
                  algo: AlgoConfig, cfg: LearnerConfig, strategy: str, seed: int,
-                 servers: list, queue, run_dir: str = ""):
+                 servers: list[str], queue: str, run_dir: str = "",
+                 max_staleness: int | None = None):
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(seed)  # identical initial weights on every rank
         self.rank = rank
@@ -64,10 +69,11 @@ class Learner:
         if cfg.num_gpus > 0 and torch.cuda.is_available():
             self.policy.to("cuda")
         self.core = LearnerCore(self.policy, algo, cfg.global_batch // world_size, cfg.micro_batch,
-                                cfg.lr, LEARNER_STRATEGIES[strategy]())
+                                cfg.lr, LEARNER_STRATEGIES[strategy](),
+                                max_staleness=max_staleness, reduce=self._all_reduce)
         self.metrics = RoleMetrics("learner", f"learner-{rank}")
-        self.servers = servers
-        self.queue = queue
+        self.servers = [lookup(name) for name in servers]
+        self.queue = lookup(queue)
         self.incarnation = uuid.uuid4().hex
         self._channel = None
         self._stop = threading.Event()
@@ -75,11 +81,13 @@ class Learner:
         self._started = time.monotonic()
         self.wait_s = 0.0
         self.lost_segments = 0
+        self.lost_decisions = 0
+        self._reported_buffered = -1
         self.last: StepStats | None = None
         self.history: list[dict] = []
         self.run_dir = run_dir
         self.restored_from = ""
-        if run_dir and ray.get_runtime_context().was_current_actor_reconstructed:
+        if run_dir and was_restarted():
             # Ray restarted this actor after a crash: continue from the last checkpoint.
             try:
                 self.restored_from = resolve_checkpoint(run_dir).name
@@ -87,6 +95,7 @@ class Learner:
                 self.restored_from = "initial weights (no checkpoint yet)"
             else:
                 self.restore(run_dir)
+            self._report_buffered()
             if rank == 0:
                 self._broadcast_to_servers(force=True)
 
@@ -107,6 +116,20 @@ class Learner:
             _EvaluateModule(self.policy), find_unused_parameters=True)
         self.core.model = _DDPEvaluate(ddp)
         return True
+
+    def _all_reduce(self, values: np.ndarray) -> np.ndarray:
+        """Sum a small float64 vector over the learner ranks."""
+        if self.world_size == 1:
+            return values
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        tensor = torch.as_tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(tensor)
+        return tensor.cpu().numpy()
+
+    def _report_buffered(self) -> None:
+        if self.core.buffered != self._reported_buffered:
+            self._reported_buffered = self.core.buffered
+            self.queue.learner_buffered.remote(self.rank, self.core.buffered)
 
     def load_weights(self, path: str) -> int:
         """Initialise from another run's weights (e.g. SFT); optimizer and version stay fresh."""
@@ -145,7 +168,10 @@ class Learner:
                              "policy_loss": stats.policy_loss, "value_loss": stats.value_loss,
                              "entropy": stats.entropy, "approx_kl": stats.approx_kl,
                              "clip_fraction": stats.clip_fraction,
-                             "staleness": stats.mean_staleness, "grad_norm": stats.grad_norm})
+                             "staleness": stats.mean_staleness, "grad_norm": stats.grad_norm,
+                             "behaviour_weight": stats.behaviour_weight,
+                             "truncated_fraction": stats.truncated_fraction})
+        self._report_buffered()
         if self.rank == 0:
             self._broadcast_to_servers()
 
@@ -158,7 +184,7 @@ class Learner:
             ref = ray.put(self.weights_message())
             for server in self.servers:
                 server.update_weights.remote(ref, force)
-        self.queue.set_version.remote(self.core.version)
+        self.queue.set_version.remote(self.core.version, force)
 
     def open_weight_channel(self, host: str, port: int, world_size: int, backend: str) -> str:
         """Join the weight broadcast group as its sender (rank 0)."""
@@ -176,14 +202,18 @@ class Learner:
         start = time.monotonic()
         items = ray.get(self.queue.get.remote(max_items, timeout_s))
         segments = []
-        for _, refs in items:
-            try:
-                segments.append(ray.get(refs[0]))
-            except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError):
-                self.lost_segments += 1  # its payload died with a node; counted, not fatal
+        for item in items:  # one episode, or one whole GRPO group
+            for info, refs in item:
+                try:
+                    segments.append(ray.get(refs[0]))
+                except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError):
+                    # its payload died with its producer or node: counted, not fatal
+                    self.lost_segments += 1
+                    self.lost_decisions += info.decisions
         self.wait_s += time.monotonic() - start
         self.core.add_segments(segments)
-        return len(segments)
+        self._report_buffered()
+        return len(items)
 
     def run(self) -> dict:
         """Asynchronous training: pull and train until ``stop()`` (and the stop version)."""
@@ -254,14 +284,17 @@ class Learner:
         out = {
             "version": self.core.version,
             "samples_trained": self.core.samples_trained,
+            **self.core.counts,
             "buffered": self.core.buffered,
-            "held_episodes": self.core.held_episodes,
             "busy_fraction": min(self.core.busy_s / elapsed, 1.0),
             "busy_s": self.core.busy_s,
             "data_wait_fraction": min(self.wait_s / elapsed, 1.0),
             "incarnation": self.incarnation,
             "restored_from": self.restored_from,
             "lost_segments": self.lost_segments,
+            "lost_decisions": self.lost_decisions,
+            "staleness_hist": dict(self.core.staleness_hist),
+            "length_hist": dict(self.core.length_hist),
         }
         if self.last is not None:
             out.update(loss=self.last.loss, entropy=self.last.entropy,

@@ -8,6 +8,10 @@ Two entry points, one per rollout strategy:
 Invariant: weights offered by the learner (``update_weights``) are applied only between batches,
 under the same lock that serialises batches, so every action of a batch carries one version.
 
+Sampling noise: every server draws action noise from its own stream (``sampling_seed`` of the
+run seed, the server id and, after a restart, the new incarnation), so no two servers, and no
+restarted server and its predecessor, sample the same noise.
+
 Fault tolerance: the controller starts servers with unlimited restarts and task retries, so a
 request in flight when a server dies is re-sent to the restarted server and answered once (an
 env slot applies an action only when its answer arrives: nothing is applied twice). A restarted
@@ -17,14 +21,14 @@ server fetches the latest weights from ``weights_source`` (learner rank 0) befor
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 
-import ray
 import torch
 
 from actors.metrics import RoleMetrics
-from actors.run_status import NAMESPACE
+from actors.runtime import lookup, was_restarted
 from rlvla3.batcher import BatcherConfig, DynamicBatcher
 from rlvla3.config import Named
 from rlvla3.policies import build_policy
@@ -33,18 +37,29 @@ from rlvla3.run_config import RolloutConfig
 from rlvla3.types import ActionChunk, EnvSpec, Observation, WeightsMessage
 
 
+def sampling_seed(seed: int, server_id: int, incarnation: str = "") -> int:
+    """The action-noise seed of one server incarnation: reproducible for the first incarnation
+    of each server (``incarnation`` empty), fresh for every restarted one."""
+    digest = hashlib.sha256(f"{seed}/{server_id}/{incarnation}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 class RolloutServer:
     """Holds one policy copy; serves actions to env slots."""
 
     def __init__(self, server_id: int, policy: Named, spec: EnvSpec, cfg: RolloutConfig, seed: int,
                  weights_source: str = ""):
         torch.set_num_threads(cfg.torch_threads)
-        torch.manual_seed(seed * 7919 + server_id)
         self.server_id = server_id
         self.cfg = cfg
+        self.restarted = was_restarted()
+        self.incarnation = uuid.uuid4().hex
         model = build_policy(policy, spec)
         if cfg.num_gpus > 0 and torch.cuda.is_available():
             model.to("cuda")
+        self.sampling_seed = sampling_seed(seed, server_id,
+                                           self.incarnation if self.restarted else "")
+        model.seed_sampling(self.sampling_seed)
         self.core = RolloutCore(model, cfg.deterministic)
         self.metrics = RoleMetrics("rollout", f"rollout-{server_id}")
         self._lock: asyncio.Lock | None = None
@@ -53,9 +68,7 @@ class RolloutServer:
         self._requests = 0
         self._lockstep_sizes: dict[int, int] = {}
         self.weights_source = weights_source
-        self.restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
         self._caught_up = not (self.restarted and weights_source)
-        self.incarnation = uuid.uuid4().hex
 
     def _ensure(self) -> tuple[asyncio.Lock, DynamicBatcher]:
         if self._batcher is None:
@@ -66,7 +79,7 @@ class RolloutServer:
 
     async def _swap(self) -> None:
         if not self._caught_up:
-            source = ray.get_actor(self.weights_source, namespace=NAMESPACE)
+            source = lookup(self.weights_source)
             self.core.offer_weights(await source.weights_message.remote(), force=True)
             self._caught_up = True
         if self.core.swap_pending():

@@ -6,11 +6,19 @@ a mode name. Rollout strategies:
   of them, until every slot has finished its episode (synchronous, as colocated RL systems do).
 - ``LockstepRollout(groups=2)``: the workers split into two groups, each in lockstep; one group
   simulates while the other's batch is inferred (the disaggregated pipeline).
-- ``AsyncRollout``: every slot runs its own loop; the rollout server's batcher groups requests.
+- ``AutoresetRollout``: lockstep for a fixed number of decisions per round; a slot whose episode
+  ends resets in place and goes on, and an episode still running at the round's end continues
+  in the next round (the fixed-horizon design of synchronous VLA-RL systems: no slot idles
+  waiting for the round's slowest episode, only for the inference batch).
+- ``AsyncRollout``: every slot runs its own loop; the rollout server's batcher groups requests,
+  and the trajectory queue paces episode starts.
 Training strategies:
 - ``SyncTraining``: one rollout round, then every learner trains on what was collected, then the
-  new weights reach the servers before the next round.
-- ``AsyncTraining``: rollout and learners run at once; staleness is bounded by the queue.
+  new weights reach the servers before the next round. The round bounds what is in flight, so
+  the queue must hold a whole round (``bounded_queue = False``): a queue smaller than the slots
+  would make every producer wait on a learner that waits for the round to end.
+- ``AsyncTraining``: rollout and learners run at once; staleness is bounded by pacing, the
+  queue's capacity and the learners' per-decision bound.
 """
 
 from __future__ import annotations
@@ -37,16 +45,23 @@ class LockstepRollout:
     def _round(self, workers: list, server) -> None:
         """Every slot of ``workers`` runs one episode, in lockstep."""
         obs = ray.get([w.begin_episodes.remote() for w in workers])
-        while not self._stop.is_set():
-            flat = [(wi, si, o) for wi, slots in enumerate(obs) for si, o in enumerate(slots)
-                    if o is not None]
-            if not flat:
-                return
-            chunks = ray.get(server.act_batch.remote([o for _, _, o in flat]))
-            per_worker = [[None] * len(slots) for slots in obs]
-            for (wi, si, _), chunk in zip(flat, chunks, strict=False):
-                per_worker[wi][si] = chunk
-            obs = ray.get([w.step_slots.remote(c) for w, c in zip(workers, per_worker, strict=False)])
+        while obs is not None and not self._stop.is_set():
+            obs = self._step(workers, server, obs, autoreset=False)
+
+    @staticmethod
+    def _step(workers: list, server, obs: list, autoreset: bool) -> list | None:
+        """One inference batch for every live slot, then one step of each; returns the new
+        observations per worker (None for a finished slot), or None when no slot was live."""
+        flat = [(wi, si, o) for wi, slots in enumerate(obs) for si, o in enumerate(slots)
+                if o is not None]
+        if not flat:
+            return None
+        chunks = ray.get(server.act_batch.remote([o for _, _, o in flat]))
+        per_worker = [[None] * len(slots) for slots in obs]
+        for (wi, si, _), chunk in zip(flat, chunks, strict=True):
+            per_worker[wi][si] = chunk
+        return ray.get([w.step_slots.remote(c, autoreset)
+                        for w, c in zip(workers, per_worker, strict=True)])
 
     def _loop(self, workers: list, server, rounds: int | None) -> None:
         try:
@@ -107,17 +122,35 @@ class AsyncRollout:
                 self.errors.append(exc)
 
 
+class AutoresetRollout(LockstepRollout):
+    """Lockstep rounds of ``decisions`` steps per slot, episodes resetting in place."""
+
+    def __init__(self, decisions: int):
+        super().__init__(groups=1)
+        self.decisions = decisions
+
+    def _round(self, workers: list, server) -> None:
+        obs = ray.get([w.continue_episodes.remote() for w in workers])
+        for _ in range(self.decisions):
+            if obs is None or self._stop.is_set():
+                return
+            obs = self._step(workers, server, obs, autoreset=True)
+
+
 ROLLOUT_STRATEGIES = {
-    "lockstep": lambda: LockstepRollout(groups=1),
-    "pipelined": lambda: LockstepRollout(groups=2),
-    "async": AsyncRollout,
+    "lockstep": lambda decisions: LockstepRollout(groups=1),
+    "pipelined": lambda decisions: LockstepRollout(groups=2),
+    "autoreset": AutoresetRollout,
+    "async": lambda decisions: AsyncRollout(),
 }
+"""name -> factory taking the decisions per autoreset round."""
 
 
 class SyncTraining:
     """Rollout round, then train, then sync weights; nothing overlaps."""
 
     concurrent = False
+    bounded_queue = False
 
     def __init__(self):
         self.refs: list = []
@@ -125,24 +158,25 @@ class SyncTraining:
     def start(self, learners: Sequence) -> None:
         pass
 
-    def after_round(self, learners: Sequence, queue, global_batch: int, max_decisions: int) -> None:
+    def after_round(self, learners: Sequence, queue, global_batch: int, max_item: int) -> None:
         """Train every full global batch the round produced, on all ranks alike."""
         if len(learners) == 1:
             ray.get(learners[0].train_available.remote())
             return
-        ray.get([lr.train_steps.remote(_full_steps(queue, learners, global_batch, max_decisions))
+        ray.get([lr.train_steps.remote(_full_steps(queue, learners, global_batch, max_item))
                  for lr in learners])
 
     def stop(self, learners: Sequence, timeout_s: float = 120.0) -> None:
         pass
 
 
-def _full_steps(queue, learners: Sequence, global_batch: int, max_decisions: int) -> int:
+def _full_steps(queue, learners: Sequence, global_batch: int, max_item: int) -> int:
     """Optimizer steps every rank can take from what is queued and buffered (with a margin for
-    segments that one rank takes whole)."""
+    items, an episode or a GRPO group of up to ``max_item`` decisions, that one rank takes
+    whole)."""
     queued = ray.get(queue.queued_decisions.remote())
     buffered = sum(ray.get([lr.buffered.remote() for lr in learners]))
-    margin = len(learners) * max_decisions
+    margin = len(learners) * max_item
     return max(0, (queued + buffered - margin) // global_batch)
 
 
@@ -150,6 +184,7 @@ class AsyncTraining:
     """Learners pull from the queue and train while rollout goes on."""
 
     concurrent = True
+    bounded_queue = True
 
     def __init__(self):
         self.refs: list = []
@@ -157,7 +192,7 @@ class AsyncTraining:
     def start(self, learners: Sequence) -> None:
         self.refs = [lr.run.remote() for lr in learners]
 
-    def after_round(self, learners: Sequence, queue, global_batch: int, max_decisions: int) -> None:
+    def after_round(self, learners: Sequence, queue, global_batch: int, max_item: int) -> None:
         pass
 
     def stop(self, learners: Sequence, timeout_s: float = 120.0) -> None:

@@ -1,22 +1,46 @@
-"""TrajectoryQueue actor: the bounded hand-off between env workers and learners.
+"""TrajectoryQueue actor: the bounded hand-off between env workers and learners, and the pacer.
 
 It carries ``ObjectRef``s to ``TrajectorySegment``s plus a small ``SegmentInfo`` each, never the
-payloads, so its own memory stays flat. Invariants:
-- At most ``capacity`` segments are held; ``put`` waits while the queue is full, which pauses the
-  producing env slot (backpressure) instead of growing memory.
-- ``get`` drops, and counts, segments whose oldest action is more than ``max_staleness`` policy
-  versions behind the learner's current version; what it returns is fresh enough to train on.
-- Segments leave in arrival order; none is returned twice.
-- After ``close()`` (the learners stopped), ``put`` no longer waits: it counts the segment as
-  discarded, so a run never hangs at shutdown on a full queue.
+payloads, so its own memory stays flat. A queue item is one episode, or with GRPO one whole
+group of episodes of the same (task, initial state), so a group is never split across learner
+ranks.
+
+Pacing (asynchronous rollout): before a slot starts an episode it asks ``admit``. The queue
+estimates how many optimizer steps will happen before that episode's first decision is trained,
+
+    lag = (backlog + (in_flight + 1) * mean_episode_decisions) / global_batch
+
+where ``backlog`` is what is shipped but not yet trained (queued here plus buffered in the
+learners) and ``in_flight`` the episodes already admitted and unfinished, and admits the slot
+only while ``lag <= pace_lag`` (``QueueConfig.pace_target``); otherwise the slot waits until the learners have consumed
+enough. So no more work is in flight than the learners can consume within the staleness bound:
+when the learners are the bottleneck, env slots wait instead of producing data that only ages,
+and when the envs are, every slot runs. One episode is always admitted when none is in flight,
+and GRPO episodes held for their group do not count, so pacing can never deadlock.
+
+Invariants:
+- At most ``capacity`` items are queued; ``put`` waits while the queue is full (backpressure).
+- ``get`` drops, and counts, items none of whose decisions is within ``max_staleness`` versions
+  of the learner's version (the learners drop stale decisions one by one; this only saves
+  fetching payloads that are wholly stale).
+- GRPO: an episode waits in ``held`` until its group has ``group_size`` members, minus members
+  that can never arrive (a simulator fault, a lost env worker: ``drop``/``reset_worker``). A held
+  group whose newest decision is more than ``max_staleness`` versions old expires, counted.
+- Items leave in arrival order; none is returned twice.
+- Decision accounting: ``put_decisions = queued + held + got + dropped_stale + expired``, and
+  segments put after ``close()`` are counted in ``discarded_at_stop``.
+- ``set_version`` follows the learner, also backwards after a learner restored an older
+  checkpoint (``restored=True``), so the staleness filter never rejects everything after a
+  rollback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections import deque
-from dataclasses import dataclass
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
 
 from actors.metrics import RoleMetrics
 from rlvla3.run_config import QueueConfig
@@ -39,49 +63,186 @@ class SegmentInfo:
     """Oldest policy version that acted in the segment."""
     episode_return: float
     success: bool
+    max_version: int = -1
+    """Newest policy version that acted in the segment (-1: same as ``min_version``)."""
+
+    @property
+    def newest(self) -> int:
+        return self.max_version if self.max_version >= 0 else self.min_version
+
+
+@dataclass
+class _Group:
+    """GRPO episodes of one key waiting for the rest of their group."""
+
+    members: list = field(default_factory=list)
+    missing: int = 0
+    """Members that will never arrive (dropped by a fault or lost with a worker)."""
 
 
 class TrajectoryQueue:
-    """Bounded FIFO of (SegmentInfo, [ObjectRef]) with a staleness filter."""
+    """Bounded FIFO of items (lists of (SegmentInfo, [ObjectRef])) with pacing and staleness."""
 
-    def __init__(self, cfg: QueueConfig):
+    def __init__(self, cfg: QueueConfig, group_size: int = 1, global_batch: int = 1,
+                 initial_decisions: float = 1.0):
         self.cfg = cfg
-        self._items: deque = deque()
+        self.group_size = group_size
+        self.global_batch = global_batch
+        self._items: deque[list] = deque()
         self._version = 0
         self._cond: asyncio.Condition | None = None
         self.metrics = RoleMetrics("queue", "queue-0")
         self.counts = {"put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
-                       "dropped_stale": 0, "discarded_at_stop": 0, "discarded_decisions": 0,
-                       "producer_wait_s": 0.0}
+                       "dropped_stale": 0, "dropped_stale_decisions": 0,
+                       "expired": 0, "expired_decisions": 0, "expired_groups": 0,
+                       "discarded_at_stop": 0, "discarded_decisions": 0,
+                       "producer_wait_s": 0.0, "admit_wait_s": 0.0, "admitted": 0,
+                       "dropped_by_producer": 0}
         self._closed = False
         self.staleness: dict[int, int] = {}
+        self._held: dict[EpisodeKey, _Group] = defaultdict(_Group)
+        self._credits: dict[EpisodeKey, int] = defaultdict(int)
+        self._tickets: dict[int, tuple[int, EpisodeKey]] = {}
+        self._serial = itertools.count()
+        self._learner_buffered: dict[int, int] = {}
+        self._recent_lengths: deque[int] = deque(maxlen=64)
+        self._initial_decisions = initial_decisions
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:
             self._cond = asyncio.Condition()
         return self._cond
 
-    async def put(self, info: SegmentInfo, refs: list) -> int:
+    # ---- pacing --------------------------------------------------------------------------
+    def _mean_decisions(self) -> float:
+        if not self._recent_lengths:
+            return self._initial_decisions
+        return sum(self._recent_lengths) / len(self._recent_lengths)
+
+    def backlog(self) -> int:
+        """Decisions shipped but not yet trained: queued here plus buffered in learners."""
+        return self.queued_decisions() + sum(self._learner_buffered.values())
+
+    def expected_lag(self, extra: int = 1) -> float:
+        """Optimizer steps before a newly admitted episode's first decision is trained."""
+        ahead = self.backlog() + (len(self._tickets) + extra) * self._mean_decisions()
+        return ahead / self.global_batch
+
+    def _may_admit(self) -> bool:
+        target = self.cfg.pace_target
+        return (self._closed or not self._tickets or target <= 0
+                or self.expected_lag() <= target)
+
+    async def admit(self, worker_id: int, key: EpisodeKey) -> int:
+        """Wait until a new episode of ``key`` may start (see pacing); returns its ticket."""
+        cond = self._condition()
+        start = time.monotonic()
+        async with cond:
+            await cond.wait_for(self._may_admit)
+            ticket = next(self._serial)
+            self._tickets[ticket] = (worker_id, key)
+            self.counts["admitted"] += 1
+        self.counts["admit_wait_s"] += time.monotonic() - start
+        return ticket
+
+    async def drop(self, key: EpisodeKey, decisions: int, ticket: int | None = None) -> None:
+        """An admitted or running episode that will never be shipped (simulator fault)."""
+        self.counts["dropped_by_producer"] += 1
+        self._recent_lengths.append(decisions)
+        self._tickets.pop(ticket, None)
+        await self._missing(key, 1)
+
+    async def cancel(self, ticket: int) -> None:
+        """An admitted episode that never started (the rollout is stopping)."""
+        self._tickets.pop(ticket, None)
+        await self._notify()
+
+    async def reset_worker(self, worker_id: int) -> int:
+        """A restarted env worker: its predecessor's admitted episodes died with it. Returns
+        how many tickets were released."""
+        lost = [t for t, (w, _) in self._tickets.items() if w == worker_id]
+        keys = [self._tickets.pop(t)[1] for t in lost]
+        for key in keys:
+            await self._missing(key, 1)
+        if not keys:
+            await self._notify()
+        return len(lost)
+
+    async def _missing(self, key: EpisodeKey, n: int) -> None:
+        if self.group_size > 1:
+            if key in self._held:
+                self._held[key].missing += n
+                self._release_if_complete(key)
+            else:
+                self._credits[key] += n
+        await self._notify()
+
+    async def _notify(self) -> None:
+        cond = self._condition()
+        async with cond:
+            cond.notify_all()
+
+    async def learner_buffered(self, rank: int, decisions: int) -> None:
+        """A learner rank reports the decisions it holds but has not trained yet."""
+        self._learner_buffered[rank] = decisions
+        await self._notify()
+
+    # ---- put / get -----------------------------------------------------------------------
+    def _release_if_complete(self, key: EpisodeKey) -> None:
+        group = self._held[key]
+        if len(group.members) + group.missing >= self.group_size and group.members:
+            self._items.append(list(group.members))
+            del self._held[key]
+        elif not group.members and group.missing >= self.group_size:
+            del self._held[key]
+
+    async def put(self, info: SegmentInfo, refs: list, ticket: int | None = None) -> int:
         """Enqueue one segment (``refs`` = [ObjectRef]); waits while full. Returns the depth."""
         cond = self._condition()
         start = time.monotonic()
         async with cond:
+            self._tickets.pop(ticket, None)
+            self._recent_lengths.append(info.decisions)
+            cond.notify_all()  # a finished episode frees its admission
             await cond.wait_for(lambda: len(self._items) < self.cfg.capacity or self._closed)
             if self._closed:  # the run is stopping and no learner will take it: count, drop
                 self.counts["discarded_at_stop"] += 1
                 self.counts["discarded_decisions"] += info.decisions
                 return len(self._items)
-            self._items.append((info, refs))
             self.counts["put"] += 1
             self.counts["put_decisions"] += info.decisions
             self.counts["producer_wait_s"] += time.monotonic() - start
+            if self.group_size > 1:
+                group = self._held[info.key]
+                if not group.members and self._credits.get(info.key):
+                    group.missing, self._credits[info.key] = self._credits.pop(info.key), 0
+                group.members.append((info, refs))
+                self._release_if_complete(info.key)
+                self._expire_held()
+            else:
+                self._items.append([(info, refs)])
             cond.notify_all()
             depth = len(self._items)
         self.metrics.set("queue_depth", depth)
         return depth
 
+    def _expire_held(self) -> None:
+        """Held groups that can no longer be trained fresh: drop and count them."""
+        for key in [k for k, g in self._held.items() if g.members and self._lag(
+                max(i.newest for i, _ in g.members)) > self.cfg.max_staleness]:
+            group = self._held.pop(key)
+            self.counts["expired_groups"] += 1
+            self.counts["expired"] += len(group.members)
+            self.counts["expired_decisions"] += sum(i.decisions for i, _ in group.members)
+            self.metrics.inc("episodes_dropped", len(group.members))
+
+    def _lag(self, version: int) -> int:
+        return self._version - version
+
     async def get(self, max_items: int, timeout_s: float) -> list:
-        """Up to ``max_items`` fresh segments; waits up to ``timeout_s`` for the first one."""
+        """Up to ``max_items`` items (each a list of (SegmentInfo, [ObjectRef]); one episode,
+        or one whole GRPO group), dropping wholly stale ones; waits up to ``timeout_s`` for the
+        first."""
         cond = self._condition()
         out = []
         async with cond:
@@ -90,41 +251,55 @@ class TrajectoryQueue:
             except asyncio.TimeoutError:
                 return out
             while self._items and len(out) < max_items:
-                info, refs = self._items.popleft()
-                lag = self._version - info.min_version
-                if lag > self.cfg.max_staleness:
-                    self.counts["dropped_stale"] += 1
-                    self.metrics.inc("episodes_dropped")
+                item = self._items.popleft()
+                if all(self._lag(info.newest) > self.cfg.max_staleness for info, _ in item):
+                    self.counts["dropped_stale"] += len(item)
+                    self.counts["dropped_stale_decisions"] += sum(i.decisions for i, _ in item)
+                    self.metrics.inc("episodes_dropped", len(item))
                     continue
-                self.staleness[lag] = self.staleness.get(lag, 0) + 1
-                self.metrics.observe("staleness", lag)
-                out.append((info, refs))
-            self.counts["got"] += len(out)
-            self.counts["got_decisions"] += sum(info.decisions for info, _ in out)
+                for info, _ in item:
+                    lag = max(self._lag(info.min_version), 0)
+                    self.staleness[lag] = self.staleness.get(lag, 0) + 1
+                    self.metrics.observe("staleness", lag)
+                out.append(item)
+            self.counts["got"] += sum(len(item) for item in out)
+            self.counts["got_decisions"] += sum(i.decisions for item in out for i, _ in item)
             cond.notify_all()
-        self.metrics.inc("trajectories", len(out))
+        self.metrics.inc("trajectories", sum(len(item) for item in out))
         self.metrics.set("queue_depth", len(self._items))
         return out
 
     async def close(self) -> None:
-        """The learners have stopped: release producers waiting on a full queue (their
-        segments are counted as discarded) so the rollout can stop without waiting."""
+        """The learners have stopped: release producers waiting on a full queue or on
+        admission (their segments are counted as discarded) so the rollout stops at once."""
         self._closed = True
-        cond = self._condition()
-        async with cond:
-            cond.notify_all()
+        await self._notify()
 
-    def set_version(self, version: int) -> None:
-        """The learner's current policy version (for the staleness filter)."""
-        self._version = max(self._version, version)
+    async def set_version(self, version: int, restored: bool = False) -> None:
+        """The learner's current policy version (for the staleness filter and expiry); a
+        restored learner may move it backwards."""
+        self._version = version if restored else max(self._version, version)
+        if self.group_size > 1:
+            self._expire_held()
+        await self._notify()
 
     def depth(self) -> int:
         return len(self._items)
 
     def queued_decisions(self) -> int:
-        """Decision samples held (before the staleness filter)."""
-        return sum(info.decisions for info, _ in self._items)
+        """Decision samples queued (before the staleness filter), held groups excluded."""
+        return sum(info.decisions for item in self._items for info, _ in item)
+
+    def held_decisions(self) -> int:
+        return sum(i.decisions for g in self._held.values() for i, _ in g.members)
 
     def stats(self) -> dict:
         return {**self.counts, "depth": len(self._items), "version": self._version,
+                "queued_decisions": self.queued_decisions(),
+                "held_episodes": sum(len(g.members) for g in self._held.values()),
+                "held_decisions": self.held_decisions(),
+                "in_flight_episodes": len(self._tickets),
+                "backlog_decisions": self.backlog(),
+                "expected_lag": round(self.expected_lag(extra=0), 2),
+                "mean_episode_decisions": round(self._mean_decisions(), 2),
                 "staleness_hist": dict(sorted(self.staleness.items()))}

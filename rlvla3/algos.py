@@ -9,9 +9,11 @@ Inputs: recorded rewards, behaviour values and behaviour log-probabilities (from
 Outputs: advantages and returns; a loss to ``backward()``.
 
 Invariants:
-- Every importance ratio is taken against the log-probability recorded when the action was
-  sampled (the behaviour policy), never against a log-probability recomputed later: that is what
-  keeps learning correct when rollout and training run asynchronously with stale weights.
+- The behaviour log-probability is the one recorded when the action was sampled, never one
+  recomputed later. By default (``proximal: step``) the objective is decoupled PPO: the clip is
+  centred on the proximal policy (the parameters at the start of the optimizer step) and the lag
+  between behaviour and proximal policy is corrected by a truncated importance weight, so stale
+  decisions are reweighted instead of silently losing their gradient to the clip.
 - Losses are means over the samples they receive; the learner scales them when it accumulates
   micro-batches into a global batch.
 - ``AlgoConfig`` validates its ranges; every error names the dotted field (``algo.clip_eps``).
@@ -49,8 +51,17 @@ class AlgoConfig:
     ent_coef: float = 0.0
     """Weight of the entropy bonus."""
     normalize_advantages: bool = True
-    """Standardise PPO advantages over the samples of one ``prepare_samples`` call. GRPO
-    advantages are standardised within their group already and are left as they are."""
+    """Standardise PPO advantages over optimizer batches (all micro-batches and ranks; see
+    ``rlvla3.learner.AdvantageNormalizer``). GRPO advantages are standardised within their group
+    already and are left as they are."""
+    proximal: Literal["step", "behaviour"] = "step"
+    """Centre of the clip. ``step``: decoupled PPO, the proximal policy is the learner's
+    parameters at the start of the optimizer step (evaluated without gradient) and behaviour
+    data is reweighted by ``min(pi_prox / pi_behav, behaviour_weight_cap)``. ``behaviour``:
+    classic PPO, the ratio against the behaviour policy itself (no reweighting)."""
+    behaviour_weight_cap: float | None = 2.0
+    """Truncation of the importance weight ``pi_prox / pi_behav`` (as V-trace truncates
+    ``rho``): bounds the variance one very off-policy decision can add; None: no truncation."""
     group_size: int = 4
     """GRPO: episodes per group (same task and initial state)."""
     max_grad_norm: float = 1.0
@@ -77,6 +88,13 @@ class AlgoConfig:
             f"GRPO needs groups of at least 2 episodes, got {self.group_size}",
         )
         require(self.max_grad_norm > 0.0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
+        require(self.proximal in ("step", "behaviour"), "proximal",
+                f"{self.proximal!r} is not one of step, behaviour")
+        require(
+            self.behaviour_weight_cap is None or self.behaviour_weight_cap >= 1.0,
+            "behaviour_weight_cap",
+            f"must be >= 1 (or null for no truncation), got {self.behaviour_weight_cap}",
+        )
         require(
             self.vf_clip is None or self.vf_clip > 0.0,
             "vf_clip",
@@ -143,7 +161,9 @@ class PolicyLossStats:
     ratio_max: float
     """Max of ``r``."""
     behaviour_weight_mean: float
-    """Mean of ``pi_prox / pi_behav`` (1 when no proximal policy is given)."""
+    """Mean of the (truncated) weight ``pi_prox / pi_behav`` (1 when no proximal policy)."""
+    truncated_fraction: float
+    """Fraction of samples whose weight the truncation ``weight_cap`` lowered."""
 
 
 def ppo_loss(
@@ -153,6 +173,7 @@ def ppo_loss(
     clip_eps: float,
     dual_clip: float | None,
     prox_log_prob: torch.Tensor | None = None,
+    weight_cap: float | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """Decoupled, dual-clipped PPO policy loss; all tensors ``[N]``, the loss a scalar.
 
@@ -164,11 +185,16 @@ def ppo_loss(
 
     With a proximal policy (decoupled PPO, Hilton et al. 2021, "Batch size-invariance for policy
     optimization"): the trust region is centred on ``pi_prox`` (for example the learner's
-    weights before this update), and off-policyness of the behaviour data is corrected by the
-    importance weight ``pi_prox / pi_behav``, which carries no gradient:
+    weights at the start of this optimizer step), and off-policyness of the behaviour data is
+    corrected by the importance weight ``pi_prox / pi_behav``, which carries no gradient and is
+    truncated at ``weight_cap`` (``c``; no truncation when None):
 
         r_t = exp(new_log_prob - prox_log_prob)
-        w_t = exp(prox_log_prob - behaviour_log_prob)      (detached)
+        w_t = min(exp(prox_log_prob - behaviour_log_prob), c)      (detached)
+
+    When ``pi_prox`` are the very parameters being differentiated (one optimizer step per
+    batch), ``r_t = 1`` in value and ``grad r_t = grad log pi_theta``, so the update is the
+    truncated importance-weighted policy gradient ``-mean(w_t * A_t * grad log pi)``.
 
     Clipped surrogate, then the dual clip (Ye et al. 2020) for negative advantages only, which
     bounds how much a single very large ratio can push the loss when ``A_t < 0``:
@@ -180,12 +206,16 @@ def ppo_loss(
     With ``pi_prox = pi_behav`` both forms coincide.
     """
     advantages = advantages.detach()
+    truncated = torch.zeros_like(advantages, dtype=torch.bool)
     if prox_log_prob is None:
         log_ratio = new_log_prob - behaviour_log_prob.detach()
         weight = torch.ones_like(advantages)
     else:
         log_ratio = new_log_prob - prox_log_prob.detach()
         weight = torch.exp(prox_log_prob.detach() - behaviour_log_prob.detach())
+        if weight_cap is not None:
+            truncated = weight > weight_cap
+            weight = weight.clamp(max=weight_cap)
     ratio = torch.exp(log_ratio)
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
     dual_clipped = torch.zeros_like(advantages, dtype=torch.bool)
@@ -206,6 +236,7 @@ def ppo_loss(
             ratio_mean=ratio.mean().item(),
             ratio_max=ratio.max().item(),
             behaviour_weight_mean=weight.mean().item(),
+            truncated_fraction=truncated.float().mean().item(),
         )
     return loss, stats
 
@@ -264,8 +295,17 @@ def objective(
 
         L = L_policy (ppo_loss) + vf_coef * L_value (value_loss, PPO only) - ent_coef * mean(H)
 
+    With ``cfg.proximal == "step"`` and no ``prox_log_prob`` given, the proximal policy is the
+    parameters being evaluated, without gradient: the learner never steps the optimizer inside
+    an accumulated batch, so for every micro-batch of a step these are the parameters at the
+    start of that step, and ``evaluation.log_prob.detach()`` equals a separate no-grad forward
+    pass at no extra cost. ``cfg.proximal == "behaviour"`` takes the classic PPO ratio.
     GRPO has no critic, so its value term is zero whatever ``vf_coef`` says.
     """
+    if cfg.proximal == "step" and prox_log_prob is None:
+        prox_log_prob = evaluation.log_prob.detach()
+    elif cfg.proximal == "behaviour":
+        prox_log_prob = None
     policy, policy_stats = ppo_loss(
         evaluation.log_prob,
         behaviour_log_prob,
@@ -273,6 +313,7 @@ def objective(
         cfg.clip_eps,
         cfg.dual_clip,
         prox_log_prob,
+        cfg.behaviour_weight_cap,
     )
     if cfg.name == "ppo":
         critic = value_loss(evaluation.value, old_values, returns, cfg.vf_clip)

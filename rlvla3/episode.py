@@ -50,6 +50,7 @@ class EpisodeRecorder:
         self.obs: list[Observation] = []
         self.chunks: list[ActionChunk] = []
         self.rewards: list[float] = []
+        self.steps: list[int] = []
         self.env_steps = 0
 
     def __len__(self) -> int:
@@ -59,6 +60,7 @@ class EpisodeRecorder:
         self.obs.append(obs)
         self.chunks.append(chunk)
         self.rewards.append(result.reward)
+        self.steps.append(result.steps)
         self.env_steps += result.steps
 
     def finish(self, last: StepResult, bootstrap_value: float) -> TrajectorySegment:
@@ -79,5 +81,6 @@ class EpisodeRecorder:
             success=last.success,
             bootstrap_value=float(bootstrap_value),
             env_steps=self.env_steps,
+            step_counts=np.asarray(self.steps, dtype=np.int32),
             fault=last.fault,
         )

@@ -1,27 +1,36 @@
 """The learner core: consumes trajectory segments, runs micro-batches, steps the optimizer.
 
-Inputs: ``TrajectorySegment``s (turned into per-decision samples with advantages on arrival).
-Outputs: optimizer steps; after each, the policy version increases by one and ``weights()``
-gives the new parameters.
+Inputs: ``TrajectorySegment``s (turned into per-decision samples with advantages on arrival;
+GRPO segments arrive as whole groups). Outputs: optimizer steps; after each, the policy version
+increases by one and ``weights()`` gives the new parameters.
 
 Invariants:
 - One optimizer step consumes exactly ``local_batch`` samples (``global_batch / world_size``),
   split into micro-batches of ``micro_batch``; a segment may straddle two steps, no sample is
-  dropped or used twice. Each micro-batch's loss is scaled by its share of ``local_batch``, so
-  the accumulated gradient equals that of one full-batch step on the same samples.
+  used twice. Each micro-batch's loss is scaled by its share of ``local_batch``, so the
+  accumulated gradient equals that of one full-batch step on the same samples.
+- Staleness is bounded per decision: a buffered sample whose behaviour version is more than
+  ``max_staleness`` versions behind the learner is discarded and counted (a last resort: the
+  rollout side paces itself so that this stays rare). Only the stale decisions of an episode are
+  dropped, never the fresh rest, so long episodes are not the ones that lose.
+- PPO advantages are standardised with constants that are fixed for a whole optimizer step and
+  shared by every micro-batch and every rank (``AdvantageNormalizer``), so splitting a batch
+  into micro-batches or streaming it in does not change the update.
 - Under DDP, gradients are all-reduced only on the last micro-batch of a step (``no_sync``
   elsewhere); every rank runs the same number of micro-batches per step.
 - The learner strategy decides only *when* a micro-batch may start: ``StreamingStart`` as soon
   as one is full, ``BatchStart`` once the whole local batch has arrived. The update is the same.
+- Every decision handed to ``add_segments`` ends up in exactly one of ``trained_decisions``,
+  ``discarded_decisions`` or ``buffered``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -30,7 +39,7 @@ from torch import nn
 from rlvla3.algos import AlgoConfig, objective
 from rlvla3.protocols import Policy
 from rlvla3.samples import Samples, prepare_samples
-from rlvla3.types import EpisodeKey, TrajectorySegment
+from rlvla3.types import TrajectorySegment
 
 
 class BatchStart:
@@ -53,6 +62,59 @@ class StreamingStart:
 
 LEARNER_STRATEGIES = {"batch": BatchStart, "streaming": StreamingStart}
 
+Reduce = Callable[[np.ndarray], np.ndarray]
+"""Sums a float64 vector over the learner ranks (identity for one rank)."""
+
+
+class AdvantageNormalizer:
+    """Standardisation constants for PPO advantages, fixed per optimizer step.
+
+        A_hat = (A - mu) / (sigma + 1e-8)
+
+    ``mu`` and ``sigma`` are the mean and standard deviation of the advantages of the previous
+    optimizer batch, summed over all ranks; the first step waits for its whole local batch and
+    uses that batch's own statistics. A streaming learner starts a step before its batch is
+    complete, so the batch's own statistics cannot be known in time; taking them from a whole
+    batch (never from a queue pull or a micro-batch) is what keeps a single good or bad episode
+    from being normalised to mean zero, and makes the update independent of how the batch
+    arrived or was split.
+    """
+
+    def __init__(self, enabled: bool, reduce: Reduce):
+        self.enabled = enabled
+        self.reduce = reduce
+        self.mu, self.sigma = 0.0, 1.0
+        self.ready = not enabled
+        self._step = np.zeros(3)
+
+    def seed(self, advantages: np.ndarray) -> None:
+        """Constants for the first step, from its own batch (all ranks)."""
+        self._set(self._moments(advantages))
+        self.ready = True
+
+    def apply(self, advantages: np.ndarray) -> np.ndarray:
+        if not self.enabled:
+            return advantages
+        self._step += self._moments(advantages)
+        return ((advantages - self.mu) / (self.sigma + 1e-8)).astype(np.float32)
+
+    def end_step(self) -> None:
+        """The step's batch is complete: its statistics become the next step's constants."""
+        if self.enabled:
+            self._set(self._step)
+            self._step = np.zeros(3)
+
+    @staticmethod
+    def _moments(a: np.ndarray) -> np.ndarray:
+        a = np.asarray(a, np.float64)
+        return np.array([len(a), a.sum(), np.square(a).sum()])
+
+    def _set(self, moments: np.ndarray) -> None:
+        n, s, s2 = self.reduce(moments)
+        if n > 0:
+            self.mu = s / n
+            self.sigma = float(np.sqrt(max(s2 / n - self.mu**2, 0.0)))
+
 
 @dataclass(frozen=True, slots=True)
 class StepStats:
@@ -68,6 +130,10 @@ class StepStats:
     approx_kl: float
     grad_norm: float
     mean_staleness: float
+    behaviour_weight: float
+    """Mean truncated importance weight ``pi_prox / pi_behav`` of the step's samples."""
+    truncated_fraction: float
+    """Fraction of the step's samples whose importance weight was truncated."""
 
 
 class LearnerCore:
@@ -75,56 +141,69 @@ class LearnerCore:
 
     def __init__(self, policy: Policy, algo: AlgoConfig, local_batch: int, micro_batch: int,
                  lr: float, strategy: BatchStart | StreamingStart,
-                 ddp_model: nn.Module | None = None):
+                 ddp_model: nn.Module | None = None, max_staleness: int | None = None,
+                 reduce: Reduce | None = None):
         self.policy = policy
         self.model = ddp_model if ddp_model is not None else policy
         self.algo = algo
         self.local_batch = local_batch
         self.micro_batch = micro_batch
         self.strategy = strategy
+        self.max_staleness = max_staleness
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr, eps=1e-5)
+        self.normalizer = AdvantageNormalizer(algo.normalize_advantages and algo.name == "ppo",
+                                              reduce or (lambda x: x))
         self.version = 0
         self._pending: deque[Samples] = deque()
         self.buffered = 0
-        self._groups: dict[EpisodeKey, list[TrajectorySegment]] = defaultdict(list)
         self._done_in_step = 0
-        self._micro_index = 0
         self._acc: list[dict[str, float]] = []
         self.busy_s = 0.0
         self.samples_trained = 0
+        self.counts = {"received_decisions": 0, "received_episodes": 0, "trained_env_steps": 0,
+                       "discarded_decisions": 0, "discarded_env_steps": 0}
+        self.staleness_hist: dict[int, int] = {}
+        """Per trained decision: learner version minus behaviour version."""
+        self.length_hist: dict[int, int] = {}
+        """Decisions per episode received (the episodes that reached training)."""
 
     @property
     def micro_done(self) -> int:
         """Samples already consumed toward the current optimizer step."""
         return self._done_in_step
 
-    @property
-    def held_episodes(self) -> int:
-        """GRPO: episodes waiting for the rest of their group."""
-        return sum(len(g) for g in self._groups.values())
-
-    def _complete_groups(self, segments: list[TrajectorySegment]) -> list[TrajectorySegment]:
-        """GRPO needs whole groups, but asynchronous slots finish a group's episodes at
-        different times: hold each episode until ``group_size`` of its (task, initial state)
-        have arrived, then release them together."""
-        ready: list[TrajectorySegment] = []
-        for segment in segments:
-            group = self._groups[segment.key]
-            group.append(segment)
-            if len(group) == self.algo.group_size:
-                ready.extend(self._groups.pop(segment.key))
-        return ready
-
     def add_segments(self, segments: Iterable[TrajectorySegment]) -> None:
-        """Turn segments into samples (advantages computed here) and buffer them."""
+        """Turn segments into samples (advantages computed here) and buffer them. GRPO segments
+        must come as whole groups (the trajectory queue releases them so)."""
         segments = list(segments)
-        if self.algo.name == "grpo":
-            segments = self._complete_groups(segments)
         if not segments:
             return
+        for s in segments:
+            self.length_hist[len(s)] = self.length_hist.get(len(s), 0) + 1
         samples = prepare_samples(segments, self.algo)
+        self.counts["received_decisions"] += len(samples)
+        self.counts["received_episodes"] += len(segments)
         self._pending.append(samples)
         self.buffered += len(samples)
+        self._discard_stale()
+
+    def _discard_stale(self) -> None:
+        """Drop buffered decisions more than ``max_staleness`` versions behind (counted)."""
+        if self.max_staleness is None:
+            return
+        floor = self.version - self.max_staleness
+        kept: deque[Samples] = deque()
+        for part in self._pending:
+            fresh = part.policy_versions >= floor
+            if fresh.all():
+                kept.append(part)
+                continue
+            self.counts["discarded_decisions"] += int((~fresh).sum())
+            self.counts["discarded_env_steps"] += int(part.env_steps[~fresh].sum())
+            self.buffered -= int((~fresh).sum())
+            if fresh.any():
+                kept.append(part.select(np.flatnonzero(fresh)))
+        self._pending = kept
 
     def _take(self, n: int) -> Samples:
         parts, need = [], n
@@ -140,6 +219,15 @@ class LearnerCore:
         self.buffered -= n
         return parts[0] if len(parts) == 1 else Samples.concat(parts)
 
+    def _peek_advantages(self, n: int) -> np.ndarray:
+        out, need = [], n
+        for part in self._pending:
+            out.append(part.advantages[:need])
+            need -= len(out[-1])
+            if need <= 0:
+                break
+        return np.concatenate(out)
+
     def run_available(self, on_step: Callable[[StepStats], None] | None = None,
                       until_version: int | None = None) -> int:
         """Run every micro-batch the strategy allows now (and, if given, until the version
@@ -148,6 +236,10 @@ class LearnerCore:
         while until_version is None or self.version < until_version:
             remaining = self.local_batch - self._done_in_step
             size = min(self.micro_batch, remaining)
+            if not self.normalizer.ready:
+                if self.buffered < self.local_batch:
+                    return steps
+                self.normalizer.seed(self._peek_advantages(self.local_batch))
             if not self.strategy.may_start(self.buffered, remaining, self.micro_batch):
                 return steps
             self._micro_step(self._take(size))
@@ -159,12 +251,13 @@ class LearnerCore:
         return steps
 
     def loss(self, batch: Samples) -> tuple[torch.Tensor, dict[str, float]]:
-        """The PPO/GRPO objective on one micro-batch (mean over its samples)."""
+        """The PPO/GRPO objective on one micro-batch (mean over its samples); advantages are
+        taken as given (standardise them first, as ``_micro_step`` does)."""
         ev = self.model.evaluate(batch.obs, torch.from_numpy(batch.actions),
                                  torch.from_numpy(batch.latents))
 
         def t(a: np.ndarray) -> torch.Tensor:  # recorded data, on the policy's device
-            return torch.from_numpy(a).to(ev.log_prob.device)
+            return torch.from_numpy(np.ascontiguousarray(a)).to(ev.log_prob.device)
 
         total, stats = objective(self.algo, ev, t(batch.log_probs), t(batch.advantages),
                                  t(batch.returns), t(batch.values))
@@ -172,14 +265,16 @@ class LearnerCore:
                        "value_loss": stats.value_loss, "entropy": stats.entropy,
                        "clip_fraction": stats.policy.clip_fraction,
                        "approx_kl": stats.policy.approx_kl,
+                       "behaviour_weight": stats.policy.behaviour_weight_mean,
+                       "truncated_fraction": stats.policy.truncated_fraction,
                        "staleness": float(self.version - batch.policy_versions.mean())}
 
     def _micro_step(self, batch: Samples) -> None:
         start = time.perf_counter()
-        self._micro_index += 1
         last = self._done_in_step + len(batch) == self.local_batch
         sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
             else self.model.no_sync()
+        batch = replace(batch, advantages=self.normalizer.apply(batch.advantages))
         with sync:
             loss, info = self.loss(batch)
             (loss * (len(batch) / self.local_batch)).backward()
@@ -187,6 +282,10 @@ class LearnerCore:
         self._acc.append(info)
         self._done_in_step += len(batch)
         self.samples_trained += len(batch)
+        self.counts["trained_env_steps"] += int(batch.env_steps.sum())
+        lags, counts = np.unique(self.version - batch.policy_versions, return_counts=True)
+        for lag, count in zip(lags.tolist(), counts.tolist(), strict=True):
+            self.staleness_hist[lag] = self.staleness_hist.get(lag, 0) + count
         self.busy_s += time.perf_counter() - start
 
     def _optimizer_step(self) -> StepStats:
@@ -195,6 +294,7 @@ class LearnerCore:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
+        self.normalizer.end_step()
         acc, self._acc = self._acc, []
         weights = np.asarray([a["n"] for a in acc], dtype=np.float64) / self.local_batch
 
@@ -202,10 +302,12 @@ class LearnerCore:
             return float(sum(w * a[key] for w, a in zip(weights, acc, strict=False)))
 
         self._done_in_step = 0
+        self._discard_stale()
         self.busy_s += time.perf_counter() - start
         return StepStats(self.version, self.local_batch, avg("loss"), avg("policy_loss"),
                          avg("value_loss"), avg("entropy"), avg("clip_fraction"),
-                         avg("approx_kl"), float(grad_norm), avg("staleness"))
+                         avg("approx_kl"), float(grad_norm), avg("staleness"),
+                         avg("behaviour_weight"), avg("truncated_fraction"))
 
     def weights(self) -> dict[str, np.ndarray]:
         """Current parameters and buffers as numpy arrays (CPU copies)."""

@@ -20,7 +20,7 @@ from rlvla3.algos import AlgoConfig
 from rlvla3.config import Named, build, deep_merge, load_mapping, require
 
 Placement = Literal["colocated", "disaggregated"]
-RolloutStrategyName = Literal["lockstep", "pipelined", "async"]
+RolloutStrategyName = Literal["lockstep", "pipelined", "autoreset", "async"]
 TrainingStrategyName = Literal["sync", "async"]
 LearnerStrategyName = Literal["batch", "streaming"]
 
@@ -32,8 +32,10 @@ class Strategies:
     placement: Placement
     """colocated: all roles share one pool of resources; disaggregated: each role its own."""
     rollout: RolloutStrategyName
-    """lockstep: every env steps, then one inference batch; pipelined: two env groups in
-    lockstep, one simulating while the other is inferred; async: every slot its own loop."""
+    """lockstep: every env steps, then one inference batch, until every slot finished its
+    episode; pipelined: two env groups in lockstep, one simulating while the other is inferred;
+    autoreset: lockstep for a fixed number of decisions per round, a finished episode resets in
+    place and the next one goes on; async: every slot its own loop."""
     training: TrainingStrategyName
     """sync: rollout, then train, then sync weights; async: both run at once (bounded staleness)."""
     learner: LearnerStrategyName
@@ -42,6 +44,7 @@ class Strategies:
 
 MODES: dict[str, Strategies] = {
     "sync": Strategies("colocated", "lockstep", "sync", "batch"),
+    "sync_autoreset": Strategies("colocated", "autoreset", "sync", "batch"),
     "disaggregated": Strategies("disaggregated", "pipelined", "sync", "batch"),
     "train_async": Strategies("disaggregated", "pipelined", "async", "batch"),
     "rollout_async": Strategies("disaggregated", "async", "async", "batch"),
@@ -58,18 +61,21 @@ class PipelineConfig:
     rollout: str = ""
     training: str = ""
     learner: str = ""
+    round_decisions: int = 0
+    """autoreset rollout: decisions every slot takes per round (0: the env's max_decisions)."""
 
     def validate(self) -> None:
         require(self.mode in MODES, "mode", f"unknown mode {self.mode!r} (known: {', '.join(MODES)})")
         allowed = {
             "placement": ("colocated", "disaggregated"),
-            "rollout": ("lockstep", "pipelined", "async"),
+            "rollout": ("lockstep", "pipelined", "autoreset", "async"),
             "training": ("sync", "async"),
             "learner": ("batch", "streaming"),
         }
         for name, choices in allowed.items():
             value = getattr(self, name)
             require(value in ("", *choices), name, f"{value!r} is not one of {list(choices)}")
+        require(self.round_decisions >= 0, "round_decisions", "must be >= 0")
         strategies = self.strategies()
         require(not (strategies.rollout == "async" and strategies.training == "sync"), "rollout",
                 "async rollout needs async training (free-running env slots never pause for a "
@@ -128,13 +134,24 @@ class QueueConfig:
     """The trajectory queue between env workers and learners."""
 
     capacity: int = 256
-    """Segments held at most; a full queue pauses the producing env slots (backpressure)."""
-    max_staleness: int = 2
-    """Drop a segment whose oldest action is more than this many versions behind the learner."""
+    """Items (episodes, or GRPO groups) queued at most; a full queue pauses the producing env
+    slots (backpressure). Synchronous training sizes the queue to hold a whole round."""
+    max_staleness: int = 8
+    """Hard bound: a decision more than this many policy versions behind the learner is
+    discarded (counted) instead of trained. Pacing keeps this a last resort."""
+    pace_lag: float | None = None
+    """Asynchronous rollout admits a new episode only while the optimizer steps expected before
+    its first decision is trained stay within this many versions (see ``TrajectoryQueue``).
+    None: ``0.75 * max_staleness``; 0: no pacing (slots never wait for the learners)."""
 
     def validate(self) -> None:
         require(self.capacity >= 1, "capacity", "must be >= 1")
         require(self.max_staleness >= 0, "max_staleness", "must be >= 0")
+        require(self.pace_lag is None or self.pace_lag >= 0, "pace_lag", "must be >= 0")
+
+    @property
+    def pace_target(self) -> float:
+        return 0.75 * self.max_staleness if self.pace_lag is None else self.pace_lag
 
 
 @dataclass(frozen=True)
@@ -203,6 +220,9 @@ class RunConfig:
     name: str = ""
     """Run directory name under run_root (empty: a timestamp)."""
     log_every_s: float = 2.0
+    watchdog_s: float = 120.0
+    """A run with no env step and no optimizer step for this long prints which role it is
+    waiting on (and again every ``watchdog_s``); 0 disables the watchdog."""
     checkpoint_every: int = 20
     """Save a checkpoint every this many policy versions (0: only at the end)."""
     eval_every: int = 0
@@ -218,6 +238,7 @@ class RunConfig:
         require(self.total_env_steps >= 1, "total_env_steps", "must be >= 1")
         require(self.max_minutes >= 0, "max_minutes", "must be >= 0")
         require(self.log_every_s > 0, "log_every_s", "must be > 0")
+        require(self.watchdog_s >= 0, "watchdog_s", "must be >= 0")
         require(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0")
         require(self.eval_every >= 0, "eval_every", "must be >= 0")
         require(not self.eval_every or self.eval_init_state_ids, "eval_init_state_ids",

@@ -9,9 +9,9 @@ Invariants:
 - Advantages are computed per whole episode before anything is flattened, so a decision's
   advantage never mixes rewards of two episodes.
 - PPO: GAE with the behaviour values recorded at rollout time and the segment's bootstrap value
-  when it was truncated; advantages are standardised over all samples of the call when
-  ``normalize_advantages`` (never per micro-batch, so that splitting a batch into micro-batches
-  does not change the update).
+  when it was truncated. Advantages leave here unstandardised: how many episodes one call sees
+  depends on arrival timing, so standardisation belongs to the optimizer batch (the learner's
+  ``AdvantageNormalizer``), never to a call or a micro-batch.
 - GRPO: segments are grouped by ``EpisodeKey``; each key must hold a whole number of groups of
   ``group_size`` episodes (consecutive in list order form one group), otherwise ``ValueError``.
   The per-step advantage is the episode's group advantage; the return is the episode return.
@@ -49,6 +49,8 @@ class Samples:
     """float32 ``[N]``: behaviour value estimates recorded at rollout time."""
     policy_versions: np.ndarray
     """int64 ``[N]``: version of the weights behind each action."""
+    env_steps: np.ndarray
+    """int64 ``[N]``: low-level env steps each decision executed."""
 
     def __len__(self) -> int:
         return len(self.log_probs)
@@ -64,6 +66,7 @@ class Samples:
             returns=self.returns[index],
             values=self.values[index],
             policy_versions=self.policy_versions[index],
+            env_steps=self.env_steps[index],
         )
 
     @staticmethod
@@ -78,6 +81,7 @@ class Samples:
             returns=np.concatenate([p.returns for p in parts]),
             values=np.concatenate([p.values for p in parts]),
             policy_versions=np.concatenate([p.policy_versions for p in parts]),
+            env_steps=np.concatenate([p.env_steps for p in parts]),
         )
 
 
@@ -90,8 +94,6 @@ def _ppo_advantages(
     ]
     advantages = np.concatenate([a for a, _ in per_segment])
     returns = np.concatenate([r for _, r in per_segment])
-    if cfg.normalize_advantages:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     return advantages.astype(np.float32), returns
 
 
@@ -137,4 +139,5 @@ def prepare_samples(segments: Sequence[TrajectorySegment], cfg: AlgoConfig) -> S
         policy_versions=np.concatenate([s.policy_versions for s in segments]).astype(
             np.int64, copy=False
         ),
+        env_steps=np.concatenate([s.decision_steps() for s in segments]),
     )

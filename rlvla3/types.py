@@ -212,11 +212,21 @@ class TrajectorySegment:
     """Value of the observation after the last step; used only when ``truncated``."""
     env_steps: int
     """Low-level simulator steps the episode took."""
+    step_counts: np.ndarray | None = None
+    """int32 ``[T]``: low-level steps each decision executed (sums to ``env_steps``); what
+    ``trained_env_steps`` counts. None: spread ``env_steps`` evenly (older producers)."""
     fault: str = ""
     """Non-empty when the episode was cut by a simulator fault (see ``StepResult.fault``)."""
 
     def __len__(self) -> int:
         return len(self.rewards)
+
+    def decision_steps(self) -> np.ndarray:
+        """int64 ``[T]``: low-level env steps behind each decision."""
+        if self.step_counts is not None:
+            return np.asarray(self.step_counts, dtype=np.int64)
+        base, extra = divmod(self.env_steps, max(len(self), 1))
+        return np.full(len(self), base, np.int64) + (np.arange(len(self)) < extra)
 
     @property
     def episode_return(self) -> float:

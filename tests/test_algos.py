@@ -161,6 +161,51 @@ def test_decoupled_ppo_clips_around_the_proximal_policy():
     assert stats.dual_clip_fraction == 1.0
 
 
+def test_truncated_importance_weight():
+    # behav = ln 0.2, prox = 0 -> pi_prox / pi_behav = 5, truncated at c = 2; new = prox (r = 1).
+    # A = 1: loss = -2 * 1 = -2; gradient d(-w r A)/d new = -w r A = -2.
+    new_t = torch.tensor([0.0], dtype=torch.float64, requires_grad=True)
+    loss, stats = ppo_loss(new_t, torch.tensor([math.log(0.2)], dtype=torch.float64),
+                           torch.tensor([1.0], dtype=torch.float64), 0.2, 3.0,
+                           prox_log_prob=torch.tensor([0.0], dtype=torch.float64), weight_cap=2.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(-2.0) and new_t.grad.item() == pytest.approx(-2.0)
+    assert stats.behaviour_weight_mean == pytest.approx(2.0) and stats.truncated_fraction == 1.0
+    # below the cap nothing changes: behav = ln 0.8 -> w = 1.25
+    loss, _, stats = _loss_per_sample(0.0, math.log(0.8), 1.0, prox=0.0)
+    assert loss == pytest.approx(-1.25) and stats.truncated_fraction == 0.0
+
+
+def test_objective_proximal_is_the_step_start_parameters():
+    """Default objective (``proximal: step``): the proximal policy is the evaluated parameters
+    without gradient, so r = 1 and the gradient is -mean(w * A * grad log pi) with
+    w = min(pi_theta / pi_behav, cap): hand-computed on two samples."""
+    new = torch.tensor([0.0, math.log(0.5)], dtype=torch.float64, requires_grad=True)
+    ev = Evaluation(log_prob=new, value=torch.zeros(2, dtype=torch.float64),
+                    entropy=torch.zeros(2, dtype=torch.float64))
+    behav = torch.tensor([math.log(0.25), 0.0], dtype=torch.float64)  # w = [4 -> 2 (cap), 0.5]
+    adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    zeros = torch.zeros(2, dtype=torch.float64)
+    loss, stats = objective(AlgoConfig("grpo", behaviour_weight_cap=2.0), ev, behav, adv, zeros,
+                            zeros)
+    loss.backward()
+    # loss = -mean(w * A) = -(2 * 1 + 0.5 * -2) / 2 = -0.5
+    assert loss.item() == pytest.approx(-0.5)
+    # d loss / d new_i = -w_i * A_i / 2 = [-1, 0.5]
+    np.testing.assert_allclose(new.grad.numpy(), [-1.0, 0.5])
+    assert stats.policy.clip_fraction == 0.0 and stats.policy.ratio_mean == pytest.approx(1.0)
+
+    # classic PPO (proximal: behaviour): r = pi_theta / pi_behav = [4, 0.5]; A = [1, -2]:
+    # sample 0: min(4, 1.2) = 1.2 (clipped); sample 1: min(-1, -1.6) = -1.6 (clipped)
+    new.grad = None
+    loss, stats = objective(AlgoConfig("grpo", proximal="behaviour"), ev, behav, adv, zeros,
+                            zeros)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(1.2 - 1.6) / 2)
+    np.testing.assert_allclose(new.grad.numpy(), [0.0, 0.0])
+    assert stats.policy.clip_fraction == 1.0
+
+
 def test_decoupled_equals_plain_when_prox_is_behaviour():
     new = torch.tensor([0.3, -0.4, 1.2], dtype=torch.float64)
     behav = torch.tensor([0.1, 0.0, -0.5], dtype=torch.float64)
@@ -253,10 +298,10 @@ def test_prepare_samples_ppo_uses_gae_per_segment():
     sub = samples.select(np.array([1, 4]))
     np.testing.assert_allclose(sub.advantages, [0.71, 2.006], rtol=1e-6)
 
-    normed = prepare_samples([a, b], AlgoConfig(name="ppo", gamma=0.9, lam=0.8))
-    assert abs(normed.advantages.mean()) < 1e-6 and normed.advantages.std() == pytest.approx(
-        1, abs=1e-5
-    )
+    np.testing.assert_array_equal(samples.env_steps, [2] * 6)  # 2 steps per decision
+    # standardisation belongs to the optimizer batch (the learner), never to one call
+    raw = prepare_samples([a, b], AlgoConfig(name="ppo", gamma=0.9, lam=0.8))
+    np.testing.assert_allclose(raw.advantages, samples.advantages)
 
 
 def test_prepare_samples_grpo_broadcasts_group_advantage():
@@ -297,6 +342,8 @@ def test_prepare_samples_grpo_rejects_an_incomplete_group():
         ({"name": "ppo", "max_grad_norm": 0.0}, "algo.max_grad_norm"),
         ({"name": "ppo", "clip_eps": "wide"}, "algo.clip_eps"),
         ({"name": "ppo", "kl_coef": 0.1}, "algo.kl_coef"),
+        ({"name": "ppo", "proximal": "old"}, "algo.proximal"),
+        ({"name": "ppo", "behaviour_weight_cap": 0.5}, "algo.behaviour_weight_cap"),
         ({}, "algo.name"),
     ],
 )

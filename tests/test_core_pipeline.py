@@ -104,45 +104,70 @@ def make_policy(seed: int = 0):
 
 
 # ---- learner -------------------------------------------------------------------------------
-def test_streaming_accumulation_equals_one_full_batch_step():
+def test_accumulation_and_streaming_equal_full_batch_steps_with_normalisation():
+    """Two optimizer steps with batch-level advantage standardisation on: one micro-batch per
+    step, streamed micro-batches over five arrivals, and batch-start micro-batches over three
+    arrivals give the same parameters."""
     torch.manual_seed(0)
-    segments = collect_segments(make_policy(1), 12)
+    segments = collect_segments(make_policy(1), 30)
     total = sum(len(s) for s in segments)
-    batch = (total // 16) * 16
-    algo = AlgoConfig("ppo", normalize_advantages=False)
+    batch = (total // 48) * 16
+    assert 2 * batch <= total
+    algo = AlgoConfig("ppo")
+    assert algo.normalize_advantages
     results = []
-    for micro, strategy, arrivals in ((batch, BatchStart(), 1), (16, StreamingStart(), 4),
+    for micro, strategy, arrivals in ((batch, BatchStart(), 1), (16, StreamingStart(), 5),
                                       (16, BatchStart(), 3)):
         policy = make_policy(2)
         core = LearnerCore(policy, algo, local_batch=batch, micro_batch=micro, lr=1e-2,
                            strategy=strategy)
-        chunks = np.array_split(np.arange(len(segments)), arrivals)
-        steps = 0
-        for idx in chunks:
+        for idx in np.array_split(np.arange(len(segments)), arrivals):
             core.add_segments([segments[i] for i in idx])
-            steps += core.run_available()
-        assert steps == 1 and core.version == 1
+            core.run_available(until_version=2)
+        assert core.version == 2
         results.append({k: v.clone() for k, v in policy.state_dict().items()})
     for other in results[1:]:
         for key, value in results[0].items():
             torch.testing.assert_close(other[key], value, atol=1e-5, rtol=1e-4)
 
 
+def test_advantage_normaliser_uses_whole_batches_of_all_ranks():
+    from rlvla3.learner import AdvantageNormalizer
+
+    other_rank = np.array([2.0, 2.0 * 3.0, 2.0 * 9.0])  # two samples of 3.0 on another rank
+    norm = AdvantageNormalizer(True, reduce=lambda m: m + other_rank)
+    assert not norm.ready
+    norm.seed(np.array([1.0, 1.0]))  # union [1, 1, 3, 3]: mean 2, std 1
+    assert (norm.mu, norm.sigma) == pytest.approx((2.0, 1.0))
+    # a single good episode in a micro-batch is scaled by the batch's constants, not to zero
+    np.testing.assert_allclose(norm.apply(np.array([5.0])), [3.0], rtol=1e-6)
+    np.testing.assert_allclose(norm.apply(np.array([1.0])), [-1.0], rtol=1e-6)
+    norm.end_step()  # this step's batch [5, 1] + the other rank's [3, 3]: mean 3, var 2
+    assert (norm.mu, norm.sigma) == pytest.approx((3.0, np.sqrt(2.0)))
+    off = AdvantageNormalizer(False, reduce=lambda m: m)
+    assert off.ready and off.apply(np.array([5.0]))[0] == 5.0
+
+
 def test_streaming_starts_micro_batches_before_the_batch_is_complete():
-    segments = collect_segments(make_policy(1), 8)
+    """The first step waits for its whole batch (its statistics seed the normaliser); later
+    steps stream."""
+    segments = collect_segments(make_policy(1), 16)
+    half = sum(len(s) for s in segments[:8])
     total = sum(len(s) for s in segments)
     algo = AlgoConfig("ppo")
-    streaming = LearnerCore(make_policy(2), algo, total, 4, 1e-3, StreamingStart())
-    batch = LearnerCore(make_policy(2), algo, total, 4, 1e-3, BatchStart())
+    streaming = LearnerCore(make_policy(2), algo, half, 4, 1e-3, StreamingStart())
+    batch = LearnerCore(make_policy(2), algo, half, 4, 1e-3, BatchStart())
     for core in (streaming, batch):
-        core.add_segments(segments[:4])
-        core.run_available()
-    assert streaming.samples_trained > 0 and streaming.version == 0
-    assert batch.samples_trained == 0
-    for core in (streaming, batch):
-        core.add_segments(segments[4:])
+        core.add_segments(segments[:8])
         assert core.run_available() == 1
-        assert core.buffered == 0 and core.samples_trained == total
+        core.add_segments(segments[8:12])
+        core.run_available()
+    assert streaming.samples_trained > half and streaming.version == 1
+    assert batch.samples_trained == half
+    for core in (streaming, batch):
+        core.add_segments(segments[12:])
+        core.run_available()
+        assert core.buffered == total - core.samples_trained and core.micro_done == 0
 
 
 def test_no_sample_dropped_or_reused_across_steps():
@@ -154,24 +179,26 @@ def test_no_sample_dropped_or_reused_across_steps():
     assert steps == total // 7
     assert core.samples_trained == steps * 7 + core.micro_done
     assert core.buffered == total - core.samples_trained
+    assert core.counts["trained_env_steps"] > 0
+    assert sum(core.staleness_hist.values()) == core.samples_trained
 
 
-def test_grpo_learner_holds_episodes_until_their_group_is_complete():
-    """Asynchronous slots finish a group's episodes at different times, interleaved with other
-    groups: nothing of a group is trained on before all of it has arrived."""
-    policy = make_policy(1)
-    env, core = make_env(REACH), RolloutCore(policy)
-    a = collect_episodes(env, core, TaskSampler([0], [0], 0), 3, "test")
-    b = collect_episodes(env, core, TaskSampler([1], [2], 0), 3, "test")
-    learner = LearnerCore(make_policy(2), AlgoConfig("grpo", group_size=3), 4, 2, 1e-3,
-                          StreamingStart())
-    learner.add_segments([a[0], b[0]])
-    learner.add_segments([b[1], a[1]])
-    assert learner.buffered == 0 and learner.held_episodes == 4
-    learner.add_segments([a[2]])  # group a is whole: released, with its own advantages
-    assert learner.buffered == sum(len(s) for s in a) and learner.held_episodes == 2
-    learner.add_segments([b[2]])
-    assert learner.buffered == sum(len(s) for s in a + b) and learner.held_episodes == 0
+def test_learner_discards_only_the_stale_decisions_of_an_episode():
+    """A long episode acted over several versions keeps its fresh decisions."""
+    from dataclasses import replace
+
+    segments = collect_segments(make_policy(1), 4)
+    long = max(segments, key=len)
+    versions = np.arange(len(long), dtype=np.int64)  # one version per decision
+    long = replace(long, policy_versions=versions)
+    core = LearnerCore(make_policy(2), AlgoConfig("ppo"), 10_000, 4, 1e-3, StreamingStart(),
+                       max_staleness=2)
+    core.version = len(long) - 1
+    core.add_segments([long])
+    assert core.buffered == 3  # versions T-3 .. T-1 are within 2 of version T-1
+    assert core.counts["discarded_decisions"] == len(long) - 3
+    assert core.counts["discarded_env_steps"] == int(long.decision_steps()[:-3].sum())
+    assert core.counts["received_decisions"] == len(long)
 
 
 def test_learning_signal_improves_the_objective():
@@ -230,24 +257,37 @@ def test_weights_swap_only_between_batches():
 
 
 # ---- trajectory queue -------------------------------------------------------------------------
-def _info(min_version: int):
+def _info(min_version: int, key=EpisodeKey(0, 0), decisions: int = 3, max_version: int = -1):
     from actors.trajectory_queue import SegmentInfo
 
-    return SegmentInfo("w0/s0", EpisodeKey(0, 0), 3, 6, min_version, 1.0, True)
+    return SegmentInfo("w0/s0", key, decisions, 2 * decisions, min_version, 1.0, True,
+                       max_version)
 
 
-def test_queue_staleness_filter_and_backpressure():
+def _queue(**kw):
     from actors.trajectory_queue import TrajectoryQueue
     from rlvla3.run_config import QueueConfig
 
+    group_size = kw.pop("group_size", 1)
+    batch = kw.pop("global_batch", 1)
+    initial = kw.pop("initial_decisions", 1.0)
+    return TrajectoryQueue(QueueConfig(**kw), group_size, batch, initial)
+
+
+def _refs(items) -> list:
+    return [[refs[0] for _, refs in item] for item in items]
+
+
+def test_queue_staleness_filter_and_backpressure():
     async def scenario():
-        queue = TrajectoryQueue(QueueConfig(capacity=3, max_staleness=2))
-        for v in (0, 1, 3):
-            await queue.put(_info(v), [f"ref{v}"])
+        queue = _queue(capacity=3, max_staleness=2)
+        await queue.put(_info(0), ["ref0"])
+        await queue.put(_info(0, max_version=2), ["ref0-2"])  # its newest decision is fresh
+        await queue.put(_info(3), ["ref3"])
         blocked = asyncio.create_task(queue.put(_info(4), ["ref4"]))
         await asyncio.sleep(0.05)
         assert not blocked.done(), "a full queue must make put wait (backpressure)"
-        queue.set_version(4)
+        await queue.set_version(4)
         got = await queue.get(max_items=2, timeout_s=1.0)
         await asyncio.wait_for(blocked, 1.0)
         rest = await queue.get(max_items=10, timeout_s=1.0)
@@ -255,11 +295,108 @@ def test_queue_staleness_filter_and_backpressure():
         return got, rest, empty, queue.stats()
 
     got, rest, empty, stats = asyncio.run(scenario())
-    assert [refs[0] for _, refs in got] == ["ref3"]  # versions 0 and 1 are > 2 behind 4
-    assert [refs[0] for _, refs in rest] == ["ref4"]
+    # version 0 alone is more than 2 behind 4: dropped; 0..2 still holds fresh decisions
+    assert _refs(got) == [["ref0-2"], ["ref3"]]
+    assert _refs(rest) == [["ref4"]]
     assert empty == []
-    assert stats["dropped_stale"] == 2 and stats["got"] == 2
-    assert stats["staleness_hist"] == {0: 1, 1: 1}
+    assert stats["dropped_stale"] == 1 and stats["dropped_stale_decisions"] == 3
+    assert stats["got"] == 3 and stats["put_decisions"] == 12
+    assert stats["put_decisions"] == (stats["got_decisions"] + stats["queued_decisions"]
+                                      + stats["dropped_stale_decisions"])
+
+
+def test_queue_follows_a_restored_learner_backwards():
+    async def scenario():
+        queue = _queue(capacity=8, max_staleness=2)
+        await queue.set_version(20)
+        await queue.set_version(12)  # an out-of-date report does not move it back
+        assert queue.stats()["version"] == 20
+        await queue.set_version(12, restored=True)
+        await queue.put(_info(12), ["fresh after the rollback"])
+        return await queue.get(max_items=4, timeout_s=1.0), queue.stats()
+
+    got, stats = asyncio.run(scenario())
+    assert _refs(got) == [["fresh after the rollback"]] and stats["dropped_stale"] == 0
+
+
+def test_grpo_groups_are_released_whole_and_short_groups_complete():
+    """Members of a group arrive interleaved with other groups; a group leaves the queue as
+    one item once whole; a member lost to a fault shortens its group instead of blocking it."""
+    a, b, c = EpisodeKey(0, 0), EpisodeKey(1, 2), EpisodeKey(2, 1)
+
+    async def scenario():
+        queue = _queue(capacity=8, max_staleness=4, group_size=3)
+        await queue.put(_info(0, a), ["a0"])
+        await queue.put(_info(0, b), ["b0"])
+        await queue.put(_info(0, a), ["a1"])
+        assert queue.depth() == 0 and queue.stats()["held_episodes"] == 3
+        await queue.put(_info(0, a), ["a2"])
+        first = await queue.get(max_items=8, timeout_s=1.0)
+        await queue.drop(b, decisions=5)  # one of b's members will never arrive
+        await queue.put(_info(0, b), ["b1"])
+        second = await queue.get(max_items=8, timeout_s=1.0)
+        await queue.drop(c, decisions=2)  # a fault before any member of c shipped
+        await queue.put(_info(1, c), ["c0"])
+        await queue.put(_info(1, c), ["c1"])
+        third = await queue.get(max_items=8, timeout_s=1.0)
+        return first, second, third, queue.stats()
+
+    first, second, third, stats = asyncio.run(scenario())
+    assert _refs(first) == [["a0", "a1", "a2"]]
+    assert _refs(second) == [["b0", "b1"]]
+    assert _refs(third) == [["c0", "c1"]]
+    assert stats["held_episodes"] == 0 and stats["expired"] == 0
+
+
+def test_grpo_held_groups_expire_by_staleness():
+    k = EpisodeKey(3, 3)
+
+    async def scenario():
+        queue = _queue(capacity=8, max_staleness=2, group_size=4)
+        await queue.put(_info(0, k, decisions=7), ["k0"])
+        await queue.put(_info(1, k, decisions=5), ["k1"])
+        await queue.set_version(3)
+        held = queue.stats()["held_episodes"]
+        await queue.set_version(4)  # newest member (v1) is now 3 > 2 versions behind
+        return held, queue.stats()
+
+    held, stats = asyncio.run(scenario())
+    assert held == 2
+    assert stats["held_episodes"] == 0 and stats["expired_groups"] == 1
+    assert stats["expired"] == 2 and stats["expired_decisions"] == 12
+    assert stats["put_decisions"] == stats["expired_decisions"]
+
+
+def test_pacing_holds_new_episodes_until_the_learners_catch_up():
+    """With the learners behind, admission waits instead of letting data age (no discards);
+    it resumes as the learners report what they consumed."""
+    async def scenario():
+        # batch 10 decisions, pace target 2 versions -> at most 20 decisions ahead
+        queue = _queue(capacity=100, max_staleness=4, pace_lag=2.0, global_batch=10,
+                       initial_decisions=5.0)
+        t1 = await queue.admit(0, EpisodeKey(0, 0))  # none in flight: always admitted
+        t2 = await queue.admit(0, EpisodeKey(0, 0))  # (0 + 2 * 5) / 10 = 1 <= 2
+        t3 = await queue.admit(1, EpisodeKey(0, 0))  # (0 + 3 * 5) / 10 = 1.5
+        t4 = await queue.admit(1, EpisodeKey(0, 0))  # (0 + 4 * 5) / 10 = 2
+        fifth = asyncio.create_task(queue.admit(1, EpisodeKey(0, 0)))  # 2.5 > 2
+        await asyncio.sleep(0.05)
+        assert not fifth.done()
+        for t in (t1, t2):  # two episodes finish: 10 decisions queued, 2 + 1 in flight/new
+            await queue.put(_info(0, decisions=5), ["x"], t)
+        await asyncio.sleep(0.05)
+        assert not fifth.done()  # (10 + 3 * 5) / 10 = 2.5: the learners have not consumed
+        await queue.get(max_items=10, timeout_s=1.0)
+        await queue.learner_buffered(0, 10)  # taken, but buffered: still ahead of the new one
+        await asyncio.sleep(0.05)
+        assert not fifth.done()
+        await queue.learner_buffered(0, 0)  # trained
+        t5 = await asyncio.wait_for(fifth, 1.0)
+        lost = await queue.reset_worker(1)  # worker 1 restarted: t3, t4, t5 died with it
+        return lost, queue.stats(), (t3, t4, t5)
+
+    lost, stats, _ = asyncio.run(scenario())
+    assert lost == 3 and stats["in_flight_episodes"] == 0
+    assert stats["admitted"] == 5 and stats["dropped_stale"] == 0
 
 
 def test_weight_broadcaster_delivers_exact_tensors():

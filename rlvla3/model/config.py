@@ -133,7 +133,7 @@ class VLAConfig:
         require(2 <= self.state_bins <= 256, "state_bins", "must be in [2, 256]")
         require(len(self.state_low) == len(self.state_high), "state_high",
                 f"has {len(self.state_high)} values but state_low has {len(self.state_low)}")
-        require(all(lo < hi for lo, hi in zip(self.state_low, self.state_high)), "state_high",
+        require(all(lo < hi for lo, hi in zip(self.state_low, self.state_high, strict=True)), "state_high",
                 "every dimension needs state_low < state_high")
         require(len(self.action_mean) == len(self.action_std), "action_std",
                 f"has {len(self.action_std)} values but action_mean has {len(self.action_mean)}")

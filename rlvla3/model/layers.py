@@ -166,7 +166,7 @@ class VisionEncoder(nn.Module):
         if conv_stem:  # channels double up to ``dim``; each conv halves the side
             widths = [3] + [max(8, dim >> (conv_stem - 1 - i)) for i in range(conv_stem)]
             convs: list[nn.Module] = []
-            for i, (cin, cout) in enumerate(zip(widths, widths[1:])):
+            for i, (cin, cout) in enumerate(zip(widths, widths[1:], strict=False)):
                 convs += [nn.Conv2d(cin, cout, 3, stride=2, padding=1)]
                 convs += [nn.GELU()] if i < conv_stem - 1 else []
             self.patch_embedding = nn.Sequential(*convs)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlvla3.config import ConfigError
 from rlvla3.model import flow
 from rlvla3.model.attention import select_backend
 from rlvla3.model.config import VLAConfig, shapes_for
@@ -27,7 +28,6 @@ from rlvla3.model.fp8 import select_fp8
 from rlvla3.model.network import PrefixCache, SuffixLayout, VLANetwork
 from rlvla3.model.processor import PrefixBatch, Processor
 from rlvla3.packing import pack_best_fit
-from rlvla3.config import ConfigError
 from rlvla3.protocols import Evaluation
 from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput
 
@@ -60,13 +60,20 @@ class VLAPolicy(nn.Module):
         self.set_attention(cfg.attention)
         self.fp8_backend = select_fp8(cfg.fp8_backend, device) if cfg.fp8 else None
         self.net.set_fp8(self.fp8_backend)
-        self._generator = torch.Generator(device).manual_seed(cfg.seed + 1)
+        self._sampling_seed = cfg.seed + 1
+        self._generator = torch.Generator(device).manual_seed(self._sampling_seed)
+
+    def seed_sampling(self, seed: int) -> None:
+        """Restart the sampling noise stream from ``seed`` (each rollout server and each of its
+        incarnations gets its own, so no two draw the same noise)."""
+        self._sampling_seed = seed
+        self._generator = torch.Generator(self.device).manual_seed(seed)
 
     def _apply(self, fn, recurse=True):
         """After ``.to(device)``: re-pick the attention backend and the sampling generator."""
         out = super()._apply(fn, recurse)
         if hasattr(self, "_generator") and self._generator.device != self.device:
-            self._generator = torch.Generator(self.device).manual_seed(self.cfg.seed + 1)
+            self._generator = torch.Generator(self.device).manual_seed(self._sampling_seed)
             self.set_attention(self.cfg.attention)
         return out
 

@@ -113,6 +113,11 @@ class SmallPolicy(nn.Module):
         self.log_std = nn.Parameter(torch.full((self.out_dim,), cfg.init_log_std))
         nn.init.zeros_(self.mean_head[-1].bias)
         self.mean_head[-1].weight.data.mul_(0.1)
+        self._generator: torch.Generator | None = None
+
+    def seed_sampling(self, seed: int) -> None:
+        """Draw action noise from a stream of its own, seeded ``seed`` (else torch's global)."""
+        self._generator = torch.Generator(self.device).manual_seed(seed)
 
     @property
     def device(self) -> torch.device:
@@ -150,7 +155,8 @@ class SmallPolicy(nn.Module):
     def act(self, obs: ObsBatch, deterministic: bool = False) -> PolicyOutput:
         feats = self._features(obs)
         mean, log_std = self._dist(feats)
-        flat = mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
+        noise = torch.randn(mean.shape, generator=self._generator, device=mean.device)
+        flat = mean if deterministic else mean + log_std.exp() * noise
         n = len(obs)
         return PolicyOutput(
             actions=flat.view(n, self.spec.chunk_len, self.spec.action_dim).cpu().numpy(),

@@ -1,0 +1,304 @@
+"""The run monitor: one progress row per tick from every role's counters, and the accounting.
+
+Input: the ``Topology`` of a running run. Output: progress rows (console line, ``metrics.jsonl``,
+TensorBoard, the run's status actor), the summary's per-mode figures, the decision accounting,
+and ``waiting_on``: what a stalled run waits on (the controller's watchdog prints it).
+
+Figures a user judges a run by (all in the row and the summary):
+- ``env_steps_per_s``: produced low-level env steps per second;
+- ``trained_env_steps_per_s``: env steps whose decisions entered an optimizer step, per second
+  (what a run's speed is worth: a produced step that is discarded taught nothing);
+- ``discarded_decision_fraction``: decisions discarded for staleness (learners, queue, expired
+  GRPO groups) over decisions produced;
+- ``staleness_p50/p90/max``: learner version minus behaviour version of trained decisions.
+
+Restarts: an actor that Ray restarted reports a new incarnation whose counters start from zero;
+the monitor adds its predecessor's last counters back (``carried``), so totals never go down,
+and counts what died with it (an env worker's running episodes, a learner's buffered samples).
+
+Accounting (no restarts): every decision produced is in exactly one place, and
+``accounting["unaccounted"]`` is ``produced`` minus the sum of all of them:
+running in a slot | dropped by a simulator fault | discarded at stop | queued | held for its
+GRPO group | dropped stale by the queue | expired with its group | lost with its payload |
+trained | discarded stale by a learner | buffered in a learner.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import ray
+
+from actors.topology import Topology
+
+WORKER_CARRIED = ("env_steps", "decisions", "episodes", "successes", "dropped_faults",
+                  "dropped_decisions", "shipped_decisions", "shipped_env_steps", "env_busy_s",
+                  "admit_wait_s", "length_hist")
+LEARNER_CARRIED = ("samples_trained", "received_decisions", "received_episodes",
+                   "trained_env_steps", "discarded_decisions", "discarded_env_steps",
+                   "lost_segments", "lost_decisions", "staleness_hist", "length_hist",
+                   "busy_s")
+SERVER_CARRIED = ("requests", "batches")
+
+
+def _add(a, b):
+    """Counters add; histograms (dicts) add per bin."""
+    if isinstance(a, dict):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = out.get(k, 0) + v
+        return out
+    return a + b
+
+
+def hist_quantile(hist: dict, q: float) -> float:
+    """The ``q`` quantile of a histogram ``{value: count}`` (nan when empty)."""
+    items = sorted((float(k), v) for k, v in hist.items() if v > 0)
+    total = sum(v for _, v in items)
+    if not total:
+        return float("nan")
+    seen = 0
+    for value, count in items:
+        seen += count
+        if seen >= q * total:
+            return value
+    return items[-1][0]
+
+
+def hist_summary(hist: dict) -> dict:
+    """Count, mean, p50, p90 and max of a histogram."""
+    total = sum(hist.values())
+    mean = sum(float(k) * v for k, v in hist.items()) / total if total else float("nan")
+    return {"count": total, "mean": round(mean, 2), "p50": hist_quantile(hist, 0.5),
+            "p90": hist_quantile(hist, 0.9),
+            "max": max((float(k) for k, v in hist.items() if v), default=float("nan"))}
+
+
+class RoleStats:
+    """Stats of one role's actors across restarts (see the module docstring)."""
+
+    def __init__(self, role: str, carried: tuple[str, ...]):
+        self.role = role
+        self.carried = carried
+        self.restarts = 0
+        self.lost: dict[str, int] = {}
+        self._seen: dict[int, dict] = {}
+
+    def collect(self, handles: list, timeout_s: float = 60.0) -> list[dict]:
+        stats = ray.get([h.stats.remote() for h in handles], timeout=timeout_s)
+        out = []
+        for i, st in enumerate(stats):
+            seen = self._seen.get(i)
+            if seen is not None and seen["incarnation"] != st["incarnation"]:
+                self.restarts += 1
+                self._died(seen["last"])
+                for key in self.carried:
+                    seen["carry"][key] = _add(seen["carry"].get(key, 0 if not isinstance(
+                        st[key], dict) else {}), seen["last"][key])
+            carry = seen["carry"] if seen is not None else {}
+            self._seen[i] = {"incarnation": st["incarnation"], "last": st, "carry": carry}
+            out.append({**st, **{k: _add(st[k], carry[k]) for k in self.carried if k in carry}})
+        return out
+
+    def _died(self, last: dict) -> None:
+        """What an actor's death took with it, from its last report."""
+        if self.role == "env_worker":
+            self.lost["episodes"] = self.lost.get("episodes", 0) + last["slots"]
+            self.lost["decisions"] = self.lost.get("decisions", 0) + last["inflight_decisions"]
+        elif self.role == "learner":
+            self.lost["decisions"] = self.lost.get("decisions", 0) + last["buffered"]
+
+
+class RunMonitor:
+    """Collects every role's stats and turns them into rows, lines and the summary."""
+
+    def __init__(self, topology: Topology, run_dir: Path):
+        self.topo = topology
+        self.run_dir = run_dir
+        self.workers = RoleStats("env_worker", WORKER_CARRIED)
+        self.servers = RoleStats("rollout_server", SERVER_CARRIED)
+        self.learners = RoleStats("learner", LEARNER_CARRIED)
+        self.history: list[dict] = []
+        self._tb = None
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        return {"env_worker": self.workers.restarts, "rollout_server": self.servers.restarts,
+                "learner": self.learners.restarts,
+                "episodes_lost": self.workers.lost.get("episodes", 0)}
+
+    def env_steps(self) -> int:
+        return sum(s["env_steps"] for s in self.workers.collect(self.topo.workers))
+
+    def snapshot(self) -> dict:
+        """Every role's current stats."""
+        topo = self.topo
+        return {"workers": self.workers.collect(topo.workers),
+                "servers": self.servers.collect(topo.servers),
+                "learners": self.learners.collect(topo.learners),
+                "queue": ray.get(topo.queue.stats.remote(), timeout=60)}
+
+    def row(self, snap: dict, elapsed: float, base: dict) -> dict:
+        """The progress row: throughput, learning, pacing and accounting figures."""
+        workers, servers, learners, queue = (snap["workers"], snap["servers"],
+                                             snap["learners"], snap["queue"])
+        env_steps = sum(w["env_steps"] for w in workers)
+        episodes = sum(w["episodes"] for w in workers)
+        recent = [w for w in workers if w["recent_episodes"]]
+        weight = sum(w["recent_episodes"] for w in recent) or 1
+        requests = sum(s["requests"] for s in servers)
+        batches = sum(s["batches"] for s in servers)
+        produced = sum(w["decisions"] for w in workers)
+        trained_steps = sum(lr["trained_env_steps"] for lr in learners)
+        discarded = (sum(lr["discarded_decisions"] for lr in learners)
+                     + queue["dropped_stale_decisions"] + queue["expired_decisions"])
+        staleness: dict = {}
+        for lr in learners:
+            staleness = _add(staleness, lr["staleness_hist"])
+        elapsed = max(elapsed, 1e-9)
+        return {
+            "time_s": round(elapsed, 2),
+            "env_steps": base["env_steps"] + env_steps,
+            "env_steps_per_s": env_steps / elapsed,
+            "trained_env_steps": trained_steps,
+            "trained_env_steps_per_s": trained_steps / elapsed,
+            "trajectories_per_s": episodes / elapsed,
+            "episodes": base["episodes"] + episodes,
+            "decisions": produced,
+            "trained_decisions": sum(lr["samples_trained"] for lr in learners),
+            "discarded_decisions": discarded,
+            "discarded_decision_fraction": discarded / produced if produced else 0.0,
+            "staleness_p50": hist_quantile(staleness, 0.5),
+            "staleness_p90": hist_quantile(staleness, 0.9),
+            "staleness_max": max((float(k) for k, v in staleness.items() if v),
+                                 default=float("nan")),
+            "episode_return": sum(w["recent_return"] * w["recent_episodes"] for w in recent)
+            / weight,
+            "success_rate": sum(w["recent_success"] * w["recent_episodes"] for w in recent)
+            / weight,
+            "policy_version": learners[0]["version"],
+            "mean_batch_size": requests / batches if batches else 0.0,
+            "mean_batch_wait_ms": sum(s["mean_batch_wait_ms"] for s in servers) / len(servers),
+            "queue_depth": queue["depth"],
+            "expected_lag": queue["expected_lag"],
+            "in_flight_episodes": queue["in_flight_episodes"],
+            "dropped_stale": queue["dropped_stale"],
+            "dropped_faults": sum(w["dropped_faults"] for w in workers),
+            "lost_segments": sum(lr["lost_segments"] for lr in learners),
+            "restarts": sum(w["restarts"] for w in workers) + sum(
+                v for k, v in self.restarts.items() if k != "episodes_lost"),
+            "restart_counts": {**self.restarts,
+                               "simulator": sum(w["restarts"] for w in workers)},
+            "busy_env": sum(w["busy_fraction"] for w in workers) / len(workers),
+            "busy_rollout": sum(s["busy_fraction"] for s in servers) / len(servers),
+            "busy_learner": sum(lr["busy_fraction"] for lr in learners) / len(learners),
+            "learner_data_wait": sum(lr["data_wait_fraction"] for lr in learners)
+            / len(learners),
+            "admission_wait_fraction": sum(w["admit_wait_s"] for w in workers)
+            / (elapsed * sum(w["slots"] for w in workers)),
+            "loss": learners[0].get("loss", float("nan")),
+            "staleness": learners[0].get("staleness", float("nan")),
+        }
+
+    def accounting(self, snap: dict) -> dict:
+        """Where every produced decision is (see the module docstring)."""
+        workers, learners, queue = snap["workers"], snap["learners"], snap["queue"]
+        places = {
+            "running": sum(w["inflight_decisions"] for w in workers),
+            "dropped_fault": sum(w["dropped_decisions"] for w in workers),
+            "discarded_at_stop": queue["discarded_decisions"],
+            "queued": queue["queued_decisions"],
+            "held": queue["held_decisions"],
+            "dropped_stale_queue": queue["dropped_stale_decisions"],
+            "expired_grpo": queue["expired_decisions"],
+            "lost_payload": sum(lr["lost_decisions"] for lr in learners),
+            "trained": sum(lr["samples_trained"] for lr in learners),
+            "discarded_stale_learner": sum(lr["discarded_decisions"] for lr in learners),
+            "buffered": sum(lr["buffered"] for lr in learners),
+        }
+        produced = sum(w["decisions"] for w in workers)
+        lost = {"with_env_worker": self.workers.lost.get("decisions", 0),
+                "with_learner": self.learners.lost.get("decisions", 0)}
+        return {"produced": produced, **places, "lost_with_restarts": lost,
+                "unaccounted": produced - sum(places.values()) - sum(lost.values())}
+
+    def lengths(self, snap: dict) -> dict:
+        """Episode lengths (decisions) produced by the env slots vs received for training."""
+        produced: dict = {}
+        for w in snap["workers"]:
+            produced = _add(produced, w["length_hist"])
+        trained: dict = {}
+        for lr in snap["learners"]:
+            trained = _add(trained, lr["length_hist"])
+        return {"produced": hist_summary(produced), "trained": hist_summary(trained)}
+
+    def staleness_hist(self, snap: dict) -> dict:
+        out: dict = {}
+        for lr in snap["learners"]:
+            out = _add(out, lr["staleness_hist"])
+        return dict(sorted(out.items()))
+
+    # ---- output ----------------------------------------------------------------------------
+    def write(self, row: dict, history: list[dict]) -> None:
+        self.history.extend(history)
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tb"))
+        step = row["env_steps"]
+        for key, value in row.items():
+            if isinstance(value, (int, float)) and key != "env_steps":
+                self._tb.add_scalar(f"run/{key}", value, step)
+        for h in history:
+            for key, value in h.items():
+                if key != "version":
+                    self._tb.add_scalar(f"learner/{key}", value, h["version"])
+        self._tb.flush()
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        if self._tb is not None:
+            self._tb.add_scalar(tag, value, step)
+
+    def line(self, row: dict, elapsed: float) -> str:
+        return (f"[{elapsed:7.1f}s] steps {row['env_steps']:>8} ({row['env_steps_per_s']:6.1f}/s,"
+                f" trained {row['trained_env_steps_per_s']:6.1f}/s) ep {row['episodes']:>5} "
+                f"return {row['episode_return']:6.2f} success {row['success_rate']:.2f} "
+                f"v{row['policy_version']} lag p50/max {row['staleness_p50']:.0f}/"
+                f"{row['staleness_max']:.0f} disc {row['discarded_decision_fraction']:.3f} "
+                f"batch {row['mean_batch_size']:5.1f} queue {row['queue_depth']:>3} "
+                f"busy env/roll/learn {row['busy_env']:.2f}/{row['busy_rollout']:.2f}/"
+                f"{row['busy_learner']:.2f} wait {row['learner_data_wait']:.2f}")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def waiting_on(snap: dict, global_batch: int, queue_capacity: int) -> str:
+    """Which roles are waiting, and on what, from one snapshot."""
+    queue, workers, learners = snap["queue"], snap["workers"], snap["learners"]
+    phases: dict[str, int] = {}
+    for w in workers:
+        for phase, n in w.get("phases", {}).items():
+            phases[phase] = phases.get(phase, 0) + n
+    parts = ["env slots: " + (", ".join(f"{n} {p}" for p, n in sorted(phases.items()) if n)
+                              or "none running")]
+    if queue["depth"] >= queue_capacity:
+        parts.append(f"queue full ({queue['depth']}/{queue_capacity}): producers wait on put")
+    if phases.get("admit"):
+        parts.append(f"pacing holds new episodes (expected lag {queue['expected_lag']} versions,"
+                     f" backlog {queue['backlog_decisions']} decisions)")
+    buffered = sum(lr["buffered"] for lr in learners)
+    parts.append(f"learners: v{learners[0]['version']}, {buffered} decisions buffered of "
+                 f"{global_batch} per step, queue holds {queue['queued_decisions']} "
+                 f"(+{queue['held_decisions']} held for GRPO groups)")
+    return "; ".join(parts)
+
+
+def say(text: str, quiet: bool) -> None:
+    if not quiet:
+        print(text, file=sys.stdout, flush=True)
