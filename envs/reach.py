@@ -29,6 +29,11 @@ Invariants:
 - The gripper starts at least ``MIN_START_DISTANCE`` from the target, so no episode starts
   solved.
 
+Simulated latency (``latency`` option): every reset and low-level step also sleeps for a
+latency drawn from a measured simulator distribution (``data/libero_latency.json``: LIBERO as
+measured on this machine, see ``envs.latency_replay``), so the env stage costs wall time but
+almost no CPU, as simulators on other nodes do on a cluster, while the task stays learnable.
+
 Measured here with the defaults, over 4 tasks x 50 initial states: the oracle
 (``ReachEnv.oracle_actions``) succeeds on 200/200 episodes (3.1 decisions on average);
 uniform random actions in ``[-1, 1]`` succeed on 5.5%, standard-normal actions (an untrained
@@ -39,6 +44,7 @@ Gaussian policy) on 11%. One ``step`` (chunk of 2, render included) takes about 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +105,11 @@ class ReachConfig:
     """Reward added on the step that reaches the target."""
     seed: int = 0
     """Seed of the fixed initial states (the same on every worker)."""
+    latency: str = ""
+    """Simulated simulator latency: a latency file (as ``latency_replay``'s ``distribution``,
+    e.g. ``data/libero_latency.json``), ``synthetic``, or empty for none."""
+    latency_scale: float = 1.0
+    """Multiplies every simulated latency."""
 
     def validate(self) -> None:
         require(
@@ -136,6 +147,11 @@ class ReachConfig:
         require(
             self.success_bonus >= 0.0, "success_bonus", f"must be >= 0, got {self.success_bonus}"
         )
+        require(self.latency_scale >= 0.0, "latency_scale", "must be >= 0")
+        if self.latency:
+            from envs.latency_replay import LatencyReplayConfig
+
+            build(LatencyReplayConfig, {"distribution": self.latency}, "latency")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +228,15 @@ def _paint(image: np.ndarray, center: tuple[int, int], mask: np.ndarray, rgb: np
 class ReachEnv:
     """The ColorReach env; satisfies ``rlvla3.protocols.Env``."""
 
-    def __init__(self, config: ReachConfig):
+    def __init__(self, config: ReachConfig, seed: int = 0):
         self.config = config
+        self._latency = None
+        if config.latency:
+            from envs.latency_replay import LatencyReplayConfig, make_latency_model
+
+            self._latency = make_latency_model(LatencyReplayConfig(distribution=config.latency))
+            self._rng = np.random.default_rng(seed)
+            self._regime = None
         self.spec = reach_spec_of(config)
         size = config.image_size
         self._block_mask = np.ones((2 * max(1, round(BLOCK_SIZE * size / 2)) + 1,) * 2, bool)
@@ -237,6 +260,9 @@ class ReachEnv:
             )
         scene = make_scene(cfg, task_id, init_state_id)
         self.scene = scene
+        if self._latency is not None:
+            self._regime = self._latency.scene(self._rng)
+            self._sleep(self._latency.reset_ms(self._rng))
         self._background[:] = TABLE_RGB
         for color, xy in zip(scene.colors, scene.blocks, strict=True):
             _paint(
@@ -274,6 +300,8 @@ class ReachEnv:
                 success = True
                 break
         self._x, self._y = x, y
+        if self._latency is not None:
+            self._sleep(float(self._latency.steps_ms(self._regime, self._rng, steps).sum()))
         self._decisions += 1
         truncated = not success and self._decisions >= cfg.max_decisions
         self._done = success or truncated
@@ -293,6 +321,11 @@ class ReachEnv:
 
     def close(self) -> None:
         pass
+
+    def _sleep(self, ms: float) -> None:
+        seconds = ms * 1e-3 * self.config.latency_scale
+        if seconds > 0:
+            time.sleep(seconds)
 
     def _observe(self) -> Observation:
         image = self._background.copy()
@@ -321,10 +354,10 @@ def reach_spec_of(config: ReachConfig) -> EnvSpec:
 
 
 def make_reach_env(options: Mapping[str, Any], path: str, seed: int) -> ReachEnv:
-    """Registry factory. ``seed`` is unused: the task is deterministic given the episode ids,
-    and the initial states come from ``options.seed`` so that all workers share them."""
-    del seed
-    return ReachEnv(build(ReachConfig, options, path))
+    """Registry factory. ``seed`` seeds only the simulated latencies: the task is
+    deterministic given the episode ids, and the initial states come from ``options.seed`` so
+    that all workers share them."""
+    return ReachEnv(build(ReachConfig, options, path), seed)
 
 
 def reach_spec(options: Mapping[str, Any], path: str) -> EnvSpec:

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "async": ("actors.bench_async", "ablation of the RL pipeline modes (throughput JSON)"),
+    "learning": ("actors.bench_learning", "sync vs async: success vs env steps and wall time"),
     "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA model"),
     "gpu": ("rlvla3.model.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
     "env": ("envs.bench_env", "LIBERO step/reset latency and env steps/s per process count"),
