@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rlvla3.model import bench_gpu, bench_packing
+from rlvla3.model import bench_packing
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -55,21 +55,3 @@ def test_linear_flops_are_counted_per_call():
         layer(torch.zeros(7, 4))
         conv(torch.zeros(1, 3, 8, 8))
     assert flops[0] == 2 * 7 * 4 * 6 + 2 * (5 * 4 * 4) * (3 * 2 * 2)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
-def test_gpu_benchmark_says_there_is_no_gpu(capsys):
-    assert bench_gpu.main(["--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["gpu"] is False and out["skipped"] is True
-
-
-def test_gpu_benchmark_code_path_runs_on_cpu_in_dry_run(capsys):
-    assert bench_gpu.main(["--json", "--cpu-dry-run", "--samples", "2", "--repeats", "1"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["attention_vs_cpu_reference"]["padded"]["ok"] is True
-    assert 0 < out["fp8_vs_cpu_reference"]["emulated_vs_fp32_rel_err"] < 0.1
-    training = out["training"]
-    assert set(training) == {"padded_bf16", "packed_bf16", "packed_bf16_fp8"}
-    assert all("seconds" in r for r in training.values()), training
-    assert training["packed_bf16_fp8"]["fp8"] == "emulated"

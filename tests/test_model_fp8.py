@@ -1,20 +1,27 @@
-"""FP8 block quantisation (128x128 weights, 1x128 activations, e4m3) and the FP8 model."""
+"""FP8 block quantisation (128x128 weights, 1x128 activations, e4m3), the padding that lets
+any layer size use whole blocks, backend selection and the FP8 model."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import re
 
 import numpy as np
 import pytest
 import torch
 
 from rlvla3.model import build_vla_policy
+from rlvla3.model.attention import select_backend
 from rlvla3.model.fp8 import (
     E4M3_MAX,
     BlockLinear,
     EmulatedFp8,
+    blockwise_linear,
     dequantize_activation,
     dequantize_weight,
+    emulated_block_gemm,
+    fake_quant_activation,
     fake_quant_weight,
     quantize_activation,
     quantize_weight,
@@ -96,12 +103,92 @@ def test_emulated_block_linear_close_to_fp32():
     assert 0 < rel < 0.05
 
 
+def _exact_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A block GEMM without quantisation that, like the real kernels, takes whole blocks only."""
+    assert x.shape[0] % 128 == 0 and x.shape[1] % 128 == 0 and w.shape[0] % 128 == 0
+    return x @ w.T
+
+
+@pytest.mark.parametrize("tokens, in_features, out_features", [(37, 72, 200), (3, 200, 72),
+                                                               (128, 256, 128)])
+def test_padding_to_whole_blocks_is_exact_forward_and_backward(tokens, in_features,
+                                                               out_features):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, tokens, in_features, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(out_features, in_features, generator=g, dtype=torch.float64,
+                    requires_grad=True)
+    b = torch.randn(out_features, generator=g, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, tokens, out_features, generator=g, dtype=torch.float64)
+    got = blockwise_linear(x, w, b, _exact_gemm)
+    assert got.shape == (2, tokens, out_features)
+    grads = torch.autograd.grad(got, (x, w, b), dy)
+    want = torch.nn.functional.linear(x, w, b)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, e in zip(grads, torch.autograd.grad(want, (x, w, b), dy), strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+def test_block_gemm_refuses_partial_blocks():
+    with pytest.raises(ValueError, match="multiples of 128"):
+        emulated_block_gemm(torch.zeros(37, 128), torch.zeros(128, 128))
+
+
+def test_emulated_fp8_of_a_padded_layer_quantises_like_an_unpadded_one():
+    """200 x 72 (neither a multiple of 128): padding adds zeros that change no tile's scale, so
+    the layer equals the fake-quantised product, and stays within FP8 error of float32."""
+    torch.manual_seed(0)
+    lin = BlockLinear(72, 200, bias=True)
+    x = torch.randn(37, 72, requires_grad=True)
+    exact = lin(x).detach()
+    lin.fp8 = EmulatedFp8()
+    got = lin(x)
+    want = torch.nn.functional.linear(fake_quant_activation(x), fake_quant_weight(lin.weight),
+                                      lin.bias)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    rel = float((got.detach() - exact).norm() / exact.norm())
+    assert 0.005 < rel < 0.06
+    # Straight-through: gradients are those of the linear map of the quantised operands.
+    dy = torch.randn_like(got)
+    gx, gw = torch.autograd.grad(got, (x, lin.weight), dy)
+    torch.testing.assert_close(gx, dy @ fake_quant_weight(lin.weight).detach(), rtol=1e-5,
+                               atol=1e-5)
+    torch.testing.assert_close(gw, dy.T @ fake_quant_activation(x).detach(), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_bf16_padding_matches_bf16_linear():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(50, 72, generator=g).bfloat16()
+    w = torch.randn(200, 72, generator=g).bfloat16()
+    got = blockwise_linear(x, w, None, _exact_gemm)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, w), rtol=2e-2, atol=2e-2)
+
+
 def test_asking_for_fp8_on_cpu_names_the_emulated_backend(caplog):
     with caplog.at_level(logging.WARNING, logger="rlvla3.model.fp8"):
         assert select_fp8("auto", torch.device("cpu")).name == "emulated"
     assert "emulated" in caplog.text
-    with pytest.raises(ValueError, match="Hopper"):
-        select_fp8("torchao", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name, module, package", [
+    ("torchao", "torchao", "torchao"),
+    ("transformer_engine", "transformer_engine", "transformer-engine[pytorch]"),
+])
+def test_a_missing_fp8_package_is_named(name, module, package):
+    if importlib.util.find_spec(module) is not None:
+        match = "Hopper"  # installed here: what is missing is the GPU
+    else:
+        match = f"package '{package}'"
+    with pytest.raises(ValueError, match=re.escape(match)):
+        select_fp8(name, torch.device("cpu"))
+
+
+def test_a_missing_flash_attn_package_is_named():
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash-attn is installed here")
+    with pytest.raises(ValueError, match="package 'flash-attn'"):
+        select_backend("flash", torch.device("cpu"))
 
 
 def test_fp8_model_loss_within_tolerance_of_fp32():

@@ -12,22 +12,38 @@ prefix queries against prefix keys (bidirectional), and action queries against
 
 Backends (strategies, chosen by name or ``auto``; the choice is logged):
 - ``flash``: FlashAttention ``flash_attn_varlen_func`` (CUDA, imported lazily).
-- ``torch_varlen``: ``torch.nn.attention.varlen.varlen_attn`` (CUDA).
+- ``torch_varlen``: ``torch.nn.attention.varlen.varlen_attn`` (CUDA). Where that function has
+  no ``enable_gqa`` flag (older torch releases), key/value heads are repeated to the query
+  heads.
 - ``per_segment``: exact CPU path, one SDPA per segment (the fastest exact CPU path measured
   here; a dense block-diagonal mask is ~6x slower and flex_attention has no CPU backward).
-- ``padded``: scatter into ``[B, L_max]``, masked SDPA, gather back (the baseline).
+- ``padded``: scatter into ``[B, L_max]``, masked SDPA, gather back (the baseline). On CUDA it
+  repeats key/value heads instead of passing ``enable_gqa``: SDPA's masked kernel takes no GQA,
+  and the flag would leave the baseline on the slow math path.
+
+Asking for a backend whose package is missing raises an error that names the package.
 """
 
 from __future__ import annotations
 
 import abc
+import functools
 import importlib.util
+import inspect
 import logging
 
 import torch
 import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
+
+
+def repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``k, v [T, Hkv, D]`` with each head repeated to ``q``'s head count (GQA groups)."""
+    group = q.shape[1] // k.shape[1]
+    if group == 1:
+        return k, v
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
 
 class AttentionBackend(abc.ABC):
@@ -79,6 +95,8 @@ class PaddedAttention(AttentionBackend):
         return seg, torch.arange(total, device=cu.device) - cu.long()[seg]
 
     def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
+        if q.is_cuda:
+            k, v = repeat_kv(q, k, v)
         b = len(cu_q) - 1
         sq, oq = self._slots(cu_q, q.shape[0])
         sk, ok = self._slots(cu_k, k.shape[0])
@@ -102,8 +120,21 @@ class TorchVarlenAttention(AttentionBackend):
     def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
         from torch.nn.attention.varlen import varlen_attn
 
-        return varlen_attn(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k,
-                           enable_gqa=q.shape[1] != k.shape[1])
+        extra = {}
+        if q.shape[1] != k.shape[1]:
+            if varlen_takes_gqa():
+                extra["enable_gqa"] = True
+            else:
+                k, v = repeat_kv(q, k, v)
+        return varlen_attn(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k, **extra)
+
+
+@functools.cache
+def varlen_takes_gqa() -> bool:
+    """Whether this torch's ``varlen_attn`` has the ``enable_gqa`` flag (newer releases)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
 class FlashAttention(AttentionBackend):
@@ -136,10 +167,12 @@ def select_backend(name: str, device: torch.device, padded: bool = False) -> Att
             name = "flash" if flash_available() else "torch_varlen"
         else:
             name = "per_segment"
+    if name == "flash" and importlib.util.find_spec("flash_attn") is None:
+        raise ValueError("attention backend 'flash' needs the Python package 'flash-attn' "
+                         "(module 'flash_attn'), which is not importable here: pip install "
+                         "flash-attn (or the project's `gpu` extra)")
     if name in ("flash", "torch_varlen") and device.type != "cuda":
         raise ValueError(f"attention backend {name!r} needs a CUDA device, model is on {device}")
-    if name == "flash" and not flash_available():
-        raise ValueError("attention backend 'flash' needs the flash-attn package (not importable)")
     backend = BACKENDS[name]()
     log.info("attention backend: %s (device %s%s)", backend.name, device,
              ", padded baseline" if padded else "")

@@ -1,155 +1,186 @@
-"""GPU check and benchmark: varlen attention and FP8 backends against the CPU reference, and
-their training speed-ups over padded bf16 at pi0.5 shapes.
+"""``rlvla3 bench gpu``: the GPU check. One command that measures every GPU path of the VLA
+against its reference on a machine with one NVIDIA GPU, prepared to work the first time such a
+machine is lent (README, "GPU check").
 
-On an NVIDIA GPU it (1) compares every importable attention backend (``flash``,
-``torch_varlen``) with the exact CPU ``per_segment`` path on random packed segments with the
-pi0.5 head layout (8 query heads, 1 KV head, head size 256), (2) compares every usable FP8
-backend (TransformerEngine, torchao) with the emulated CPU quantiser on a pi0.5 MLP projection,
-and (3) times forward + backward of the flow-matching loss of the ``pi05`` model on a LIBERO-like
-batch: padded bf16 (baseline) vs packed bf16 vs packed bf16 + FP8. Without a GPU it prints a
-JSON object saying so and exits 0. ``--cpu-dry-run`` runs the same code with the ``tiny`` preset
-on CPU (numbers meaningless; it proves the script). Entry point: ``main(argv) -> int``.
+Entries (``rlvla3.model.gpu_checks``): packed varlen attention vs the exact per-segment path;
+packed vs padded bf16 training step at pi0.5 shapes; FP8 block-scaled linears (torchao) vs bf16;
+the RL path (``act`` / ``evaluate``, log-probability agreement, decisions/s); the FP8 training
+step. ``--dry-run`` runs exactly this code on CPU at tiny shapes (per-segment attention,
+emulated FP8), so CI keeps the command from rotting. Without a GPU and without ``--dry-run`` it
+prints a JSON object saying it skipped, and exits 0.
+
+Isolation and time: each entry runs in its own Python process, killed at the entry's timeout or
+when the whole budget (``--budget``, about five and a half minutes on a GPU) is spent; a hang, a
+crash or a CUDA error stays in its entry, which then fails and still reports what it measured
+(entries print a complete snapshot after each step). Imports: torch, numpy and the Ray-free
+core only (the GPU image has no Ray); torchao, triton, flash-attn and transformer-engine when
+importable.
+
+Output: one JSON object: versions, device, ``pass`` (all entries passed), ``summary`` (the
+headline speed-ups) and ``entries`` (each with ``pass``, its figures, the backends that ran and
+``seconds``). Exit status 0 when every entry passed (or the check was skipped), 1 otherwise.
+Entry point: ``main(argv) -> int``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
-import statistics
+import logging
+import os
+import platform
+import subprocess
+import sys
 import time
+import traceback
+from pathlib import Path
 
-import numpy as np
 import torch
 
-from rlvla3.model.attention import BACKENDS, PerSegmentAttention, flash_available
+from rlvla3.model.gpu_checks import DRY_RUN, ENTRIES, GPU, Context
+
+MIN_ENTRY_S = 15.0
+"""An entry is not started with less budget left than this."""
+
+PACKAGES = ("torch", "numpy", "triton", "torchao", "flash-attn", "transformer-engine",
+            "safetensors", "pyyaml")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
-def check_attention(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> dict:
-    g = torch.Generator().manual_seed(0)
-    lens = [700, 330, 612, 58]
-    cu = torch.tensor(np.r_[0, np.cumsum(lens)], dtype=torch.int32)
-    q = torch.randn(sum(lens), heads, head_dim, generator=g)
-    k = torch.randn(sum(lens), kv_heads, head_dim, generator=g)
-    v = torch.randn(sum(lens), kv_heads, head_dim, generator=g)
-    ref = PerSegmentAttention()(q, k, v, cu, cu, max(lens), max(lens))
-    names = ["padded"]
-    if device.type == "cuda":
-        names += ["torch_varlen"] + (["flash"] if flash_available() else [])
-    out = {}
+def run_child(name: str, dry_run: bool) -> int:
+    """Run one entry in this process; print each snapshot as one JSON line."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"bench gpu [{name}] %(name)s: %(message)s")
+    sizes = DRY_RUN if dry_run else GPU
+    if dry_run:
+        torch.set_num_threads(1)  # tiny shapes: one thread is fastest on a shared machine
+    ctx = Context(torch.device("cpu" if dry_run else "cuda"), sizes)
+    snap: dict = {}
+    try:
+        for snap in ENTRIES[name](ctx):
+            print(json.dumps(snap), flush=True)
+    except Exception as exc:
+        print(json.dumps({**snap, "pass": False, "error": f"{type(exc).__name__}: {exc}",
+                          "traceback": traceback.format_exc(limit=6)[-3000:]}), flush=True)
+        return 1
+    return 0
+
+
+def run_entry(name: str, dry_run: bool, timeout: float) -> dict:
+    """Run entry ``name`` in a fresh Python process for at most ``timeout`` seconds."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    env.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # later entries reuse earlier tuning
+    cmd = [sys.executable, "-m", "rlvla3.model.bench_gpu", "--entry", name]
+    cmd += ["--dry-run"] if dry_run else []
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        timed_out = True
+    seconds = time.monotonic() - start
+    snaps = []
+    for line in out.splitlines():
+        try:
+            snaps.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # stray output of a library
+    result = snaps[-1] if snaps else {}
+    if timed_out:
+        result.update({"pass": False, "error": f"timed out after {timeout:g} s"})
+    elif proc.returncode and "error" not in result:
+        result.update({"pass": False, "error": f"process exited with status {proc.returncode}"})
+    result["pass"] = bool(result.get("pass", False))
+    result["seconds"] = round(seconds, 1)
+    return result
+
+
+def _device() -> dict:
+    if not torch.cuda.is_available():
+        return {"device": "cpu (dry run)", "capability": None}
+    major, minor = torch.cuda.get_device_capability()
+    return {"device": torch.cuda.get_device_name(), "capability": f"{major}.{minor}"}
+
+
+def _summary(entries: dict) -> dict:
+    pick = {
+        "attention_speedup_over_padded": ("attention", "speedup_over_padded"),
+        "packing_speedup": ("packing", "speedup"),
+        "packing_token_ratio": ("packing", "token_ratio"),
+        "fp8_linear_model_weighted_speedup": ("fp8_linear", "model_weighted_speedup"),
+        "fp8_training_speedup": ("fp8_training", "speedup"),
+    }
+    out = {key: entries.get(e, {}).get(field) for key, (e, field) in pick.items()}
+    rl = entries.get("rl", {}).get("dtypes", {})
+    out["rl_decisions_per_s"] = next((r["decisions_per_s"] for r in rl.values()
+                                      if "decisions_per_s" in r), None)
+    return out
+
+
+def run_check(names: list[str], dry_run: bool, budget: float) -> dict:
+    sizes = DRY_RUN if dry_run else GPU
+    start = time.monotonic()
+    report = {
+        "check": "rlvla3 bench gpu", "gpu": torch.cuda.is_available() and not dry_run,
+        "dry_run": dry_run, **_device(),
+        "versions": {"python": platform.python_version(), "cuda": torch.version.cuda,
+                     **{p: _version(p) for p in PACKAGES}},
+        "budget_s": budget, "entries": {},
+    }
     for name in names:
-        args = [t.to(device, torch.bfloat16) for t in (q, k, v)] + [cu.to(device), cu.to(device)]
-        try:
-            got = BACKENDS[name]()(*args, max(lens), max(lens)).float().cpu()
-            out[name] = {"max_abs_err": float((got - ref).abs().max()), "ok": bool(
-                torch.allclose(got, ref, atol=3e-2, rtol=3e-2))}
-        except Exception as exc:  # report, do not hide: a backend that fails is a result
-            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
-    return out
-
-
-def check_fp8(device: torch.device, d_in: int, d_out: int) -> dict:
-    from rlvla3.model.fp8 import BlockLinear, EmulatedFp8, TorchAOFp8, TransformerEngineFp8
-
-    torch.manual_seed(0)
-    layer = BlockLinear(d_in, d_out, bias=False)
-    x = torch.randn(512, d_in)
-    layer.fp8 = EmulatedFp8()
-    with torch.no_grad():
-        ref = layer(x)
-        exact = torch.nn.functional.linear(x, layer.weight)
-    out = {"emulated_vs_fp32_rel_err": float((ref - exact).norm() / exact.norm())}
-    if device.type != "cuda":
-        return out
-    gpu_layer = BlockLinear(d_in, d_out, bias=False).to(device, torch.bfloat16)
-    with torch.no_grad():
-        gpu_layer.weight.copy_(layer.weight)
-    for cls in (TransformerEngineFp8, TorchAOFp8):
-        try:
-            gpu_layer.fp8 = cls()
-            with torch.no_grad():
-                got = gpu_layer(x.to(device, torch.bfloat16)).float().cpu()
-            out[cls.name] = {"rel_err_vs_emulated": float((got - ref).norm() / ref.norm())}
-        except Exception as exc:
-            out[cls.name] = {"error": f"{type(exc).__name__}: {exc}"}
-    return out
-
-
-def time_training(device: torch.device, preset: str, samples: int, repeats: int) -> dict:
-    from rlvla3.config import build
-    from rlvla3.model.config import VLAConfig, shapes_for
-    from rlvla3.model.policy import VLAPolicy
-    from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
-
-    side = shapes_for(build(VLAConfig, {"preset": preset})).image_size
-    spec = libero_like_spec(image_size=side, chunk_len=50)
-    obs, actions = libero_like_batch(spec, samples, np.random.default_rng(0))
-    actions_t = torch.tensor(actions)
-    noise, t = torch.randn(actions_t.shape), torch.rand(samples)
-    variants = {"padded_bf16": {"padded": True}, "packed_bf16": {}}
-    variants["packed_bf16_fp8"] = {"fp8": True}
-    results, state = {}, None
-    for name, extra in variants.items():
-        try:
-            policy = VLAPolicy(spec, build(VLAConfig, {"preset": preset, **extra}), device)
-            if state is None:
-                state = policy.state_dict()
-            else:
-                policy.load_state_dict(state)
-            policy.to(torch.bfloat16)
-            times = []
-            for i in range(repeats + 1):
-                _sync(device)
-                start = time.perf_counter()
-                policy.zero_grad(set_to_none=True)
-                policy.flow_losses(obs, actions_t, noise, t).sum().backward()
-                _sync(device)
-                if i:  # the first run warms up kernels and allocator
-                    times.append(time.perf_counter() - start)
-            results[name] = {"seconds": statistics.median(times),
-                             "attention": policy.attention_backend,
-                             "fp8": policy.fp8_backend.name if policy.fp8_backend else None}
-            del policy
-        except Exception as exc:
-            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-    base = results.get("padded_bf16", {}).get("seconds")
-    for r in results.values():
-        if base and "seconds" in r:
-            r["speedup_over_padded_bf16"] = round(base / r["seconds"], 3)
-    return results
+        left = budget - (time.monotonic() - start)
+        if left < MIN_ENTRY_S:
+            result = {"pass": False, "error": f"not run: {left:.0f} s of the budget left"}
+        else:
+            result = run_entry(name, dry_run, min(sizes.timeouts.get(name, left), left))
+        report["entries"][name] = result
+        error = f": {result['error']}" if "error" in result else ""
+        print(f"bench gpu: {name}: {'pass' if result['pass'] else 'FAIL'} "
+              f"({result.get('seconds', 0)} s){error}", file=sys.stderr)
+    report["elapsed_s"] = round(time.monotonic() - start, 1)
+    report["pass"] = all(r["pass"] for r in report["entries"].values())
+    report["summary"] = _summary(report["entries"])
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rlvla3 bench gpu", description=__doc__.split("\n")[0])
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--cpu-dry-run", action="store_true",
-                    help="exercise the script on CPU with the tiny preset (timings meaningless)")
+    ap.add_argument("--json", action="store_true", help="print one JSON line (else indented)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="run the same code on CPU at tiny shapes (timings meaningless)")
+    ap.add_argument("--only", default=",".join(ENTRIES),
+                    help=f"comma-separated entries to run (default: {','.join(ENTRIES)})")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the whole check (default: 330 on a GPU, 240 dry run)")
+    ap.add_argument("--entry", choices=sorted(ENTRIES), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available() and not args.cpu_dry_run:
+    if args.entry:
+        return run_child(args.entry, args.dry_run)
+    if not torch.cuda.is_available() and not args.dry_run:
         print(json.dumps({"gpu": False, "skipped": True,
-                          "reason": "no NVIDIA GPU visible to torch; nothing to check"}))
+                          "reason": "no NVIDIA GPU visible to torch; nothing to check "
+                                    "(--dry-run runs the same code on CPU)"}))
         return 0
-    device = torch.device("cpu" if args.cpu_dry_run else "cuda")
-    preset = "tiny" if args.cpu_dry_run else "pi05"
-    from rlvla3.model.config import PRESETS
-
-    s = PRESETS[preset]
-    report = {
-        "gpu": device.type == "cuda",
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (dry run)",
-        "preset": preset,
-        "attention_vs_cpu_reference": check_attention(device, s.heads, s.kv_heads, s.head_dim),
-        "fp8_vs_cpu_reference": check_fp8(device, s.width, s.mlp),
-        "training": time_training(device, preset, args.samples, args.repeats),
-    }
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(ENTRIES))
+    if unknown:
+        ap.error(f"unknown entries {unknown}; choose from {', '.join(ENTRIES)}")
+    budget = args.budget or (DRY_RUN if args.dry_run else GPU).budget_s
+    report = run_check(names, args.dry_run, budget)
     print(json.dumps(report, indent=None if args.json else 2))
-    return 0
+    return 0 if report["pass"] else 1
 
 
 if __name__ == "__main__":

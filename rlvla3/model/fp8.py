@@ -6,13 +6,22 @@ Inputs: a ``BlockLinear`` (a ``torch.nn.Linear`` whose forward delegates to the 
 operands. The master weights stay in their own dtype, so checkpoints and optimiser state do
 not change with FP8 on or off.
 
+Any layer size works: ``blockwise_linear`` zero-pads tokens, input and output features up to
+multiples of 128 (the block kernels, forward and backward, need all three), runs the block GEMM
+and cuts the output back. Zeros never raise a tile's or block's absolute maximum, so the real
+elements are quantised exactly as in an unpadded layer, and padded rows and columns of the
+output are dropped, so their (zero) gradients reach no weight.
+
 Backends (chosen by config; the chosen one is reported by ``name`` and logged):
 - ``transformer_engine``: TE ``Linear`` under ``fp8_autocast`` with the ``Float8BlockScaling``
   recipe (Hopper, imported lazily).
-- ``torchao``: ``torchao.prototype.blockwise_fp8_training`` blockwise GEMM (Hopper + triton).
+- ``torchao``: ``torchao.prototype.blockwise_fp8_training`` (Triton quantisers; the GEMM through
+  ``torch._scaled_mm`` on cuBLAS, or torchao's Triton GEMM where that fails), Hopper only.
 - ``emulated``: quantise-dequantise in float32 on any device, numerics only (no speed-up);
-  gradients pass straight through the rounding. Asking for FP8 where only this exists logs a
-  warning naming it.
+  gradients pass straight through the rounding. It pads exactly as the torchao path does, so
+  CPU runs exercise that code. Asking for FP8 where only this exists logs a warning naming it.
+
+Asking for a kernel backend whose package is missing raises an error that names the package.
 
 Invariant (e4m3, 3 mantissa bits): every element whose scaled magnitude is a normal e4m3 number
 round-trips with relative error <= 2^-4.
@@ -23,6 +32,7 @@ from __future__ import annotations
 import abc
 import importlib.util
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +44,9 @@ E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 BLOCK = 128
 
+BlockGemm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(x [M, K], w [N, K]) -> x @ w.T [M, N]`` with M, N, K multiples of ``BLOCK``."""
+
 
 def _pad_to(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
     extra = (-x.shape[dim]) % multiple
@@ -43,10 +56,25 @@ def _pad_to(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
     return F.pad(x, pad)
 
 
+def pad_blocks(t: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """Zero-pad both dims of a matrix up to multiples of ``block`` (no copy when they are)."""
+    return _pad_to(_pad_to(t, 0, block), 1, block)
+
+
+def blockwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     gemm: BlockGemm) -> torch.Tensor:
+    """``x [..., I] @ weight[O, I]^T + bias`` through a block GEMM, any ``I``, ``O`` and token
+    count: zero-pad to whole 128 blocks, multiply, cut the output back (differentiable)."""
+    out_features, in_features = weight.shape
+    x2 = x.reshape(-1, in_features)
+    y = gemm(pad_blocks(x2).contiguous(), pad_blocks(weight).contiguous())
+    y = y[: x2.shape[0], :out_features].reshape(*x.shape[:-1], out_features)
+    return y if bias is None else y + bias.to(y.dtype)
+
+
 def quantize_weight(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """``w [O, I]`` -> (e4m3 ``[O', I']`` padded to whole blocks, scales ``[O'/b, I'/b]``)."""
-    o, i = w.shape
-    wp = _pad_to(_pad_to(w.float(), 0, block), 1, block)
+    wp = pad_blocks(w.float(), block)
     tiles = wp.view(wp.shape[0] // block, block, wp.shape[1] // block, block)
     amax = tiles.abs().amax(dim=(1, 3), keepdim=True).clamp_min(1e-12)
     scale = amax / E4M3_MAX
@@ -86,10 +114,25 @@ def fake_quant_activation(x: torch.Tensor) -> torch.Tensor:
     return x + (dequantize_activation(q, s, x.shape[-1]).to(x.dtype) - x).detach()
 
 
+def emulated_block_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The block GEMM's numerics in float32: x in 1x128 tiles, w in 128x128 blocks. Like the
+    real kernels it accepts whole blocks only, so callers go through ``blockwise_linear``."""
+    if x.shape[0] % BLOCK or x.shape[1] % BLOCK or w.shape[0] % BLOCK:
+        raise ValueError(f"block GEMM needs multiples of {BLOCK}: x {tuple(x.shape)}, "
+                         f"w {tuple(w.shape)}")
+    y = F.linear(fake_quant_activation(x.float()), fake_quant_weight(w.float()))
+    return y.to(x.dtype)
+
+
 class Fp8Backend(abc.ABC):
     """Computes a linear layer from FP8 block-quantised operands."""
 
     name = "abstract"
+
+    @property
+    def detail(self) -> str:
+        """What runs, for reports (the name plus kernel choices)."""
+        return self.name
 
     @abc.abstractmethod
     def linear(self, layer: BlockLinear, x: torch.Tensor) -> torch.Tensor:
@@ -102,22 +145,117 @@ class EmulatedFp8(Fp8Backend):
     name = "emulated"
 
     def linear(self, layer, x):
-        return F.linear(fake_quant_activation(x), fake_quant_weight(layer.weight), layer.bias)
+        return blockwise_linear(x, layer.weight, layer.bias, emulated_block_gemm)
+
+
+def _require(module: str, pip_name: str, what: str) -> None:
+    """Raise an error naming the package when ``module`` is not importable."""
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"{what} needs the Python package {pip_name!r} (module {module!r}), "
+                         f"which is not importable here: pip install {pip_name} (or the "
+                         "project's `gpu` extra)")
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+def _require_hopper(what: str) -> None:
+    if not _hopper():
+        found = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+        raise ValueError(f"{what} needs a Hopper (sm90+) GPU; found {found}")
+
+
+# Autotuner configs kept by quick tuning. Each quantiser is compiled per feature size and, left
+# alone, times 45 configs (GEMMs: 6) at the first call of every shape: minutes for a model.
+_QUICK = {
+    "act_quant": {"NUM_GROUPS": (32, 128), "num_warps": (4,), "num_stages": (2,)},
+    "weight_quant": {"num_warps": (4,), "num_stages": (2,)},
+    "gemm": {"BLOCK_SIZE_M": (128,), "BLOCK_SIZE_N": (128,), "num_warps": (8,)},
+}
+
+
+def _keep(config, allowed: dict[str, tuple[int, ...]]) -> bool:
+    values = dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+    return all(values.get(k) in v for k, v in allowed.items())
+
+
+def quick_tuning(kernels) -> dict[str, int]:
+    """Shrink the autotuner configs of torchao's blockwise kernels in module ``kernels``
+    (process-wide); returns the configs left per kernel. First calls get cheap; the kernels
+    may run a little slower than fully tuned ones."""
+    kept = {}
+    for name in dir(kernels):
+        configs = getattr(getattr(kernels, name), "configs", None)
+        kind = next((k for k in _QUICK if k in name), None)
+        if not (name.startswith("triton_fp8_") and name.endswith("_kernel") and configs and kind):
+            continue
+        chosen = [c for c in configs if _keep(c, _QUICK[kind])] or configs[:1]
+        getattr(kernels, name).configs = chosen
+        kept[name] = len(chosen)
+    return kept
 
 
 class TorchAOFp8(Fp8Backend):
-    """torchao blockwise FP8 GEMM (1x128 activations x 128x128 weights), Hopper only."""
+    """torchao blockwise FP8 (1x128 activations x 128x128 weights), Hopper only.
+
+    ``gemm``: ``scaled_mm`` (cuBLAS through ``torch._scaled_mm``), ``triton`` (torchao's Triton
+    GEMMs, autotuned per shape) or ``auto``: ``scaled_mm`` when a small forward + backward
+    through it runs and matches bf16, else ``triton``. ``quick_tuning`` shrinks the quantisers'
+    autotuning (see ``quick_tuning``) for short runs such as the GPU check."""
 
     name = "torchao"
 
-    def __init__(self) -> None:
+    def __init__(self, gemm: str = "auto", quick: bool = False) -> None:
+        _require("torchao", "torchao", "FP8 backend 'torchao'")
+        _require("triton", "triton", "FP8 backend 'torchao'")
+        _require_hopper("FP8 backend 'torchao'")
+        from torchao.prototype.blockwise_fp8_training import kernels
         from torchao.prototype.blockwise_fp8_training.linear import fp8_blockwise_mm
 
         self._mm = fp8_blockwise_mm
+        self.quick = quick
+        self.tuned_configs = quick_tuning(kernels) if quick else None
+        if gemm not in ("auto", "scaled_mm", "triton"):
+            raise ValueError(f"torchao GEMM must be auto, scaled_mm or triton, got {gemm!r}")
+        self.probe_error: str | None = None
+        if gemm == "auto":
+            self.probe_error = self._probe()
+            gemm = "scaled_mm" if self.probe_error is None else "triton"
+        self.gemm = gemm
+
+    @property
+    def detail(self) -> str:
+        return f"torchao ({self.gemm} GEMM{', quick tuning' if self.quick else ''})"
+
+    def _block_gemm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return self._mm.apply(x, w, BLOCK, torch.bfloat16, self.gemm == "triton")
+
+    def _probe(self) -> str | None:
+        """None when the cuBLAS GEMM runs forward + backward and matches bf16, else why not."""
+        g = torch.Generator("cuda").manual_seed(0)
+        x = torch.randn(256, 256, device="cuda", generator=g, dtype=torch.bfloat16)
+        w = torch.randn(256, 256, device="cuda", generator=g, dtype=torch.bfloat16)
+        x.requires_grad_(True)
+        try:
+            y = self._mm.apply(x, w, BLOCK, torch.bfloat16, False)
+            y.float().square().mean().backward()
+            torch.cuda.synchronize()
+        except Exception as exc:  # any failure means: use the Triton GEMM instead
+            log.warning("torchao FP8: torch._scaled_mm blockwise GEMM failed (%s: %s); using "
+                        "torchao's Triton GEMM", type(exc).__name__, exc)
+            return f"{type(exc).__name__}: {exc}"
+        ref = (x.float() @ w.float().T)
+        err = float((y.float() - ref).norm() / ref.norm())
+        if not err < 0.1:
+            log.warning("torchao FP8: torch._scaled_mm blockwise GEMM is off by %.3g; using "
+                        "torchao's Triton GEMM", err)
+            return f"relative error {err:.3g} against bf16"
+        return None
 
     def linear(self, layer, x):
-        y = self._mm.apply(x.to(torch.bfloat16), layer.weight.to(torch.bfloat16), BLOCK,
-                           torch.bfloat16, True).to(x.dtype)
+        y = blockwise_linear(x.to(torch.bfloat16), layer.weight.to(torch.bfloat16), None,
+                             self._block_gemm).to(x.dtype)
         return y if layer.bias is None else y + layer.bias
 
 
@@ -127,6 +265,9 @@ class TransformerEngineFp8(Fp8Backend):
     name = "transformer_engine"
 
     def __init__(self) -> None:
+        _require("transformer_engine", "transformer-engine[pytorch]",
+                 "FP8 backend 'transformer_engine'")
+        _require_hopper("FP8 backend 'transformer_engine'")
         import transformer_engine.pytorch as te
         from transformer_engine.common.recipe import Float8BlockScaling
 
@@ -147,16 +288,20 @@ class TransformerEngineFp8(Fp8Backend):
             return mod(x)
 
 
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+_KERNEL_BACKENDS: dict[str, tuple[str, type[Fp8Backend]]] = {
+    "transformer_engine": ("transformer_engine", TransformerEngineFp8),
+    "torchao": ("torchao", TorchAOFp8),
+}
+"""Kernel backends in ``auto``'s order of preference: name -> (module, class)."""
 
 
 def select_fp8(name: str, device: torch.device) -> Fp8Backend:
-    """The FP8 backend for ``name`` (``auto``: real kernels when possible, else emulation)."""
-    real = {"transformer_engine": ("transformer_engine", TransformerEngineFp8),
-            "torchao": ("torchao", TorchAOFp8)}
+    """The FP8 backend for ``name`` (``auto``: real kernels when possible, else emulation).
+
+    A named kernel backend whose package is missing, or asked for without a Hopper GPU, raises
+    ``ValueError`` saying which."""
     if name == "auto":
-        for module, cls in real.values():
+        for module, cls in _KERNEL_BACKENDS.values():
             if device.type == "cuda" and _hopper() and importlib.util.find_spec(module):
                 backend: Fp8Backend = cls()
                 break
@@ -169,11 +314,14 @@ def select_fp8(name: str, device: torch.device) -> Fp8Backend:
         backend = EmulatedFp8()
         log.warning("FP8 backend 'emulated': quantise-dequantise numerics only, no speed-up")
     else:
-        module, cls = real[name]
-        if not (device.type == "cuda" and _hopper() and importlib.util.find_spec(module)):
-            raise ValueError(f"FP8 backend {name!r} needs a Hopper GPU and the {module} package")
-        backend = cls()
-    log.info("FP8 backend: %s", backend.name)
+        if name not in _KERNEL_BACKENDS:
+            raise ValueError(f"unknown FP8 backend {name!r}; choose from auto, emulated, "
+                             f"{', '.join(_KERNEL_BACKENDS)}")
+        backend = _KERNEL_BACKENDS[name][1]()  # checks its package first, then the GPU
+        if device.type != "cuda":
+            raise ValueError(f"FP8 backend {name!r} runs on a CUDA device; the model is on "
+                             f"{device}")
+    log.info("FP8 backend: %s", backend.detail)
     return backend
 
 

@@ -1,0 +1,464 @@
+"""The entries of the GPU check (``rlvla3 bench gpu``): each measures one GPU path of the VLA
+against its reference and says whether it passes.
+
+Inputs: a ``Context`` (device and ``CheckSizes``: pi0.5 shapes on a GPU, tiny ones for the CPU
+dry run, where the same code runs with the CPU backends: exact per-segment attention and
+emulated FP8). Output: each entry is a generator of JSON-ready dicts, every one a complete
+snapshot of the entry so far (so a run cut short still reports what it measured); the last
+holds ``pass``. Every snapshot names the backends that actually ran.
+
+Entries:
+- ``attention``: packed varlen attention through every usable backend (flash-attn, torch's
+  varlen; per-segment and the padded baseline on CPU) against the exact per-segment reference
+  in float32: largest error of the output and of the gradients, relative to the reference's
+  largest magnitude; forward + backward time of each.
+- ``packing``: one training step (flow-matching loss, forward + backward) of the VLA on a
+  LIBERO-like batch, packed varlen vs the dynamic-padding baseline, same weights: real tokens/s,
+  peak memory, speed-up, and agreement of the per-sample losses.
+- ``fp8_linear``: FP8 block-scaled linears against bf16 at the pi0.5 layer shapes (and sizes
+  that are not multiples of 128, padded): error of output and gradients against float32, speed
+  of forward + backward, speed-up weighted by how often each shape occurs in the model.
+- ``rl``: the RL path: ``act`` on a rollout batch, ``evaluate`` of the recorded chains, their
+  log-probability agreement (float32 and the working dtype) and decisions/s.
+- ``fp8_training``: the packed training step with every backbone and expert projection in FP8
+  against the same step in bf16.
+
+Timings are medians of ``repeats`` after a warm-up, with the device synchronised around each.
+Peak memory is ``torch.cuda.max_memory_allocated`` (None on CPU).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rlvla3.model.attention import BACKENDS, PerSegmentAttention, select_backend, varlen_takes_gqa
+from rlvla3.model.fp8 import BlockLinear, EmulatedFp8, Fp8Backend
+
+Snapshot = dict
+Entry = Callable[["Context"], Iterator[Snapshot]]
+
+
+@dataclass(frozen=True)
+class Fp8Layer:
+    """One linear shape of the FP8 entry."""
+
+    name: str
+    tokens: int
+    in_features: int
+    out_features: int
+    count: int
+    """How often the shape occurs per model layer (0: not a model shape, reported apart)."""
+
+
+@dataclass(frozen=True)
+class CheckSizes:
+    """The work each entry does; ``GPU`` fits the whole check in about five minutes on an
+    H200, ``DRY_RUN`` exercises the same code on CPU in seconds."""
+
+    preset: str
+    dtype: torch.dtype
+    """Working dtype of models and kernels (bf16; the references are float32)."""
+    attention_lengths: tuple[int, ...]
+    attention_repeats: int
+    train_samples: int
+    train_repeats: int
+    fp8_layers: tuple[Fp8Layer, ...]
+    fp8_repeats: int
+    rl_batch: int
+    rl_repeats: int
+    timeouts: dict[str, float] = field(default_factory=dict)
+    """Seconds per entry (its process is killed past this and the entry fails)."""
+    budget_s: float = 330.0
+    """Seconds for the whole check; an entry gets at most what is left."""
+
+
+_PI05_LAYERS = (  # backbone tokens: 16 LIBERO-like samples; expert tokens: 16 chunks of 50
+    Fp8Layer("backbone.q_o", 8000, 2048, 2048, 2),
+    Fp8Layer("backbone.k_v", 8000, 2048, 256, 2),
+    Fp8Layer("backbone.gate_up", 8000, 2048, 16384, 2),
+    Fp8Layer("backbone.down", 8000, 16384, 2048, 1),
+    Fp8Layer("expert.q", 800, 1024, 2048, 1),
+    Fp8Layer("expert.k_v", 800, 1024, 256, 2),
+    Fp8Layer("expert.o", 800, 2048, 1024, 1),
+    Fp8Layer("expert.gate_up", 800, 1024, 4096, 2),
+    Fp8Layer("expert.down", 800, 4096, 1024, 1),
+    Fp8Layer("padded.1000x3000", 8000, 1000, 3000, 0),
+    Fp8Layer("padded.72x200", 8000, 72, 200, 0),
+)
+
+GPU = CheckSizes(
+    preset="pi05", dtype=torch.bfloat16,
+    attention_lengths=(1000, 613, 812, 97, 1024, 640, 560, 333, 901, 58, 777, 1020, 455, 610,
+                       712, 129),
+    attention_repeats=10, train_samples=16, train_repeats=5, fp8_layers=_PI05_LAYERS,
+    fp8_repeats=10, rl_batch=32, rl_repeats=3,
+    timeouts={"attention": 60, "packing": 120, "fp8_linear": 150, "rl": 90,
+              "fp8_training": 120},
+    budget_s=330,
+)
+
+DRY_RUN = CheckSizes(
+    preset="tiny", dtype=torch.bfloat16, attention_lengths=(5, 33, 17, 60),
+    attention_repeats=1, train_samples=2, train_repeats=1,
+    fp8_layers=(Fp8Layer("tiny.mlp_up", 50, 64, 128, 2), Fp8Layer("tiny.mlp_down", 50, 128, 64, 1),
+                Fp8Layer("padded.72x200", 50, 72, 200, 0)),
+    fp8_repeats=1, rl_batch=3, rl_repeats=1,
+    timeouts={"attention": 60, "packing": 60, "fp8_linear": 60, "rl": 60, "fp8_training": 60},
+    budget_s=240,
+)
+
+
+@dataclass(frozen=True)
+class Context:
+    device: torch.device
+    sizes: CheckSizes
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], object], repeats: int, device: torch.device,
+          warmup: int = 1) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _max_rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest absolute error relative to the reference's largest magnitude."""
+    return float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def _fro_rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.float() - ref.float()).norm() / ref.float().norm())
+
+
+def _peak_gb(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _round(x: float | None, digits: int = 4) -> float | None:
+    if x is None or not math.isfinite(x):
+        return x
+    return float(f"{x:.{digits}g}")
+
+
+def fp8_backend(device: torch.device) -> Fp8Backend:
+    """The FP8 backend the check measures: torchao (quick tuning) or TransformerEngine on a
+    GPU, when importable; emulation otherwise (an entry on a GPU then fails)."""
+    if device.type == "cuda":
+        if importlib.util.find_spec("torchao"):
+            from rlvla3.model.fp8 import TorchAOFp8
+
+            return TorchAOFp8(quick=True)
+        if importlib.util.find_spec("transformer_engine"):
+            from rlvla3.model.fp8 import TransformerEngineFp8
+
+            return TransformerEngineFp8()
+    return EmulatedFp8()
+
+
+# -- (a) attention ---------------------------------------------------------------------------
+ATTENTION_TOLERANCE = {"out": 0.02, "dq": 0.05, "dk": 0.05, "dv": 0.05}
+"""Largest error / largest reference magnitude allowed per tensor in the working dtype."""
+
+
+def check_attention(ctx: Context) -> Iterator[Snapshot]:
+    from rlvla3.model.config import PRESETS
+
+    s, dev = PRESETS[ctx.sizes.preset], ctx.device
+    lens = ctx.sizes.attention_lengths
+    g = torch.Generator().manual_seed(0)
+    total = sum(lens)
+    q = torch.randn(total, s.heads, s.head_dim, generator=g).to(dev)
+    k = torch.randn(total, s.kv_heads, s.head_dim, generator=g).to(dev)
+    v = torch.randn(total, s.kv_heads, s.head_dim, generator=g).to(dev)
+    dout = torch.randn(total, s.heads, s.head_dim, generator=g).to(dev)
+    cu = torch.tensor(np.r_[0, np.cumsum(lens)], dtype=torch.int32, device=dev)
+    longest = max(lens)
+
+    def run(backend, dtype):
+        leaves = [t.to(dtype, copy=True).requires_grad_(True) for t in (q, k, v)]
+        out = backend(*leaves, cu, cu, longest, longest)
+        out.backward(dout.to(dtype))
+        return [out.detach()] + [t.grad for t in leaves]
+
+    ref = run(PerSegmentAttention(), torch.float32)
+    best = select_backend("auto", dev).name
+    names = [n for n in ("flash", "torch_varlen") if dev.type == "cuda"
+             and (n != "flash" or importlib.util.find_spec("flash_attn"))]
+    names = names or ["per_segment"]
+    names.append("padded")
+    snap: Snapshot = {
+        "backend": best, "dtype": str(ctx.sizes.dtype).removeprefix("torch."),
+        "segments": len(lens), "tokens": total,
+        "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim,
+        "varlen_gqa": ("native" if varlen_takes_gqa() else "kv heads repeated")
+        if dev.type == "cuda" else None,
+        "tolerance": ATTENTION_TOLERANCE, "backends": {},
+    }
+    ok = True
+    for name in names:
+        backend = BACKENDS[name]()
+        try:
+            got = run(backend, ctx.sizes.dtype)
+            errors = {key: _round(_max_rel(a, b)) for key, a, b in
+                      zip(("out", "dq", "dk", "dv"), got, ref, strict=True)}
+            seconds = timed(lambda b=backend: run(b, ctx.sizes.dtype), ctx.sizes.attention_repeats,
+                            dev)
+            passed = all(errors[key] <= tol for key, tol in ATTENTION_TOLERANCE.items())
+            snap["backends"][name] = {"max_rel_err": errors, "fwd_bwd_ms": _round(seconds * 1e3),
+                                      "pass": passed}
+        except Exception as exc:  # a backend that fails is a result, not a crash
+            passed = False
+            snap["backends"][name] = {"error": f"{type(exc).__name__}: {exc}", "pass": False}
+        ok &= passed
+        yield snap
+    varlen, padded = snap["backends"].get(best, {}), snap["backends"]["padded"]
+    if "fwd_bwd_ms" in varlen and "fwd_bwd_ms" in padded:
+        snap["speedup_over_padded"] = _round(padded["fwd_bwd_ms"] / varlen["fwd_bwd_ms"], 3)
+    snap["pass"] = ok
+    yield snap
+
+
+# -- (b) and (e) training steps --------------------------------------------------------------
+def _training_step(ctx: Context, variants: dict[str, tuple[dict, bool]]) -> Iterator[Snapshot]:
+    """Forward + backward of the flow-matching loss for each variant (``VLAConfig`` overrides,
+    whether its projections run FP8), one variant on the device at a time, identical weights
+    (same seed) and batch; the first variant is the baseline of the others."""
+    from rlvla3.config import build
+    from rlvla3.model.config import VLAConfig, shapes_for
+    from rlvla3.model.policy import VLAPolicy
+    from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+
+    dev, sz = ctx.device, ctx.sizes
+    side = shapes_for(build(VLAConfig, {"preset": sz.preset})).image_size
+    spec = libero_like_spec(image_size=side, chunk_len=50)
+    obs, actions_np = libero_like_batch(spec, sz.train_samples, np.random.default_rng(0))
+    actions = torch.tensor(actions_np)
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randn(actions.shape, generator=g)
+    t = torch.rand(sz.train_samples, generator=g)
+    snap: Snapshot = {"preset": sz.preset, "dtype": str(sz.dtype).removeprefix("torch."),
+                      "samples": sz.train_samples, "variants": {}}
+    losses = {}
+    for name, (overrides, fp8) in variants.items():
+        policy = VLAPolicy(spec, build(VLAConfig, {"preset": sz.preset, **overrides}), dev)
+        policy.to(sz.dtype)
+        backend = fp8_backend(dev) if fp8 else None
+        if backend is not None:
+            policy.net.set_fp8(backend)
+
+        def step(p=policy):
+            p.zero_grad(set_to_none=True)
+            per = p.flow_losses(obs, actions, noise, t)
+            per.sum().backward()
+            return per
+
+        losses[name] = step().detach().float().cpu()
+        _reset_peak(dev)
+        seconds = timed(step, sz.train_repeats, dev, warmup=0)
+        real = int(policy.token_counts(obs).sum())
+        pb = policy.processor(obs, padded=policy.cfg.padded)
+        stream = len(pb.prefix_index) + sz.train_samples * spec.chunk_len
+        snap["real_tokens"] = real
+        snap["variants"][name] = {
+            "attention": policy.attention_backend,
+            "fp8": backend.detail if backend is not None else None,
+            "tokens_in_stream": stream, "step_s": _round(seconds),
+            "real_tokens_per_s": _round(real / seconds), "peak_memory_gb": _peak_gb(dev),
+            "loss_finite": bool(torch.isfinite(losses[name]).all()),
+        }
+        del policy, step
+        _reset_peak(dev)
+        yield snap
+    first, *rest = variants
+    ref = losses[first]
+    for name in rest:
+        diff = float((losses[name] - ref).abs().max() / ref.abs().mean())
+        snap["variants"][name]["loss_max_rel_diff"] = _round(diff)
+        snap["variants"][name]["speedup"] = _round(
+            snap["variants"][first]["step_s"] / snap["variants"][name]["step_s"], 3)
+    yield snap
+
+
+LOSS_TOLERANCE = 0.1
+"""Per-sample losses of two variants (same weights and batch) may differ by this fraction of
+the mean loss (bf16 rounding, FP8 quantisation)."""
+
+
+def check_packing(ctx: Context) -> Iterator[Snapshot]:
+    snap: Snapshot = {}
+    for snap in _training_step(ctx, {"padded": ({"padded": True}, False),
+                                     "packed": ({}, False)}):
+        yield snap
+    v = snap["variants"]
+    snap["token_ratio"] = _round(v["padded"]["tokens_in_stream"] / snap["real_tokens"])
+    snap["speedup"] = v["packed"]["speedup"]
+    snap["pass"] = (all(x["loss_finite"] for x in v.values())
+                    and v["packed"]["loss_max_rel_diff"] <= LOSS_TOLERANCE)
+    yield snap
+
+
+def check_fp8_training(ctx: Context) -> Iterator[Snapshot]:
+    snap: Snapshot = {}
+    for snap in _training_step(ctx, {"bf16": ({}, False), "fp8": ({}, True)}):
+        yield snap
+    v = snap["variants"]
+    snap["speedup"] = v["fp8"]["speedup"]
+    real_kernel = v["fp8"]["fp8"] != "emulated"
+    snap["pass"] = (all(x["loss_finite"] for x in v.values())
+                    and v["fp8"]["loss_max_rel_diff"] <= LOSS_TOLERANCE
+                    and (real_kernel or ctx.device.type != "cuda"))
+    yield snap
+
+
+# -- (c) FP8 linears -------------------------------------------------------------------------
+FP8_TOLERANCE = 0.1
+"""FP8 output and gradients may differ from float32 by this relative (Frobenius) error; e4m3
+rounding alone gives about 0.03-0.05."""
+
+
+def check_fp8_linear(ctx: Context) -> Iterator[Snapshot]:
+    dev, sz = ctx.device, ctx.sizes
+    backend = fp8_backend(dev)
+    snap: Snapshot = {"backend": backend.name, "detail": backend.detail,
+                      "dtype": str(sz.dtype).removeprefix("torch."), "tolerance": FP8_TOLERANCE,
+                      "layers": {}}
+    if getattr(backend, "probe_error", None):
+        snap["scaled_mm_probe_error"] = backend.probe_error
+    ok = backend.name != "emulated" or dev.type != "cuda"
+    g = torch.Generator().manual_seed(0)
+    for spec in sz.fp8_layers:
+        x = torch.randn(spec.tokens, spec.in_features, generator=g).to(dev, sz.dtype)
+        w = (torch.randn(spec.out_features, spec.in_features, generator=g)
+             * spec.in_features**-0.5).to(dev, sz.dtype)
+        dy = torch.randn(spec.tokens, spec.out_features, generator=g).to(dev, sz.dtype)
+        ref = [x.float() @ w.float().T, dy.float() @ w.float(), dy.float().T @ x.float()]
+        layer = BlockLinear(spec.in_features, spec.out_features, bias=False, device=dev,
+                            dtype=sz.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(w)
+        xin = x.clone().requires_grad_(True)
+
+        def step(lay=layer, xin=xin, dy=dy):
+            lay.weight.grad, xin.grad = None, None
+            lay(xin).backward(dy)
+
+        row = {"tokens": spec.tokens, "in": spec.in_features, "out": spec.out_features,
+               "count": spec.count}
+        try:
+            for label, fp8 in (("bf16", None), ("fp8", backend)):
+                layer.fp8 = fp8
+                xin.grad = layer.weight.grad = None
+                y = layer(xin)
+                y.backward(dy)
+                got = [y.detach(), xin.grad, layer.weight.grad]
+                row[f"{label}_rel_err"] = {k: _round(_fro_rel(a, b)) for k, a, b in
+                                           zip(("out", "dx", "dw"), got, ref, strict=True)}
+                row[f"{label}_fwd_bwd_ms"] = _round(timed(step, sz.fp8_repeats, dev) * 1e3)
+            row["speedup"] = _round(row["bf16_fwd_bwd_ms"] / row["fp8_fwd_bwd_ms"], 3)
+            row["pass"] = all(e <= FP8_TOLERANCE for e in row["fp8_rel_err"].values())
+        except Exception as exc:
+            row["error"], row["pass"] = f"{type(exc).__name__}: {exc}", False
+        ok &= row["pass"]
+        snap["layers"][spec.name] = row
+        yield snap
+    model = [r for r in snap["layers"].values() if r["count"] and "speedup" in r]
+    if model:
+        bf16 = sum(r["count"] * r["bf16_fwd_bwd_ms"] for r in model)
+        fp8 = sum(r["count"] * r["fp8_fwd_bwd_ms"] for r in model)
+        snap["model_weighted_speedup"] = _round(bf16 / fp8, 3)
+    snap["pass"] = ok
+    yield snap
+
+
+# -- (d) RL path -----------------------------------------------------------------------------
+LOGPROB_TOLERANCE = 0.05
+"""In float32, ``evaluate`` must give ``act``'s log-probability within this many nats per
+chain (an importance ratio within about 5% of 1 at identical weights)."""
+
+
+def check_rl(ctx: Context) -> Iterator[Snapshot]:
+    from rlvla3.config import build
+    from rlvla3.model.config import VLAConfig, shapes_for
+    from rlvla3.model.policy import VLAPolicy
+    from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+
+    dev, sz = ctx.device, ctx.sizes
+    cfg = build(VLAConfig, {"preset": sz.preset})
+    spec = libero_like_spec(image_size=shapes_for(cfg).image_size, chunk_len=50)
+    obs, _ = libero_like_batch(spec, sz.rl_batch, np.random.default_rng(1))
+    policy = VLAPolicy(spec, cfg, dev)
+    snap: Snapshot = {"preset": sz.preset, "batch": sz.rl_batch, "chunk_len": spec.chunk_len,
+                      "denoise_steps": cfg.denoise_steps, "logprob": cfg.logprob,
+                      "attention": policy.attention_backend, "dtypes": {}}
+    for label, dtype in (("float32", torch.float32), (str(sz.dtype).removeprefix("torch."),
+                                                      sz.dtype)):
+        policy.to(dtype)
+        out = policy.act(obs)
+        with torch.no_grad():
+            ev = policy.evaluate(obs, torch.as_tensor(out.actions), torch.as_tensor(out.latents))
+        diff = ev.log_prob.float().cpu() - torch.as_tensor(out.log_prob)
+        row = {"logprob_max_abs_diff": _round(float(diff.abs().max())),
+               "ratio_max_dev": _round(float((diff.exp() - 1).abs().max())),
+               "logprob_mean": _round(float(ev.log_prob.float().mean())),
+               "finite": bool(np.isfinite(out.log_prob).all() and np.isfinite(out.actions).all())}
+        if dtype == sz.dtype:  # speed in the working dtype only
+            act_s = timed(lambda p=policy: p.act(obs), sz.rl_repeats, dev, warmup=0)
+
+            def learn(p=policy, out=out):
+                p.zero_grad(set_to_none=True)
+                e = p.evaluate(obs, torch.as_tensor(out.actions), torch.as_tensor(out.latents))
+                (e.log_prob.sum() + e.value.sum()).backward()
+
+            _reset_peak(dev)
+            eval_s = timed(learn, sz.rl_repeats, dev)
+            row.update(act_s=_round(act_s), decisions_per_s=_round(sz.rl_batch / act_s),
+                       evaluate_fwd_bwd_s=_round(eval_s),
+                       evaluate_samples_per_s=_round(sz.rl_batch / eval_s),
+                       peak_memory_gb=_peak_gb(dev))
+            policy.zero_grad(set_to_none=True)
+        snap["dtypes"][label] = row
+        yield snap
+    f32 = snap["dtypes"]["float32"]
+    snap["pass"] = (all(r["finite"] for r in snap["dtypes"].values())
+                    and f32["logprob_max_abs_diff"] <= LOGPROB_TOLERANCE)
+    yield snap
+
+
+ENTRIES: dict[str, Entry] = {
+    "attention": check_attention,
+    "packing": check_packing,
+    "fp8_linear": check_fp8_linear,
+    "rl": check_rl,
+    "fp8_training": check_fp8_training,
+}
+"""In run order: the most informative and cheapest first."""

@@ -1,0 +1,109 @@
+"""The GPU check (``rlvla3 bench gpu``) runs in an environment holding only what the GPU
+machine's image has (torch, numpy, safetensors, pyyaml; no Ray), and its CPU dry run, the same
+code at tiny shapes, passes every entry. A run cut short reports instead of hanging.
+
+The environment is a virtual environment under /tmp, built once (about half a minute) and
+reused while its recipe is unchanged. The image's torch is a Python 3.12 CUDA build; the one
+torch wheel on disk here is 2.13 CPU for 3.11, so that is what the environment holds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvla3.model import bench_gpu
+from rlvla3.model.gpu_checks import ENTRIES, FP8_TOLERANCE, LOGPROB_TOLERANCE
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = Path(os.environ.get("RLVLA3_GPU_IMAGE_VENV", "/tmp/rlvla3-gpu-image-venv"))
+REQUIREMENTS = ("torch==2.13.0", "numpy", "safetensors", "pyyaml")
+
+
+@pytest.fixture(scope="module")
+def image_python() -> Path:
+    """Python of a virtual environment with the GPU image's packages only (built once)."""
+    python, stamp = VENV / "bin" / "python", VENV / ".rlvla3-recipe"
+    recipe = " ".join(REQUIREMENTS)
+    with open(f"{VENV}.lock", "w") as lock:  # one builder at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (python.exists() and stamp.exists() and stamp.read_text() == recipe):
+            shutil.rmtree(VENV, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=120)
+            subprocess.run([str(python), "-m", "pip", "install", "-q", *REQUIREMENTS],
+                           check=True, timeout=900)
+            stamp.write_text(recipe)
+    return python
+
+
+def test_the_image_environment_has_no_ray(image_python):
+    probe = subprocess.run([str(image_python), "-c", "import ray"], capture_output=True)
+    assert probe.returncode != 0 and b"No module named 'ray'" in probe.stderr
+
+
+def test_dry_run_passes_every_entry_without_ray(image_python, tmp_path):
+    run = subprocess.run(
+        [str(image_python), "-m", "rlvla3", "bench", "gpu", "--json", "--dry-run"],
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+        text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    entries = report["entries"]
+    assert list(entries) == list(ENTRIES)
+    failed = {k: v for k, v in entries.items() if not v["pass"]}
+    assert report["pass"] and not failed, failed
+    assert report["dry_run"] and report["versions"]["torch"].startswith("2.13")
+    assert report["versions"]["torchao"] is None  # so the emulated path ran
+
+    attention = entries["attention"]
+    assert attention["backend"] == "per_segment"
+    assert set(attention["backends"]) == {"per_segment", "padded"}
+    assert all(0 < e < 0.05 for b in attention["backends"].values()
+               for e in b["max_rel_err"].values())  # bf16 against the float32 reference
+
+    variants = entries["packing"]["variants"]
+    assert (variants["packed"]["attention"], variants["padded"]["attention"]) == (
+        "per_segment", "padded")
+    assert variants["packed"]["tokens_in_stream"] < variants["padded"]["tokens_in_stream"]
+    assert entries["packing"]["token_ratio"] > 1
+
+    fp8 = entries["fp8_linear"]
+    assert fp8["backend"] == "emulated"
+    padded = fp8["layers"]["padded.72x200"]
+    assert (padded["in"], padded["out"]) == (72, 200)
+    assert all(0 < e <= FP8_TOLERANCE for e in padded["fp8_rel_err"].values())
+    assert fp8["model_weighted_speedup"] > 0
+
+    rl = entries["rl"]["dtypes"]
+    assert rl["float32"]["logprob_max_abs_diff"] <= LOGPROB_TOLERANCE
+    assert rl["bfloat16"]["decisions_per_s"] > 0
+    assert entries["fp8_training"]["variants"]["fp8"]["fp8"] == "emulated"
+    assert report["summary"]["packing_speedup"] == entries["packing"]["speedup"]
+
+
+def test_an_entry_past_its_time_is_killed_and_reported():
+    result = bench_gpu.run_entry("attention", dry_run=True, timeout=0.5)
+    assert result["pass"] is False and result["error"] == "timed out after 0.5 s"
+    assert result["seconds"] < 10
+
+
+def test_entries_left_without_budget_fail_without_running():
+    report = bench_gpu.run_check(["attention", "rl"], dry_run=True, budget=1)
+    assert report["pass"] is False
+    assert all(r["error"].startswith("not run") for r in report["entries"].values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
+def test_without_gpu_or_dry_run_the_check_says_it_skipped(capsys):
+    assert bench_gpu.main(["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu"] is False and out["skipped"] is True
