@@ -7,14 +7,16 @@ Examples::
     python -m rlvla3 rl --config my.yaml --set pipeline.mode=sync --set learner.lr=1e-4
     python -m rlvla3 rl --resume runs/20261129-101500    # continue a run
 
-The config is validated (including env and policy options and the cluster's resources) before
-any actor starts; an error names the field and the job exits with status 2.
+The config is validated (including env and policy options, the env's optional extra when its
+workers run on this machine, and the cluster's resources) before any actor starts; an error is
+one line on stderr that names the field, and the job exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -70,10 +72,16 @@ def main(argv: list[str] | None = None) -> int:
 
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
             return 0
+        if not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
+            # Local run: the env workers import the simulator here. On a cluster they run on
+            # simulator nodes whose packages the driver cannot see.
+            from envs import require_extra
+
+            require_extra(cfg.env)
         from actors.controller import Controller
 
         controller = Controller(cfg, run_dir, resume=bool(args.resume))
-    except ConfigError as exc:
+    except ValueError as exc:  # ConfigError, or a component rejecting a value it was given
         print(f"rlvla3 rl: invalid config: {exc}", file=sys.stderr)
         return 2
     try:

@@ -673,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
             mapping = deep_merge(mapping, parse_override(item))
         job = prepare(build(SFTConfig, mapping), verify=args.verify_data)
         connect(job.cfg)
-    except (ConfigError, DatasetError, LakeError) as exc:
+    except (ValueError, DatasetError, LakeError) as exc:  # ValueError: ConfigError and kin
         print(f"rlvla3 sft: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(train(job), indent=2))

@@ -4,7 +4,8 @@
     datalake record --suite libero_spatial --task-ids 0 1 --episodes N --out PATH
                     [--workers W] [--image-size H W] [--codec av1] [--fps 20]
 
-``inspect`` exits 1 when it finds problems (the report lists them); it reads metadata only,
+``inspect`` exits 1 when it finds problems (the report lists them), 2 when there is nothing at
+PATH; it reads metadata only,
 unless ``--verify`` also decodes every video through the last frame its episodes need and
 reads every parquet row group (each problem then names the episodes it affects). ``record`` runs the scripted
 LIBERO expert on ``--episodes`` initial states of each task in parallel Ray workers and writes
@@ -17,12 +18,20 @@ import argparse
 import json
 import sys
 
+import pyarrow.fs as pafs
+
 from datalake.video import CODECS
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from datalake.format import resolve_filesystem
     from datalake.report import inspect_dataset
 
+    fs, base = resolve_filesystem(args.path)
+    if fs.get_file_info(base).type == pafs.FileType.NotFound:
+        print(f"rlvla3 datalake inspect: dataset not found: {args.path} "
+              "(no such file or directory)", file=sys.stderr)
+        return 2
     report = inspect_dataset(args.path, verify=args.verify, workers=args.workers)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -53,17 +62,23 @@ def _record(args: argparse.Namespace) -> int:
 
     from datalake.record import libero_recorder, record_dataset
     from datalake.writer import WriterConfig
+    from envs import require_extra
+    from rlvla3.config import ConfigError, Named
 
+    try:  # user errors: one line, exit status 2, before Ray starts
+        require_extra(Named("libero"))
+        if args.policy:
+            from rlvla3.checkpoint import read_meta
+
+            spec = read_meta(args.policy).spec
+            if tuple(spec.image_size) != tuple(args.image_size):
+                raise ConfigError("--policy", f"trained on {list(spec.image_size)} images, "
+                                  f"--image-size is {args.image_size}")
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
+        return 2
     if not ray.is_initialized():
         ray.init(num_cpus=max(args.workers, 1), include_dashboard=False, configure_logging=False)
-    if args.policy:
-        from rlvla3.checkpoint import read_meta
-
-        spec = read_meta(args.policy).spec  # fails early on a path without a checkpoint
-        if tuple(spec.image_size) != tuple(args.image_size):
-            print(f"rlvla3 datalake record: --policy was trained on {spec.image_size} images, "
-                  f"--image-size is {args.image_size}", file=sys.stderr)
-            return 2
     make_env, expert = libero_recorder(
         args.suite, tuple(args.image_size), args.action_noise, args.policy, args.policy_share
     )

@@ -4,11 +4,20 @@ A factory has the signature ``factory(options: Mapping, path: str, seed: int) ->
 validates ``options`` into the env's own config dataclass (errors name ``path``.field).
 ``env_spec`` gives an env's shapes without keeping a simulator alive, so a controller can size
 the policy before any actor starts.
+
+Envs whose simulator is an optional extra are listed in ``EXTRAS``; ``require_extra`` checks
+(without importing the simulator) that its package is importable in this process and otherwise
+raises a ``ConfigError`` that names the install command. A job calls it before any actor
+starts when its env workers will run beside it; ``env_spec`` does not, since a driver on a
+cluster's head node sizes the policy for simulators that live on other nodes.
 """
 
 from __future__ import annotations
 
-from rlvla3.config import Named
+import importlib.util
+from dataclasses import dataclass
+
+from rlvla3.config import ConfigError, Named
 from rlvla3.protocols import Env
 from rlvla3.registry import resolve
 from rlvla3.types import EnvSpec
@@ -26,6 +35,49 @@ SPECS: dict[str, str] = {
     "libero": "envs.libero:libero_spec",
     "isaaclab": "envs.isaaclab:isaaclab_spec",
 }
+
+
+@dataclass(frozen=True)
+class Extra:
+    """The optional dependency an env's simulator needs."""
+
+    module: str
+    """Top-level module that must be importable."""
+    install: str
+    """The command that installs it."""
+
+
+EXTRAS: dict[str, Extra] = {
+    "libero": Extra("libero", 'pip install -e ".[libero]"'),
+    "isaaclab": Extra(
+        "isaaclab", 'pip install -e ".[isaaclab]" (with Isaac Sim, on a node with an RTX GPU)'
+    ),
+}
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken install or an import hook that refuses it
+        return False
+
+
+def missing_extra(name: str) -> str:
+    """Why env ``name`` cannot run in this process ("" when it can, or needs no extra)."""
+    extra = EXTRAS.get(name)
+    if extra is None or _importable(extra.module):
+        return ""
+    return (f"env '{name}' needs the '{name}' extra, which is not installed here "
+            f"(no module '{extra.module}'): {extra.install}")
+
+
+def require_extra(choice: Named, path: str = "env") -> None:
+    """Raise ``ConfigError`` (naming the install command) if ``choice``'s simulator package is
+    missing from this process."""
+    resolve(ENVS, choice.name, f"{path}.name")
+    why = missing_extra(choice.name)
+    if why:
+        raise ConfigError(f"{path}.name", why)
 
 
 def make_env(choice: Named, seed: int = 0, path: str = "env") -> Env:
