@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from rlvla3.model import bench_gpu
+from rlvla3.model.attention import PerSegmentAttention, repeat_kv
 from rlvla3.model.gpu_checks import ENTRIES, FP8_TOLERANCE, LOGPROB_TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,7 @@ def test_dry_run_passes_every_entry_without_ray(image_python, tmp_path):
     run = subprocess.run(
         [str(image_python), "-m", "rlvla3", "bench", "gpu", "--json", "--dry-run"],
         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
-        text=True, timeout=300,
+        text=True, timeout=600,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(run.stdout)
@@ -107,3 +108,18 @@ def test_without_gpu_or_dry_run_the_check_says_it_skipped(capsys):
     assert bench_gpu.main(["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["gpu"] is False and out["skipped"] is True
+
+
+def test_repeated_kv_heads_equal_grouped_query_attention():
+    """Where torch's varlen kernel takes no ``enable_gqa`` (and in the padded baseline on CUDA)
+    key/value heads are repeated; that must be the same attention as GQA."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(40, 8, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(40, 2, 16, generator=g, dtype=torch.float64)
+    v = torch.randn(40, 2, 16, generator=g, dtype=torch.float64)
+    cu = torch.tensor([0, 13, 40], dtype=torch.int32)
+    attention = PerSegmentAttention()
+    grouped = attention(q, k, v, cu, cu, 27, 27)
+    repeated = attention(q, *repeat_kv(q, k, v), cu, cu, 27, 27)
+    torch.testing.assert_close(repeated, grouped)
+    assert repeat_kv(q, k, v)[0].shape == (40, 8, 16)

@@ -158,19 +158,31 @@ def flash_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
 
 
+def torch_varlen_available() -> bool:
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+
+
 def select_backend(name: str, device: torch.device, padded: bool = False) -> AttentionBackend:
-    """The backend named ``name`` (``auto``: best one for ``device``); logs the choice."""
+    """The backend named ``name`` (``auto``: best one for ``device``: flash > torch_varlen on
+    CUDA, falling back to the exact per-segment path; per_segment on CPU); logs the choice."""
     if padded:
         name = "padded" if name == "auto" else name
     elif name == "auto":
-        if device.type == "cuda":
-            name = "flash" if flash_available() else "torch_varlen"
-        else:
-            name = "per_segment"
+        name = "per_segment"
+        if device.type == "cuda" and flash_available():
+            name = "flash"
+        elif device.type == "cuda" and torch_varlen_available():
+            name = "torch_varlen"
+        elif device.type == "cuda":
+            log.warning("no varlen attention kernel (flash-attn, torch.nn.attention.varlen) on "
+                        "this install: running the exact per-segment path on %s", device)
     if name == "flash" and importlib.util.find_spec("flash_attn") is None:
         raise ValueError("attention backend 'flash' needs the Python package 'flash-attn' "
                          "(module 'flash_attn'), which is not importable here: pip install "
                          "flash-attn (or the project's `gpu` extra)")
+    if name == "torch_varlen" and not torch_varlen_available():
+        raise ValueError(f"attention backend 'torch_varlen' needs torch.nn.attention.varlen, "
+                         f"which torch {torch.__version__} does not have")
     if name in ("flash", "torch_varlen") and device.type != "cuda":
         raise ValueError(f"attention backend {name!r} needs a CUDA device, model is on {device}")
     backend = BACKENDS[name]()

@@ -94,9 +94,11 @@ def run_entry(name: str, dry_run: bool, timeout: float) -> dict:
     snaps = []
     for line in out.splitlines():
         try:
-            snaps.append(json.loads(line))
+            snap = json.loads(line)
         except json.JSONDecodeError:
             continue  # stray output of a library
+        if isinstance(snap, dict):
+            snaps.append(snap)
     result = snaps[-1] if snaps else {}
     if timed_out:
         result.update({"pass": False, "error": f"timed out after {timeout:g} s"})
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(ENTRIES),
                     help=f"comma-separated entries to run (default: {','.join(ENTRIES)})")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the whole check (default: 330 on a GPU, 240 dry run)")
+                    help="seconds for the whole check (default: 330 on a GPU, 500 dry run)")
     ap.add_argument("--entry", choices=sorted(ENTRIES), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.entry:

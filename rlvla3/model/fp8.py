@@ -151,9 +151,9 @@ class EmulatedFp8(Fp8Backend):
 def _require(module: str, pip_name: str, what: str) -> None:
     """Raise an error naming the package when ``module`` is not importable."""
     if importlib.util.find_spec(module) is None:
+        extra = "" if module == "triton" else " (or the project's `gpu` extra)"
         raise ValueError(f"{what} needs the Python package {pip_name!r} (module {module!r}), "
-                         f"which is not importable here: pip install {pip_name} (or the "
-                         "project's `gpu` extra)")
+                         f"which is not importable here: pip install {pip_name}{extra}")
 
 
 def _hopper() -> bool:
