@@ -16,8 +16,9 @@ Entries:
   LIBERO-like batch, packed varlen vs the dynamic-padding baseline, same weights: real tokens/s,
   peak memory, speed-up, and agreement of the per-sample losses.
 - ``fp8_linear``: FP8 block-scaled linears against bf16 at the pi0.5 layer shapes (and sizes
-  that are not multiples of 128, padded): error of output and gradients against float32, speed
-  of forward + backward, speed-up weighted by how often each shape occurs in the model.
+  that are not multiples of 128, padded): error of output and gradients against float32 (and
+  against bf16), speed of forward + backward, speed-up weighted by how often each shape occurs
+  in the model.
 - ``rl``: the RL path: ``act`` on a rollout batch, ``evaluate`` of the recorded chains, their
   log-probability agreement (float32 and the working dtype) and decisions/s.
 - ``fp8_training``: the packed training step with every backbone and expert projection in FP8
@@ -40,7 +41,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rlvla3.model.attention import BACKENDS, PerSegmentAttention, select_backend, varlen_takes_gqa
+from rlvla3.model.attention import (
+    BACKENDS,
+    PerSegmentAttention,
+    select_backend,
+    torch_varlen_available,
+    varlen_takes_gqa,
+)
 from rlvla3.model.fp8 import BlockLinear, EmulatedFp8, Fp8Backend
 
 Snapshot = dict
@@ -223,7 +230,7 @@ def check_attention(ctx: Context) -> Iterator[Snapshot]:
         "segments": len(lens), "tokens": total,
         "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim,
         "varlen_gqa": ("native" if varlen_takes_gqa() else "kv heads repeated")
-        if dev.type == "cuda" else None,
+        if dev.type == "cuda" and torch_varlen_available() else None,
         "tolerance": ATTENTION_TOLERANCE, "backends": {},
     }
     ok = True
@@ -378,15 +385,21 @@ def check_fp8_linear(ctx: Context) -> Iterator[Snapshot]:
         row = {"tokens": spec.tokens, "in": spec.in_features, "out": spec.out_features,
                "count": spec.count}
         try:
+            results = {}
             for label, fp8 in (("bf16", None), ("fp8", backend)):
                 layer.fp8 = fp8
                 xin.grad = layer.weight.grad = None
                 y = layer(xin)
                 y.backward(dy)
-                got = [y.detach(), xin.grad, layer.weight.grad]
+                results[label] = [y.detach(), xin.grad, layer.weight.grad]
                 row[f"{label}_rel_err"] = {k: _round(_fro_rel(a, b)) for k, a, b in
-                                           zip(("out", "dx", "dw"), got, ref, strict=True)}
+                                           zip(("out", "dx", "dw"), results[label], ref,
+                                               strict=True)}
                 row[f"{label}_fwd_bwd_ms"] = _round(timed(step, sz.fp8_repeats, dev) * 1e3)
+            row["fp8_vs_bf16_rel_err"] = {
+                k: _round(_fro_rel(a, b))
+                for k, a, b in zip(("out", "dx", "dw"), results["fp8"], results["bf16"],
+                                   strict=True)}
             row["speedup"] = _round(row["bf16_fwd_bwd_ms"] / row["fp8_fwd_bwd_ms"], 3)
             row["pass"] = all(e <= FP8_TOLERANCE for e in row["fp8_rel_err"].values())
         except Exception as exc:
@@ -434,6 +447,7 @@ def check_rl(ctx: Context) -> Iterator[Snapshot]:
                "ratio_max_dev": _round(float((diff.exp() - 1).abs().max())),
                "logprob_mean": _round(float(ev.log_prob.float().mean())),
                "finite": bool(np.isfinite(out.log_prob).all() and np.isfinite(out.actions).all())}
+        row["ppo_clip_ok"] = row["ratio_max_dev"] <= 0.2  # ratios inside PPO's usual clip
         if dtype == sz.dtype:  # speed in the working dtype only
             act_s = timed(lambda p=policy: p.act(obs), sz.rl_repeats, dev, warmup=0)
 
