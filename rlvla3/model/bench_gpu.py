@@ -56,8 +56,9 @@ def _version(dist: str) -> str | None:
 
 def run_child(name: str, dry_run: bool) -> int:
     """Run one entry in this process; print each snapshot as one JSON line."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"bench gpu [{name}] %(name)s: %(message)s")
+    logging.getLogger("rlvla3").setLevel(logging.INFO)  # backend choices; libraries: warnings
     sizes = DRY_RUN if dry_run else GPU
     if dry_run:
         torch.set_num_threads(1)  # tiny shapes: one thread is fastest on a shared machine
