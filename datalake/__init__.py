@@ -7,9 +7,11 @@ Modules:
     samples    one episode's samples: action chunk + mask, state, task, camera timestamps
     pipeline   ``Lake``: mixing, episode shuffle, decoder actor pool, skip accounting, packing
     report     ``inspect_dataset``: a dataset's shape and every problem found
+    verify     ``verify_dataset``: decode every video, read every row group, name the episodes hit
     record     expert demonstrations from parallel env workers into a dataset
     synthetic  self-describing episodes for tests and benchmarks
-    cli        ``rlvla3 datalake inspect|record``; bench: ``rlvla3 bench lake``
+    cli        ``rlvla3 datalake inspect|record``
+    bench      ``rlvla3 bench lake``: the lake vs a torch DataLoader feeding VLA training steps
 
 Only message types, protocols, config and packing are imported from ``rlvla3``.
 """
