@@ -13,5 +13,6 @@ Modules:
     cli        ``rlvla3 datalake inspect|record``
     bench      ``rlvla3 bench lake``: the lake vs a torch DataLoader feeding VLA training steps
 
-Only message types, protocols, config and packing are imported from ``rlvla3``.
+The reading pipeline imports only message types, protocols, config and packing from ``rlvla3``;
+``bench`` (which trains the VLA) and ``record`` (a policy may drive takes) build policies lazily.
 """
