@@ -134,7 +134,7 @@ class Controller:
         if cfg.ray.address or os.environ.get("RAY_ADDRESS"):
             check_resources(cfg, cpus)
         self.topology = build_topology(cfg, self.spec, str(self.run_dir), self.run_dir.name,
-                                       self.training.bounded_queue)
+                                       self.training.concurrent)
         self.monitor = RunMonitor(self.topology, self.run_dir)
         self._sync_initial_weights()
         return self.topology
@@ -241,7 +241,7 @@ class Controller:
                 told = now
                 detail = state if snap is None else waiting_on(
                     snap, self.cfg.learner.global_batch,
-                    self.cfg.queue.capacity if self.training.bounded_queue else 1 << 30)
+                    self.cfg.queue.capacity if self.training.concurrent else 1 << 30)
                 self._log(f"watchdog: no env or optimizer step for {now - since:.0f}s; {detail}")
 
     def _check_errors(self) -> None:

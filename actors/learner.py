@@ -220,7 +220,8 @@ class Learner:
         self._stop.clear()
         self._stop_version = None
         while not (self._stop.is_set() and self._stop_reached()):
-            self._pull(max_items=8, timeout_s=0.2)
+            if self.core.buffered < self.core.local_batch:  # pull only what this rank needs,
+                self._pull(max_items=8, timeout_s=0.2)      # so no rank hoards the data
             self.core.run_available(self._publish, until_version=self._stop_version)
         return self.stats()
 

@@ -14,9 +14,11 @@ a mode name. Rollout strategies:
   and the trajectory queue paces episode starts.
 Training strategies:
 - ``SyncTraining``: one rollout round, then every learner trains on what was collected, then the
-  new weights reach the servers before the next round. The round bounds what is in flight, so
-  the queue must hold a whole round (``bounded_queue = False``): a queue smaller than the slots
-  would make every producer wait on a learner that waits for the round to end.
+  new weights reach the servers before the next round. The round bounds what is in flight and
+  how old it gets, so the queue must hold a whole round (a queue smaller than the slots would
+  make every producer wait on a learner that waits for the round to end) and the learners
+  apply no staleness bound (a round trained over several optimizer steps is PPO's minibatching,
+  its trust region the proximal policy).
 - ``AsyncTraining``: rollout and learners run at once; staleness is bounded by pacing, the
   queue's capacity and the learners' per-decision bound.
 """
@@ -150,7 +152,6 @@ class SyncTraining:
     """Rollout round, then train, then sync weights; nothing overlaps."""
 
     concurrent = False
-    bounded_queue = False
 
     def __init__(self):
         self.refs: list = []
@@ -184,7 +185,6 @@ class AsyncTraining:
     """Learners pull from the queue and train while rollout goes on."""
 
     concurrent = True
-    bounded_queue = True
 
     def __init__(self):
         self.refs: list = []

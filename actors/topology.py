@@ -95,8 +95,10 @@ def actor_names(run: str, cfg: RunConfig) -> dict[str, list[str]]:
 
 
 def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
-                   bounded_queue: bool) -> Topology:
-    """Place and start every actor of a run (see the module docstring)."""
+                   concurrent: bool) -> Topology:
+    """Place and start every actor of a run (see the module docstring). ``concurrent``: the
+    training strategy overlaps rollout and training, so the queue is bounded (backpressure)
+    and learners bound staleness; otherwise a round bounds both, and the queue holds a round."""
     strategies = cfg.strategies
     lc, rc, ec = cfg.learner, cfg.rollout, cfg.env_workers
     demands = ([{"CPU": lc.num_cpus, "GPU": lc.num_gpus}] * lc.num_learners
@@ -110,7 +112,7 @@ def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
 
     grpo = cfg.algo.name == "grpo"
     group_size = cfg.algo.group_size if grpo else 1
-    queue_cfg = cfg.queue if bounded_queue else replace(cfg.queue, capacity=UNBOUNDED)
+    queue_cfg = cfg.queue if concurrent else replace(cfg.queue, capacity=UNBOUNDED)
     queue = ray.remote(TrajectoryQueue).options(
         num_cpus=0, max_concurrency=1000, name=names["queue"][0], namespace=NAMESPACE,
     ).remote(queue_cfg, group_size, lc.global_batch, float(spec.max_decisions))
@@ -131,7 +133,8 @@ def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
             scheduling_strategy=learner_sched[r], max_restarts=-1 if single else 0,
             max_task_retries=-1 if single else 0, name=names["learner"][r], namespace=NAMESPACE,
         ).remote(r, lc.num_learners, cfg.policy, spec, cfg.algo, lc, strategies.learner,
-                 cfg.seed, names["rollout"], names["queue"][0], run_dir, cfg.queue.max_staleness)
+                 cfg.seed, names["rollout"], names["queue"][0], run_dir,
+                 cfg.queue.max_staleness if concurrent else None)
         for r in range(lc.num_learners)
     ]
     addr, port = ray.get(learners[0].address.remote())

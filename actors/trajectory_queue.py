@@ -12,11 +12,15 @@ estimates how many optimizer steps will happen before that episode's first decis
 
 where ``backlog`` is what is shipped but not yet trained (queued here plus buffered in the
 learners) and ``in_flight`` the episodes already admitted and unfinished, and admits the slot
-only while ``lag <= pace_lag`` (``QueueConfig.pace_target``); otherwise the slot waits until the learners have consumed
-enough. So no more work is in flight than the learners can consume within the staleness bound:
-when the learners are the bottleneck, env slots wait instead of producing data that only ages,
-and when the envs are, every slot runs. One episode is always admitted when none is in flight,
-and GRPO episodes held for their group do not count, so pacing can never deadlock.
+only while ``lag <= pace_lag`` (``QueueConfig.pace_target``); otherwise the slot waits until the
+learners have consumed enough. So no more work is in flight than the learners can consume
+within the staleness bound: when the learners are the bottleneck, env slots wait instead of
+producing data that only ages, and when the envs are, every slot runs. Pacing never starves the
+learners (while less than one global batch of work is ahead of them, slots are admitted
+whatever the target), one episode is always admitted when none is in flight, in-flight episodes
+always finish, and GRPO episodes held for their group do not count, so pacing cannot deadlock.
+(Learners pull only what their next batch needs, so no rank hoards data another rank waits
+for.)
 
 Invariants:
 - At most ``capacity`` items are queued; ``put`` waits while the queue is full (backpressure).
@@ -129,9 +133,11 @@ class TrajectoryQueue:
         return ahead / self.global_batch
 
     def _may_admit(self) -> bool:
+        """Within the pace target, or with less than one batch of work ahead of the learners
+        (holding slots back then would only idle them)."""
         target = self.cfg.pace_target
         return (self._closed or not self._tickets or target <= 0
-                or self.expected_lag() <= target)
+                or self.expected_lag() <= target or self.expected_lag(extra=0) < 1.0)
 
     async def admit(self, worker_id: int, key: EpisodeKey) -> int:
         """Wait until a new episode of ``key`` may start (see pacing); returns its ticket."""

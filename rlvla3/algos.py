@@ -10,10 +10,12 @@ Outputs: advantages and returns; a loss to ``backward()``.
 
 Invariants:
 - The behaviour log-probability is the one recorded when the action was sampled, never one
-  recomputed later. By default (``proximal: step``) the objective is decoupled PPO: the clip is
-  centred on the proximal policy (the parameters at the start of the optimizer step) and the lag
-  between behaviour and proximal policy is corrected by a truncated importance weight, so stale
-  decisions are reweighted instead of silently losing their gradient to the clip.
+  recomputed later. By default (``proximal: arrival``) the objective is decoupled PPO: the clip
+  is centred on the proximal policy, the learner's parameters when the decision reached it, and
+  the lag between behaviour and proximal policy (the rollout's share of staleness) is corrected
+  by a truncated importance weight, so stale decisions are reweighted instead of silently losing
+  their gradient to the clip, while a batch trained over several optimizer steps (a synchronous
+  round) keeps its trust region.
 - Losses are means over the samples they receive; the learner scales them when it accumulates
   micro-batches into a global batch.
 - ``AlgoConfig`` validates its ranges; every error names the dotted field (``algo.clip_eps``).
@@ -54,11 +56,14 @@ class AlgoConfig:
     """Standardise PPO advantages over optimizer batches (all micro-batches and ranks; see
     ``rlvla3.learner.AdvantageNormalizer``). GRPO advantages are standardised within their group
     already and are left as they are."""
-    proximal: Literal["step", "behaviour"] = "step"
-    """Centre of the clip. ``step``: decoupled PPO, the proximal policy is the learner's
-    parameters at the start of the optimizer step (evaluated without gradient) and behaviour
-    data is reweighted by ``min(pi_prox / pi_behav, behaviour_weight_cap)``. ``behaviour``:
-    classic PPO, the ratio against the behaviour policy itself (no reweighting)."""
+    proximal: Literal["arrival", "step", "behaviour"] = "arrival"
+    """Centre of the clip. Decoupled PPO, behaviour data reweighted by
+    ``min(pi_prox / pi_behav, behaviour_weight_cap)``, with the proximal policy being
+    ``arrival``: the learner's parameters when the decision reached the learner (one no-grad
+    forward pass per decision), or ``step``: the parameters at the start of the optimizer step
+    (free, but with one optimizer step per batch the clip never binds, so a round trained over
+    many steps has no trust region). ``behaviour``: classic PPO, the ratio against the
+    behaviour policy itself (no reweighting)."""
     behaviour_weight_cap: float | None = 2.0
     """Truncation of the importance weight ``pi_prox / pi_behav`` (as V-trace truncates
     ``rho``): bounds the variance one very off-policy decision can add; None: no truncation."""
@@ -88,8 +93,8 @@ class AlgoConfig:
             f"GRPO needs groups of at least 2 episodes, got {self.group_size}",
         )
         require(self.max_grad_norm > 0.0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
-        require(self.proximal in ("step", "behaviour"), "proximal",
-                f"{self.proximal!r} is not one of step, behaviour")
+        require(self.proximal in ("arrival", "step", "behaviour"), "proximal",
+                f"{self.proximal!r} is not one of arrival, step, behaviour")
         require(
             self.behaviour_weight_cap is None or self.behaviour_weight_cap >= 1.0,
             "behaviour_weight_cap",
@@ -295,17 +300,21 @@ def objective(
 
         L = L_policy (ppo_loss) + vf_coef * L_value (value_loss, PPO only) - ent_coef * mean(H)
 
-    With ``cfg.proximal == "step"`` and no ``prox_log_prob`` given, the proximal policy is the
-    parameters being evaluated, without gradient: the learner never steps the optimizer inside
-    an accumulated batch, so for every micro-batch of a step these are the parameters at the
-    start of that step, and ``evaluation.log_prob.detach()`` equals a separate no-grad forward
-    pass at no extra cost. ``cfg.proximal == "behaviour"`` takes the classic PPO ratio.
+    The proximal log-probabilities: ``cfg.proximal == "arrival"`` takes ``prox_log_prob`` as
+    the caller recorded it (the learner, when the decision arrived). With ``"step"`` the
+    proximal policy is the parameters being evaluated, without gradient: the learner never
+    steps the optimizer inside an accumulated batch, so for every micro-batch of a step these
+    are the parameters at the start of that step, and ``evaluation.log_prob.detach()`` equals a
+    separate no-grad forward pass at no extra cost. ``"behaviour"`` takes the classic PPO ratio.
     GRPO has no critic, so its value term is zero whatever ``vf_coef`` says.
     """
-    if cfg.proximal == "step" and prox_log_prob is None:
+    if cfg.proximal == "step":
         prox_log_prob = evaluation.log_prob.detach()
     elif cfg.proximal == "behaviour":
         prox_log_prob = None
+    elif prox_log_prob is None:
+        raise ValueError("proximal 'arrival' needs the proximal log-probabilities recorded on "
+                         "arrival (prox_log_prob)")
     policy, policy_stats = ppo_loss(
         evaluation.log_prob,
         behaviour_log_prob,

@@ -181,11 +181,27 @@ class LearnerCore:
         for s in segments:
             self.length_hist[len(s)] = self.length_hist.get(len(s), 0) + 1
         samples = prepare_samples(segments, self.algo)
+        if self.algo.proximal == "arrival":
+            samples = replace(samples, prox_log_probs=self._log_probs_now(samples))
         self.counts["received_decisions"] += len(samples)
         self.counts["received_episodes"] += len(segments)
         self._pending.append(samples)
         self.buffered += len(samples)
         self._discard_stale()
+
+    @torch.no_grad()
+    def _log_probs_now(self, samples: Samples) -> np.ndarray:
+        """Log-probabilities of ``samples`` under the current parameters (the proximal policy
+        of decoupled PPO), in micro-batches, without gradient."""
+        start = time.perf_counter()
+        out = []
+        for lo in range(0, len(samples), self.micro_batch):
+            part = samples.select(np.arange(lo, min(lo + self.micro_batch, len(samples))))
+            ev = self.policy.evaluate(part.obs, torch.from_numpy(part.actions),
+                                      torch.from_numpy(part.latents))
+            out.append(ev.log_prob.float().cpu().numpy())
+        self.busy_s += time.perf_counter() - start
+        return np.concatenate(out)
 
     def _discard_stale(self) -> None:
         """Drop buffered decisions more than ``max_staleness`` versions behind (counted)."""
@@ -260,7 +276,7 @@ class LearnerCore:
             return torch.from_numpy(np.ascontiguousarray(a)).to(ev.log_prob.device)
 
         total, stats = objective(self.algo, ev, t(batch.log_probs), t(batch.advantages),
-                                 t(batch.returns), t(batch.values))
+                                 t(batch.returns), t(batch.values), t(batch.prox_log_probs))
         return total, {"loss": stats.loss, "policy_loss": stats.policy_loss,
                        "value_loss": stats.value_loss, "entropy": stats.entropy,
                        "clip_fraction": stats.policy.clip_fraction,

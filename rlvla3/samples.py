@@ -51,6 +51,9 @@ class Samples:
     """int64 ``[N]``: version of the weights behind each action."""
     env_steps: np.ndarray
     """int64 ``[N]``: low-level env steps each decision executed."""
+    prox_log_probs: np.ndarray
+    """float32 ``[N]``: proximal log-probabilities (decoupled PPO); the behaviour ones until
+    the learner records its own on arrival."""
 
     def __len__(self) -> int:
         return len(self.log_probs)
@@ -67,6 +70,7 @@ class Samples:
             values=self.values[index],
             policy_versions=self.policy_versions[index],
             env_steps=self.env_steps[index],
+            prox_log_probs=self.prox_log_probs[index],
         )
 
     @staticmethod
@@ -82,6 +86,7 @@ class Samples:
             values=np.concatenate([p.values for p in parts]),
             policy_versions=np.concatenate([p.policy_versions for p in parts]),
             env_steps=np.concatenate([p.env_steps for p in parts]),
+            prox_log_probs=np.concatenate([p.prox_log_probs for p in parts]),
         )
 
 
@@ -128,11 +133,12 @@ def prepare_samples(segments: Sequence[TrajectorySegment], cfg: AlgoConfig) -> S
     if not segments:
         raise ValueError("prepare_samples needs at least one segment")
     advantages, returns = _ESTIMATORS[cfg.name](segments, cfg)
+    log_probs = np.concatenate([s.log_probs for s in segments]).astype(np.float32, copy=False)
     return Samples(
         obs=ObsBatch.concat([s.obs for s in segments]),
         actions=np.concatenate([s.actions for s in segments]).astype(np.float32, copy=False),
         latents=np.concatenate([s.latents for s in segments]).astype(np.float32, copy=False),
-        log_probs=np.concatenate([s.log_probs for s in segments]).astype(np.float32, copy=False),
+        log_probs=log_probs,
         advantages=advantages,
         returns=returns,
         values=np.concatenate([s.values for s in segments]).astype(np.float32, copy=False),
@@ -140,4 +146,5 @@ def prepare_samples(segments: Sequence[TrajectorySegment], cfg: AlgoConfig) -> S
             np.int64, copy=False
         ),
         env_steps=np.concatenate([s.decision_steps() for s in segments]),
+        prox_log_probs=log_probs.copy(),
     )

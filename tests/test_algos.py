@@ -177,7 +177,7 @@ def test_truncated_importance_weight():
 
 
 def test_objective_proximal_is_the_step_start_parameters():
-    """Default objective (``proximal: step``): the proximal policy is the evaluated parameters
+    """``proximal: step``: the proximal policy is the evaluated parameters
     without gradient, so r = 1 and the gradient is -mean(w * A * grad log pi) with
     w = min(pi_theta / pi_behav, cap): hand-computed on two samples."""
     new = torch.tensor([0.0, math.log(0.5)], dtype=torch.float64, requires_grad=True)
@@ -186,8 +186,8 @@ def test_objective_proximal_is_the_step_start_parameters():
     behav = torch.tensor([math.log(0.25), 0.0], dtype=torch.float64)  # w = [4 -> 2 (cap), 0.5]
     adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
     zeros = torch.zeros(2, dtype=torch.float64)
-    loss, stats = objective(AlgoConfig("grpo", behaviour_weight_cap=2.0), ev, behav, adv, zeros,
-                            zeros)
+    loss, stats = objective(AlgoConfig("grpo", proximal="step", behaviour_weight_cap=2.0), ev,
+                            behav, adv, zeros, zeros)
     loss.backward()
     # loss = -mean(w * A) = -(2 * 1 + 0.5 * -2) / 2 = -0.5
     assert loss.item() == pytest.approx(-0.5)
@@ -204,6 +204,25 @@ def test_objective_proximal_is_the_step_start_parameters():
     assert loss.item() == pytest.approx(-(1.2 - 1.6) / 2)
     np.testing.assert_allclose(new.grad.numpy(), [0.0, 0.0])
     assert stats.policy.clip_fraction == 1.0
+
+
+def test_objective_proximal_recorded_on_arrival():
+    """Default (``proximal: arrival``): the clip is centred on the log-probabilities the learner
+    recorded when the decisions arrived; a round trained over several steps keeps its trust
+    region. behav = 0, prox = ln 0.5 -> w = 0.5; new = ln 0.75 -> r = 1.5 against prox.
+    A = 1: min(1.5, 1.2) = 1.2 (clipped) -> loss = -0.5 * 1.2 = -0.6, no gradient."""
+    new = torch.tensor([math.log(0.75)], dtype=torch.float64, requires_grad=True)
+    ev = Evaluation(log_prob=new, value=torch.zeros(1, dtype=torch.float64),
+                    entropy=torch.zeros(1, dtype=torch.float64))
+    one, zero = torch.ones(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+    prox = torch.tensor([math.log(0.5)], dtype=torch.float64)
+    loss, stats = objective(AlgoConfig("grpo"), ev, zero, one, zero, zero, prox)
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.6) and new.grad.item() == pytest.approx(0.0)
+    assert stats.policy.clip_fraction == 1.0
+    assert stats.policy.behaviour_weight_mean == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="arrival"):
+        objective(AlgoConfig("grpo"), ev, zero, one, zero, zero)
 
 
 def test_decoupled_equals_plain_when_prox_is_behaviour():
@@ -241,13 +260,13 @@ def test_objective_combines_terms():
     ret = torch.tensor([2.0, 2.0])
     # ratio 1: policy loss = -mean(1, -1) = 0; value loss 0.5; entropy 1.5
     # total = 0 + 0.5 * 0.5 - 0.1 * 1.5 = 0.1
-    loss, stats = objective(cfg, evaluation, zeros, adv, ret, zeros)
+    loss, stats = objective(cfg, evaluation, zeros, adv, ret, zeros, zeros)
     assert loss.item() == pytest.approx(0.1)
     assert stats.value_loss == pytest.approx(0.5) and stats.entropy == pytest.approx(1.5)
     assert "policy/clip_fraction" in stats.as_dict()
     # GRPO has no critic: total = 0 - 0.1 * 1.5 = -0.15
     loss, stats = objective(
-        AlgoConfig(name="grpo", ent_coef=0.1), evaluation, zeros, adv, ret, zeros
+        AlgoConfig(name="grpo", ent_coef=0.1), evaluation, zeros, adv, ret, zeros, zeros
     )
     assert loss.item() == pytest.approx(-0.15) and stats.value_loss == 0.0
 

@@ -15,13 +15,14 @@ from actors.controller import Controller
 from rlvla3.checkpoint import read_meta
 from rlvla3.run_config import load_run_config
 
-FAST = [*TINY_RUN, "log_every_s=0.5", "checkpoint_every=2", "queue.max_staleness=1000"]
+FAST = [*TINY_RUN, "log_every_s=0.5", "checkpoint_every=2"]
 
 
-def run_with_kill(tmp_path, target: str, steps: int = 2500):
-    """Run full mode; once the policy reached version 3 and a checkpoint exists, kill
-    ``target``; return the summary and the final stats of the surviving actors."""
-    cfg = load_run_config("smoke", overrides=FAST + [f"total_env_steps={steps}"])
+def run_with_kill(tmp_path, target: str, steps: int = 2500, overrides=(), ahead: int = 0):
+    """Run full mode (the default staleness bound); once the policy reached version 3 and a
+    checkpoint exists (and then ``ahead`` more versions), kill ``target``; return the summary
+    and the final stats of the surviving actors."""
+    cfg = load_run_config("smoke", overrides=FAST + [f"total_env_steps={steps}", *overrides])
     controller = Controller(cfg, tmp_path / target, quiet=True)
     topo = controller.build()
     result: dict = {}
@@ -30,7 +31,13 @@ def run_with_kill(tmp_path, target: str, steps: int = 2500):
     try:
         deadline = time.monotonic() + 240
         latest = tmp_path / target / "checkpoints" / "latest"
-        while ray.get(topo.learners[0].version.remote()) < 3 or not latest.is_file():
+        while ray.get(topo.learners[0].version.remote()) < 3:
+            assert time.monotonic() < deadline, "the run made no progress before the kill"
+            time.sleep(0.2)
+        if not latest.is_file():  # no periodic checkpoints: take one now
+            ray.get(topo.learners[0].save.remote(str(tmp_path / target), {"env_steps": 0}))
+        saved = read_meta(tmp_path / target).version
+        while ray.get(topo.learners[0].version.remote()) < saved + ahead:
             assert time.monotonic() < deadline, "the run made no progress before the kill"
             time.sleep(0.2)
         victim = {"env_worker": topo.workers[0], "rollout_server": topo.servers[0],
@@ -55,7 +62,9 @@ def assert_transitions_accounted(workers, queue):
     for w in workers:
         assert w["decisions"] == (w["shipped_decisions"] + w["inflight_decisions"]
                                   + w["dropped_decisions"])
-    assert queue["put"] == queue["got"] + queue["depth"] + queue["dropped_stale"]
+    assert queue["put_decisions"] == (queue["got_decisions"] + queue["queued_decisions"]
+                                      + queue["held_decisions"] + queue["dropped_stale_decisions"]
+                                      + queue["expired_decisions"])
     assert queue["put_decisions"] + queue["discarded_decisions"] == sum(
         w["shipped_decisions"] for w in workers)
 
@@ -70,7 +79,9 @@ def test_env_worker_killed_run_continues(ray_cluster, tmp_path):
     assert summary["lost_segments"] >= 0 and summary["policy_version"] > 3
     # the restarted worker works again, and the surviving one lost nothing
     assert workers[0]["episodes"] > 0
-    assert queue["put"] == queue["got"] + queue["depth"] + queue["dropped_stale"]
+    assert queue["put_decisions"] == (queue["got_decisions"] + queue["queued_decisions"]
+                                      + queue["dropped_stale_decisions"])
+    assert queue["in_flight_episodes"] == 0, "the dead worker's admissions were not released"
     w = workers[1]
     assert w["decisions"] == w["shipped_decisions"] + w["inflight_decisions"] + w["dropped_decisions"]
 
@@ -89,14 +100,21 @@ def test_rollout_server_killed_no_transition_lost_or_repeated(ray_cluster, tmp_p
 
 
 @pytest.mark.slow
-def test_learner_killed_restores_checkpoint_and_continues(ray_cluster, tmp_path):
+def test_learner_killed_rolls_back_further_than_the_staleness_bound_and_trains_on(
+        ray_cluster, tmp_path):
+    """The default staleness bound (8), a checkpoint 12 versions behind the learner when it is
+    killed: the restored learner, the queue and the servers follow the version backwards and
+    training goes on (nothing is discarded as stale because of the rollback)."""
     # long enough that the restarted learner (a new process importing torch) trains again
-    summary, workers, queue, learner, _, killed_at = run_with_kill(tmp_path, "learner", 8000)
+    summary, workers, queue, learner, _, killed_at = run_with_kill(
+        tmp_path, "learner", 8000, overrides=["checkpoint_every=0"], ahead=12)
     assert summary["restart_counts"]["learner"] == 1
     assert learner["restored_from"].startswith("step-")
     restored = int(learner["restored_from"].split("-")[1])
-    assert restored <= killed_at  # it went back to the last checkpoint ...
-    assert summary["policy_version"] > restored  # ... and trained on from there
+    assert killed_at - restored >= 12 > 8  # it went back further than the bound ...
+    assert summary["policy_version"] >= restored + 5  # ... and trained on from there
+    assert learner["samples_trained"] > 0  # the restored incarnation itself trained
     assert read_meta(tmp_path / "learner").version == summary["policy_version"]
     assert summary["env_steps"] >= 8000
+    assert summary["discarded_decision_fraction"] < 0.05, summary["accounting"]
     assert_transitions_accounted(workers, queue)

@@ -25,7 +25,8 @@ def run(tmp_path, name: str, overrides: list[str], resume: bool = False) -> tupl
     return summary, controller
 
 
-@pytest.mark.parametrize("mode", ["sync", "disaggregated", "train_async", "rollout_async", "full"])
+@pytest.mark.parametrize("mode", ["sync", "sync_autoreset", "disaggregated", "train_async",
+                                  "rollout_async", "full"])
 def test_every_mode_runs_end_to_end(ray_cluster, tmp_path, mode):
     summary, _ = run(tmp_path, mode, [f"pipeline.mode={mode}", "total_env_steps=500"])
     assert summary["mode"] == mode
@@ -33,6 +34,13 @@ def test_every_mode_runs_end_to_end(ray_cluster, tmp_path, mode):
     assert summary["episodes"] > 0
     assert summary["policy_version"] >= 1, "the learner never stepped"
     assert summary["dropped_faults"] == 0
+    # every decision the env slots produced is in exactly one place, summed across actors
+    accounting = summary["accounting"]
+    assert accounting["produced"] == summary["decisions"] > 0
+    assert accounting["trained"] == summary["trained_decisions"] > 0
+    assert accounting["unaccounted"] == 0, accounting
+    assert summary["trained_env_steps"] > 0
+    assert summary["trained_env_steps_per_s"] <= summary["env_steps_per_s"]
     run_dir = tmp_path / mode
     saved = json.loads((run_dir / "summary.json").read_text())
     assert saved["env_steps"] == summary["env_steps"]
@@ -119,3 +127,83 @@ def test_collective_weight_sync(ray_cluster, tmp_path):
     assert summary["policy_version"] >= 2
     assert all(v >= 1 for v in served), "servers never received broadcast weights"
     assert max(served) <= learner_version
+
+
+@pytest.mark.parametrize("mode", ["sync", "full"])
+def test_more_slots_than_the_queue_holds(ray_cluster, tmp_path, mode):
+    """Four slots, a queue of one episode: synchronous training holds a whole round, the
+    asynchronous pipeline waits on backpressure; neither deadlocks."""
+    summary, _ = run(tmp_path, mode, [f"pipeline.mode={mode}", "queue.capacity=1",
+                                      "total_env_steps=400", "watchdog_s=30"])
+    assert summary["env_steps"] >= 400 and summary["policy_version"] >= 1
+    assert summary["accounting"]["unaccounted"] == 0
+
+
+def test_pacing_keeps_staleness_bounded_without_discarding(ray_cluster, tmp_path):
+    """On this CPU the envs produce far faster than the learner trains. Without pacing the
+    backlog ages past a tight staleness bound and decisions are discarded; with pacing the
+    slots wait instead and (almost) nothing is."""
+    common = ["total_env_steps=3000", "queue.max_staleness=3", "env_workers.slots_per_worker=4"]
+    unpaced, _ = run(tmp_path, "unpaced", common + ["queue.pace_lag=0"])
+    paced, _ = run(tmp_path, "paced", common)
+    assert unpaced["discarded_decision_fraction"] > 0.05, unpaced["accounting"]
+    assert paced["discarded_decision_fraction"] < 0.02, paced["accounting"]
+    assert paced["staleness_max"] <= 3
+    assert paced["admission_wait_fraction"] > 0  # the slots did wait for the learner
+
+
+def test_autoreset_rounds_step_every_slot(ray_cluster, tmp_path):
+    """sync_autoreset: each round every slot takes exactly ``round_decisions`` steps, finished
+    episodes resetting in place (no slot waits for the round's slowest episode)."""
+    from actors.strategies import AutoresetRollout
+
+    cfg = load_run_config("smoke", overrides=SMALL + ["pipeline.mode=sync_autoreset",
+                                                      "env.options.max_decisions=4"])
+    controller = Controller(cfg, tmp_path / "autoreset", quiet=True)
+    try:
+        topo = controller.build()
+        rollout = AutoresetRollout(decisions=7)
+        for _ in range(3):
+            rollout.run_round(topo.workers, topo.servers)
+        stats = ray.get([w.stats.remote() for w in topo.workers])
+    finally:
+        controller.shutdown()
+    slots = sum(s["slots"] for s in stats)
+    assert sum(s["decisions"] for s in stats) == 3 * 7 * slots  # nobody idled a step
+    # 21 decisions per slot with episodes of at most 4: every slot reset in place >= 5 times
+    assert sum(s["episodes"] for s in stats) >= 5 * slots
+    assert all(s["inflight_decisions"] <= 4 * s["slots"] for s in stats)
+
+
+def test_grpo_with_two_learners_never_splits_a_group(ray_cluster, tmp_path):
+    cfg = load_run_config("smoke", overrides=SMALL + [
+        "pipeline.mode=full", "total_env_steps=800", "learner.num_learners=2",
+        "learner.global_batch=32", "learner.num_cpus=0.5", "algo.name=grpo",
+        "algo.group_size=2"])
+    controller = Controller(cfg, tmp_path / "grpo2", quiet=True)
+    try:
+        summary = controller.run()
+        learners = ray.get([lr.stats.remote() for lr in controller.topology.learners])
+    finally:
+        controller.shutdown()
+    assert summary["policy_version"] >= 1
+    assert all(lr["received_episodes"] % 2 == 0 for lr in learners), learners
+    assert sum(lr["received_episodes"] for lr in learners) > 0
+    assert summary["accounting"]["unaccounted"] == 0
+
+
+def test_watchdog_names_what_a_stalled_run_waits_on(ray_cluster, tmp_path, capsys):
+    """Every reset sleeps ~8 s (LIBERO latencies x 2.7): the watchdog reports the slots
+    resetting instead of staying silent."""
+    cfg = load_run_config("smoke", overrides=SMALL + [
+        "pipeline.mode=sync", "env.options.latency=data/libero_latency.json",
+        "env.options.latency_scale=2.7", "env.options.max_decisions=2", "total_env_steps=8",
+        "watchdog_s=2"])
+    controller = Controller(cfg, tmp_path / "stalled", quiet=False)
+    try:
+        controller.run()
+    finally:
+        controller.shutdown()
+    out = capsys.readouterr().out
+    assert "watchdog: no env or optimizer step" in out, out
+    assert "4 reset" in out, out
