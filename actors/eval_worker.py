@@ -9,6 +9,10 @@ episode, reported in ``EpisodeOutcome.fault``) and one policy:
 - ``ActionSource("checkpoint", path)``: the policy saved in a run directory, loaded with
   ``rlvla3.checkpoint.load_policy`` on CPU and run deterministically (its mode).
 
+``set_source`` swaps the policy without rebuilding the env (periodic evaluation reuses its
+workers for every checkpoint); ``describe`` reports what the episodes run on (package
+versions in this process, the env's renderer and control rate) for the results' fingerprint.
+
 Outputs: one ``EpisodeOutcome`` per episode; when asked, the frames of the episode (agentview and
 wrist side by side, one per decision) travel back with it so that the driver writes the video
 wherever it runs, whichever node the worker ran on.
@@ -69,15 +73,31 @@ class EvalWorker:
         self.spec: EnvSpec = self.env.spec
         self.source = source
         self.rng = np.random.default_rng(seed)
+        self.torch_threads = torch_threads
         self.policy: Any = None
+        self.set_source(source)
+
+    def set_source(self, source: ActionSource) -> None:
+        """Act with ``source`` from the next episode on."""
+        self.source = source
+        self.policy = None
         if source.kind == "checkpoint":
             import torch
 
             from rlvla3.checkpoint import load_policy
 
-            torch.set_num_threads(torch_threads)
+            torch.set_num_threads(self.torch_threads)
             self.policy, _ = load_policy(source.path)
             self.policy.eval()
+        elif source.kind != "random":
+            raise ValueError(f"unknown action source {source.kind!r}")
+
+    def describe(self) -> dict[str, Any]:
+        """Package versions here, and the env's own description (renderer, control rate)."""
+        from rlvla3.fingerprint import package_versions
+
+        describe = getattr(self.env, "describe", None)
+        return {"packages": package_versions(), **(describe() if describe is not None else {})}
 
     def _act(self, obs: Observation) -> np.ndarray:
         if self.policy is None:

@@ -2,18 +2,30 @@
 
     python -m rlvla3 eval --suite libero_spatial [--task-ids 0 1 ...] [--episodes-per-task N]
         (--checkpoint RUN_DIR | --policy random) [--output-dir DIR] [--workers K] [--json]
+    python -m rlvla3 eval --compare A B [same options]     A, B: checkpoints or results.json
 
 Role: the driver. It starts Ray locally unless ``--address`` names a cluster, spawns ``K``
-``EvalWorker`` actors (each owns one process-isolated env and a CPU copy of the policy), and hands
-out (task, initial state) episodes to whichever worker is free, so a slow reset or a simulator
-restart on one worker never idles the others. Episode ``k`` of a task starts from the task's
-fixed initial state ``k``, as published LIBERO evaluations do.
+``EvalWorker`` actors (each owns one process-isolated env and a CPU copy of the policy) and
+runs the episodes through ``actors.eval_round.EvalRound``, which hands the next episode to
+whichever worker is free, so a slow reset or a simulator restart never idles the others.
 
-Outputs, in ``--output-dir``: ``results.json`` (per task: instruction, episodes, successes,
-success_rate and ``by_init_state``, each episode's initial state, success and steps; overall success_rate, episodes/s, faults, restarts), MP4 videos of the first
-``--videos`` episodes (agentview and wrist side by side, one frame per decision), and
-``success_by_task.png``. A progress bar and a per-task table go to stderr; with ``--json`` the
-same summary is printed on stdout as one JSON object.
+Protocol (published LIBERO): every task on its 50 bundled initial states (episode ``k`` of a
+task starts from bundled state ``k``; ``--episodes-per-task`` or ``--init-ids`` take fewer);
+``--placements fresh`` evaluates on fresh placements instead (the training distribution).
+
+Outputs, in ``--output-dir`` (written as each episode ends, so an interrupted evaluation
+loses nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
+instruction, episodes, successes, success_rate, Wilson 95% ``ci95``, ``by_init_state``; the
+same for the suite; ``fingerprint``: package versions, renderer, image size, fast render,
+control frequency, chunk length, seeds, initial states, the checkpoint's sha256;
+``training_overlap``: why the checkpoint's training touched evaluation states, if it did),
+MP4 videos of the first ``--videos`` episodes and ``success_by_task.png``. Re-running the same
+command on the same ``--output-dir`` continues: finished episodes are kept, the rest run
+(``eval.json`` records what is evaluated; a different policy or setting is refused).
+
+``--compare A B`` evaluates both (or reads their ``results.json``) on the same episodes and
+reports B - A: the paired 2x2 table, the exact McNemar p-value and Newcombe's 95% interval of
+the difference, overall and per task; it warns when the two fingerprints differ.
 """
 
 from __future__ import annotations
@@ -29,9 +41,24 @@ from typing import Any
 
 import numpy as np
 
-from actors.eval_worker import ActionSource, EpisodeOutcome, EvalWorker
-from envs.libero import SUITE_NUM_TASKS, libero_spec
-from rlvla3.config import Named
+from actors.eval_round import (
+    EvalRound,
+    episode_row,
+    make_eval_workers,
+    protocol_jobs,
+    summarise_rows,
+)
+from actors.eval_worker import ActionSource
+from envs.libero import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
+from rlvla3.config import Named, build
+from rlvla3.fingerprint import fingerprint, fingerprint_differences
+from rlvla3.stats import compare_paired
+
+IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "cameras", "image_size",
+                 "chunk_len", "max_steps", "fast_render", "seed")
+"""What an output directory's episodes depend on: a resume must match all of them."""
+PLAN_FIELDS = ("init_state_ids", "tasks")
+"""Fingerprint fields that say which episodes are planned (a resume may extend them)."""
 
 
 def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
@@ -42,6 +69,8 @@ def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any
         "image_size": [args.image_size, args.image_size],
         "fast_render": not args.no_fast_render,
         "max_steps": args.max_steps,
+        "placements": args.placements,
+        "placement_seed": args.placement_seed,
     }
     if args.checkpoint:
         from rlvla3.checkpoint import read_meta
@@ -74,193 +103,382 @@ def write_video(path: Path, frames: np.ndarray, fps: int) -> None:
 def write_chart(
     path: Path, suite: str, per_task: dict[str, dict[str, Any]], overall: float
 ) -> None:
-    """PNG bar chart of the success rate of each task."""
+    """PNG bar chart of the success rate of each task, with its Wilson 95% interval."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(per_task)
-    rates = [100 * per_task[n]["success_rate"] for n in names]
+    rates = np.array([100 * per_task[n]["success_rate"] for n in names])
+    low = np.array([100 * per_task[n]["ci95"][0] for n in names])
+    high = np.array([100 * per_task[n]["ci95"][1] for n in names])
     fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(names) + 2), 3.2))
-    ax.bar(names, rates, color="#4C72B0")
+    ax.bar(names, rates, color="#4C72B0", yerr=[rates - low, high - rates], capsize=3)
     ax.axhline(
         100 * overall, color="#C44E52", linestyle="--", label=f"overall {100 * overall:.0f}%"
     )
     ax.set_ylim(0, 100)
     ax.set_xlabel(f"{suite} task")
-    ax.set_ylabel("success (%)")
+    ax.set_ylabel("success (%, 95% CI)")
     ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def summarise(
-    args: argparse.Namespace,
-    tasks: Sequence[int],
-    outcomes: list[EpisodeOutcome],
-    seconds: float,
-    restarts: int,
-) -> dict[str, Any]:
-    per_task: dict[str, dict[str, Any]] = {}
-    for i, task in enumerate(tasks):
-        mine = [o for o in outcomes if o.task_id == i]
-        wins = sum(o.success for o in mine)
-        per_task[str(task)] = {
-            "instruction": next((o.instruction for o in mine if o.instruction), ""),
-            "episodes": len(mine),
-            "successes": wins,
-            "success_rate": wins / len(mine) if mine else 0.0,
-            "by_init_state": [
-                {"init_state": o.init_state_id, "success": bool(o.success), "steps": o.steps,
-                 **({"fault": o.fault} if o.fault else {})}
-                for o in sorted(mine, key=lambda o: o.init_state_id)
-            ],
-        }
-    total = len(outcomes)
-    return {
-        "suite": args.suite,
-        "policy": args.checkpoint or args.policy,
-        "tasks": per_task,
-        "episodes": total,
-        "successes": sum(o.success for o in outcomes),
-        "success_rate": sum(o.success for o in outcomes) / total if total else 0.0,
-        "episodes_per_s": total / seconds if seconds > 0 else 0.0,
-        "env_steps": sum(o.steps for o in outcomes),
-        "seconds": round(seconds, 1),
-        "faults": sum(bool(o.fault) for o in outcomes),
-        "restarts": restarts,
-        "workers": args.workers,
-    }
+def _percent(row: dict[str, Any]) -> tuple[str, str]:
+    low, high = row["ci95"]
+    return f"{100 * row['success_rate']:.1f}%", f"{100 * low:.0f}-{100 * high:.0f}%"
 
 
 def _table(summary: dict[str, Any]) -> Any:
     from rich.table import Table
 
     table = Table(title=f"{summary['suite']}: {summary['policy']}")
-    for col in ("task", "instruction", "episodes", "successes", "success"):
+    for col in ("task", "instruction", "episodes", "successes", "success", "95% CI"):
         table.add_column(col, justify="left" if col == "instruction" else "right")
     for task, row in summary["tasks"].items():
-        table.add_row(
-            task,
-            row["instruction"],
-            str(row["episodes"]),
-            str(row["successes"]),
-            f"{100 * row['success_rate']:.1f}%",
-        )
-    table.add_row(
-        "all",
-        "",
-        str(summary["episodes"]),
-        str(summary["successes"]),
-        f"{100 * summary['success_rate']:.1f}%",
-        end_section=True,
-    )
+        table.add_row(task, row["instruction"], str(row["episodes"]), str(row["successes"]),
+                      *_percent(row))
+    table.add_row("all", "", str(summary["episodes"]), str(summary["successes"]),
+                  *_percent(summary), end_section=True)
     return table
 
 
+class EvalOutput:
+    """An evaluation's output directory: what it evaluates, and its finished episodes."""
+
+    def __init__(self, out: Path, identity: dict[str, Any]):
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self.header = out / "eval.json"
+        self.log = out / "episodes.jsonl"
+        self.stored: dict[str, Any] = {}
+        if self.header.is_file():
+            self.stored = json.loads(self.header.read_text())
+            old = self.stored["identity"]
+            diff = [f"{k}: {old.get(k)!r} != {identity.get(k)!r}" for k in IDENTITY_KEYS
+                    if old.get(k) != identity.get(k)]
+            if diff:
+                raise SystemExit(
+                    f"rlvla3 eval: {out} holds episodes of another evaluation ({'; '.join(diff)}); "
+                    "choose another --output-dir"
+                )
+        else:
+            self.stored = {"identity": identity, "seconds": 0.0}
+            self._save_header()
+        self.rows: list[dict[str, Any]] = []
+        if self.log.is_file():
+            for line in self.log.read_text().splitlines():
+                try:
+                    self.rows.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut short by a crash: that episode reruns
+                    continue
+        self._file = self.log.open("a")
+
+    def _save_header(self) -> None:
+        tmp = self.header.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.stored, indent=2) + "\n")
+        tmp.replace(self.header)
+
+    def done(self) -> set[tuple[int, int]]:
+        return {(r["task"], r["init_state"]) for r in self.rows}
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def set_fingerprint(self, fp: dict[str, Any]) -> list[str]:
+        """Store the fingerprint; on a resume, how the setup differs from the stored one (the
+        planned tasks and initial states may grow without that counting as a change)."""
+        old = self.stored.get("fingerprint")
+        self.stored["fingerprint"] = fp
+        self._save_header()
+        if old is None:
+            return []
+        setup = {k: v for k, v in old.items() if k not in PLAN_FIELDS}
+        return fingerprint_differences(setup, {k: v for k, v in fp.items() if k not in PLAN_FIELDS})
+
+    def add_seconds(self, seconds: float) -> float:
+        self.stored["seconds"] = self.stored.get("seconds", 0.0) + seconds
+        self._save_header()
+        return self.stored["seconds"]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
+    cfg = build(LiberoConfig, options, "--options")
+    if args.checkpoint:
+        from rlvla3.fingerprint import checkpoint_identity
+
+        policy: Any = checkpoint_identity(args.checkpoint)["sha256"]
+    else:
+        policy = f"random (seed {args.seed})"
+    return {
+        "suite": cfg.suite,
+        "placements": cfg.placements,
+        "placement_seed": cfg.placement_seed if cfg.placements == "fresh" else None,
+        "policy": policy,
+        "cameras": list(cfg.cameras),
+        "image_size": list(cfg.image_size),
+        "chunk_len": cfg.chunk_len,
+        "max_steps": cfg.episode_steps,
+        "fast_render": cfg.fast_render,
+        "seed": args.seed if not args.checkpoint else None,
+    }
+
+
+def init_ids(args: argparse.Namespace) -> list[int]:
+    return list(args.init_ids) if args.init_ids else list(range(args.episodes_per_task))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the evaluation and write its outputs; returns the summary."""
+    """Run (or continue) the evaluation and write its outputs; returns the summary."""
     import ray
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     tasks = list(args.task_ids) if args.task_ids else list(range(SUITE_NUM_TASKS[args.suite]))
     out = Path(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
-    env = Named("libero", env_options(args, tasks))
-    libero_spec(env.options, "--task-ids/--image-size/--max-steps")  # fail before Ray starts
+    options = env_options(args, tasks)
+    libero_spec(options, "--task-ids/--image-size/--max-steps")  # fail before Ray starts
+    ids = init_ids(args)
+    identity = _identity(args, options)
+    output = EvalOutput(out, identity)
+    env = Named("libero", options)
     source = (
         ActionSource("checkpoint", args.checkpoint) if args.checkpoint else ActionSource("random")
     )
-    jobs = [(i, k) for k in range(args.episodes_per_task) for i in range(len(tasks))]
+    jobs = protocol_jobs(len(tasks), ids)
+    finished = output.done()
+    todo = [(t, k) for t, k in jobs if (tasks[t], k) not in finished]
     record = set(jobs[: args.videos])
+    settings = {
+        "suite": args.suite,
+        "placements": args.placements,
+        "image_size": identity["image_size"],
+        "cameras": identity["cameras"],
+        "fast_render": identity["fast_render"],
+        "chunk_len": identity["chunk_len"],
+        "max_steps": identity["max_steps"],
+        "seeds": {"eval": args.seed, **({"placement": args.placement_seed}
+                                         if args.placements == "fresh" else {})},
+        "init_state_ids": ids,
+        "tasks": tasks,
+    }
+    overlap: list[str] = []
+    if args.checkpoint:
+        from envs.libero_scenes import training_overlap
 
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        if args.address:
-            ray.init(address=args.address, log_to_driver=False)
-        else:
-            ray.init(
-                num_cpus=max(args.workers, os.cpu_count() or 1),
-                include_dashboard=False,
-                log_to_driver=False,
-            )
+        overlap = training_overlap(args.checkpoint)
     console = Console(stderr=True)
-    remote = ray.remote(num_cpus=1)(EvalWorker)
-    workers = [
-        remote.remote(env, source, args.seed + w) for w in range(min(args.workers, len(jobs)))
-    ]
-    pending: dict[Any, Any] = {}
-    jobs_of: dict[Any, tuple[int, int]] = {}
-    outcomes: list[EpisodeOutcome] = []
+    for reason in overlap:
+        console.print(f"[bold yellow]WARNING[/]: evaluation states were trained on: {reason}")
+    state: dict[str, Any] = {"restarts": 0, "fingerprint_changes": []}
     t0 = time.perf_counter()
-    columns = (
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    try:
-        with Progress(*columns, console=console, transient=False) as progress:
-            bar = progress.add_task(f"eval {args.suite}", total=len(jobs))
-            queue = list(jobs)
 
-            def submit(worker: Any) -> None:
-                job = queue.pop(0)
-                ref = worker.run_episode.remote(*job, job in record)
-                pending[ref], jobs_of[ref] = worker, job
+    def note_fingerprint(worker: Any, _outcome: Any) -> None:
+        if "fingerprint" in state:
+            return
+        info = ray.get(worker.describe.remote())
+        fp = fingerprint(
+            {**settings, "control_freq": info.get("control_freq")},
+            renderer=info.get("renderer"),
+            packages=info.get("packages"),
+            checkpoint=args.checkpoint or None,
+        )
+        state["fingerprint"] = fp
+        state["fingerprint_changes"] = output.set_fingerprint(fp)
+        for change in state["fingerprint_changes"]:
+            console.print(f"[bold yellow]WARNING[/]: setup changed since the first episodes: "
+                          f"{change}")
 
-            for worker in workers:
-                if queue:
-                    submit(worker)
-            while pending:
-                [done], _ = ray.wait(list(pending), num_returns=1)
-                worker = pending.pop(done)
-                try:
-                    outcome: EpisodeOutcome = ray.get(done)
-                except ray.exceptions.RayTaskError as exc:  # e.g. a reset that kept failing
-                    task_id, init_id = jobs_of[done]
-                    error = str(exc).strip().splitlines()[-1]
-                    outcome = EpisodeOutcome(task_id, init_id, False, 0, 0, 0.0, "", fault=error)
-                outcomes.append(outcome)
-                wins = sum(o.success for o in outcomes)
-                progress.update(bar, advance=1, description=f"eval {args.suite} ({wins} successes)")
-                if queue:
-                    submit(worker)
-        seconds = time.perf_counter() - t0
-        restarts = sum(s["restarts"] for s in ray.get([w.stats.remote() for w in workers]))
-        ray.get([w.close.remote() for w in workers])
-    finally:
-        for worker in workers:
-            ray.kill(worker)
+    def summary_now(complete: bool) -> dict[str, Any]:
+        seconds = output.stored.get("seconds", 0.0) + (time.perf_counter() - t0)
+        rows = [r for r in output.rows if (r["task"], r["init_state"]) in
+                {(tasks[t], k) for t, k in jobs}]
+        summary = {
+            "suite": args.suite,
+            "policy": args.checkpoint or args.policy,
+            "placements": args.placements,
+            **summarise_rows(rows, tasks),
+            "complete": complete,
+            "episodes_planned": len(jobs),
+            "episodes_per_s": len(rows) / seconds if seconds > 0 else 0.0,
+            "seconds": round(seconds, 1),
+            "restarts": state["restarts"],
+            "workers": args.workers,
+            "eval_overlap": bool(overlap),
+            "training_overlap": overlap,
+            "fingerprint": state.get("fingerprint") or output.stored.get("fingerprint", {}),
+            "output_dir": str(out),
+            "videos": sorted(p.name for p in out.glob("*.mp4")),
+        }
+        if state["fingerprint_changes"]:
+            summary["fingerprint_changed_on_resume"] = state["fingerprint_changes"]
+        return summary
+
+    def write_results(summary: dict[str, Any]) -> None:
+        tmp = out / "results.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        tmp.replace(out / "results.json")
+
+    chunk = identity["chunk_len"]
+    if todo:
+        started_ray = not ray.is_initialized()
         if started_ray:
-            ray.shutdown()
-
-    chunk = env_options(args, tasks).get("chunk_len", 5)
-    for o in sorted(outcomes, key=lambda o: (o.task_id, o.init_state_id)):
-        if o.frames is not None and len(o.frames):
-            name = f"task{tasks[o.task_id]}_init{o.init_state_id}_{'success' if o.success else 'fail'}.mp4"
-            write_video(out / name, o.frames, fps=max(1, round(20 / chunk)))
-    summary = summarise(args, tasks, outcomes, seconds, restarts)
-    summary["output_dir"] = str(out)
-    summary["videos"] = sorted(p.name for p in out.glob("*.mp4"))
+            if args.address:
+                ray.init(address=args.address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=max(args.workers, os.cpu_count() or 1),
+                         include_dashboard=False, log_to_driver=False)
+        workers = make_eval_workers(env, min(args.workers, len(todo)), args.seed, source=source)
+        columns = ("[progress.description]{task.description}", BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn())
+        try:
+            with Progress(*columns, console=console, transient=False) as progress:
+                bar = progress.add_task(f"eval {args.suite}", total=len(jobs),
+                                        completed=len(jobs) - len(todo))
+                round_ = EvalRound(workers, todo, record=record)
+                while not round_.done:
+                    for outcome in round_.poll(timeout_s=1.0, before_next=note_fingerprint):
+                        task = tasks[outcome.task_id]
+                        output.add(episode_row(outcome, task))
+                        if outcome.frames is not None and len(outcome.frames):
+                            kind = "success" if outcome.success else "fail"
+                            name = f"task{task}_init{outcome.init_state_id}_{kind}.mp4"
+                            write_video(out / name, outcome.frames, fps=max(1, round(20 / chunk)))
+                        write_results(summary_now(complete=False))
+                        wins = sum(r["success"] for r in output.rows)
+                        progress.update(bar, advance=1,
+                                        description=f"eval {args.suite} ({wins} successes)")
+            state["restarts"] = sum(
+                s["restarts"] for s in ray.get([w.stats.remote() for w in round_.workers]))
+            ray.get([w.close.remote() for w in round_.workers])
+        finally:
+            for worker in workers:
+                ray.kill(worker)
+            if started_ray:
+                ray.shutdown()
+    summary = summary_now(complete=True)
+    output.add_seconds(time.perf_counter() - t0)
+    output.close()
+    write_results(summary)
     write_chart(out / "success_by_task.png", args.suite, summary["tasks"], summary["success_rate"])
-    (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.print(_table(summary))
     return summary
+
+
+# ---- comparison --------------------------------------------------------------------------
+def load_results(path: str | Path) -> dict[str, Any] | None:
+    """The ``results.json`` at ``path`` (the file, or an eval output directory); None when
+    ``path`` is not an evaluation's output (then it should be a checkpoint)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    if path.is_file() and path.suffix == ".json":
+        return json.loads(path.read_text())
+    return None
+
+
+def outcomes_by_episode(results: dict[str, Any]) -> dict[tuple[str, int], bool]:
+    """``(suite task, initial state) -> success`` of every episode in a results dict."""
+    return {
+        (task, int(e["init_state"])): bool(e["success"])
+        for task, row in results["tasks"].items()
+        for e in row["by_init_state"]
+    }
+
+
+def compare_results(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """B vs A on the episodes both evaluated: overall and per-task paired statistics."""
+    ea, eb = outcomes_by_episode(a), outcomes_by_episode(b)
+    keys = sorted(set(ea) & set(eb), key=lambda k: (int(k[0]) if k[0].isdigit() else k[0], k[1]))
+    overall = compare_paired([ea[k] for k in keys], [eb[k] for k in keys])
+    per_task = {}
+    for task in sorted({k[0] for k in keys}, key=lambda t: int(t) if t.isdigit() else t):
+        mine = [k for k in keys if k[0] == task]
+        per_task[task] = compare_paired([ea[k] for k in mine], [eb[k] for k in mine]).to_dict()
+    if a.get("placements", "bundled") != b.get("placements", "bundled"):
+        differences = [f"placements: {a.get('placements')!r} != {b.get('placements')!r}"]
+    else:
+        differences = []
+    differences += fingerprint_differences(a.get("fingerprint", {}), b.get("fingerprint", {}))
+    return {
+        "a": a.get("policy"),
+        "b": b.get("policy"),
+        "paired": overall.to_dict(),
+        "tasks": per_task,
+        "unpaired_episodes": len(set(ea) ^ set(eb)),
+        "fingerprint_differences": sorted(set(differences)),
+    }
+
+
+def _compare_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"B - A   (A: {report['a']}, B: {report['b']})")
+    for col in ("task", "pairs", "A", "B", "only A", "only B", "B - A", "95% CI", "McNemar p"):
+        table.add_column(col, justify="right")
+
+    def row(name: str, p: dict[str, Any], **kw: Any) -> None:
+        table.add_row(name, str(p["pairs"]), f"{p['rate_a']:.3f}", f"{p['rate_b']:.3f}",
+                      str(p["only_a"]), str(p["only_b"]), f"{p['difference']:+.3f}",
+                      f"{p['ci95'][0]:+.3f} to {p['ci95'][1]:+.3f}", f"{p['mcnemar_p']:.4g}", **kw)
+
+    for task, p in report["tasks"].items():
+        row(task, p)
+    row("all", report["paired"], end_section=True)
+    return table
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    """``--compare A B``: read or produce both results, then the paired comparison."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    base = Path(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    results = []
+    for label, target in zip("ab", args.compare, strict=True):
+        loaded = load_results(target)
+        if loaded is None:
+            sub = argparse.Namespace(**{**vars(args), "checkpoint": target, "policy": None,
+                                        "output_dir": str(base / label), "compare": None})
+            loaded = run(sub)
+        results.append(loaded)
+    report = compare_results(*results)
+    for diff in report["fingerprint_differences"]:
+        console.print(f"[bold yellow]WARNING[/]: the fingerprints differ: {diff}")
+    if report["unpaired_episodes"]:
+        console.print(f"[bold yellow]WARNING[/]: {report['unpaired_episodes']} episodes were "
+                      "evaluated for only one of the two and are left out")
+    console.print(_compare_table(report))
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rlvla3 eval", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", default="libero_spatial", choices=sorted(SUITE_NUM_TASKS))
     parser.add_argument("--task-ids", type=int, nargs="+", help="suite task ids (default: all)")
-    parser.add_argument("--episodes-per-task", type=int, default=10)
+    parser.add_argument("--episodes-per-task", type=int, default=NUM_INIT_STATES,
+                        help="initial states 0..N-1 of each task (default: all 50)")
+    parser.add_argument("--init-ids", type=int, nargs="+", help="explicit initial states")
     who = parser.add_mutually_exclusive_group(required=True)
     who.add_argument("--checkpoint", metavar="RUN_DIR", help="run or checkpoint directory")
     who.add_argument("--policy", choices=["random"], help="a built-in policy instead")
-    parser.add_argument("--output-dir", help="default: eval_out/<suite>-<time>")
+    who.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                     help="two checkpoints or results.json files: paired comparison of B - A")
+    parser.add_argument("--placements", choices=["bundled", "fresh"], default="bundled",
+                        help="bundled initial states (the published protocol) or fresh ones")
+    parser.add_argument("--placement-seed", type=int, default=0, help="seed of fresh placements")
+    parser.add_argument("--output-dir", help="default: eval_out/<suite>-<time>; an existing "
+                        "one continues where it stopped")
     parser.add_argument("--workers", type=int, default=2, help="parallel env workers")
     parser.add_argument("--videos", type=int, default=4, help="episodes to save as MP4")
     parser.add_argument("--image-size", type=int, default=128, help="camera size (no checkpoint)")
@@ -270,8 +488,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     args = parser.parse_args(argv)
-    if args.episodes_per_task < 1 or args.episodes_per_task > 50:
-        parser.error("--episodes-per-task must be in 1..50 (50 fixed initial states per task)")
+    limit = NUM_INIT_STATES if args.placements == "bundled" else LiberoConfig().fresh_states
+    ids = init_ids(args)
+    if not ids or min(ids) < 0 or max(ids) >= limit:
+        parser.error(f"initial states must lie in 0..{limit - 1} ({args.placements} placements)")
     if args.workers < 1:
         parser.error("--workers must be >= 1")
     return args
@@ -279,7 +499,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    summary = run(args)
+    summary = compare(args) if args.compare else run(args)
     if args.json:
         print(json.dumps(summary))
     return 0

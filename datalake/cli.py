@@ -3,13 +3,17 @@
     datalake inspect PATH [--json] [--verify [--workers N]]
     datalake record --suite libero_spatial --task-ids 0 1 --episodes N --out PATH
                     [--workers W] [--image-size H W] [--codec av1] [--fps 20]
+                    [--placements fresh|bundled] [--placement-seed S] [--allow-eval-overlap]
 
 ``inspect`` exits 1 when it finds problems (the report lists them), 2 when there is nothing at
 PATH; it reads metadata only,
 unless ``--verify`` also decodes every video through the last frame its episodes need and
-reads every parquet row group (each problem then names the episodes it affects). ``record`` runs the scripted
-LIBERO expert on ``--episodes`` initial states of each task in parallel Ray workers and writes
-the successful episodes as a LeRobot v3.0 dataset.
+reads every parquet row group (each problem then names the episodes it affects).
+``record`` runs the scripted LIBERO expert on ``--episodes`` initial scenes of each task in
+parallel Ray workers and writes
+the successful episodes as a LeRobot v3.0 dataset. Scenes are fresh placements (never the
+bundled evaluation states) unless ``--placements bundled`` and ``--allow-eval-overlap`` say
+otherwise; the same command re-run continues an interrupted recording.
 """
 
 from __future__ import annotations
@@ -62,8 +66,24 @@ def _record(args: argparse.Namespace) -> int:
 
     from datalake.record import libero_recorder, record_dataset
     from datalake.writer import WriterConfig
-    from envs import require_extra
+    from envs.libero_scenes import check_split, split_note
     from rlvla3.config import ConfigError, Named
+
+    inits = args.init_ids if args.init_ids else list(range(args.episodes))
+    scenes = {"placements": args.placements, "placement_seed": args.placement_seed,
+              "allow_eval_overlap": args.allow_eval_overlap}
+    env = Named("libero", {"suite": args.suite, **scenes})
+    try:
+        check_split(env, inits, (), field="--init-ids/--placements")
+    except ConfigError as exc:
+        print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
+        return 2
+    split = split_note(env, inits)
+    if split["eval_overlap"]:
+        print("rlvla3 datalake record: WARNING: these demonstrations start from bundled states "
+              f"{split['overlapping_init_states']} that evaluation uses (--allow-eval-overlap); "
+              "the dataset's meta/record.json says so", file=sys.stderr)
+    from envs import require_extra
 
     try:  # user errors: one line, exit status 2, before Ray starts
         require_extra(Named("libero"))
@@ -80,13 +100,30 @@ def _record(args: argparse.Namespace) -> int:
     if not ray.is_initialized():
         ray.init(num_cpus=max(args.workers, 1), include_dashboard=False, configure_logging=False)
     make_env, expert = libero_recorder(
-        args.suite, tuple(args.image_size), args.action_noise, args.policy, args.policy_share
+        args.suite, tuple(args.image_size), args.action_noise, args.policy, args.policy_share,
+        scenes,
     )
-    inits = args.init_ids if args.init_ids else list(range(args.episodes))
     jobs = [(t, s, k) for t in args.task_ids for s in inits for k in range(args.takes)]
     config = WriterConfig(fps=args.fps, codec=args.codec, robot_type="panda")
-    result = record_dataset(args.out, make_env, expert, jobs, args.workers, config)
+    provenance = {
+        "suite": args.suite, "task_ids": list(args.task_ids), "init_ids": inits,
+        "takes": args.takes, "action_noise": args.action_noise, "policy": args.policy,
+        "policy_share": args.policy_share if args.policy else 0.0,
+        "image_size": list(args.image_size), **scenes, "split": split,
+        "codec": args.codec, "fps": args.fps, "workers": args.workers,
+    }
+    try:
+        result = record_dataset(args.out, make_env, expert, jobs, args.workers, config,
+                                provenance)
+    except ValueError as exc:  # an unfinished recording with other settings
+        print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
+        return 2
+    result["split"] = split
     print(json.dumps(result, indent=2))
+    if result.get("unfinished"):
+        print(f"rlvla3 datalake record: {len(result['unfinished'])} episodes lost to simulator "
+              "faults; run the same command again to retry them", file=sys.stderr)
+        return 1
     return 0 if result["recorded"] else 1
 
 
@@ -110,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument("--suite", default="libero_spatial")
     r.add_argument("--task-ids", type=int, nargs="+", default=[0])
-    r.add_argument("--episodes", type=int, default=10, help="initial states per task (0..N-1)")
+    r.add_argument("--episodes", type=int, default=10, help="initial scenes per task (0..N-1)")
     r.add_argument(
-        "--init-ids", type=int, nargs="+", default=[], help="explicit initial states (overrides --episodes)"
+        "--init-ids", type=int, nargs="+", default=[],
+        help="explicit initial scenes (overrides --episodes)",
     )
     r.add_argument(
         "--takes", type=int, default=1,
@@ -131,6 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--policy-share", type=float, default=0.5,
         help="fraction of decisions the --policy drives",
+    )
+    r.add_argument(
+        "--placements", choices=["fresh", "bundled"], default="fresh",
+        help="fresh object placements (default) or the bundled evaluation states",
+    )
+    r.add_argument("--placement-seed", type=int, default=0, help="seed of fresh placements")
+    r.add_argument(
+        "--allow-eval-overlap", action="store_true",
+        help="allow --placements bundled on states evaluation uses (the dataset says so)",
     )
     r.add_argument("--image-size", type=int, nargs=2, default=[128, 128], metavar=("H", "W"))
     r.add_argument("--codec", choices=sorted(CODECS), default="av1")

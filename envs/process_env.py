@@ -5,7 +5,8 @@ must cost one episode, not an env worker. ``ProcessEnv`` builds the env inside a
 (``multiprocessing`` *spawn*: no inherited GL contexts, locks or threads) from a picklable
 factory and talks to it over a pipe:
 
-    parent -> child   ("reset", (task_id, init_state_id)) | ("step", actions) | ("close", None)
+    parent -> child   ("reset", (task_id, init_state_id)) | ("step", actions) | ("describe", None)
+                      | ("close", None)
     child -> parent   ("ready", spec) once built, then ("ok", result) | ("error", traceback)
 
 Invariants:
@@ -63,6 +64,9 @@ def _child_main(conn: Connection, factory: Callable[..., Env], kwargs: Mapping[s
                 result = env.reset(*payload)
             elif command == "step":
                 result = env.step(payload)
+            elif command == "describe":
+                describe = getattr(env, "describe", None)
+                result = describe() if describe is not None else {}
             else:
                 raise ValueError(f"unknown command {command!r}")
             conn.send(("ok", result))
@@ -197,6 +201,16 @@ class ProcessEnv:
             return self._fault_result(payload.strip().splitlines()[-1])
         self._last_obs = payload.obs
         return payload
+
+    def describe(self) -> dict[str, Any]:
+        """The child env's ``describe()`` (renderer, control rate); ``{"error": ...}`` on a
+        fault (the child is then restarted like after a failed step)."""
+        try:
+            kind, payload = self._call("describe", None, self.step_timeout_s)
+        except _Fault as fault:
+            self._restart(str(fault))
+            return {"error": str(fault)}
+        return payload if kind == "ok" else {"error": payload.strip().splitlines()[-1]}
 
     def _fault_result(self, why: str) -> StepResult:
         if self._last_obs is None:

