@@ -75,9 +75,10 @@ class EvalRound:
         self.started = time.perf_counter()
         self._pending: dict[Any, tuple[Any, Job]] = {}
         self.workers = list(workers)
+        self._swaps: dict[Any, Any] = {}
         if checkpoint is not None:  # actor calls run in order: the swap precedes the episodes
-            for worker in self.workers:
-                worker.set_source.remote(ActionSource("checkpoint", checkpoint))
+            source = ActionSource("checkpoint", checkpoint)
+            self._swaps = {worker: worker.set_source.remote(source) for worker in self.workers}
         for worker in self.workers:
             self._submit(worker)
 
@@ -105,6 +106,11 @@ class EvalRound:
         for ref in ready:
             worker, (task_id, init_id) = self._pending.pop(ref)
             alive = True
+            if worker in self._swaps:  # it ran before the episode: a bad checkpoint raises here
+                try:
+                    ray.get(self._swaps.pop(worker))
+                except ray.exceptions.RayActorError:
+                    pass  # the episode's own result says the worker died
             try:
                 outcome: EpisodeOutcome = ray.get(ref)
             except ray.exceptions.RayActorError as exc:

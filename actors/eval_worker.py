@@ -78,19 +78,20 @@ class EvalWorker:
         self.set_source(source)
 
     def set_source(self, source: ActionSource) -> None:
-        """Act with ``source`` from the next episode on."""
-        self.source = source
-        self.policy = None
+        """Act with ``source`` from the next episode on (a source that fails to load leaves
+        the previous one in place)."""
+        policy = None
         if source.kind == "checkpoint":
             import torch
 
             from rlvla3.checkpoint import load_policy
 
             torch.set_num_threads(self.torch_threads)
-            self.policy, _ = load_policy(source.path)
-            self.policy.eval()
+            policy, _ = load_policy(source.path)
+            policy.eval()
         elif source.kind != "random":
             raise ValueError(f"unknown action source {source.kind!r}")
+        self.source, self.policy = source, policy
 
     def describe(self) -> dict[str, Any]:
         """Package versions here, and the env's own description (renderer, control rate)."""

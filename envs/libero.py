@@ -19,6 +19,9 @@ published LIBERO evaluations run it (openpi's ``examples/libero``):
   (MuJoCo renders them upside down), the state ``[eef pos (3), eef axis-angle (3), gripper
   qpos (2)]`` and the task's language instruction.
 - reward: LIBERO's sparse reward (1 on the step that succeeds); ``terminated`` means success.
+- ``describe()``: what the simulator runs on (the GL / EGL strings of this process's render
+  context: Mesa llvmpipe or the NVIDIA driver, and the control frequency), for the
+  fingerprint of evaluation results.
 
 ``fast_render`` edits the model XML through robosuite's ``set_xml_processor`` hook (applied from
 the next hard reset): material reflections off and no multisample anti-aliasing

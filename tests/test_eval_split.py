@@ -189,6 +189,9 @@ def test_evaluate_checkpoint_on_eval_workers(ray_cluster, tmp_path):
         round_ = EvalRound(workers, protocol_jobs(3, [0]), str(ckpt))
         assert len(round_.poll(0.0)) <= 3 and round_.total == 3
         assert len(round_.wait()) == 3 and round_.done
+        # A checkpoint that cannot be loaded is an error, not episodes of the previous policy.
+        with pytest.raises(ray_cluster.exceptions.RayTaskError, match="no checkpoint"):
+            EvalRound(workers, protocol_jobs(1, [0]), str(tmp_path / "missing")).wait()
     finally:
         for w in workers:
             ray_cluster.kill(w)

@@ -67,8 +67,9 @@ def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
     chart = (out / "success_by_task.png").read_bytes()
     assert chart[:8] == b"\x89PNG\r\n\x1a\n" and len(chart) > 2000
 
-    # Resume with a second initial state per task: only the two new episodes run.
+    # Resume with a second initial state per task (on one worker): only the new episodes run.
     argv[argv.index("--episodes-per-task") + 1] = "2"
+    argv[argv.index("--workers") + 1] = "1"
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     lines = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
