@@ -14,7 +14,9 @@ Tasks:
   but little CPU, as simulators on other nodes do).
 
 Success is the rolling success rate of the run's recent training episodes (the progress rows of
-``metrics.jsonl``, up to 200 episodes per env worker), as the run itself reports it.
+``metrics.jsonl``, up to 200 episodes per env worker), as the run itself reports it; a
+threshold counts as reached only at a row whose window holds at least ``--min-window`` episodes
+(the first rows of a run average a handful of episodes).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def run_one(mode: str, seed: int, overrides: list[str], budget: int, root: Path,
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {
         "curve": [{"time_s": r["time_s"], "env_steps": r["env_steps"],
-                   "success": round(r["success_rate"], 4)} for r in rows],
+                   "success": round(r["success_rate"], 4), "window": r["success_window"]}
+                  for r in rows],
         "final_success": round(summary["success_rate"], 4),
         "wall_s": round(summary["wall_s"], 1),
         "env_steps": summary["env_steps"],
@@ -76,10 +79,14 @@ def run_one(mode: str, seed: int, overrides: list[str], budget: int, root: Path,
     }
 
 
+MIN_WINDOW = 100
+
+
 def reach_point(curve: list[dict], threshold: float) -> dict | None:
-    """Wall time and env steps of the first progress row at or above ``threshold``."""
+    """Wall time and env steps of the first progress row at or above ``threshold`` whose
+    success window holds at least ``MIN_WINDOW`` episodes."""
     for row in curve:
-        if row["success"] >= threshold:
+        if row["success"] >= threshold and row["window"] >= MIN_WINDOW:
             return {"time_s": row["time_s"], "env_steps": row["env_steps"]}
     return None
 

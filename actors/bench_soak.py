@@ -1,12 +1,20 @@
 """``rlvla3 bench soak``: a long run with periodic kills, to show recovery and flat memory.
 
-Runs the full pipeline for ``--minutes``; every ``--kill-every`` seconds it kills a random env
-worker (Ray restarts it; its in-flight episodes are counted as lost), and once, half way, the
-rollout server. It samples env steps, the resident memory of all Ray worker processes and the
-object store's usage every second, and prints one JSON object: throughput in the window before
-and after each kill, the recovery time (from the kill until throughput over a 3 s window is back
-to 80% of the pre-kill rate), peak RSS and object-store use, and their growth from the first to
-the last quarter of the run (flat memory means growth near zero).
+Runs the full pipeline for ``--minutes`` (30 for the figures in README; never in CI); every
+``--kill-every`` seconds it kills one role, in turn an env worker (a random one), the rollout
+server and the learner; Ray restarts each (the env worker's running episodes are counted as
+lost, the learner restores its last checkpoint). It samples env steps, the learner's version,
+the resident memory of all Ray processes of the run and the object store's usage every second,
+and prints one JSON object:
+- per kill: env steps/s before and after, the recovery time (from the kill until env
+  throughput over a 3 s window is back to 80% of the pre-kill rate) and, for the learner, the
+  time until the policy version moves again;
+- peak RSS and object-store use, their growth from the first to the last quarter of the run and
+  their slope per hour (least squares after the first minute);
+- the restarts counted and the run's decision accounting across actors: every decision
+  produced is trained, buffered, queued, held, discarded or counted as lost with a restart;
+  ``unaccounted`` is what no count explains (decisions made or shipped between an actor's last
+  report and its death).
 """
 
 from __future__ import annotations
@@ -63,6 +71,17 @@ def rate(samples: list[tuple[float, int]], start: float, end: float) -> float:
     return (s1 - s0) / max(t1 - t0, 1e-9)
 
 
+def slope_per_hour(rows: list[tuple[float, ...]], i: int) -> float:
+    """Least-squares slope of column ``i`` against time (column 0, seconds), per hour."""
+    if len(rows) < 2:
+        return 0.0
+    import numpy as np
+
+    t = np.array([r[0] for r in rows])
+    y = np.array([r[i] for r in rows])
+    return float(np.polyfit(t, y, 1)[0] * 3600.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     return json_main(parse_args, measure, argv)
 
@@ -72,6 +91,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=5.0)
     p.add_argument("--kill-every", type=float, default=40.0, help="seconds between kills")
+    p.add_argument("--roles", default="env_worker,rollout_server,learner",
+                   help="roles to kill, in turn")
     p.add_argument("--preset", default="default")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE")
     p.add_argument("--seed", type=int, default=0)
@@ -99,10 +120,13 @@ def measure(args: argparse.Namespace) -> dict:
         start = time.monotonic()
         thread.start()
         samples: list[tuple[float, int]] = []
+        versions: list[tuple[float, int]] = []
         memory: list[tuple[float, float, float]] = []
         kills: list[dict] = []
         next_kill = args.kill_every
-        server_killed = False
+        roles = [r for r in args.roles.split(",") if r]
+        if "learner" in roles and cfg.learner.num_learners > 1:
+            raise SystemExit("bench soak: killing a learner needs learner.num_learners=1")
         metrics_file = Path(tmp) / "soak" / "metrics.jsonl"
         while thread.is_alive():
             time.sleep(1.0)
@@ -112,17 +136,21 @@ def measure(args: argparse.Namespace) -> dict:
                 if rows:
                     row = json.loads(rows[-1])
                     samples.append((now, row["env_steps"]))
+                    versions.append((now, row["policy_version"]))
             memory.append((now, ray_rss_mb(session), object_store_mb()))
-            if now >= next_kill and now < args.minutes * 60 - WINDOW_S:
-                if not server_killed and now >= args.minutes * 30:
-                    target, handle = "rollout_server", topo.servers[0]
-                    server_killed = True
-                else:
+            if roles and now >= next_kill and now < args.minutes * 60 - 2 * WINDOW_S:
+                role = roles[len(kills) % len(roles)]
+                if role == "env_worker":
                     i = rng.randrange(len(topo.workers))
                     target, handle = f"env_worker_{i}", topo.workers[i]
+                elif role == "rollout_server":
+                    target, handle = "rollout_server_0", topo.servers[0]
+                else:
+                    target, handle = "learner_0", topo.learners[0]
                 say(f"bench soak: t={now:.0f}s killing {target}")
                 ray.kill(handle, no_restart=False)
-                kills.append({"t_s": round(now, 1), "target": target})
+                kills.append({"t_s": round(now, 1), "target": target,
+                              "version": versions[-1][1] if versions else None})
                 next_kill = now + args.kill_every
         thread.join()
         controller.shutdown()
@@ -140,6 +168,9 @@ def measure(args: argparse.Namespace) -> dict:
         kill["recovery_s"] = round(recovered - t, 1) if recovered is not None else None
         after_start = recovered if recovered is not None else t
         kill["steps_per_s_after"] = round(rate(samples, after_start, after_start + WINDOW_S), 1)
+        if kill["target"].startswith("learner") and kill["version"] is not None:
+            moved = next((ts for ts, v in versions if ts > t and v != kill["version"]), None)
+            kill["learner_recovery_s"] = round(moved - t, 1) if moved is not None else None
     quarter = max(1, len(memory) // 4)
     first, last = memory[:quarter], memory[-quarter:]
 
@@ -147,6 +178,7 @@ def measure(args: argparse.Namespace) -> dict:
         return sum(r[i] for r in rows) / len(rows)
 
     summary = result.get("summary", {})
+    steady = [m for m in memory if m[0] >= 60.0] or memory
     out = {
         "minutes": args.minutes,
         "env": cfg.env.name,
@@ -159,6 +191,11 @@ def measure(args: argparse.Namespace) -> dict:
         "peak_object_store_mb": round(max(m[2] for m in memory), 1),
         "rss_growth_mb": round(mean(last, 1) - mean(first, 1), 1),
         "object_store_growth_mb": round(mean(last, 2) - mean(first, 2), 1),
+        "rss_slope_mb_per_hour": round(slope_per_hour(steady, 1), 1),
+        "object_store_slope_mb_per_hour": round(slope_per_hour(steady, 2), 1),
+        "accounting": summary.get("accounting"),
+        "discarded_decision_fraction": summary.get("discarded_decision_fraction"),
+        "policy_version": summary.get("policy_version"),
         "memory_timeline": [{"t_s": round(t, 1), "rss_mb": round(r, 1), "object_store_mb": o}
                             for t, r, o in memory[:: max(1, len(memory) // 30)]],
     }

@@ -178,6 +178,7 @@ class RunMonitor:
             / weight,
             "success_rate": sum(w["recent_success"] * w["recent_episodes"] for w in recent)
             / weight,
+            "success_window": sum(w["recent_episodes"] for w in recent),
             "policy_version": learners[0]["version"],
             "mean_batch_size": requests / batches if batches else 0.0,
             "mean_batch_wait_ms": sum(s["mean_batch_wait_ms"] for s in servers) / len(servers),

@@ -12,8 +12,9 @@ estimates how many optimizer steps will happen before that episode's first decis
 
 where ``backlog`` is what is shipped but not yet trained (queued here plus buffered in the
 learners) and ``in_flight`` the episodes already admitted and unfinished, and admits the slot
-only while ``lag <= pace_lag`` (``QueueConfig.pace_target``); otherwise the slot waits until the
-learners have consumed enough. So no more work is in flight than the learners can consume
+only while ``lag <= pace_lag`` (``QueueConfig.pace_target``) and the backlog is at most
+``pace_backlog`` global batches; otherwise the slot waits until the learners have consumed
+enough. So no more work is in flight than the learners can consume
 within the staleness bound: when the learners are the bottleneck, env slots wait instead of
 producing data that only ages, and when the envs are, every slot runs. Pacing never starves the
 learners (while less than one global batch of work is ahead of them, slots are admitted
@@ -45,6 +46,8 @@ import itertools
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+
+import ray
 
 from actors.metrics import RoleMetrics
 from rlvla3.run_config import QueueConfig
@@ -133,11 +136,13 @@ class TrajectoryQueue:
         return ahead / self.global_batch
 
     def _may_admit(self) -> bool:
-        """Within the pace target, or with less than one batch of work ahead of the learners
+        """Within the pace targets, or with less than one batch of work ahead of the learners
         (holding slots back then would only idle them)."""
-        target = self.cfg.pace_target
-        return (self._closed or not self._tickets or target <= 0
-                or self.expected_lag() <= target or self.expected_lag(extra=0) < 1.0)
+        if self._closed or not self._tickets or self.expected_lag(extra=0) < 1.0:
+            return True
+        target, backlog = self.cfg.pace_target, self.cfg.pace_backlog
+        return ((target <= 0 or self.expected_lag() <= target)
+                and (backlog <= 0 or self.backlog() <= backlog * self.global_batch))
 
     async def admit(self, worker_id: int, key: EpisodeKey) -> int:
         """Wait until a new episode of ``key`` may start (see pacing); returns its ticket."""
@@ -204,6 +209,7 @@ class TrajectoryQueue:
 
     async def put(self, info: SegmentInfo, refs: list, ticket: int | None = None) -> int:
         """Enqueue one segment (``refs`` = [ObjectRef]); waits while full. Returns the depth."""
+        refs = [r if isinstance(r, ray.ObjectRef) else ray.put(r) for r in refs]  # we own it
         cond = self._condition()
         start = time.monotonic()
         async with cond:

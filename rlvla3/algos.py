@@ -56,7 +56,7 @@ class AlgoConfig:
     """Standardise PPO advantages over optimizer batches (all micro-batches and ranks; see
     ``rlvla3.learner.AdvantageNormalizer``). GRPO advantages are standardised within their group
     already and are left as they are."""
-    proximal: Literal["arrival", "step", "behaviour"] = "arrival"
+    proximal: Literal["arrival", "window", "step", "behaviour"] = "arrival"
     """Centre of the clip. Decoupled PPO, behaviour data reweighted by
     ``min(pi_prox / pi_behav, behaviour_weight_cap)``, with the proximal policy being
     ``arrival``: the learner's parameters when the decision reached the learner (one no-grad
@@ -64,6 +64,9 @@ class AlgoConfig:
     (free, but with one optimizer step per batch the clip never binds, so a round trained over
     many steps has no trust region). ``behaviour``: classic PPO, the ratio against the
     behaviour policy itself (no reweighting)."""
+    proximal_window: int = 8
+    """``proximal: window``: the proximal policy is a copy of the learner's parameters refreshed
+    every this many optimizer steps."""
     behaviour_weight_cap: float | None = 2.0
     """Truncation of the importance weight ``pi_prox / pi_behav`` (as V-trace truncates
     ``rho``): bounds the variance one very off-policy decision can add; None: no truncation."""
@@ -93,8 +96,9 @@ class AlgoConfig:
             f"GRPO needs groups of at least 2 episodes, got {self.group_size}",
         )
         require(self.max_grad_norm > 0.0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
-        require(self.proximal in ("arrival", "step", "behaviour"), "proximal",
-                f"{self.proximal!r} is not one of arrival, step, behaviour")
+        require(self.proximal in ("arrival", "window", "step", "behaviour"), "proximal",
+                f"{self.proximal!r} is not one of arrival, window, step, behaviour")
+        require(self.proximal_window >= 1, "proximal_window", "must be >= 1")
         require(
             self.behaviour_weight_cap is None or self.behaviour_weight_cap >= 1.0,
             "behaviour_weight_cap",

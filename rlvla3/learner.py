@@ -162,6 +162,11 @@ class LearnerCore:
         self.samples_trained = 0
         self.counts = {"received_decisions": 0, "received_episodes": 0, "trained_env_steps": 0,
                        "discarded_decisions": 0, "discarded_env_steps": 0}
+        self._prox_policy = None
+        if algo.proximal == "window":
+            import copy
+
+            self._prox_policy = copy.deepcopy(policy)
         self.staleness_hist: dict[int, int] = {}
         """Per trained decision: learner version minus behaviour version."""
         self.length_hist: dict[int, int] = {}
@@ -291,6 +296,11 @@ class LearnerCore:
         sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
             else self.model.no_sync()
         batch = replace(batch, advantages=self.normalizer.apply(batch.advantages))
+        if self._prox_policy is not None:
+            with torch.no_grad():
+                ev = self._prox_policy.evaluate(batch.obs, torch.from_numpy(batch.actions),
+                                                torch.from_numpy(batch.latents))
+            batch = replace(batch, prox_log_probs=ev.log_prob.float().cpu().numpy())
         with sync:
             loss, info = self.loss(batch)
             (loss * (len(batch) / self.local_batch)).backward()
@@ -311,6 +321,8 @@ class LearnerCore:
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         self.normalizer.end_step()
+        if self._prox_policy is not None and self.version % self.algo.proximal_window == 0:
+            self._prox_policy.load_state_dict(self.policy.state_dict())
         acc, self._acc = self._acc, []
         weights = np.asarray([a["n"] for a in acc], dtype=np.float64) / self.local_batch
 

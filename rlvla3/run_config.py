@@ -143,11 +143,16 @@ class QueueConfig:
     """Asynchronous rollout admits a new episode only while the optimizer steps expected before
     its first decision is trained stay within this many versions (see ``TrajectoryQueue``).
     None: ``0.75 * max_staleness``; 0: no pacing (slots never wait for the learners)."""
+    pace_backlog: float = 2.0
+    """... and while the decisions shipped but not yet trained (queued plus buffered in the
+    learners) stay within this many global batches: when the learners are the bottleneck, a
+    longer backlog only ages. 0: no limit."""
 
     def validate(self) -> None:
         require(self.capacity >= 1, "capacity", "must be >= 1")
         require(self.max_staleness >= 0, "max_staleness", "must be >= 0")
         require(self.pace_lag is None or self.pace_lag >= 0, "pace_lag", "must be >= 0")
+        require(self.pace_backlog >= 0, "pace_backlog", "must be >= 0")
 
     @property
     def pace_target(self) -> float:
