@@ -408,6 +408,9 @@ def compare_results(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     else:
         differences = []
     differences += fingerprint_differences(a.get("fingerprint", {}), b.get("fingerprint", {}))
+    sha_a = (a.get("fingerprint", {}).get("checkpoint") or {}).get("sha256")
+    if sha_a and sha_a == (b.get("fingerprint", {}).get("checkpoint") or {}).get("sha256"):
+        differences.append(f"checkpoint: A and B hold the same weights (sha256 {sha_a[:12]})")
     return {
         "a": a.get("policy"),
         "b": b.get("policy"),
@@ -452,7 +455,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         results.append(loaded)
     report = compare_results(*results)
     for diff in report["fingerprint_differences"]:
-        console.print(f"[bold yellow]WARNING[/]: the fingerprints differ: {diff}")
+        console.print(f"[bold yellow]WARNING[/]: fingerprints: {diff}")
     if report["unpaired_episodes"]:
         console.print(f"[bold yellow]WARNING[/]: {report['unpaired_episodes']} episodes were "
                       "evaluated for only one of the two and are left out")

@@ -173,3 +173,11 @@ def test_compare_two_results_files_pairs_episodes_and_warns_on_fingerprints(tmp_
     report = json.loads(captured.out.strip().splitlines()[-1])
     assert report["fingerprint_differences"] == ["image_size: [64, 64] != [128, 128]"]
     assert "WARNING" in captured.err and "image_size" in captured.err
+    # Two evaluations of the same weights (e.g. an RL run that never changed them) are flagged.
+    weights = {"sha256": "f25e528cddff26b6"}
+    d = _results(tmp_path / "d.json", {0: [True] * 10}, {**fp, "checkpoint": {"path": "x", **weights}})
+    e = _results(tmp_path / "e.json", {0: [True] * 10}, {**fp, "checkpoint": {"path": "y", **weights}})
+    assert main(["--compare", d, e, "--output-dir", str(tmp_path / "cmp3"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["fingerprint_differences"] == [
+        "checkpoint: A and B hold the same weights (sha256 f25e528cddff)"]
