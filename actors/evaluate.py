@@ -242,6 +242,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from envs import require_extra
+
+    require_extra(Named("libero"))  # before anything is written or started
     tasks = list(args.task_ids) if args.task_ids else list(range(SUITE_NUM_TASKS[args.suite]))
     out = Path(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}")
     options = env_options(args, tasks)
@@ -501,8 +504,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from rlvla3.config import ConfigError
+
     args = parse_args(argv)
-    summary = compare(args) if args.compare else run(args)
+    try:
+        summary = compare(args) if args.compare else run(args)
+    except (ConfigError, FileNotFoundError) as exc:  # user errors: one line, exit status 2
+        print(f"rlvla3 eval: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(summary))
     return 0
