@@ -89,6 +89,11 @@ def test_override_and_config_file(tmp_path):
     cfg = load_run_config(None, str(path), ["learner.lr=0.02", "seed=7"])
     assert cfg.learner.lr == 0.02 and cfg.seed == 7 and cfg.total_env_steps == 3000
     assert isinstance(build(RunConfig, {}), RunConfig)
+    # YAML 1.1 reads 3e-4 (no dot) as a string: a float field still takes it
+    assert load_run_config("smoke", overrides=["learner.lr=3e-4"]).learner.lr == 3e-4
+    with pytest.raises(ConfigError) as err:
+        load_run_config("smoke", overrides=["learner.lr=fast"])
+    assert err.value.field == "learner.lr"
 
 
 # ---- helpers -----------------------------------------------------------------------------
