@@ -23,13 +23,16 @@ from pathlib import Path
 import ray
 import yaml
 
-from actors.monitor import RunMonitor, say, waiting_on
+from actors.capacity import CapacityWatch
+from actors.learner_group import LOSS_ERRORS
+from actors.monitor import RunMonitor, WaitingForActors, say, waiting_on
 from actors.periodic_eval import PeriodicEval
 from actors.run_status import NAMESPACE
 from actors.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.topology import Topology, build_topology
 from envs import env_spec
 from rlvla3.checkpoint import read_meta, resolve_checkpoint
+from rlvla3.cluster_plan import actor_specs
 from rlvla3.config import ConfigError, require, to_dict
 from rlvla3.policies import build_policy
 from rlvla3.run_config import RunConfig, check_resources
@@ -75,9 +78,21 @@ def ensure_ray(cfg: RunConfig, log_to_driver: bool = True) -> float:
                     + cfg.rollout.num_servers * cfg.rollout.num_cpus
                     + cfg.env_workers.num_workers * cfg.env_workers.num_cpus)
             cpus = cfg.ray.num_cpus or max(int(physical), int(need + 0.999))
-            ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False,
-                     log_to_driver=log_to_driver, configure_logging=False)
+            ray.init(num_cpus=cpus, resources=local_resources(cfg), namespace=NAMESPACE,
+                     include_dashboard=False, log_to_driver=log_to_driver,
+                     configure_logging=False)
     return float(ray.cluster_resources().get("CPU", physical))
+
+
+def local_resources(cfg: RunConfig) -> dict[str, float]:
+    """The custom resources a local Ray offers: what the roles ask for (``{sim: 2}`` in a config
+    written for a cluster), so the same config runs on one machine."""
+    out: dict[str, float] = {}
+    for actor in actor_specs(cfg):
+        for k, v in actor.resources.items():
+            if k not in ("CPU", "GPU"):
+                out[k] = out.get(k, 0.0) + v
+    return out
 
 
 class Checkpointer:
@@ -122,6 +137,8 @@ class Controller:
         self.evaluator = PeriodicEval(cfg, self.spec.num_tasks)
         self.counters = {"env_steps": 0, "episodes": 0, "wall_s": 0.0}
         self._watchdog_stop = threading.Event()
+        self.capacity: CapacityWatch | None = None
+        self._down_workers: set[int] = set()
 
     @property
     def evals(self) -> list[dict]:
@@ -136,8 +153,17 @@ class Controller:
         self.topology = build_topology(cfg, self.spec, str(self.run_dir), self.run_dir.name,
                                        self.training.concurrent)
         self.monitor = RunMonitor(self.topology, self.run_dir)
+        demands = {a.role: dict(a.resources) for a in actor_specs(cfg)}
+        self.capacity = CapacityWatch(self.topology, demands,
+                                      lockstep=self.strategies.rollout != "async",
+                                      wait_s=cfg.ray.node_wait_s)
         self._sync_initial_weights()
         return self.topology
+
+    @property
+    def learners(self) -> list:
+        """The learner ranks that train now (a rebuilt group may have fewer)."""
+        return self.topology.group.active
 
     def _sync_initial_weights(self) -> None:
         topo = self.topology
@@ -151,6 +177,7 @@ class Controller:
         message = ray.get(topo.learners[0].weights_message.remote())
         ref = ray.put(message)
         ray.get([s.load_weights_now.remote(ref) for s in topo.servers])
+        self._wait_for_env_workers()
         ray.get(topo.queue.set_version.remote(message.version, True))
 
     # ---- running -------------------------------------------------------------------------
@@ -163,14 +190,15 @@ class Controller:
         self._warn_staleness_bound()
         self._start = time.monotonic()
         self._base = dict(self.counters)
-        self.checkpoints = Checkpointer(topo.learners[0], self.run_dir, self.cfg.checkpoint_every,
-                                        ray.get(topo.learners[0].version.remote()))
+        self.checkpoints = Checkpointer(self.learners[0], self.run_dir, self.cfg.checkpoint_every,
+                                        ray.get(self.learners[0].version.remote()))
         watchdog = threading.Thread(target=self._watchdog, daemon=True, name="watchdog")
         watchdog.start()
+        self.capacity.start()
         next_log = time.monotonic()
         try:
             if self.training.concurrent:
-                self.training.start(topo.learners)
+                self.training.start(self.learners)
                 self.rollout.start(topo.workers, topo.servers)
                 while not self._done():
                     time.sleep(0.2)
@@ -178,21 +206,29 @@ class Controller:
                     if time.monotonic() >= next_log:
                         self._tick()
                         next_log = time.monotonic() + self.cfg.log_every_s
-                self.training.stop(topo.learners)
+                self.training.stop(self.learners)
                 ray.get(topo.queue.close.remote())
                 self.rollout.stop(topo.workers)
             else:
                 max_item = self.spec.max_decisions * (
                     self.cfg.algo.group_size if self.cfg.algo.name == "grpo" else 1)
                 while not self._done():
-                    self.rollout.run_round(topo.workers, topo.servers)
-                    self.training.after_round(topo.learners, topo.queue,
-                                              self.cfg.learner.global_batch, max_item)
+                    try:
+                        self.rollout.run_round(topo.workers, topo.servers)
+                        self.training.after_round(self.learners, topo.queue,
+                                                  self.cfg.learner.global_batch, max_item)
+                    except LOSS_ERRORS as exc:
+                        if self.capacity.fatal is not None:
+                            raise self.capacity.fatal from exc
+                        if not (topo.group.elastic and self._learner_lost()):
+                            raise
+                        self._rebuild_learners(exc)
                     if time.monotonic() >= next_log:
                         self._tick()
                         next_log = time.monotonic() + self.cfg.log_every_s
         finally:
             self._watchdog_stop.set()
+            self.capacity.stop()
         summary = self._tick(final=True)
         self.checkpoints.save(self.counters, force=True)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -225,7 +261,7 @@ class Controller:
         while not self._watchdog_stop.wait(min(every / 4, 5.0)):
             try:
                 snap = {"workers": ray.get([w.stats.remote() for w in topo.workers], timeout=10),
-                        "learners": ray.get([lr.stats.remote() for lr in topo.learners],
+                        "learners": ray.get([lr.stats.remote() for lr in self.learners],
                                             timeout=10),
                         "queue": ray.get(topo.queue.stats.remote(), timeout=10)}
             except Exception as exc:  # noqa: BLE001 - a role that cannot answer is the news
@@ -245,22 +281,78 @@ class Controller:
                 self._log(f"watchdog: no env or optimizer step for {now - since:.0f}s; {detail}")
 
     def _check_errors(self) -> None:
+        if self.capacity.fatal is not None:
+            raise self.capacity.fatal
         if getattr(self.rollout, "errors", None):
             raise self.rollout.errors[0]
-        ready, _ = ray.wait(self.training.refs + getattr(self.rollout, "refs", []), timeout=0)
+        if self.capacity.rebuild_requested.is_set():
+            self._rebuild_learners("a learner rank has not run for ray.node_wait_s")
+        ready, _ = ray.wait(self.training.refs, timeout=0)
+        for ref in ready:  # a rank that ended early ended by an exception
+            try:
+                ray.get(ref)
+            except LOSS_ERRORS as exc:
+                if not self.topology.group.elastic:
+                    raise
+                self._rebuild_learners(exc)
+                break
+        ready, _ = ray.wait(getattr(self.rollout, "refs", []), timeout=0)
         for ref in ready:
             ray.get(ref)  # a role that ended early ended by an exception: raise it here
+
+    def _learner_lost(self) -> bool:
+        from actors.cluster_state import actor_state
+
+        return any(actor_state(lr) != "ALIVE" for lr in self.learners)
+
+    def _rebuild_learners(self, cause: BaseException | str) -> None:
+        """A rank was lost: every rank restarts from the last checkpoint and the group forms
+        again, without the ranks whose resources are gone (``LearnerGroup.rebuild``)."""
+        self._log(f"learner group: a rank was lost ({str(cause).splitlines()[0][:160]}); "
+                  f"every rank restarts from the last checkpoint")
+        record = self.topology.group.rebuild(cause)
+        self.capacity.rebuild_requested.clear()
+        self.checkpoints.learner0 = self.learners[0]
+        if self.training.concurrent:
+            self.training.start(self.learners)
+        self._log(f"learner group: rebuilt with {record['ranks_after']} of "
+                  f"{record['ranks_before']} ranks at v{record['version']} "
+                  f"({record['restored_from']}) in {record['seconds']}s")
+
+    def _wait_for_env_workers(self) -> None:
+        """Start only once an env worker runs (on an autoscaling cluster they may wait for new
+        nodes); the others join when their nodes arrive."""
+        from actors.cluster_state import actor_state
+
+        deadline = time.monotonic() + self.cfg.ray.placement_timeout_s
+        told = False
+        while not any(actor_state(w) == "ALIVE" for w in self.topology.workers):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no env worker was placed within {self.cfg.ray.placement_timeout_s:.0f}s "
+                    f"(ray.placement_timeout_s): no node offers "
+                    f"{next(a.resources for a in actor_specs(self.cfg) if a.role == 'env')}")
+            if not told:
+                self._log(f"waiting for the env workers to start ({len(self.topology.workers)};"
+                          f" on an autoscaling cluster their nodes may still be launching)")
+                told = True
+            time.sleep(1.0)
 
     def _done(self) -> bool:
         elapsed = time.monotonic() - self._start
         if self.cfg.max_minutes and (self._base["wall_s"] + elapsed) / 60 >= self.cfg.max_minutes:
             return True
-        return self._base["env_steps"] + self.monitor.env_steps() >= self.cfg.total_env_steps
+        try:
+            steps = self.monitor.env_steps()
+        except WaitingForActors:
+            return False
+        return self._base["env_steps"] + steps >= self.cfg.total_env_steps
 
     def _tick(self, final: bool = False) -> dict:
         topo, monitor = self.topology, self.monitor
         snap = monitor.snapshot()
-        history = ray.get(topo.learners[0].take_history.remote())
+        self._release_lost_workers()
+        history = ray.get(self.learners[0].take_history.remote())
         elapsed = time.monotonic() - self._start
         row = monitor.row(snap, elapsed, self._base)
         self.counters.update(env_steps=row["env_steps"], episodes=row["episodes"],
@@ -297,9 +389,20 @@ class Controller:
             "episode_lengths": monitor.lengths(snap),
             "accounting": accounting,
             "evals": self.evals,
+            "nodes": topo.nodes(),
+            "learner_group": {"ranks": len(self.learners), "rebuilds": topo.group.rebuilds},
+            "outages": self.capacity.outages(),
             "wall_s": self.counters["wall_s"],
             "run_dir": str(self.run_dir),
         }
+
+    def _release_lost_workers(self) -> None:
+        """An env worker that stopped running (its node left) holds queue admissions that no
+        episode will use: release them, so pacing does not wait for them."""
+        down = set(self.monitor.workers.down)
+        for w in down - self._down_workers:
+            self.topology.queue.reset_worker.remote(w)
+        self._down_workers = down
 
     # ---- periodic evaluation on held-out initial states ----------------------------------
     def _maybe_start_eval(self, version: int, final: bool = False) -> None:

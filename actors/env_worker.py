@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import ray
 
+from actors.memory import ProcessMemory
 from actors.metrics import RoleMetrics
 from actors.runtime import lookup, was_restarted
 from actors.trajectory_queue import SegmentInfo
@@ -66,6 +67,7 @@ class EnvWorker:
         self.servers = [lookup(name) for name in servers]
         self.queue = lookup(queue)
         self.metrics = RoleMetrics("env", f"env-{worker_id}")
+        self.memory = ProcessMemory()
         self._stop = False
         self._started = time.monotonic()
         self._recorders: list[EpisodeRecorder | None] = [None] * cfg.slots_per_worker
@@ -158,9 +160,12 @@ class EnvWorker:
         start = time.monotonic()
         self.counts["shipped_decisions"] += len(segment)
         self.counts["shipped_env_steps"] += segment.env_steps
-        # This worker owns the payload (zero-copy hand-off); if it crashes, shipped episodes not
-        # yet fetched are lost with it, and the learner counts them (``lost_segments``).
-        await self.queue.put.remote(info, [ray.put(segment)], ticket)
+        # payload_owner "queue": the episode goes by value and the queue puts it into the object
+        # store itself, so the queue owns it and it outlives this worker (process and node).
+        # "worker": a zero-copy reference this worker owns; if the worker dies, its shipped
+        # episodes not yet fetched die with it and the learner counts them (``lost_segments``).
+        payload = segment if self.cfg.payload_owner == "queue" else ray.put(segment)
+        await self.queue.put.remote(info, [payload], ticket)
         self.counts["queue_wait_s"] += time.monotonic() - start
         self.metrics.inc("trajectories")
 
@@ -251,6 +256,7 @@ class EnvWorker:
             "recent_success": float(np.mean(succ)) if succ else 0.0,
             "recent_episodes": len(self.recent),
             "restarts": restarts,
+            "memory": self.memory.sample(),
         }
 
     def close(self) -> None:

@@ -12,6 +12,12 @@ Two ways to drive it, chosen by the training strategy:
 - ``train_available()``: drain what the queue holds now, train every full batch, return
   (synchronous training: rollout, then train, then sync weights).
 The learner strategy (batch or streaming) decides when a micro-batch may start.
+
+Restarts: a rank that Ray restarted (its process or node died) restores the last checkpoint
+(weights, optimizer state, policy version, RNG), or the ``init_from`` weights when no checkpoint
+exists yet. A lone learner then trains on by itself (its ``run`` call is retried); ranks of a
+group wait for ``init_group`` with the group's new size and their new rank, since a process
+group cannot take a new member (``actors.learner_group`` rebuilds it).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import ray
 import torch
 import torch.distributed as dist
 
+from actors.memory import ProcessMemory
 from actors.metrics import RoleMetrics
 from actors.runtime import lookup, was_restarted
 from rlvla3.algos import AlgoConfig
@@ -57,7 +64,7 @@ class Learner:
     def __init__(self, rank: int, world_size: int, policy: Named, spec: EnvSpec,
                  algo: AlgoConfig, cfg: LearnerConfig, strategy: str, seed: int,
                  servers: list[str], queue: str, run_dir: str = "",
-                 max_staleness: int | None = None):
+                 max_staleness: int | None = None, init_from: str = ""):
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(seed)  # identical initial weights on every rank
         self.rank = rank
@@ -72,6 +79,7 @@ class Learner:
                                 cfg.lr, LEARNER_STRATEGIES[strategy](),
                                 max_staleness=max_staleness, reduce=self._all_reduce)
         self.metrics = RoleMetrics("learner", f"learner-{rank}")
+        self.memory = ProcessMemory()
         self.servers = [lookup(name) for name in servers]
         self.queue = lookup(queue)
         self.incarnation = uuid.uuid4().hex
@@ -93,6 +101,9 @@ class Learner:
                 self.restored_from = resolve_checkpoint(run_dir).name
             except FileNotFoundError:
                 self.restored_from = "initial weights (no checkpoint yet)"
+                if init_from:
+                    self.load_weights(init_from)
+                    self.restored_from = f"init_from weights (no checkpoint yet): {init_from}"
             else:
                 self.restore(run_dir)
             self._report_buffered()
@@ -103,8 +114,21 @@ class Learner:
     def address(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), free_port()
 
-    def init_group(self, master_addr: str, master_port: int) -> bool:
-        """Join the process group and wrap the policy in DDP (only when world_size > 1)."""
+    def init_group(self, master_addr: str, master_port: int, rank: int | None = None,
+                   world_size: int | None = None) -> bool:
+        """Join the process group and wrap the policy in DDP (only when world_size > 1).
+        ``rank``/``world_size``: this rank's place in a rebuilt group (a fresh process: every
+        rank of a rebuilt group was restarted); each rank then takes ``global_batch /
+        world_size`` samples per optimizer step."""
+        if rank is not None and world_size is not None:
+            if rank != self.rank:
+                self.queue.learner_buffered.remote(self.rank, 0)  # the old rank's report
+            self.rank, self.world_size = rank, world_size
+            self.core.local_batch = self.cfg.global_batch // world_size
+            self._reported_buffered = -1
+            self._report_buffered()
+            if rank == 0:  # the servers and the queue follow the restored version
+                self._broadcast_to_servers(force=True)
         if self.world_size == 1:
             return True
         backend = self.cfg.backend
@@ -294,6 +318,9 @@ class Learner:
             "restored_from": self.restored_from,
             "lost_segments": self.lost_segments,
             "lost_decisions": self.lost_decisions,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "memory": self.memory.sample(),
             "staleness_hist": dict(self.core.staleness_hist),
             "length_hist": dict(self.core.length_hist),
         }

@@ -76,31 +76,107 @@ def hist_summary(hist: dict) -> dict:
             "max": max((float(k) for k, v in hist.items() if v), default=float("nan"))}
 
 
+class WaitingForActors(RuntimeError):
+    """None of a role's actors has run yet (they wait for resources)."""
+
+
+def _zeroed(stats: dict) -> dict:
+    """A stats dict with every count at zero (strings kept)."""
+    return {k: {} if isinstance(v, dict) else (
+        type(v)(0) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+        for k, v in stats.items()}
+
+
 class RoleStats:
-    """Stats of one role's actors across restarts (see the module docstring)."""
+    """Stats of one role's actors across restarts (see the module docstring).
+
+    An actor that does not run (restarting after its process or node died, waiting for a node
+    to be placed on, or dead) is not waited for: its entry keeps its last counters with nothing
+    in flight, ``state`` says why, and what it held is counted as lost at once. ``down`` lists
+    the indices that do not run now."""
 
     def __init__(self, role: str, carried: tuple[str, ...]):
         self.role = role
         self.carried = carried
         self.restarts = 0
         self.lost: dict[str, int] = {}
+        self.down: dict[int, str] = {}
         self._seen: dict[int, dict] = {}
+        self._pending: dict[int, object] = {}
 
     def collect(self, handles: list, timeout_s: float = 60.0) -> list[dict]:
-        stats = ray.get([h.stats.remote() for h in handles], timeout=timeout_s)
+        from actors.cluster_state import actor_state
+
+        for i, h in enumerate(handles):  # one call in flight per actor
+            if i not in self._pending:
+                self._pending[i] = h.stats.remote()
+        refs = [self._pending[i] for i in range(len(handles))]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(timeout_s, 1.0))
+        ready = set(ready)
+        late = [i for i, ref in enumerate(refs) if ref not in ready]
+        for i in late:  # slow, or not running at all: only a running actor is waited for
+            state = actor_state(handles[i])
+            if state == "ALIVE" and i not in self.down:
+                if ray.wait([refs[i]], timeout=timeout_s)[0]:
+                    ready.add(refs[i])
+                    continue
+                raise TimeoutError(f"{self.role} {i} is alive but did not answer its stats "
+                                   f"call within {timeout_s:.0f}s")
+            if state != "ALIVE":
+                self._went_down(i, state)
         out = []
-        for i, st in enumerate(stats):
+        for i, ref in enumerate(refs):
+            st = None
+            if ref in ready:
+                del self._pending[i]
+                try:
+                    st = ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    self._went_down(i, "DEAD")
+            if st is None:
+                out.append(self._as_down(i))
+                continue
+            self.down.pop(i, None)
             seen = self._seen.get(i)
             if seen is not None and seen["incarnation"] != st["incarnation"]:
                 self.restarts += 1
-                self._died(seen["last"])
-                for key in self.carried:
-                    seen["carry"][key] = _add(seen["carry"].get(key, 0 if not isinstance(
-                        st[key], dict) else {}), seen["last"][key])
+                if not seen.get("lost"):
+                    self._lose(seen)
             carry = seen["carry"] if seen is not None else {}
             self._seen[i] = {"incarnation": st["incarnation"], "last": st, "carry": carry}
-            out.append({**st, **{k: _add(st[k], carry[k]) for k in self.carried if k in carry}})
+            out.append({**st, **{k: _add(st[k], carry[k]) for k in self.carried if k in carry},
+                        "state": "ALIVE"})
         return out
+
+    def _went_down(self, i: int, state: str) -> None:
+        self.down[i] = state
+        seen = self._seen.get(i)
+        if seen is not None and not seen.get("lost"):
+            self._lose(seen)
+
+    def _lose(self, seen: dict) -> None:
+        """Count what the actor held, and keep its counters (its successor starts at zero)."""
+        seen["lost"] = True
+        self._died(seen["last"])
+        for key in self.carried:
+            seen["carry"][key] = _add(seen["carry"].get(key, 0 if not isinstance(
+                seen["last"][key], dict) else {}), seen["last"][key])
+
+    def _as_down(self, i: int) -> dict:
+        """The entry of an actor that does not run: its counters so far, nothing in flight (an
+        actor never seen running, e.g. one waiting for a new node, counts zeros)."""
+        seen = self._seen.get(i)
+        if seen is None:
+            if not self._seen:
+                raise WaitingForActors(f"no {self.role} runs yet ({self.down.get(i)})")
+            template = _zeroed(next(iter(self._seen.values()))["last"])
+            seen = {"last": {**template, "slots": template.get("slots", 0)}, "carry": {}}
+        last = seen["last"]
+        zero = {"inflight_decisions": 0, "buffered": 0, "busy_fraction": 0.0,
+                "data_wait_fraction": 0.0, "recent_episodes": 0, "phases": {}}
+        return {**last, **{k: v for k, v in zero.items() if k in last},
+                **{k: seen["carry"][k] for k in self.carried if k in seen["carry"]},
+                "state": self.down.get(i, "DEAD")}
 
     def _died(self, last: dict) -> None:
         """What an actor's death took with it, from its last report."""
@@ -179,7 +255,8 @@ class RunMonitor:
             "success_rate": sum(w["recent_success"] * w["recent_episodes"] for w in recent)
             / weight,
             "success_window": sum(w["recent_episodes"] for w in recent),
-            "policy_version": learners[0]["version"],
+            "policy_version": next((lr["version"] for lr in learners
+                                    if lr["state"] == "ALIVE"), learners[0]["version"]),
             "mean_batch_size": requests / batches if batches else 0.0,
             "mean_batch_wait_ms": sum(s["mean_batch_wait_ms"] for s in servers) / len(servers),
             "queue_depth": queue["depth"],
@@ -199,6 +276,12 @@ class RunMonitor:
             / len(learners),
             "admission_wait_fraction": sum(w["admit_wait_s"] for w in workers)
             / (elapsed * sum(w["slots"] for w in workers)),
+            "env_slots_live": sum(w["slots"] for w in workers if w["state"] == "ALIVE"),
+            "env_slots_waiting": sum(w["slots"] for w in workers if w["state"] != "ALIVE"),
+            "actors_down": {role: dict(stats.down) for role, stats in (
+                ("env_worker", self.workers), ("rollout_server", self.servers),
+                ("learner", self.learners)) if stats.down},
+            "learner_ranks": sum(lr["state"] == "ALIVE" for lr in learners),
             "loss": learners[0].get("loss", float("nan")),
             "staleness": learners[0].get("staleness", float("nan")),
         }
@@ -272,7 +355,10 @@ class RunMonitor:
                 f"{row['staleness_max']:.0f} disc {row['discarded_decision_fraction']:.3f} "
                 f"batch {row['mean_batch_size']:5.1f} queue {row['queue_depth']:>3} "
                 f"busy env/roll/learn {row['busy_env']:.2f}/{row['busy_rollout']:.2f}/"
-                f"{row['busy_learner']:.2f} wait {row['learner_data_wait']:.2f}")
+                f"{row['busy_learner']:.2f} wait {row['learner_data_wait']:.2f}"
+                + (f" | env slots {row['env_slots_live']}/{row['env_slots_live'] + row['env_slots_waiting']}"
+                   f" ({row['env_slots_waiting']} restarting or waiting for a node)" if row["env_slots_waiting"]
+                   else ""))
 
     def close(self) -> None:
         if self._tb is not None:

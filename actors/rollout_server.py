@@ -15,7 +15,9 @@ restarted server and its predecessor, sample the same noise.
 Fault tolerance: the controller starts servers with unlimited restarts and task retries, so a
 request in flight when a server dies is re-sent to the restarted server and answered once (an
 env slot applies an action only when its answer arrives: nothing is applied twice). A restarted
-server fetches the latest weights from ``weights_source`` (learner rank 0) before serving.
+server fetches the latest weights from a live learner (``weights_sources``: every rank holds the
+same weights, so any rank that still lives will do, e.g. after rank 0 was lost with its node)
+before serving.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import hashlib
 import time
 import uuid
 
+import ray
 import torch
 
+from actors.memory import ProcessMemory
 from actors.metrics import RoleMetrics
 from actors.runtime import lookup, was_restarted
 from rlvla3.batcher import BatcherConfig, DynamicBatcher
@@ -48,7 +52,7 @@ class RolloutServer:
     """Holds one policy copy; serves actions to env slots."""
 
     def __init__(self, server_id: int, policy: Named, spec: EnvSpec, cfg: RolloutConfig, seed: int,
-                 weights_source: str = ""):
+                 weights_sources: tuple[str, ...] = ()):
         torch.set_num_threads(cfg.torch_threads)
         self.server_id = server_id
         self.cfg = cfg
@@ -62,13 +66,14 @@ class RolloutServer:
         model.seed_sampling(self.sampling_seed)
         self.core = RolloutCore(model, cfg.deterministic)
         self.metrics = RoleMetrics("rollout", f"rollout-{server_id}")
+        self.memory = ProcessMemory()
         self._lock: asyncio.Lock | None = None
         self._batcher: DynamicBatcher | None = None
         self._started = time.monotonic()
         self._requests = 0
         self._lockstep_sizes: dict[int, int] = {}
-        self.weights_source = weights_source
-        self._caught_up = not (self.restarted and weights_source)
+        self.weights_sources = tuple(weights_sources)
+        self._caught_up = not (self.restarted and self.weights_sources)
 
     def _ensure(self) -> tuple[asyncio.Lock, DynamicBatcher]:
         if self._batcher is None:
@@ -79,11 +84,21 @@ class RolloutServer:
 
     async def _swap(self) -> None:
         if not self._caught_up:
-            source = lookup(self.weights_source)
-            self.core.offer_weights(await source.weights_message.remote(), force=True)
+            self.core.offer_weights(await self._latest_weights(), force=True)
             self._caught_up = True
         if self.core.swap_pending():
             self.metrics.set("policy_version", self.core.version)
+
+    async def _latest_weights(self) -> WeightsMessage:
+        """The weights of the first learner rank that answers."""
+        error: Exception | None = None
+        for name in self.weights_sources:
+            try:
+                return await lookup(name).weights_message.remote()
+            except (ValueError, ray.exceptions.RayActorError) as exc:  # gone: try the next rank
+                error = exc
+        raise RuntimeError(f"rollout server {self.server_id}: no learner answered for weights "
+                           f"({', '.join(self.weights_sources)})") from error
 
     async def _process(self, requests: list[tuple[float, Observation]]) -> list[ActionChunk]:
         lock, _ = self._ensure()
@@ -174,4 +189,5 @@ class RolloutServer:
             "version": self.core.version,
             "restarted": self.restarted,
             "incarnation": self.incarnation,
+            "memory": self.memory.sample(),
         }

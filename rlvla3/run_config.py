@@ -12,7 +12,7 @@ each strategy can also be chosen on its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -88,6 +88,19 @@ class PipelineConfig:
         return replace(base, **changes)
 
 
+RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def check_custom_resources(resources: Mapping[str, float]) -> None:
+    """Custom Ray resources of a role: names other than Ray's own, amounts >= 0."""
+    for name, amount in resources.items():
+        require(name not in RESERVED_RESOURCES, f"resources.{name}",
+                "set CPUs and GPUs with num_cpus / num_gpus; resources holds custom ones "
+                "(node markers such as sim, rollout, learner)")
+        require(isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount >= 0,
+                f"resources.{name}", f"must be a number >= 0, got {amount!r}")
+
+
 @dataclass(frozen=True)
 class EnvWorkerConfig:
     """Env worker actors and their slots."""
@@ -100,12 +113,25 @@ class EnvWorkerConfig:
     """Training task ids (empty: all tasks of the env)."""
     init_state_ids: tuple[int, ...] = ()
     """Training initial-state ids (empty: all)."""
+    resources: Mapping[str, float] = field(default_factory=dict)
+    """Custom Ray resources each env worker asks for, e.g. ``{sim: 2}`` (one unit per simulator
+    process) so that env workers land on simulator nodes only."""
+    payload_owner: Literal["queue", "worker"] = "queue"
+    """Who owns a shipped episode's payload. ``queue``: the episode is sent to the queue, which
+    puts it into the object store itself (its node), so it outlives the worker's process and
+    node; every episode passes through the queue's node. ``worker``: a zero-copy reference the
+    worker owns; a lost worker takes its shipped, unread episodes with it (counted)."""
+    sim_memory_mb: float = 0.0
+    """Host memory of one env slot's simulator, for the memory pre-flight (0: the size measured
+    for this env, ``rlvla3.memory_plan``)."""
 
     def validate(self) -> None:
         require(self.num_workers >= 1, "num_workers", "must be >= 1")
         require(self.slots_per_worker >= 1, "slots_per_worker", "must be >= 1")
         require(self.num_cpus >= 0, "num_cpus", "must be >= 0")
         require(self.step_timeout_s > 0, "step_timeout_s", "must be > 0")
+        require(self.sim_memory_mb >= 0, "sim_memory_mb", "must be >= 0")
+        check_custom_resources(self.resources)
 
 
 @dataclass(frozen=True)
@@ -121,8 +147,11 @@ class RolloutConfig:
     num_gpus: float = 0.0
     torch_threads: int = 1
     deterministic: bool = False
+    resources: Mapping[str, float] = field(default_factory=dict)
+    """Custom Ray resources each rollout server asks for, e.g. ``{rollout: 1}``."""
 
     def validate(self) -> None:
+        check_custom_resources(self.resources)
         require(self.num_servers >= 1, "num_servers", "must be >= 1")
         require(self.b_max >= 1, "b_max", "must be >= 1")
         require(self.t_max_ms >= 0, "t_max_ms", "must be >= 0")
@@ -178,8 +207,11 @@ class LearnerConfig:
     """How new weights reach the rollout servers: ``object_store`` (one ``ray.put``, servers
     pull; survives server restarts) or ``collective`` (a broadcast group of learner 0 and the
     servers: NCCL GPU to GPU, gloo on CPU; a server that dies cannot rejoin it)."""
+    resources: Mapping[str, float] = field(default_factory=dict)
+    """Custom Ray resources each learner rank asks for, e.g. ``{learner: 1}``."""
 
     def validate(self) -> None:
+        check_custom_resources(self.resources)
         require(self.num_learners >= 1, "num_learners", "must be >= 1")
         require(self.micro_batch >= 1, "micro_batch", "must be >= 1")
         require(self.global_batch >= self.micro_batch * self.num_learners, "global_batch",
@@ -201,6 +233,22 @@ class RayConfig:
     """Empty: RAY_ADDRESS if set (as under ``ray job submit``), else a local Ray."""
     num_cpus: int = 0
     """CPUs of a local Ray (0: all of this machine's)."""
+    placement_timeout_s: float = 300.0
+    """How long the learners and rollout servers may wait for their resources at start (an
+    autoscaling cluster adds nodes meanwhile) before the run stops with what is missing."""
+    node_wait_s: float = 120.0
+    """How long a role lost with its node may wait for capacity: then a rollout server stops the
+    run with an error, a learner rank leaves the group (training goes on with fewer ranks), and
+    a run whose env slots are all gone stops. Env workers otherwise wait as long as it takes."""
+    gpu_memory_gb: float = 80.0
+    """Memory of one GPU of the cluster, for the memory pre-flight."""
+    check_memory: bool = True
+    """Refuse a plan whose estimated memory does not fit a node or a GPU (false: only print)."""
+
+    def validate(self) -> None:
+        require(self.placement_timeout_s > 0, "placement_timeout_s", "must be > 0")
+        require(self.node_wait_s > 0, "node_wait_s", "must be > 0")
+        require(self.gpu_memory_gb > 0, "gpu_memory_gb", "must be > 0")
 
 
 @dataclass(frozen=True)

@@ -75,13 +75,15 @@ def test_env_worker_killed_run_continues(ray_cluster, tmp_path):
     assert summary["env_steps"] >= 2500
     assert summary["restart_counts"]["env_worker"] == 1
     assert summary["restart_counts"]["episodes_lost"] == 2  # the killed worker's two slots
-    # shipped episodes not yet fetched die with their owner: counted, and the learner goes on
-    assert summary["lost_segments"] >= 0 and summary["policy_version"] > 3
+    # the queue owns shipped payloads: none died with their producer, and the learner goes on
+    assert summary["lost_segments"] == 0 and summary["policy_version"] > 3
     # the restarted worker works again, and the surviving one lost nothing
     assert workers[0]["episodes"] > 0
     assert queue["put_decisions"] == (queue["got_decisions"] + queue["queued_decisions"]
                                       + queue["dropped_stale_decisions"])
-    assert queue["in_flight_episodes"] == 0, "the dead worker's admissions were not released"
+    # only the episodes running when the rollout stopped still hold admissions (one per slot):
+    # the dead incarnation's two were released
+    assert queue["in_flight_episodes"] <= 4, "the dead worker's admissions were not released"
     w = workers[1]
     assert w["decisions"] == w["shipped_decisions"] + w["inflight_decisions"] + w["dropped_decisions"]
 
