@@ -282,7 +282,10 @@ class RunConfig:
     """Evaluate on held-out initial states every this many policy versions, and the final
     policy at the end of the run (0: never)."""
     eval_init_state_ids: tuple[int, ...] = ()
-    """Held-out initial states for periodic evaluation."""
+    """Initial states of periodic evaluation (LIBERO: bundled states, the evaluation protocol's;
+    training episodes start from fresh placements)."""
+    eval_workers: int = 1
+    """Eval worker actors (each one simulator) that periodic evaluation runs on."""
     init_from: str = ""
     """Start from the policy weights of this checkpoint or run directory (e.g. an SFT run);
     the policy section must describe the same model. Optimizer and version start fresh."""
@@ -294,6 +297,7 @@ class RunConfig:
         require(self.watchdog_s >= 0, "watchdog_s", "must be >= 0")
         require(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0")
         require(self.eval_every >= 0, "eval_every", "must be >= 0")
+        require(self.eval_workers >= 1, "eval_workers", "must be >= 1")
         require(not self.eval_every or self.eval_init_state_ids, "eval_init_state_ids",
                 "periodic evaluation (eval_every > 0) needs held-out initial states")
         if self.algo.name == "grpo":
