@@ -164,8 +164,9 @@ class EnvWorker:
         # store itself, so the queue owns it and it outlives this worker (process and node).
         # "worker": a zero-copy reference this worker owns; if the worker dies, its shipped
         # episodes not yet fetched die with it and the learner counts them (``lost_segments``).
-        payload = segment if self.cfg.payload_owner == "queue" else ray.put(segment)
-        await self.queue.put.remote(info, [payload], ticket)
+        by_value = self.cfg.payload_owner == "queue"
+        payload = segment if by_value else ray.put(segment)
+        await self.queue.put.remote(info, [payload], ticket, by_value)
         self.counts["queue_wait_s"] += time.monotonic() - start
         self.metrics.inc("trajectories")
 

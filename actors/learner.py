@@ -164,6 +164,8 @@ class Learner:
             raise ValueError(f"init_from {path}: checkpoint holds a {meta.policy.name!r} policy, "
                              f"this run builds {self.policy_choice.name!r}")
         self.policy.load_state_dict(policy.state_dict())
+        if self.core.proximal is not None:
+            self.core.proximal.sync()
         return self.core.version
 
     def restore(self, path: str) -> int:
@@ -172,6 +174,8 @@ class Learner:
 
         policy, meta = load_policy(path)
         self.policy.load_state_dict(policy.state_dict())
+        if self.core.proximal is not None:
+            self.core.proximal.sync()
         state = load_optimizer_state(path)
         if state is not None:
             self.core.optimizer.load_state_dict(state)

@@ -207,9 +207,13 @@ class TrajectoryQueue:
         elif not group.members and group.missing >= self.group_size:
             del self._held[key]
 
-    async def put(self, info: SegmentInfo, refs: list, ticket: int | None = None) -> int:
-        """Enqueue one segment (``refs`` = [ObjectRef]); waits while full. Returns the depth."""
-        refs = [r if isinstance(r, ray.ObjectRef) else ray.put(r) for r in refs]  # we own it
+    async def put(self, info: SegmentInfo, refs: list, ticket: int | None = None,
+                  by_value: bool = False) -> int:
+        """Enqueue one segment (``refs`` = [ObjectRef]); waits while full. Returns the depth.
+        ``by_value``: ``refs`` holds the payload itself, which the queue puts into the object
+        store (so the queue owns it and it outlives its producer)."""
+        if by_value:
+            refs = [ray.put(r) for r in refs]
         cond = self._condition()
         start = time.monotonic()
         async with cond:

@@ -10,12 +10,12 @@ Outputs: advantages and returns; a loss to ``backward()``.
 
 Invariants:
 - The behaviour log-probability is the one recorded when the action was sampled, never one
-  recomputed later. By default (``proximal: arrival``) the objective is decoupled PPO: the clip
-  is centred on the proximal policy, the learner's parameters when the decision reached it, and
-  the lag between behaviour and proximal policy (the rollout's share of staleness) is corrected
-  by a truncated importance weight, so stale decisions are reweighted instead of silently losing
-  their gradient to the clip, while a batch trained over several optimizer steps (a synchronous
-  round) keeps its trust region.
+  recomputed later. By default (``proximal: window``) the objective is decoupled PPO: the clip
+  is centred on a proximal policy, a copy of the learner's parameters refreshed every
+  ``proximal_window`` optimizer steps, and the lag between behaviour and proximal policy (the
+  rollout's share of staleness) is corrected by a truncated importance weight. So a decision
+  acted many versions ago is reweighted instead of losing its gradient to a clip around its
+  behaviour policy, and the updates of the last few steps still have a trust region.
 - Losses are means over the samples they receive; the learner scales them when it accumulates
   micro-batches into a global batch.
 - ``AlgoConfig`` validates its ranges; every error names the dotted field (``algo.clip_eps``).
@@ -56,17 +56,18 @@ class AlgoConfig:
     """Standardise PPO advantages over optimizer batches (all micro-batches and ranks; see
     ``rlvla3.learner.AdvantageNormalizer``). GRPO advantages are standardised within their group
     already and are left as they are."""
-    proximal: Literal["arrival", "window", "step", "behaviour"] = "arrival"
+    proximal: Literal["window", "step", "behaviour"] = "window"
     """Centre of the clip. Decoupled PPO, behaviour data reweighted by
     ``min(pi_prox / pi_behav, behaviour_weight_cap)``, with the proximal policy being
-    ``arrival``: the learner's parameters when the decision reached the learner (one no-grad
-    forward pass per decision), or ``step``: the parameters at the start of the optimizer step
-    (free, but with one optimizer step per batch the clip never binds, so a round trained over
-    many steps has no trust region). ``behaviour``: classic PPO, the ratio against the
-    behaviour policy itself (no reweighting)."""
+    ``window``: a copy of the learner's parameters refreshed every ``proximal_window`` optimizer
+    steps (one extra no-grad forward pass per decision), or ``step``: the parameters at the
+    start of the optimizer step (free, but with one optimizer step per batch the clip never
+    binds: no trust region at all). ``behaviour``: classic PPO, the ratio against the behaviour
+    policy itself (no reweighting; a stale decision whose ratio left the clip range gives no
+    gradient)."""
     proximal_window: int = 8
-    """``proximal: window``: the proximal policy is a copy of the learner's parameters refreshed
-    every this many optimizer steps."""
+    """``proximal: window``: optimizer steps between refreshes of the proximal copy (about the
+    steps a synchronous round spans: then the trust region covers what one round would)."""
     behaviour_weight_cap: float | None = 2.0
     """Truncation of the importance weight ``pi_prox / pi_behav`` (as V-trace truncates
     ``rho``): bounds the variance one very off-policy decision can add; None: no truncation."""
@@ -96,8 +97,8 @@ class AlgoConfig:
             f"GRPO needs groups of at least 2 episodes, got {self.group_size}",
         )
         require(self.max_grad_norm > 0.0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
-        require(self.proximal in ("arrival", "window", "step", "behaviour"), "proximal",
-                f"{self.proximal!r} is not one of arrival, window, step, behaviour")
+        require(self.proximal in ("window", "step", "behaviour"), "proximal",
+                f"{self.proximal!r} is not one of window, step, behaviour")
         require(self.proximal_window >= 1, "proximal_window", "must be >= 1")
         require(
             self.behaviour_weight_cap is None or self.behaviour_weight_cap >= 1.0,
@@ -304,8 +305,8 @@ def objective(
 
         L = L_policy (ppo_loss) + vf_coef * L_value (value_loss, PPO only) - ent_coef * mean(H)
 
-    The proximal log-probabilities: ``cfg.proximal == "arrival"`` takes ``prox_log_prob`` as
-    the caller recorded it (the learner, when the decision arrived). With ``"step"`` the
+    The proximal log-probabilities: ``cfg.proximal == "window"`` takes ``prox_log_prob`` as
+    the caller computed it (the learner, with its proximal copy). With ``"step"`` the
     proximal policy is the parameters being evaluated, without gradient: the learner never
     steps the optimizer inside an accumulated batch, so for every micro-batch of a step these
     are the parameters at the start of that step, and ``evaluation.log_prob.detach()`` equals a
@@ -317,8 +318,8 @@ def objective(
     elif cfg.proximal == "behaviour":
         prox_log_prob = None
     elif prox_log_prob is None:
-        raise ValueError("proximal 'arrival' needs the proximal log-probabilities recorded on "
-                         "arrival (prox_log_prob)")
+        raise ValueError("proximal 'window' needs the proximal log-probabilities "
+                         "(prox_log_prob) of the learner's proximal copy")
     policy, policy_stats = ppo_loss(
         evaluation.log_prob,
         behaviour_log_prob,

@@ -116,6 +116,32 @@ class AdvantageNormalizer:
             self.sigma = float(np.sqrt(max(s2 / n - self.mu**2, 0.0)))
 
 
+class ProximalWindow:
+    """The proximal policy of decoupled PPO (``proximal: window``): a frozen copy of the
+    learner's parameters, refreshed every ``every`` optimizer steps and after any load."""
+
+    def __init__(self, policy: Policy, every: int):
+        import copy
+
+        self.policy = policy
+        self.every = every
+        self.copy = copy.deepcopy(policy).requires_grad_(False)
+
+    @torch.no_grad()
+    def log_probs(self, batch: Samples) -> np.ndarray:
+        ev = self.copy.evaluate(batch.obs, torch.from_numpy(batch.actions),
+                                torch.from_numpy(batch.latents))
+        return ev.log_prob.float().cpu().numpy()
+
+    def after_step(self, version: int) -> None:
+        if version % self.every == 0:
+            self.sync()
+
+    def sync(self) -> None:
+        """Take the learner's current parameters (after a step, a restore or ``init_from``)."""
+        self.copy.load_state_dict(self.policy.state_dict())
+
+
 @dataclass(frozen=True, slots=True)
 class StepStats:
     """What one optimizer step reports."""
@@ -162,11 +188,8 @@ class LearnerCore:
         self.samples_trained = 0
         self.counts = {"received_decisions": 0, "received_episodes": 0, "trained_env_steps": 0,
                        "discarded_decisions": 0, "discarded_env_steps": 0}
-        self._prox_policy = None
-        if algo.proximal == "window":
-            import copy
-
-            self._prox_policy = copy.deepcopy(policy)
+        self.proximal = ProximalWindow(policy, algo.proximal_window) \
+            if algo.proximal == "window" else None
         self.staleness_hist: dict[int, int] = {}
         """Per trained decision: learner version minus behaviour version."""
         self.length_hist: dict[int, int] = {}
@@ -186,27 +209,11 @@ class LearnerCore:
         for s in segments:
             self.length_hist[len(s)] = self.length_hist.get(len(s), 0) + 1
         samples = prepare_samples(segments, self.algo)
-        if self.algo.proximal == "arrival":
-            samples = replace(samples, prox_log_probs=self._log_probs_now(samples))
         self.counts["received_decisions"] += len(samples)
         self.counts["received_episodes"] += len(segments)
         self._pending.append(samples)
         self.buffered += len(samples)
         self._discard_stale()
-
-    @torch.no_grad()
-    def _log_probs_now(self, samples: Samples) -> np.ndarray:
-        """Log-probabilities of ``samples`` under the current parameters (the proximal policy
-        of decoupled PPO), in micro-batches, without gradient."""
-        start = time.perf_counter()
-        out = []
-        for lo in range(0, len(samples), self.micro_batch):
-            part = samples.select(np.arange(lo, min(lo + self.micro_batch, len(samples))))
-            ev = self.policy.evaluate(part.obs, torch.from_numpy(part.actions),
-                                      torch.from_numpy(part.latents))
-            out.append(ev.log_prob.float().cpu().numpy())
-        self.busy_s += time.perf_counter() - start
-        return np.concatenate(out)
 
     def _discard_stale(self) -> None:
         """Drop buffered decisions more than ``max_staleness`` versions behind (counted)."""
@@ -296,11 +303,8 @@ class LearnerCore:
         sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
             else self.model.no_sync()
         batch = replace(batch, advantages=self.normalizer.apply(batch.advantages))
-        if self._prox_policy is not None:
-            with torch.no_grad():
-                ev = self._prox_policy.evaluate(batch.obs, torch.from_numpy(batch.actions),
-                                                torch.from_numpy(batch.latents))
-            batch = replace(batch, prox_log_probs=ev.log_prob.float().cpu().numpy())
+        if self.proximal is not None:
+            batch = replace(batch, prox_log_probs=self.proximal.log_probs(batch))
         with sync:
             loss, info = self.loss(batch)
             (loss * (len(batch) / self.local_batch)).backward()
@@ -321,8 +325,8 @@ class LearnerCore:
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         self.normalizer.end_step()
-        if self._prox_policy is not None and self.version % self.algo.proximal_window == 0:
-            self._prox_policy.load_state_dict(self.policy.state_dict())
+        if self.proximal is not None:
+            self.proximal.after_step(self.version)
         acc, self._acc = self._acc, []
         weights = np.asarray([a["n"] for a in acc], dtype=np.float64) / self.local_batch
 

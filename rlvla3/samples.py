@@ -53,7 +53,7 @@ class Samples:
     """int64 ``[N]``: low-level env steps each decision executed."""
     prox_log_probs: np.ndarray
     """float32 ``[N]``: proximal log-probabilities (decoupled PPO); the behaviour ones until
-    the learner records its own on arrival."""
+    the learner computes them with its proximal copy."""
 
     def __len__(self) -> int:
         return len(self.log_probs)

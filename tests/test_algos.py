@@ -206,9 +206,9 @@ def test_objective_proximal_is_the_step_start_parameters():
     assert stats.policy.clip_fraction == 1.0
 
 
-def test_objective_proximal_recorded_on_arrival():
-    """Default (``proximal: arrival``): the clip is centred on the log-probabilities the learner
-    recorded when the decisions arrived; a round trained over several steps keeps its trust
+def test_objective_proximal_from_the_learners_window_copy():
+    """Default (``proximal: window``): the clip is centred on the log-probabilities of the
+    learner's proximal copy, given by the caller; the updates since the copy keep a trust
     region. behav = 0, prox = ln 0.5 -> w = 0.5; new = ln 0.75 -> r = 1.5 against prox.
     A = 1: min(1.5, 1.2) = 1.2 (clipped) -> loss = -0.5 * 1.2 = -0.6, no gradient."""
     new = torch.tensor([math.log(0.75)], dtype=torch.float64, requires_grad=True)
@@ -221,7 +221,7 @@ def test_objective_proximal_recorded_on_arrival():
     assert loss.item() == pytest.approx(-0.6) and new.grad.item() == pytest.approx(0.0)
     assert stats.policy.clip_fraction == 1.0
     assert stats.policy.behaviour_weight_mean == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="arrival"):
+    with pytest.raises(ValueError, match="window"):
         objective(AlgoConfig("grpo"), ev, zero, one, zero, zero)
 
 

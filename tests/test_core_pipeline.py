@@ -110,20 +110,19 @@ def make_policy(seed: int = 0):
 
 # ---- learner -------------------------------------------------------------------------------
 def test_accumulation_and_streaming_equal_full_batch_steps_with_normalisation():
-    """Two optimizer steps with batch-level advantage standardisation on and the proximal
-    policy recorded on arrival: one micro-batch per step, streamed micro-batches and batch-start
-    micro-batches give the same parameters for the same arrivals (the versions at which data
-    arrives do not depend on the strategy: a step needs its whole batch either way)."""
+    """Two optimizer steps with batch-level advantage standardisation and the proximal copy
+    refreshed every step: one micro-batch per step, streamed micro-batches over five arrivals
+    and batch-start micro-batches over three arrivals give the same parameters."""
     torch.manual_seed(0)
     segments = collect_segments(make_policy(1), 30)
     total = sum(len(s) for s in segments)
     batch = (total // 48) * 16
     assert 2 * batch <= total
-    algo = AlgoConfig("ppo")
-    assert algo.normalize_advantages
+    algo = AlgoConfig("ppo", proximal_window=1)
+    assert algo.normalize_advantages and algo.proximal == "window"
     results = []
-    for micro, strategy, arrivals in ((batch, BatchStart(), 5), (16, StreamingStart(), 5),
-                                      (16, BatchStart(), 5)):
+    for micro, strategy, arrivals in ((batch, BatchStart(), 1), (16, StreamingStart(), 5),
+                                      (16, BatchStart(), 3)):
         policy = make_policy(2)
         core = LearnerCore(policy, algo, local_batch=batch, micro_batch=micro, lr=1e-2,
                            strategy=strategy)
