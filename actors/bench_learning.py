@@ -135,6 +135,13 @@ def compare(runs: dict[str, dict[int, dict]], reference: str, other: str,
     return out
 
 
+def references(modes: list[str]) -> list[str]:
+    """The baselines: every synchronous mode given (``sync``, ``sync_autoreset``), else the
+    first mode."""
+    syncs = [m for m in modes if m.startswith("sync")]
+    return syncs or modes[:1]
+
+
 def chart(runs: dict[str, dict[int, dict]], title: str, path: Path) -> None:
     import matplotlib
 
@@ -169,7 +176,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", choices=sorted(TASKS), default="reach_latency")
     p.add_argument("--modes", default="sync,full",
-                   help="comma-separated pipeline modes; the first is the reference")
+                   help="comma-separated pipeline modes; every other mode is compared with each "
+                        "synchronous one (sync, sync_autoreset)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     p.add_argument("--slots", type=int, default=64, help="env slots (a multiple of 16)")
     p.add_argument("--budget", type=int, default=60_000, help="env steps per run")
@@ -228,8 +236,9 @@ def measure(args: argparse.Namespace) -> dict:
                 }
                 for mode, by_seed in runs.items()
             },
-            "comparisons": {f"{m}_vs_{modes[0]}": compare(runs, modes[0], m, thresholds,
-                                                          args.budget) for m in modes[1:]},
+            "comparisons": {f"{m}_vs_{ref}": compare(runs, ref, m, thresholds, args.budget)
+                            for ref in references(modes) for m in modes
+                            if m != ref and m not in references(modes)},
         }
         if args.out:
             (out_dir / "learning.json").write_text(json.dumps(
