@@ -63,7 +63,7 @@ class CapacityWatch:
         return list(self.events) + still
 
     def down(self, role: str) -> list[int]:
-        return sorted(i for r, i in self._down if r == role)
+        return sorted(i for r, i in list(self._down) if r == role)
 
     def _roles(self) -> dict[str, list]:
         group = self.topo.group

@@ -25,6 +25,7 @@ import yaml
 
 from actors.capacity import CapacityWatch
 from actors.learner_group import LOSS_ERRORS
+from actors.memory import ProcessMemory
 from actors.monitor import RunMonitor, WaitingForActors, say, waiting_on
 from actors.periodic_eval import PeriodicEval
 from actors.run_status import NAMESPACE
@@ -32,8 +33,9 @@ from actors.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.topology import Topology, build_topology
 from envs import env_spec
 from rlvla3.checkpoint import read_meta, resolve_checkpoint
-from rlvla3.cluster_plan import actor_specs
+from rlvla3.cluster_plan import actor_specs, check_placement, place
 from rlvla3.config import ConfigError, require, to_dict
+from rlvla3.memory_plan import MemoryPlan, estimate, model_facts
 from rlvla3.policies import build_policy
 from rlvla3.run_config import RunConfig, check_resources
 from rlvla3.types import EnvSpec
@@ -139,6 +141,7 @@ class Controller:
         self._watchdog_stop = threading.Event()
         self.capacity: CapacityWatch | None = None
         self._down_workers: set[int] = set()
+        self._stop_requested = threading.Event()
 
     @property
     def evals(self) -> list[dict]:
@@ -147,9 +150,8 @@ class Controller:
     # ---- topology ------------------------------------------------------------------------
     def build(self) -> Topology:
         cfg = self.cfg
-        cpus = ensure_ray(cfg)
-        if cfg.ray.address or os.environ.get("RAY_ADDRESS"):
-            check_resources(cfg, cpus)
+        ensure_ray(cfg)
+        self.memory_plan = self._preflight()
         self.topology = build_topology(cfg, self.spec, str(self.run_dir), self.run_dir.name,
                                        self.training.concurrent)
         self.monitor = RunMonitor(self.topology, self.run_dir)
@@ -159,6 +161,25 @@ class Controller:
                                       wait_s=cfg.ray.node_wait_s)
         self._sync_initial_weights()
         return self.topology
+
+    def _preflight(self) -> MemoryPlan:
+        """Before any actor starts: every role must fit a node (or wait for one an autoscaler
+        adds), and every node's memory must hold what the plan puts on it."""
+        from actors.cluster_state import alive_nodes, autoscaler
+
+        placement = place(self.cfg, alive_nodes())
+        for line in check_placement(self.cfg, placement, can_add_nodes=autoscaler() is not None):
+            self._log(f"placement: {line} (the autoscaler may add it)")
+        plan = estimate(self.cfg, self.spec, placement, model_facts(self.cfg.policy, self.spec))
+        totals = ", ".join(f"{p.node.label}: {p.host_mb:,.0f} of {p.node.host_memory_mb:,.0f} MB"
+                           for p in plan.nodes if p.components)
+        self._log(f"memory plan: {totals}")
+        if self.cfg.ray.check_memory:
+            plan.check()
+        else:
+            for problem in plan.problems():
+                self._log(f"warning: memory plan: {problem}")
+        return plan
 
     @property
     def learners(self) -> list:
@@ -338,7 +359,13 @@ class Controller:
                 told = True
             time.sleep(1.0)
 
+    def request_stop(self) -> None:
+        """End the run at the next check, as if its budget were spent (from another thread)."""
+        self._stop_requested.set()
+
     def _done(self) -> bool:
+        if self._stop_requested.is_set():
+            return True
         elapsed = time.monotonic() - self._start
         if self.cfg.max_minutes and (self._base["wall_s"] + elapsed) / 60 >= self.cfg.max_minutes:
             return True
@@ -392,9 +419,25 @@ class Controller:
             "nodes": topo.nodes(),
             "learner_group": {"ranks": len(self.learners), "rebuilds": topo.group.rebuilds},
             "outages": self.capacity.outages(),
+            "memory": self._memory(snap),
             "wall_s": self.counters["wall_s"],
             "run_dir": str(self.run_dir),
         }
+
+    def _memory(self, snap: dict) -> dict:
+        """The pre-flight estimate next to the peak RSS each role measured (MB; own process
+        plus children such as simulator processes)."""
+        def peak(stats: list[dict]) -> float:
+            return round(sum(s["memory"]["total_peak_mb"] for s in stats if "memory" in s), 1)
+
+        measured = {"learner": peak(snap["learners"]), "rollout": peak(snap["servers"]),
+                    "env": peak(snap["workers"]),
+                    "driver": ProcessMemory().sample()["rss_peak_mb"]}  # its children are Ray's
+        estimated = self.memory_plan.role_totals()
+        return {"estimated_mb": {k: round(v, 1) for k, v in estimated.items()},
+                "measured_peak_mb": measured,
+                "ratio": {k: round(estimated[k] / v, 3) for k, v in measured.items()
+                          if v and estimated.get(k)}}
 
     def _release_lost_workers(self) -> None:
         """An env worker that stopped running (its node left) holds queue admissions that no

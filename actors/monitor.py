@@ -16,7 +16,8 @@ Restarts: an actor that Ray restarted reports a new incarnation whose counters s
 the monitor adds its predecessor's last counters back (``carried``), so totals never go down,
 and counts what died with it (an env worker's running episodes, a learner's buffered samples).
 
-Accounting (no restarts): every decision produced is in exactly one place, and
+Accounting: every decision produced is in exactly one place (with restarts, what died with an
+actor counts as lost: its last report, plus what only the queue saw it do afterwards), and
 ``accounting["unaccounted"]`` is ``produced`` minus the sum of all of them:
 running in a slot | dropped by a simulator fault | discarded at stop | queued | held for its
 GRPO group | dropped stale by the queue | expired with its group | lost with its payload |
@@ -305,6 +306,14 @@ class RunMonitor:
         produced = sum(w["decisions"] for w in workers)
         lost = {"with_env_worker": self.workers.lost.get("decisions", 0),
                 "with_learner": self.learners.lost.get("decisions", 0)}
+        # What a dead actor did after its last report is known only to the queue: episodes it
+        # shipped (produced), decisions it took from the queue and never reported (lost).
+        if self.workers.restarts or self.workers.down:
+            produced += max(0, queue["put_decisions"] + queue["discarded_decisions"]
+                            - sum(w["shipped_decisions"] for w in workers))
+        if self.learners.restarts or self.learners.down:
+            lost["with_learner"] += max(0, queue["got_decisions"] - sum(
+                lr["received_decisions"] + lr["lost_decisions"] for lr in learners))
         return {"produced": produced, **places, "lost_with_restarts": lost,
                 "unaccounted": produced - sum(places.values()) - sum(lost.values())}
 

@@ -6,10 +6,12 @@ Examples::
     python -m rlvla3 rl --preset smoke                   # under a minute
     python -m rlvla3 rl --config my.yaml --set pipeline.mode=sync --set learner.lr=1e-4
     python -m rlvla3 rl --resume runs/20261129-101500    # continue a run
+    python -m rlvla3 rl --print-plan                     # placement + memory estimate, then exit
 
 The config is validated (including env and policy options, the env's optional extra when its
-workers run on this machine, and the cluster's resources) before any actor starts; an error is
-one line on stderr that names the field, and the job exits with status 2.
+workers run on this machine, the cluster's resources and the memory pre-flight) before any
+actor starts; an error is one line on stderr that names the field, and the job exits with
+status 2.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="run directory (default: <run_root>/<name or timestamp>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--print-plan", action="store_true",
+                   help="print where the roles would land and each node's estimated memory, "
+                        "then exit (no actor starts)")
+    p.add_argument("--plan-cluster", metavar="CLUSTER_YAML",
+                   help="with --print-plan: plan on the nodes a `ray up` cluster file would "
+                        "launch (e.g. cluster.yaml) instead of this machine")
     p.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
     return p
 
@@ -72,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
 
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
             return 0
+        if args.print_plan:
+            from actors.preflight import print_plan
+
+            return print_plan(cfg, args.plan_cluster, args.json)
         if not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
             # Local run: the env workers import the simulator here. On a cluster they run on
             # simulator nodes whose packages the driver cannot see.

@@ -42,6 +42,10 @@ class NodeInfo:
     """Capacity of the node's shared-memory object store."""
     driver: bool = False
     """The job driver (the controller) runs here."""
+    gpu_memory_mb: float = 0.0
+    """Memory of one of its GPUs (0: unknown, ``ray.gpu_memory_gb`` is assumed)."""
+    node_type: str = ""
+    """Its node type in a cluster config (planning from ``cluster.yaml``)."""
 
     @property
     def label(self) -> str:
@@ -50,7 +54,8 @@ class NodeInfo:
         if self.resources.get("GPU"):
             parts.append(f"{self.resources['GPU']:g} GPU")
         parts += [f"{k}={v:g}" for k, v in sorted(custom.items())]
-        return f"{self.node_id[:8]} ({', '.join(parts)}{', driver' if self.driver else ''})"
+        name = self.node_id if self.node_type else self.node_id[:8]
+        return f"{name} ({', '.join(parts)}{', driver' if self.driver else ''})"
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,8 @@ class Placement:
     nodes: dict[str, NodeInfo]
     actors: list[ActorSpec]
     where: dict[tuple[str, int], str | None] = field(default_factory=dict)
+    blocking: dict[str, float] | None = None
+    """The first demand that found no room (what one more node would have to offer)."""
 
     def on(self, node_id: str) -> list[ActorSpec]:
         return [a for a in self.actors if self.where.get(a.key) == node_id]
@@ -132,6 +139,7 @@ def place(cfg: RunConfig, nodes: list[NodeInfo]) -> Placement:
         node = next((n.node_id for n in nodes if _fits(free[n.node_id], need)), None)
         for a in roles:
             plan.where[a.key] = node
+        plan.blocking = need if node is None else None
         return plan
     gang = [a for a in roles if a.role in ("learner", "rollout")]
     trial = {k: dict(v) for k, v in free.items()}
@@ -141,6 +149,8 @@ def place(cfg: RunConfig, nodes: list[NodeInfo]) -> Placement:
         order = used + [n.node_id for n in nodes if n.node_id not in used]
         node = next((nid for nid in order if _fits(trial[nid], a.resources)), None)
         packed[a.key] = node
+        if node is None and plan.blocking is None:
+            plan.blocking = dict(a.resources)
         if node is not None:
             _take(trial[node], a.resources)
             if node not in used:
@@ -155,6 +165,8 @@ def place(cfg: RunConfig, nodes: list[NodeInfo]) -> Placement:
         options = [n.node_id for n in nodes if _fits(free[n.node_id], a.resources)]
         node = min(options, key=lambda nid: count[nid]) if options else None
         plan.where[a.key] = node
+        if node is None and plan.blocking is None:
+            plan.blocking = dict(a.resources)
         if node is not None:
             _take(free[node], a.resources)
             count[node] += 1
@@ -194,3 +206,49 @@ def check_placement(cfg: RunConfig, plan: Placement, can_add_nodes: bool) -> lis
             raise ConfigError(path, f"{what} fit no node of the cluster (nodes: {offer}) and no "
                                     f"autoscaler can add one")
     return lines
+
+
+INSTANCE_MEMORY_GB = {
+    # instance type: (host memory GiB, memory of one GPU GiB); the types cluster.yaml uses
+    "m7i.2xlarge": (32, 0), "c7i.8xlarge": (64, 0), "g6e.12xlarge": (384, 48),
+    "p5.48xlarge": (2048, 80), "p4d.24xlarge": (1152, 40), "g5.12xlarge": (192, 24),
+}
+OBJECT_STORE_FRACTION = 0.3
+"""Ray's default object store: 30% of a node's memory."""
+
+
+def nodes_from_cluster_config(config: Mapping, cfg: RunConfig) -> list[NodeInfo]:
+    """The nodes a ``ray up`` cluster (``cluster.yaml``) would run this config on: the head, the
+    node types' ``min_workers``, and as many more nodes of the first type that fits as the
+    roles need (what the autoscaler would launch), up to ``max_workers``. Host and GPU memory
+    come from the instance type (``INSTANCE_MEMORY_GB``; a custom ``memory`` resource wins)."""
+    types = config["available_node_types"]
+
+    def node(type_name: str, i: int) -> NodeInfo:
+        t = types[type_name]
+        res = {k: float(v) for k, v in t.get("resources", {}).items()}
+        host_gb, gpu_gb = INSTANCE_MEMORY_GB.get(t.get("node_config", {}).get("InstanceType"),
+                                                 (0, 0))
+        host_mb = res.pop("memory", host_gb * 2**30) / 2**20
+        head = type_name == config["head_node_type"]
+        return NodeInfo(f"{type_name}-{i}", "", res, host_mb, OBJECT_STORE_FRACTION * host_mb,
+                        head, gpu_gb * 1024.0, type_name)
+
+    nodes = [node(config["head_node_type"], 0)]
+    count = {name: 0 for name in types}
+    for name, t in types.items():
+        for _ in range(t.get("min_workers", 0) if name != config["head_node_type"] else 0):
+            count[name] += 1
+            nodes.append(node(name, count[name]))
+    while True:
+        plan = place(cfg, nodes)
+        if plan.blocking is None:
+            return nodes
+        need = plan.blocking
+        fitting = [name for name, t in types.items() if name != config["head_node_type"]
+                   and count[name] < t.get("max_workers", config.get("max_workers", 0))
+                   and _fits({k: float(v) for k, v in t.get("resources", {}).items()}, need)]
+        if not fitting:
+            return nodes
+        count[fitting[0]] += 1
+        nodes.append(node(fitting[0], count[fitting[0]]))

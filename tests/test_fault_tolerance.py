@@ -4,6 +4,7 @@ duplicate no transition beyond the in-flight episodes it counts."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -120,3 +121,71 @@ def test_learner_killed_rolls_back_further_than_the_staleness_bound_and_trains_o
     assert summary["env_steps"] >= 8000
     assert summary["discarded_decision_fraction"] < 0.05, summary["accounting"]
     assert_transitions_accounted(workers, queue)
+
+
+def _wait_for(condition, what: str, timeout_s: float = 240.0, every_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every_s)
+
+
+@pytest.mark.slow
+def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluster, tmp_path):
+    """Two learner ranks. Rank 1 dies and comes back: every rank restarts from the last
+    checkpoint (weights, optimizer, version) and the group trains on with two ranks. Rank 1
+    dies for good (its resources gone): the group trains on with one rank."""
+    cfg = load_run_config("smoke", overrides=FAST + [
+        "total_env_steps=100000000", "learner.num_learners=2", "learner.global_batch=32",
+        "learner.micro_batch=16", "learner.num_cpus=0.5", "ray.node_wait_s=20"])
+    controller = Controller(cfg, tmp_path / "group", quiet=True)
+    topo = controller.build()
+    group = topo.group
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(summary=controller.run()))
+    thread.start()
+    version = lambda: ray.get(group.active[0].version.remote())  # noqa: E731
+    try:
+        _wait_for(lambda: version() >= 4 and (tmp_path / "group/checkpoints/latest").is_file(),
+                  "a checkpoint at version 4")
+        ray.kill(topo.learners[1], no_restart=False)
+        _wait_for(lambda: len(group.rebuilds) == 1, "the first rebuild")
+        first = group.rebuilds[0]
+        assert (first["ranks_before"], first["ranks_after"]) == (2, 2), first
+        restored = int(first["restored_from"].split("-")[1])
+        assert first["version"] == restored  # every rank went back to the checkpoint ...
+        ranks = ray.get([lr.stats.remote() for lr in group.active])
+        assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 for r in ranks)
+        assert all(r["restored_from"] == first["restored_from"] for r in ranks)
+        _wait_for(lambda: version() >= restored + 3, "training after the rebuild")
+        sums = ray.get([lr.checksum.remote() for lr in group.active])
+        assert sums[0] == pytest.approx(sums[1], rel=1e-6)  # ... and they train in lockstep
+
+        ray.kill(topo.learners[1], no_restart=True)  # its resources are gone for good
+        _wait_for(lambda: len(group.rebuilds) == 2, "the second rebuild")
+        second = group.rebuilds[1]
+        assert (second["ranks_before"], second["ranks_after"]) == (2, 1), second
+        assert second["left_group"] == [topo.names["learner"][1]]
+        alone = ray.get(group.active[0].stats.remote())
+        assert (alone["rank"], alone["world_size"]) == (0, 1)
+        resumed = second["version"]
+        _wait_for(lambda: version() >= resumed + 3, "training with one rank")
+        controller.request_stop()
+        thread.join(timeout=300)
+        assert not thread.is_alive(), "the run did not stop"
+    finally:
+        controller.request_stop()
+        thread.join(timeout=60)
+        controller.shutdown()
+    summary = result["summary"]
+    assert summary["learner_group"]["ranks"] == 1
+    assert [r["ranks_after"] for r in summary["learner_group"]["rebuilds"]] == [2, 1]
+    assert summary["policy_version"] >= resumed + 3
+    assert summary["restart_counts"]["learner"] >= 2  # rank 1, then rank 0 restarted with it
+    accounting = summary["accounting"]
+    assert accounting["lost_with_restarts"]["with_learner"] > 0  # what the restarted ranks held
+    # every decision is placed, up to the episodes still on their way to the queue when the
+    # rollout stopped (one per slot at most)
+    assert abs(accounting["unaccounted"]) <= 4 * 20, json.dumps(accounting)
+    for r in summary["learner_group"]["rebuilds"]:
+        print(f"learner group rebuild: {r}")
