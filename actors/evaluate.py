@@ -334,11 +334,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if todo:
         started_ray = not ray.is_initialized()
         if started_ray:
-            if args.address:
-                ray.init(address=args.address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=max(args.workers, os.cpu_count() or 1),
-                         include_dashboard=False, log_to_driver=False)
+            from actors.runtime import init_ray
+
+            init_ray(args.address or "", num_cpus=max(args.workers, os.cpu_count() or 1),
+                     include_dashboard=False, log_to_driver=False)
         workers = make_eval_workers(env, min(args.workers, len(todo)), args.seed, source=source)
         columns = ("[progress.description]{task.description}", BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn())

@@ -5,10 +5,14 @@
   arguments live in the object store (handles do), and a restarted actor finds its peers anew.
 - ``was_restarted()``: whether Ray restarted the calling actor after a crash (without the
   deprecation warning that Ray's own property prints on every call).
+- ``init_ray(address, **kwargs)``: join the cluster at ``address`` (or ``RAY_ADDRESS``, as under
+  ``ray job submit``), else start a new local one, never a stray ``ray start`` cluster of the
+  machine; a new local cluster keeps token authentication on, without Ray's warning about it.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import ray
@@ -25,3 +29,16 @@ def was_restarted() -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
+def init_ray(address: str = "", **kwargs) -> None:
+    """See the module docstring; ``kwargs`` go to ``ray.init`` (local-only ones such as
+    ``num_cpus`` are dropped when joining a cluster)."""
+    address = address or os.environ.get("RAY_ADDRESS", "")
+    if address:
+        for key in ("num_cpus", "num_gpus", "resources", "include_dashboard"):
+            kwargs.pop(key, None)
+        ray.init(address=address, **kwargs)
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "token")  # Ray's own default, said once, not warned
+    ray.init(address="local", **kwargs)

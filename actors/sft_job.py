@@ -566,11 +566,10 @@ def connect(cfg: SFTConfig) -> None:
     lc = cfg.lake
     need = cfg.workers + lc.decode_actors * lc.cpus_per_decoder + lc.expand_cpus
     if not ray.is_initialized():
-        ray.init(
-            num_cpus=max(os.cpu_count() or 1, math.ceil(need)),
-            include_dashboard=False,
-            configure_logging=False,
-        )
+        from actors.runtime import init_ray
+
+        init_ray(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), include_dashboard=False,
+                 configure_logging=False)
     have = ray.cluster_resources().get("CPU", 0.0)
     if need > have:
         raise ConfigError(

@@ -243,8 +243,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    num_tasks=3, num_init_states=1)
     torch.set_num_threads(args.train_threads)
     if not ray.is_initialized():
-        ray.init(num_cpus=args.cpus, include_dashboard=False, configure_logging=False,
-                 log_to_driver=False)
+        os.environ.setdefault("RAY_AUTH_MODE", "token")  # a new local cluster, as Ray defaults
+        ray.init(address="local", num_cpus=args.cpus, include_dashboard=False,
+                 configure_logging=False, log_to_driver=False)
     results = {}
     for name in ("dataloader", "lake"):
         policy, step = _trainer(spec, args.preset, args.model_size, args.seed)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import pyarrow.fs as pafs
@@ -98,7 +99,9 @@ def _record(args: argparse.Namespace) -> int:
         print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
         return 2
     if not ray.is_initialized():
-        ray.init(num_cpus=max(args.workers, 1), include_dashboard=False, configure_logging=False)
+        os.environ.setdefault("RAY_AUTH_MODE", "token")  # a new local cluster, as Ray defaults
+        ray.init(address=os.environ.get("RAY_ADDRESS") or "local", num_cpus=max(args.workers, 1),
+                 include_dashboard=False, configure_logging=False)
     make_env, expert = libero_recorder(
         args.suite, tuple(args.image_size), args.action_noise, args.policy, args.policy_share,
         scenes,
