@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 
@@ -40,5 +41,17 @@ def init_ray(address: str = "", **kwargs) -> None:
             kwargs.pop(key, None)
         ray.init(address=address, **kwargs)
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "token")  # Ray's own default, said once, not warned
+    quiet_token_notice()
     ray.init(address="local", **kwargs)
+
+
+class _TokenNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this")
+
+
+def quiet_token_notice() -> None:
+    """Drop Ray's warning that a new local cluster has token authentication on (its default,
+    which this project keeps): a normal run prints no Ray noise."""
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+        _TokenNotice())

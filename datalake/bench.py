@@ -243,7 +243,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    num_tasks=3, num_init_states=1)
     torch.set_num_threads(args.train_threads)
     if not ray.is_initialized():
-        os.environ.setdefault("RAY_AUTH_MODE", "token")  # a new local cluster, as Ray defaults
         ray.init(address="local", num_cpus=args.cpus, include_dashboard=False,
                  configure_logging=False, log_to_driver=False)
     results = {}

@@ -99,7 +99,6 @@ def _record(args: argparse.Namespace) -> int:
         print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
         return 2
     if not ray.is_initialized():
-        os.environ.setdefault("RAY_AUTH_MODE", "token")  # a new local cluster, as Ray defaults
         ray.init(address=os.environ.get("RAY_ADDRESS") or "local", num_cpus=max(args.workers, 1),
                  include_dashboard=False, configure_logging=False)
     make_env, expert = libero_recorder(
