@@ -16,8 +16,9 @@ To stop a run that is blocked inside a round, the actor it waits on is killed fo
 round fails at once and the controller raises ``fatal``.
 
 Output: ``fatal`` (the error to raise, or None), ``rebuild_requested``, and ``events``: one per
-outage (role, index, state, when it went down, seconds until it ran again): the recovery and
-scale-up times of the summary.
+time an actor did not run (role, index, state, when, seconds until it ran again; ``kind``
+``outage`` for an actor that had run, ``start`` for one that waited for its first node): the
+recovery and scale-up times of the summary.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class CapacityWatch:
         self.rebuild_requested = threading.Event()
         self.events: list[dict] = []
         self._down: dict[tuple[str, int], dict] = {}
+        self._ran: set[tuple[str, int]] = set()
         self._start = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="capacity")
@@ -88,6 +90,7 @@ class CapacityWatch:
                 key = (role, index)
                 state = actor_state(handle)
                 if state == "ALIVE":
+                    self._ran.add(key)
                     if key in self._down:
                         event = self._down.pop(key)
                         event["back_after_s"] = round(now - event["t"], 1)
@@ -96,7 +99,8 @@ class CapacityWatch:
                     continue
                 if key not in self._down:
                     self._down[key] = {"role": role, "index": index, "state": state, "t": now,
-                                       "at_s": round(now - self._start, 1)}
+                                       "at_s": round(now - self._start, 1),
+                                       "kind": "outage" if key in self._ran else "start"}
                 elif now - self._down[key]["t"] >= self.wait_s and self.fatal is None:
                     self._decide(role, index, handle)
 

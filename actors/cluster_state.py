@@ -5,7 +5,9 @@
   it runs on. Local runs start Ray without the dashboard, so the state API
   (``ray.util.state``) is not there; the GCS actor table (``ray._private.state``) is.
 - ``alive_nodes()``: every live node with its resources and memory, as the pre-flight's
-  ``NodeInfo`` (Ray-free, ``rlvla3.cluster_plan``).
+  ``NodeInfo`` (Ray-free, ``rlvla3.cluster_plan``): the driver's node with this machine's RAM,
+  the others with Ray's ``memory`` + ``object_store_memory`` (about what was free when the node
+  started).
 - ``autoscaler()``: the autoscaler's last report (pending node launches, the resource demands it
   could not place), or None when the cluster has no autoscaler.
 - ``driver_node()``: the node of the calling process.
@@ -52,7 +54,6 @@ def alive_nodes() -> list[NodeInfo]:
     """Every live node: resources, host memory (Ray's ``memory`` + ``object_store_memory``; for
     the driver's own node of a local run, the machine's RAM) and object store size."""
     here = driver_node()
-    local = not ray.get_runtime_context().gcs_address or _single_local_node()
     out = []
     for node in ray.nodes():
         if not node.get("Alive"):
@@ -60,7 +61,7 @@ def alive_nodes() -> list[NodeInfo]:
         res = dict(node.get("Resources", {}))
         store = res.get("object_store_memory", 0.0) / MB
         host = res.get("memory", 0.0) / MB + store
-        if local and node["NodeID"] == here:
+        if node["NodeID"] == here:  # this machine: its RAM, not Ray's share of it
             host = psutil.virtual_memory().total / MB
         custom = {k: v for k, v in res.items()
                   if k not in ("memory", "object_store_memory") and not k.startswith("node:")
@@ -70,15 +71,11 @@ def alive_nodes() -> list[NodeInfo]:
     return sorted(out, key=lambda n: (not n.driver, n.node_id))
 
 
-def _single_local_node() -> bool:
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    return len(nodes) == 1
-
-
 def autoscaler() -> dict | None:
     """The autoscaler's last status report: ``pending_launches`` (node type -> count),
-    ``pending_nodes``, ``active_nodes`` and ``demand`` (resource shapes it could not place);
-    None when no autoscaler runs."""
+    ``pending_nodes``, ``active_nodes`` and ``demand`` (resource shapes waiting for room);
+    None when no autoscaler can add nodes (every head runs Ray's monitor; without an autoscaling
+    config its read-only provider gives each node its own type, ``node_<id>``)."""
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
 
     if not _internal_kv_initialized():
@@ -87,12 +84,15 @@ def autoscaler() -> dict | None:
     if not raw:
         return None
     status = json.loads(raw)
-    report = status.get("autoscaler_report") or {}
+    report = status.get("autoscaler_report")
+    mapping = (report or {}).get("node_type_mapping") or {}
+    if report is None or all(t == f"node_{n}" for n, t in mapping.items()):
+        return None  # Ray's monitor with its read-only provider: nothing can be added
     metrics = status.get("load_metrics_report") or {}
     demand = [{"shape": shape, "count": count}
-              for shape, count in metrics.get("resource_demand", [])]
-    demand += [{"shape": pg.get("bundles"), "count": 1, "placement_group": True}
-               for pg in metrics.get("pending_placement_groups", []) or []]
+              for shape, count in metrics.get("resource_demand", []) or []]
+    demand += [{"shape": shape, "count": count, "placement_group": True}
+               for shape, count in metrics.get("pg_demand", []) or []]
     return {
         "active_nodes": report.get("active_nodes", {}),
         "pending_launches": report.get("pending_launches", {}),

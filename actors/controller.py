@@ -347,7 +347,11 @@ class Controller:
 
         deadline = time.monotonic() + self.cfg.ray.placement_timeout_s
         told = False
+        slots = self.cfg.env_workers.slots_per_worker
         while not any(actor_state(w) == "ALIVE" for w in self.topology.workers):
+            self.topology.extra["status"].update.remote(
+                {"env_slots_live": 0, "env_slots_waiting": slots * len(self.topology.workers)},
+                "waiting for nodes")
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"no env worker was placed within {self.cfg.ray.placement_timeout_s:.0f}s "
@@ -418,7 +422,8 @@ class Controller:
             "evals": self.evals,
             "nodes": topo.nodes(),
             "learner_group": {"ranks": len(self.learners), "rebuilds": topo.group.rebuilds},
-            "outages": self.capacity.outages(),
+            "outages": [e for e in self.capacity.outages() if e["kind"] == "outage"],
+            "start_waits": [e for e in self.capacity.outages() if e["kind"] == "start"],
             "memory": self._memory(snap),
             "wall_s": self.counters["wall_s"],
             "run_dir": str(self.run_dir),

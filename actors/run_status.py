@@ -27,8 +27,11 @@ class RunStatus:
 
     def update(self, row: dict, state: str = "running") -> None:
         """Keep the latest row; export the actor restarts the controller counted since the last
-        one (simulator restarts are exported by the env workers themselves)."""
+        one (simulator restarts are exported by the env workers themselves) and the episodes
+        that died with an env worker (faults and staleness drops are exported where they
+        happen)."""
         self.metrics.inc("restarts", _actor_restarts(row) - _actor_restarts(self.row))
+        self.metrics.inc("episodes_dropped", _episodes_lost(row) - _episodes_lost(self.row))
         self.row = dict(row)
         self.info["state"] = state
         self.info["updated_at"] = time.time()
@@ -40,3 +43,7 @@ class RunStatus:
 def _actor_restarts(row: dict) -> int:
     counts = row.get("restart_counts", {})
     return sum(counts.get(k, 0) for k in ("env_worker", "rollout_server", "learner"))
+
+
+def _episodes_lost(row: dict) -> int:
+    return row.get("restart_counts", {}).get("episodes_lost", 0)

@@ -9,8 +9,9 @@ Every run's controller keeps a named ``RunStatus`` actor (``rlvla3-status:<run n
 ``rlvla3`` namespace) holding its latest progress row. This command connects to the cluster as a
 light driver (no resources), finds those actors by name and reads each one once: state, env
 steps and steps/s, trajectories/s, busy fraction per role, learner data wait, queue depth,
-policy version, dropped episodes and restarts. It is read-only: it calls nothing on a run but
-``RunStatus.get``. A run whose status actor disappears while being read (the run just ended) is
+policy version, dropped episodes and restarts, env slots running and waiting for nodes, learner
+ranks; and, on a cluster with an autoscaler, the nodes it is launching and the resources that
+wait for room. It is read-only: it calls nothing on a run but ``RunStatus.get``. A run whose status actor disappears while being read (the run just ended) is
 left out rather than reported as an error.
 
 Under token authentication (Ray 2.60's default for ``ray start``) the token comes from
@@ -28,6 +29,7 @@ import time
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from actors.cluster_state import autoscaler
 from actors.run_status import NAME_PREFIX, NAMESPACE
 
 FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -43,6 +45,9 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("learner_data_wait", "learner data wait", ".2f"),
     ("mean_batch_size", "rollout batch size", ".1f"),
     ("queue_depth", "queue depth", "d"),
+    ("env_slots_live", "env slots running", "d"),
+    ("env_slots_waiting", "env slots waiting", "d"),
+    ("learner_ranks", "learner ranks", "d"),
     ("staleness", "staleness (versions)", ".2f"),
     ("policy_version", "policy version", "d"),
     ("episode_return", "episode return", ".2f"),
@@ -50,6 +55,8 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("dropped", "dropped episodes", "d"),
     ("restarts", "restarts", "d"),
     ("age_s", "updated (s ago)", ".0f"),
+    ("pending_nodes", "nodes launching", "s"),
+    ("resource_demand", "resources waiting", "s"),
     ("run_dir", "run dir", "s"),
 )
 
@@ -70,7 +77,8 @@ def collect(timeout_s: float = 10.0) -> list[dict]:
     """The status row of every live run on the connected cluster, sorted by run name.
 
     Each row is ``RunStatus.get()`` plus ``dropped`` (stale + faulted episodes) and ``age_s``
-    (seconds since the controller last pushed a row; absent before the first one)."""
+    (seconds since the controller last pushed a row; absent before the first one), and with an
+    autoscaler ``pending_nodes`` and ``resource_demand`` (the cluster's, as text)."""
     named = [a for a in ray.util.list_named_actors(all_namespaces=True)
              if a["name"].startswith(NAME_PREFIX)]
     refs = []
@@ -81,6 +89,15 @@ def collect(timeout_s: float = 10.0) -> list[dict]:
             continue
         refs.append(handle.get.remote())
     now = time.time()
+    cluster = autoscaler()
+    pending = demand = None
+    if cluster is not None:  # what the cluster waits for, the same for every run on it
+        launching = dict(cluster["pending_launches"])
+        for _ip, node_type, *_ in cluster["pending_nodes"]:
+            launching[node_type] = launching.get(node_type, 0) + 1
+        pending = ", ".join(f"{n} x {t}" for t, n in sorted(launching.items())) or "none"
+        demand = "; ".join(f"{d['count']} x {_shape(d['shape'])}"
+                           for d in cluster["demand"]) or "none"
     rows = []
     for ref in refs:
         try:
@@ -91,8 +108,16 @@ def collect(timeout_s: float = 10.0) -> list[dict]:
             row["dropped"] = row["dropped_stale"] + row["dropped_faults"]
         if "updated_at" in row:
             row["age_s"] = now - row["updated_at"]
+        if cluster is not None:
+            row["pending_nodes"], row["resource_demand"] = pending, demand
         rows.append(row)
     return sorted(rows, key=lambda r: r["run"])
+
+
+def _shape(shape) -> str:
+    if isinstance(shape, list):  # a placement group's bundles
+        return "[" + ", ".join(_shape(b) for b in shape) + "]"
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(shape.items())) + "}"
 
 
 def _cell(row: dict, key: str, fmt: str) -> str:

@@ -165,7 +165,7 @@ def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
             demands[actor.role].append(dict(actor.resources))
     pg, sched = PLACEMENTS[strategies.placement]().schedule(demands, cfg.ray.placement_timeout_s)
     names = actor_names(f"{run_name}:{uuid.uuid4().hex[:6]}", cfg)
-    here = NodeAffinitySchedulingStrategy(driver_node(), soft=True)
+    here = NodeAffinitySchedulingStrategy(driver_node(), soft=False)
 
     grpo = cfg.algo.name == "grpo"
     group_size = cfg.algo.group_size if grpo else 1

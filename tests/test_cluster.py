@@ -1,11 +1,15 @@
 """Cluster operation: ``cluster.yaml`` under Ray's own validation, the Grafana dashboard against
 the series the roles export, and a real ``ray job submit`` of a short RL run to a local head
-node with token authentication, watched through ``rlvla3 status`` and Ray's Prometheus endpoint.
+node with token authentication, watched through ``rlvla3 status``, ``ray list actors`` (every
+actor named by run and role), Ray's Prometheus endpoint, and a real Prometheus server that
+scrapes the cluster and answers every panel query of the Grafana dashboard.
 
 The head node of the job test is this test's alone: its own temp dir, free ports, its own token
 file, and a marker in its environment. It is stopped by signalling its ``ray start --block``
 process and then killing, by pid, only processes that carry the marker (``ray stop`` would stop
-every Ray process on the machine, including other tests' clusters).
+every Ray process on the machine, including other tests' clusters). Prometheus (the Debian
+package ``prometheus``, installed by the README's test command) runs from a temp dir on a free
+port and is stopped the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -253,6 +258,66 @@ class LocalHead:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+class Prometheus:
+    """A Prometheus server scraping the head's nodes every second, through the service
+    discovery file Ray keeps up to date (the file Ray's own generated prometheus.yml reads)."""
+
+    def __init__(self, head: LocalHead):
+        binary = shutil.which("prometheus")
+        if binary is None:
+            pytest.fail("the Debian package prometheus is not installed (the README's test "
+                        "command installs it)")
+        self.root = head.root / "prometheus"
+        self.root.mkdir()
+        self.port = _free_port()
+        discovery = head.root / "ray" / "session_latest" / "prom_metrics_service_discovery.json"
+        (self.root / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "ray",
+                                "file_sd_configs": [{"files": [str(discovery)],
+                                                     "refresh_interval": "1s"}]}]}))
+        with open(self.root / "prometheus.log", "w") as log:
+            self.proc = subprocess.Popen(
+                [binary, f"--config.file={self.root / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={self.root / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}"],
+                env=head.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def api(self, path: str, **params: str) -> dict:
+        query = urllib.parse.urlencode(params)
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?{query}"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return json.loads(response.read())
+
+    def targets_up(self) -> int:
+        try:
+            targets = self.api("targets")["data"]["activeTargets"]
+        except OSError:
+            return 0
+        return sum(t["health"] == "up" for t in targets)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=30)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def panel_queries(dashboard: dict, window: str = "15s") -> list[tuple[str, str]]:
+    """Every panel query of the dashboard with Grafana's variables filled in: every session
+    and role, and a rate window of a few scrapes."""
+    out = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = (target["expr"].replace("$__rate_interval", window)
+                    .replace("$SessionName", ".+").replace("$role", ".+"))
+            out.append((f"{panel['title']} [{target['refId']}]", expr))
+    return out
+
+
 def _status(head: LocalHead, *extra: str) -> subprocess.CompletedProcess:
     return head.run(sys.executable, "-m", "actors.status", "--address", head.gcs, *extra,
                     timeout_s=120)
@@ -268,8 +333,10 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
     run_dir = tmp_path / "runs" / f"smoke-{uuid.uuid4().hex[:6]}"
     job_id = f"rlvla3-test-{uuid.uuid4().hex[:8]}"
     head = LocalHead()
+    prometheus = None
     try:
         head.wait_ready()
+        prometheus = Prometheus(head)
         # Token auth is on: the jobs API turns away a wrong token.
         with pytest.raises(urllib.error.HTTPError) as denied:
             head.api("/api/jobs/", token=secrets.token_hex(32))
@@ -284,7 +351,8 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
             "--set", "log_every_s=1.0")
         assert submit.returncode == 0, submit.stdout + submit.stderr
 
-        live, scraped, table = None, "", ""
+        live, scraped, table, actors, killed = None, "", "", {}, None
+        started = time.time()
         deadline = time.monotonic() + 480
         while time.monotonic() < deadline:
             state = head.api(f"/api/jobs/{job_id}")["status"]
@@ -298,6 +366,8 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
                 if row and row["state"] == "running" and row.get("env_steps", 0) > 0:
                     live = row
                     table = _status(head).stdout
+                    actors = _run_actors(head, run_dir.name)
+                    killed = _kill_actor(head, actors["env"][0])  # a restart for the panels
             if state == "RUNNING" and "ray_rlvla3_env_steps_total" not in scraped:
                 with contextlib.suppress(OSError):
                     scraped = _scrape(head)
@@ -331,9 +401,53 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
         assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.jsonl").is_file()
         assert any((run_dir / "checkpoints").iterdir())
 
+        # Every actor of the run is named by run, role and index: `ray list actors` (the state
+        # API behind the dashboard's actor list and logs view) filters them by run and role.
+        assert set(actors) == {"learner", "rollout", "env", "queue"}, actors
+        assert [len(actors[r]) for r in ("learner", "rollout", "env", "queue")] == [1, 1, 2, 1]
+        assert killed is not None and killed.returncode == 0, killed and killed.stderr
+        assert summary["restart_counts"]["env_worker"] >= 1
+
+        # A real Prometheus scraped the cluster during the run: every panel query of the
+        # Grafana dashboard returns data over the run's time window.
+        assert prometheus.targets_up() >= 1, (prometheus.root / "prometheus.log").read_text()
+        empty = []
+        for title, expr in panel_queries(json.loads(DASHBOARD.read_text())):
+            answer = prometheus.api("query_range", query=expr, start=str(started),
+                                    end=str(time.time()), step="2")
+            assert answer["status"] == "success", (title, answer)
+            if not answer["data"]["result"]:
+                empty.append(title)
+        assert not empty, f"panel queries without data: {empty}"
+
         # The finished run took its status actor with it.
         after = _status(head, "--json")
         assert after.returncode == 0 and run_dir.name not in {r["run"] for r in json.loads(after.stdout)}
     finally:
+        if prometheus is not None:
+            prometheus.stop()
         head.stop()
     assert not head._marked_pids(), "processes of the test cluster survived"
+
+
+ACTOR_NAME = re.compile(r"^rlvla3:(?P<run>.+):(?P<uid>[0-9a-f]{6}):(?P<role>[a-z]+)(?P<index>\d+)$")
+
+
+def _run_actors(head: LocalHead, run: str) -> dict[str, list[str]]:
+    """The live actors of ``run`` by role, from ``ray list actors`` (the state API)."""
+    out = head.run(RAY, "list", "actors", "--address", head.http, "--filter", "state=ALIVE",
+                   "--format", "json", "--limit", "10000", timeout_s=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    roles: dict[str, list[str]] = {}
+    for actor in json.loads(out.stdout):
+        match = ACTOR_NAME.match(actor.get("name") or "")
+        if match and match["run"] == run:
+            roles.setdefault(match["role"], []).append(actor["name"])
+    return {role: sorted(names) for role, names in roles.items()}
+
+
+def _kill_actor(head: LocalHead, name: str) -> subprocess.CompletedProcess:
+    """Kill one actor of the cluster by name (Ray restarts it), from a second driver."""
+    code = (f"import ray; ray.init(address='{head.gcs}', namespace='rlvla3'); "
+            f"ray.kill(ray.get_actor('{name}'), no_restart=False)")
+    return head.run(sys.executable, "-c", code, timeout_s=120)

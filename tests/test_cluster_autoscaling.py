@@ -1,0 +1,46 @@
+"""Autoscaled simulator nodes on one machine: a head started with an autoscaling config whose
+``sim_cpu`` node type goes from 0 to 3 nodes (Ray's ``fake_multinode`` provider, which starts
+each node as local processes, as ``ray.cluster_utils.AutoscalingCluster`` does). A run asking
+for three env workers on ``sim`` waits for nodes (``rlvla3 status`` says which are launching and
+what waits), starts on the first, uses the others as they arrive, and the idle nodes are
+released after it. Runs in a subprocess (``tests/cluster_scenarios.py --autoscaling``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster_scenarios import kill_marked
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_sim_nodes_scale_up_for_waiting_slots_and_down_when_idle(tmp_path):
+    marker = str(tmp_path)
+    env = {**os.environ, "RLVLA3_TEST_CLUSTER": marker, "RAY_raylet_start_wait_time_s": "120"}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        proc = subprocess.run([sys.executable, str(REPO / "tests" / "cluster_scenarios.py"),
+                               "--autoscaling", str(tmp_path / "facts.json")], env=env, cwd=REPO,
+                              text=True, capture_output=True, timeout=600)
+    finally:
+        leftover = kill_marked(marker)
+    facts = json.loads((tmp_path / "facts.json").read_text())
+    print(json.dumps(facts))
+    assert "autoscaling" in facts, facts.get("scenario_autoscaling_error") or proc.stderr[-3000:]
+    out = facts["autoscaling"]
+    assert out["error"] is None, out["error"]
+    assert out["sim_nodes_at_start"] == 0
+    waiting = out["status_while_waiting"]  # rlvla3 status, while the nodes were launching
+    assert waiting and waiting["env_slots_waiting"] > 0
+    assert "sim_cpu" in waiting["pending_nodes"] and "sim: 1" in waiting["resource_demand"]
+    assert out["first_sim_node_s"] <= out["all_sim_nodes_s"] <= out["all_slots_running_s"]
+    assert len(set(out["env_nodes"])) == 3  # one env worker on each new node
+    assert out["released_after_run_s"] < 120
+    assert leftover == 0, f"{leftover} processes of the test cluster survived it"
