@@ -108,6 +108,13 @@ class Checkpointer:
         self._last_version = version
         self._saved: tuple[int, dict, str] | None = None
 
+    def rolled_back(self, learner0, version: int) -> None:
+        """The group was rebuilt from the checkpoint at ``version``: count from there, with the
+        group's new rank 0."""
+        self.learner0 = learner0
+        self._last_version = version
+        self._saved = None
+
     def save(self, counters: dict, force: bool = False) -> str | None:
         version = ray.get(self.learner0.version.remote())
         if self._saved and self._saved[:2] == (version, counters):
@@ -333,7 +340,7 @@ class Controller:
                   f"every rank restarts from the last checkpoint")
         record = self.topology.group.rebuild(cause)
         self.capacity.rebuild_requested.clear()
-        self.checkpoints.learner0 = self.learners[0]
+        self.checkpoints.rolled_back(self.learners[0], record["version"])
         if self.training.concurrent:
             self.training.start(self.learners)
         self._log(f"learner group: rebuilt with {record['ranks_after']} of "
@@ -379,9 +386,15 @@ class Controller:
             return False
         return self._base["env_steps"] + steps >= self.cfg.total_env_steps
 
-    def _tick(self, final: bool = False) -> dict:
+    def _tick(self, final: bool = False) -> dict | None:
         topo, monitor = self.topology, self.monitor
-        snap = monitor.snapshot()
+        try:
+            snap = monitor.snapshot()
+        except WaitingForActors as exc:  # nothing to report before the first env worker runs
+            if final:
+                raise
+            self._log(f"waiting: {exc}")
+            return None
         self._release_lost_workers()
         history = ray.get(self.learners[0].take_history.remote())
         elapsed = time.monotonic() - self._start

@@ -125,29 +125,26 @@ class RoleStats:
                                    f"call within {timeout_s:.0f}s")
             if state != "ALIVE":
                 self._went_down(i, state)
-        out = []
+        answered: dict[int, dict] = {}
         for i, ref in enumerate(refs):
-            st = None
             if ref in ready:
                 del self._pending[i]
                 try:
                     st = ray.get(ref)
                 except ray.exceptions.RayActorError:
                     self._went_down(i, "DEAD")
-            if st is None:
-                out.append(self._as_down(i))
-                continue
-            self.down.pop(i, None)
-            seen = self._seen.get(i)
-            if seen is not None and seen["incarnation"] != st["incarnation"]:
-                self.restarts += 1
-                if not seen.get("lost"):
-                    self._lose(seen)
-            carry = seen["carry"] if seen is not None else {}
-            self._seen[i] = {"incarnation": st["incarnation"], "last": st, "carry": carry}
-            out.append({**st, **{k: _add(st[k], carry[k]) for k in self.carried if k in carry},
-                        "state": "ALIVE"})
-        return out
+                    continue
+                self.down.pop(i, None)
+                seen = self._seen.get(i)
+                if seen is not None and seen["incarnation"] != st["incarnation"]:
+                    self.restarts += 1
+                    if not seen.get("lost"):
+                        self._lose(seen)
+                carry = seen["carry"] if seen is not None else {}
+                self._seen[i] = {"incarnation": st["incarnation"], "last": st, "carry": carry}
+                answered[i] = {**st, **{k: _add(st[k], carry[k]) for k in self.carried
+                                        if k in carry}, "state": "ALIVE"}
+        return [answered[i] if i in answered else self._as_down(i) for i in range(len(refs))]
 
     def _went_down(self, i: int, state: str) -> None:
         self.down[i] = state

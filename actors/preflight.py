@@ -72,7 +72,10 @@ def print_plan(cfg: RunConfig, cluster_file: str | None = None, as_json: bool = 
         return 0
     print("placement:")
     for role, where in roles.items():
-        print(f"  {role:<8} " + ", ".join(w or "waits for a node" for w in where))
+        counts: dict[str, int] = {}
+        for w in where:
+            counts[w or "waits for a node"] = counts.get(w or "waits for a node", 0) + 1
+        print(f"  {role:<8} " + ", ".join(f"{n} x {w}" if n > 1 else w for w, n in counts.items()))
     for line in waiting:
         print(f"  {line}")
     print(memory.render())

@@ -22,8 +22,10 @@ Ray 2.60, Debian 12; ``tests/test_memory_plan.py`` checks the sum against a real
   buffered samples of one local batch, and the training runtime (autograd, optimizer first
   step: ``TRAINING_RUNTIME_MB``); rank 0 also copies the weights for every new version
   (object-store weight sync);
-- a rollout server: its process, the parameters, and the activations of one full batch
-  (``b_max``, an upper bound: inference keeps no activations for a backward pass);
+- a rollout server: its process, the parameters, and one full batch (``b_max``) at its peak: for
+  the VLA the prefix's keys and values plus one layer's intermediates per sample
+  (``vla_inference_bytes``), for other policies a training sample's activations (an upper
+  bound);
 - the object store: the episodes the queue may hold plus two weight versions.
 Actors with GPUs hold parameters, optimizer state and activations on the GPU instead, plus a
 CUDA context (``CUDA_CONTEXT_MB``); their host process then carries the CUDA libraries
@@ -95,6 +97,11 @@ class ModelFacts:
     """How the activations were obtained (``measured`` here, or ``formula``)."""
     obs_bytes: int
     """Bytes of one decision's observation (images, state) in a sample buffer."""
+    inference_bytes_per_sample: float = 0.0
+    """Bytes one sample of a rollout batch holds at its peak (0: as in training, an upper
+    bound: inference keeps nothing for a backward pass)."""
+    built_here: bool = True
+    """The driver builds the policy to validate the config (only where it can be built)."""
 
     @property
     def param_mb(self) -> float:
@@ -283,6 +290,24 @@ def vla_activation_bytes(options: Mapping, spec: EnvSpec, dtype_bytes: int = 4,
     return float(vit + backbone + expert + gathered) * dtype_bytes
 
 
+def vla_inference_bytes(options: Mapping, spec: EnvSpec, dtype_bytes: int = 4,
+                        instruction_tokens: int = TYPICAL_INSTRUCTION_TOKENS) -> float:
+    """Bytes one sample of a rollout batch holds at its peak in the VLA: the prefix's keys and
+    values for every layer (the action expert reads them at every denoising step) plus one
+    layer's widest intermediates (``2 w + 2 mlp`` per token; layers run one after another and
+    nothing is kept for a backward pass)."""
+    from rlvla3.model.config import VLAConfig, shapes_for
+
+    cfg = build(VLAConfig, options)
+    s = shapes_for(cfg)
+    prefix = (len(spec.cameras) * s.image_tokens + min(instruction_tokens, cfg.max_text_tokens)
+              + spec.state_dim)
+    cache = s.depth * prefix * 2 * s.kv_heads * s.head_dim
+    layer = max(prefix * (2 * s.width + 2 * s.mlp),
+                len(spec.cameras) * s.image_tokens * (2 * s.vision_width + 2 * s.vision_mlp))
+    return float(cache + layer) * dtype_bytes
+
+
 def model_facts(policy_choice: Named, spec: EnvSpec, policy=None) -> ModelFacts:
     """Parameters and activations of the configured policy: built and measured here when it
     can be (pass ``policy`` to reuse one), else (``pi05`` without CUDA) by the formula."""
@@ -296,13 +321,15 @@ def model_facts(policy_choice: Named, spec: EnvSpec, policy=None) -> ModelFacts:
         except ConfigError:
             if policy_choice.name != "vla":
                 raise
+    vla = policy_choice.name == "vla"
+    infer = vla_inference_bytes(policy_choice.options, spec) if vla else 0.0
     if policy is not None:
         params = sum(p.numel() for p in policy.parameters())
         acts = measure_activations(policy, spec)
-        return ModelFacts(params, 4, acts, "measured here", obs_bytes)
+        return ModelFacts(params, 4, acts, "measured here", obs_bytes, infer)
     return ModelFacts(vla_param_count(policy_choice.options, spec), 4,
                       vla_activation_bytes(policy_choice.options, spec),
-                      "formula (fused attention), not measured", obs_bytes)
+                      "formula (fused attention), not measured", obs_bytes, infer, False)
 
 
 def vla_param_count(options: Mapping, spec: EnvSpec) -> int:
@@ -346,8 +373,9 @@ def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFa
                          LEARNER_PROCESS_MB + states + work + buffers + copy, detail=detail)
 
     def server() -> Component:
-        infer = acts_mb * rc.b_max
-        detail = f"parameters {model.param_mb:,.1f} MB, batch {rc.b_max} x {acts_mb:,.2f} MB"
+        per_sample = (model.inference_bytes_per_sample or model.activation_bytes_per_sample) / MB
+        infer = per_sample * rc.b_max
+        detail = f"parameters {model.param_mb:,.1f} MB, batch {rc.b_max} x {per_sample:,.2f} MB"
         if rc.num_gpus > 0:
             return Component("rollout", "rollout server", 1, CUDA_PROCESS_MB,
                              model.param_mb + infer + CUDA_CONTEXT_MB, min(rc.num_gpus, 1.0),
@@ -370,7 +398,8 @@ def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFa
         plan.components.append(Component("ray", "ray processes", 1,
                                          RAY_HEAD_MB if node.driver else RAY_NODE_MB))
         if node.driver and driver:
-            plan.components.append(Component("driver", "driver", 1, DRIVER_MB + model.param_mb))
+            built = model.param_mb if model.built_here else 0.0
+            plan.components.append(Component("driver", "driver", 1, DRIVER_MB + built))
         actors = placement.on(node_id)
         for a in actors:
             if a.role == "learner":

@@ -3,8 +3,9 @@
 
 Run as a subprocess by ``tests/test_cluster_nodes.py`` (``python tests/cluster_scenarios.py
 OUT.json``), so that its Ray cluster never meets the test session's own: every process it
-starts carries the marker ``RLVLA3_TEST_CLUSTER`` in its environment, and the test kills what
-is left of them, by pid, when it ends. Facts are written to OUT.json after each scenario, so a
+starts carries the marker ``RLVLA3_TEST_CLUSTER`` in its environment (and ``RAY_TMPDIR``, a temp
+dir of its own, ``scenario_env``), and the test kills what is left of them, by pid, when it
+ends. Facts are written to OUT.json after each scenario, so a
 failure late in the run still reports what came before.
 
 Scenarios, in order:
@@ -24,6 +25,7 @@ import os
 import secrets
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -57,6 +59,17 @@ def marked_pids(marker_value: str) -> list[int]:
                 if needle in Path(f"/proc/{entry}/environ").read_bytes():
                     pids.append(int(entry))
     return pids
+
+
+def scenario_env(marker_value: str) -> dict[str, str]:
+    """The environment of a scenario subprocess: the marker, a patient raylet start (2 busy
+    cores), and Ray's temp dir of its own (``RAY_TMPDIR``, short for socket paths): its session
+    files and the address file every driver writes (``ray_current_cluster``, which a plain
+    ``ray.init()`` anywhere on the machine would follow) stay out of /tmp/ray."""
+    env = {**os.environ, MARKER: marker_value, "RAY_raylet_start_wait_time_s": "120",
+           "RAY_TMPDIR": tempfile.mkdtemp(prefix="rlvla3-", dir="/tmp")}
+    env.pop("RAY_ADDRESS", None)
+    return env
 
 
 def kill_marked(marker_value: str) -> int:
@@ -165,9 +178,13 @@ def last_row(run_dir: Path) -> dict:
     return json.loads(lines[-1]) if lines else {}
 
 
-def _wait(condition, what: str, timeout_s: float = 180.0) -> float:
+def _wait(condition, what: str, timeout_s: float = 180.0, run: dict | None = None) -> float:
+    """Seconds until ``condition()`` holds; fails after ``timeout_s``, or at once when the run
+    (``run``: the result dict of ``_run_in_thread``) ended with an error."""
     start = time.monotonic()
     while not condition():
+        if run is not None and run.get("error"):
+            raise RuntimeError(f"the run failed while waiting for {what}: {run['error']}")
         if time.monotonic() - start > timeout_s:
             raise TimeoutError(f"timed out waiting for {what}")
         time.sleep(0.25)
@@ -336,23 +353,23 @@ def scenario_autoscaling(facts: Facts, tmp: Path) -> None:
         while time.monotonic() - start < 240 and not seen_waiting and len(sims()) < 3:
             rows = [r for r in collect(5.0) if r["run"] == "autoscale"]
             seen_waiting = [r for r in rows if r.get("env_slots_waiting")
-                            and r.get("pending_nodes") not in (None, "none")]
+                            and r.get("resource_demand") not in (None, "none")]
             time.sleep(0.5)
         out["status_while_waiting"] = {k: seen_waiting[0].get(k) for k in (
             "state", "env_slots_live", "env_slots_waiting", "pending_nodes", "resource_demand")
                                        } if seen_waiting else None
         since = lambda: round(time.monotonic() - start, 1)  # noqa: E731 - from the run's start
-        _wait(lambda: len(sims()) >= 1, "a sim node", 240)
+        _wait(lambda: len(sims()) >= 1, "a sim node", 240, result)
         out["first_sim_node_s"] = since()
-        _wait(lambda: len(sims()) >= 3, "three sim nodes", 240)
+        _wait(lambda: len(sims()) >= 3, "three sim nodes", 240, result)
         out["all_sim_nodes_s"] = since()
         _wait(lambda: last_row(tmp / "autoscale").get("env_slots_live") == 6
               and last_row(tmp / "autoscale").get("env_slots_waiting") == 0,
-              "every env slot running", 240)
+              "every env slot running", 240, result)
         out["all_slots_running_s"] = since()
         steps = last_row(tmp / "autoscale").get("env_steps", 0)
         _wait(lambda: last_row(tmp / "autoscale").get("env_steps", 0) > steps + 300,
-              "env steps on the new nodes")
+              "env steps on the new nodes", 180, result)
         controller.request_stop()
         thread.join(timeout=180)
         controller.shutdown()

@@ -176,8 +176,11 @@ class LocalHead:
         (self.root / "auth_token").write_text(self.token)
         self.marker = f"RLVLA3_TEST_CLUSTER={self.root}"
         self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        # RAY_TMPDIR: every driver that connects writes the cluster's address to
+        # <tmp>/ray/ray_current_cluster, which a plain ray.init() elsewhere would follow
         self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.root / "auth_token"),
-                        RLVLA3_TEST_CLUSTER=str(self.root), PYTHONUNBUFFERED="1")
+                        RLVLA3_TEST_CLUSTER=str(self.root), PYTHONUNBUFFERED="1",
+                        RAY_TMPDIR=str(self.root))
         self.port, self.dashboard_port, self.metrics_port = _free_port(), _free_port(), _free_port()
         self.log = self.root / "head.log"
         cmd = [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1",
@@ -347,7 +350,7 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
             "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES}),
             "--", "python", "-m", "rlvla3", "rl", "--preset", "smoke", "--run-dir", str(run_dir),
             # long enough to be watched: stop on wall time, not on the smoke step budget
-            "--set", "total_env_steps=100000000", "--set", "max_minutes=1.0",
+            "--set", "total_env_steps=100000000", "--set", "max_minutes=1.5",
             "--set", "log_every_s=1.0")
         assert submit.returncode == 0, submit.stdout + submit.stderr
 
@@ -367,7 +370,8 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
                     live = row
                     table = _status(head).stdout
                     actors = _run_actors(head, run_dir.name)
-                    killed = _kill_actor(head, actors["env"][0])  # a restart for the panels
+                    if actors.get("env"):  # a restart and lost episodes for the panels
+                        killed = _kill_actor(head, actors["env"][0])
             if state == "RUNNING" and "ray_rlvla3_env_steps_total" not in scraped:
                 with contextlib.suppress(OSError):
                     scraped = _scrape(head)
@@ -433,17 +437,23 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
 ACTOR_NAME = re.compile(r"^rlvla3:(?P<run>.+):(?P<uid>[0-9a-f]{6}):(?P<role>[a-z]+)(?P<index>\d+)$")
 
 
-def _run_actors(head: LocalHead, run: str) -> dict[str, list[str]]:
-    """The live actors of ``run`` by role, from ``ray list actors`` (the state API)."""
-    out = head.run(RAY, "list", "actors", "--address", head.http, "--filter", "state=ALIVE",
-                   "--format", "json", "--limit", "10000", timeout_s=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    roles: dict[str, list[str]] = {}
-    for actor in json.loads(out.stdout):
-        match = ACTOR_NAME.match(actor.get("name") or "")
-        if match and match["run"] == run:
-            roles.setdefault(match["role"], []).append(actor["name"])
-    return {role: sorted(names) for role, names in roles.items()}
+def _run_actors(head: LocalHead, run: str, roles: int = 4) -> dict[str, list[str]]:
+    """The live actors of ``run`` by role, from ``ray list actors`` (the state API; asked again
+    for a while until every role shows, since an actor may still be starting)."""
+    deadline = time.monotonic() + 90
+    while True:
+        out = head.run(RAY, "list", "actors", "--address", head.http, "--filter", "state=ALIVE",
+                       "--format", "json", "--limit", "10000", timeout_s=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        found: dict[str, list[str]] = {}
+        start = out.stdout.find("[")  # the CLI prints "No resource in the cluster" for none
+        for actor in json.loads(out.stdout[start:]) if start >= 0 else []:
+            match = ACTOR_NAME.match(actor.get("name") or "")
+            if match and match["run"] == run:
+                found.setdefault(match["role"], []).append(actor["name"])
+        if len(found) >= roles or time.monotonic() > deadline:
+            return {role: sorted(names) for role, names in found.items()}
+        time.sleep(2.0)
 
 
 def _kill_actor(head: LocalHead, name: str) -> subprocess.CompletedProcess:

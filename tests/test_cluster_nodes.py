@@ -8,13 +8,13 @@ so it never meets this session's own Ray; its facts come back as JSON.
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from cluster_scenarios import kill_marked
+from cluster_scenarios import kill_marked, scenario_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,14 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 def facts(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("nodes")
     marker = str(out)
-    env = {**os.environ, "RLVLA3_TEST_CLUSTER": marker, "RAY_raylet_start_wait_time_s": "120"}
-    env.pop("RAY_ADDRESS", None)
+    env = scenario_env(marker)
     try:
         proc = subprocess.run([sys.executable, str(REPO / "tests" / "cluster_scenarios.py"),
                                str(out / "facts.json")], env=env, cwd=REPO, text=True,
                               capture_output=True, timeout=600)
     finally:
         kill_marked(marker)
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
     data = json.loads((out / "facts.json").read_text()) if (out / "facts.json").is_file() else {}
     data["_log"] = (proc.stdout + proc.stderr)[-4000:]
     for key, value in data.items():  # the figures the test reports (-s shows them)
