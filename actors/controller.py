@@ -1,11 +1,13 @@
 """The controller: runs one RL run from a validated config to its summary.
 
-It validates the run config against the env and policy registries and the cluster's resources
-before any actor starts, then holds one collaborator per job: the ``Topology`` (which actors
-exist and where, ``actors.topology``), the strategies that drive them (``actors.strategies``),
-the ``RunMonitor`` (progress rows, accounting, the watchdog, ``actors.monitor``), the
-``Checkpointer`` and ``PeriodicEval`` (``actors.periodic_eval``). Its own loop only sequences
-them.
+It validates the run config against the env and policy registries, and runs the pre-flight
+(every role fits a node, ``rlvla3.cluster_plan``; every node's memory holds its share,
+``rlvla3.memory_plan``) before any actor starts, then holds one collaborator per job: the
+``Topology`` (which actors exist and where, ``actors.topology``) with its ``LearnerGroup``
+(rebuilt when a rank is lost, ``actors.learner_group``), the strategies that drive them
+(``actors.strategies``), the ``RunMonitor`` (progress rows, accounting, ``actors.monitor``), the
+``CapacityWatch`` (actors that lost their node, ``actors.capacity``), the ``Checkpointer`` and
+``PeriodicEval`` (``actors.periodic_eval``). Its own loop only sequences them.
 
 Run directory: ``config.yaml`` (resolved config), ``metrics.jsonl``, ``tb/`` (TensorBoard),
 ``checkpoints/`` and ``summary.json``. Resuming from a run directory restores weights, optimizer
