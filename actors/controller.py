@@ -31,6 +31,7 @@ from actors.memory import ProcessMemory
 from actors.monitor import RunMonitor, WaitingForActors, say, waiting_on
 from actors.periodic_eval import PeriodicEval
 from actors.run_status import NAMESPACE
+from actors.runtime import init_ray
 from actors.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.topology import Topology, build_topology
 from envs import env_spec
@@ -82,7 +83,7 @@ def ensure_ray(cfg: RunConfig, log_to_driver: bool = True) -> float:
                     + cfg.rollout.num_servers * cfg.rollout.num_cpus
                     + cfg.env_workers.num_workers * cfg.env_workers.num_cpus)
             cpus = cfg.ray.num_cpus or max(int(physical), int(need + 0.999))
-            ray.init(num_cpus=cpus, resources=local_resources(cfg), namespace=NAMESPACE,
+            init_ray(num_cpus=cpus, resources=local_resources(cfg), namespace=NAMESPACE,
                      include_dashboard=False, log_to_driver=log_to_driver,
                      configure_logging=False)
     return float(ray.cluster_resources().get("CPU", physical))
