@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cluster_scenarios import MARKER, marked_pids
 
 from actors.metrics import _COUNTERS, _GAUGES, _HISTOGRAMS, TAGS
 
@@ -174,7 +175,7 @@ class LocalHead:
         self.root = Path(tempfile.mkdtemp(prefix="rlvla3-ray-", dir="/tmp"))  # short: socket paths
         self.token = secrets.token_hex(32)
         (self.root / "auth_token").write_text(self.token)
-        self.marker = f"RLVLA3_TEST_CLUSTER={self.root}"
+        self.marker = f"{MARKER}={self.root}"
         self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         # RAY_TMPDIR: every driver that connects writes the cluster's address to
         # <tmp>/ray/ray_current_cluster, which a plain ray.init() elsewhere would follow
@@ -231,14 +232,7 @@ class LocalHead:
                               capture_output=True, timeout=timeout_s)
 
     def _marked_pids(self) -> list[int]:
-        needle = self.marker.encode() + b"\0"
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) != os.getpid():
-                with contextlib.suppress(OSError):
-                    if needle in Path(f"/proc/{entry}/environ").read_bytes():
-                        pids.append(int(entry))
-        return pids
+        return marked_pids(str(self.root))
 
     def stop(self) -> None:
         """SIGTERM the blocking ``ray start`` (it drains and stops its processes), then SIGKILL
