@@ -275,7 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     overlap: list[str] = []
     if args.checkpoint:
-        from envs.libero_scenes import training_overlap
+        from envs.libero_split import training_overlap
 
         overlap = training_overlap(args.checkpoint)
     console = Console(stderr=True)

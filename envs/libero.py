@@ -131,7 +131,7 @@ class LiberoConfig:
     """Draws per fresh scene before its reset fails (invalid draws are replaced)."""
     allow_eval_overlap: bool = False
     """Allow training episodes on bundled states that evaluation uses (outputs then say so;
-    see ``envs.libero_scenes.check_split``)."""
+    see ``envs.libero_split.check_split``)."""
     fast_render: bool = True
     process: bool = True
     """Run the simulator in its own process (crash isolation)."""

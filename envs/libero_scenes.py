@@ -1,4 +1,4 @@
-"""Where a LIBERO episode starts, and the train/test split that keeps evaluation honest.
+"""Where a LIBERO episode starts: bundled initial states or fresh seeded placements.
 
 Role: published LIBERO results evaluate every task on its 50 *bundled* initial states, which no
 training demonstration starts from. This module gives ``envs.libero.LiberoEnv`` its two ways
@@ -22,27 +22,17 @@ to start an episode, as strategy objects chosen by ``LiberoConfig.placements``:
   settle steps (libero_spatial task 5's bowl slides 6 cm off the ramekin it is dropped on),
   and a fresh scene must only be as plausible as they are.
 
-``check_split`` is the Ray-free guard for training configs (``datalake record`` calls it, and
-RL config validation can): training episodes that start from bundled states which evaluation
-also uses are refused with a ``ConfigError`` naming the field, unless
-``env.options.allow_eval_overlap`` is set; ``split_note`` is then what outputs must carry.
-``training_overlap`` follows a checkpoint's provenance (RL ``config.yaml``, SFT
-``config.json``, the datasets' ``meta/record.json``, ``init_from`` chains) and says whether
-any training step used evaluation states.
+The split itself (what training may start from) is ``envs.libero_split``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from rlvla3.config import ConfigError, Named
 
 NUM_BUNDLED_STATES = 50
 """Bundled initial states per LIBERO task: the evaluation states."""
@@ -180,115 +170,3 @@ class FreshScenes:
             sim.reset()  # a hard reset: the model is rebuilt and every placement sampled
         finally:
             np.random.set_state(saved)
-
-
-# ---- the train/test split ----------------------------------------------------------------
-def _libero_options(env: Named) -> dict[str, Any]:
-    from envs.libero import LiberoConfig
-    from rlvla3.config import build, to_dict
-
-    return to_dict(build(LiberoConfig, env.options, "env.options"))
-
-
-def eval_overlap(
-    env: Named, train_init_ids: Sequence[int], eval_init_ids: Sequence[int] = ()
-) -> list[int]:
-    """Bundled states both training (on ``env``) and evaluation use; empty when disjoint.
-
-    Only a LIBERO env with ``placements: bundled`` starts training episodes from bundled
-    states; ``train_init_ids`` / ``eval_init_ids`` empty mean all of them."""
-    if env.name != "libero" or _libero_options(env)["placements"] != "bundled":
-        return []
-    train = set(train_init_ids) if train_init_ids else set(range(NUM_BUNDLED_STATES))
-    evaluated = set(eval_init_ids) if eval_init_ids else set(range(NUM_BUNDLED_STATES))
-    return sorted(train & evaluated)
-
-
-def check_split(
-    env: Named,
-    train_init_ids: Sequence[int],
-    eval_init_ids: Sequence[int] = (),
-    field: str = "env_workers.init_state_ids",
-) -> None:
-    """Refuse training that starts from evaluation states, unless explicitly allowed.
-
-    Raises ``ConfigError(field)`` when ``eval_overlap`` is not empty and
-    ``env.options.allow_eval_overlap`` is not set."""
-    overlap = eval_overlap(env, train_init_ids, eval_init_ids)
-    if overlap and not _libero_options(env)["allow_eval_overlap"]:
-        shown = _ranges(overlap)
-        raise ConfigError(
-            field,
-            f"training would start from bundled LIBERO initial states {shown}, which "
-            "evaluation uses (env.options.placements: bundled); train on fresh placements "
-            "(env.options.placements: fresh) or set env.options.allow_eval_overlap: true "
-            "(every output then says so)",
-        )
-
-
-def split_note(
-    env: Named, train_init_ids: Sequence[int], eval_init_ids: Sequence[int] = ()
-) -> dict[str, Any]:
-    """What an output records about the split: placements, seed, and any overlap."""
-    if env.name != "libero":
-        return {"placements": "n/a", "eval_overlap": False}
-    options = _libero_options(env)
-    overlap = eval_overlap(env, train_init_ids, eval_init_ids)
-    note: dict[str, Any] = {"placements": options["placements"], "eval_overlap": bool(overlap)}
-    if options["placements"] == "fresh":
-        note["placement_seed"] = options["placement_seed"]
-    if overlap:
-        note["overlapping_init_states"] = overlap
-    return note
-
-
-def _ranges(ids: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    parts, start = [], None
-    for i, v in enumerate(ids):
-        if start is None:
-            start = v
-        if i + 1 == len(ids) or ids[i + 1] != v + 1:
-            parts.append(f"{start}" if start == v else f"{start}-{v}")
-            start = None
-    return ", ".join(parts)
-
-
-def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None) -> list[str]:
-    """Why a checkpoint's training touched evaluation states (empty: it did not, as far as
-    its run directory, its datasets and its ``init_from`` chain record).
-
-    Reads RL runs (``config.yaml``: env options, ``env_workers.init_state_ids``,
-    ``init_from``), SFT runs (``config.json``: ``lake.datasets``, ``init_from``) and recorded
-    datasets (``meta/record.json``)."""
-    import yaml
-
-    seen = _seen if _seen is not None else set()
-    path = Path(checkpoint).resolve()
-    run = path.parent.parent if path.parent.name == "checkpoints" else path
-    if str(run) in seen:
-        return []
-    seen.add(str(run))
-    reasons: list[str] = []
-    config: dict[str, Any] = {}
-    if (run / "config.yaml").is_file():
-        config = yaml.safe_load((run / "config.yaml").read_text()) or {}
-        env = config.get("env") or {}
-        if isinstance(env, Mapping) and env.get("name") == "libero":
-            ids = (config.get("env_workers") or {}).get("init_state_ids") or []
-            overlap = eval_overlap(Named("libero", env.get("options") or {}), ids)
-            if overlap:
-                reasons.append(f"RL run {run} trained on bundled states {_ranges(overlap)}")
-    elif (run / "config.json").is_file():
-        config = json.loads((run / "config.json").read_text())
-        for root in (config.get("lake") or {}).get("datasets") or []:
-            sidecar = Path(str(root)) / RECORD_SIDECAR
-            if sidecar.is_file():
-                note = json.loads(sidecar.read_text()).get("split") or {}
-                if note.get("eval_overlap"):
-                    ids = _ranges(note.get("overlapping_init_states") or [])
-                    reasons.append(f"dataset {root} starts from bundled states {ids}")
-    parent = config.get("init_from")
-    if parent:
-        reasons += training_overlap(parent, seen)
-    return reasons

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from envs.libero_scenes import check_split, eval_overlap, split_note, training_overlap
+from envs.libero_split import check_split, eval_overlap, split_note, training_overlap
 from rlvla3.config import ConfigError, Named
 
 
