@@ -420,6 +420,11 @@ class Controller:
             for k, v in s["batch_sizes"].items():
                 sizes[int(k)] = sizes.get(int(k), 0) + v
         accounting = monitor.accounting(snap)
+        for _ in range(5):  # a slot or learner still finishing its last call: read again
+            if not accounting["unaccounted"]:
+                break
+            time.sleep(1.0)
+            accounting = monitor.accounting(monitor.snapshot())
         if accounting["unaccounted"] and not any(monitor.restarts.values()):
             self._log(f"warning: {accounting['unaccounted']} decisions unaccounted: {accounting}")
         return {
