@@ -46,13 +46,20 @@ from rlvla3.types import EnvSpec
 
 def check_components(cfg: RunConfig) -> EnvSpec:
     """Validate env and policy options through their registries; return the env spec."""
+    from actors.eval_round import protocol_env
+
     spec = env_spec(cfg.env)
+    eval_states = env_spec(protocol_env(cfg.env)).num_init_states  # LIBERO: the 50 bundled
     for ids, name, bound in ((cfg.env_workers.task_ids, "env_workers.task_ids", spec.num_tasks),
                              (cfg.env_workers.init_state_ids, "env_workers.init_state_ids",
                               spec.num_init_states),
-                             (cfg.eval_init_state_ids, "eval_init_state_ids", spec.num_init_states)):
+                             (cfg.eval_init_state_ids, "eval_init_state_ids", eval_states)):
         bad = [i for i in ids if not 0 <= i < bound]
         require(not bad, name, f"ids {bad} out of range 0..{bound - 1}")
+    if cfg.env.name == "libero":  # training never starts from states evaluation uses
+        from envs.libero_split import check_split
+
+        check_split(cfg.env, cfg.env_workers.init_state_ids)
     build_policy(cfg.policy, spec)
     if cfg.init_from:
         try:
@@ -440,6 +447,7 @@ class Controller:
             "queue_staleness_hist": snap["queue"]["staleness_hist"],
             "episode_lengths": monitor.lengths(snap),
             "accounting": accounting,
+            **self._split_note(),
             "evals": self.evals,
             "nodes": topo.nodes(),
             "learner_group": {"ranks": len(self.learners), "rebuilds": topo.group.rebuilds},
@@ -472,6 +480,14 @@ class Controller:
         for w in down - self._down_workers:
             self.topology.queue.reset_worker.remote(w)
         self._down_workers = down
+
+    def _split_note(self) -> dict:
+        """LIBERO: where training episodes started and whether they overlap evaluation's."""
+        if self.cfg.env.name != "libero":
+            return {}
+        from envs.libero_split import split_note
+
+        return {"split": split_note(self.cfg.env, self.cfg.env_workers.init_state_ids)}
 
     # ---- periodic evaluation on held-out initial states ----------------------------------
     def _maybe_start_eval(self, version: int, final: bool = False) -> None:

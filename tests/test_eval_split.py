@@ -195,3 +195,22 @@ def test_evaluate_checkpoint_on_eval_workers(ray_cluster, tmp_path):
     finally:
         for w in workers:
             ray_cluster.kill(w)
+
+
+@pytest.mark.libero
+def test_rl_config_refuses_training_on_evaluation_states():
+    """RL validation (before any actor starts) applies the split: bundled training states are
+    refused unless allowed; periodic evaluation ids are bundled states (0..49)."""
+    from actors.controller import check_components
+    from rlvla3.run_config import load_run_config
+
+    assert check_components(load_run_config("libero_spatial")).num_init_states > 50  # fresh
+    bundled = ["env.options.placements=bundled", "env_workers.init_state_ids=[0, 1]"]
+    with pytest.raises(ConfigError) as err:
+        check_components(load_run_config("libero_spatial", overrides=bundled))
+    assert err.value.field == "env_workers.init_state_ids"
+    check_components(load_run_config(
+        "libero_spatial", overrides=[*bundled, "env.options.allow_eval_overlap=true"]))
+    with pytest.raises(ConfigError) as err:
+        check_components(load_run_config("libero_spatial", overrides=["eval_init_state_ids=[60]"]))
+    assert err.value.field == "eval_init_state_ids"
