@@ -11,7 +11,8 @@ Two ways to drive the slots, chosen by the controller's rollout strategy:
 - ``begin_episodes()`` / ``step_slots(chunks)``: the controller steps all slots of a group in
   lockstep and batches their inference itself (synchronous and pipelined rollout);
   ``continue_episodes()`` / ``step_slots(chunks, autoreset=True)`` keep every slot busy for a
-  fixed number of steps per round, a finished episode resetting in place (autoreset rollout).
+  fixed number of steps per round, a finished episode resetting in place in the background
+  while the other slots go on stepping (autoreset rollout).
 
 An episode cut by a simulator fault is dropped and counted, never shipped: its last transition
 is not a real one (the queue is told, so a GRPO group does not wait for it). A restarted worker
@@ -72,6 +73,8 @@ class EnvWorker:
         self._started = time.monotonic()
         self._recorders: list[EpisodeRecorder | None] = [None] * cfg.slots_per_worker
         self._tickets: list[int | None] = [None] * cfg.slots_per_worker
+        self._resetting: dict[int, asyncio.Future] = {}
+        """Autoreset rounds: slots resetting in the background."""
         self._obs: list[Observation | None] = [None] * cfg.slots_per_worker
         self._phases: list[str] = ["idle"] * cfg.slots_per_worker
         """What each slot waits on now (admit, reset, step, infer, put, idle): the watchdog's
@@ -80,7 +83,7 @@ class EnvWorker:
         self.counts = {"env_steps": 0, "decisions": 0, "episodes": 0, "successes": 0,
                        "dropped_faults": 0, "dropped_decisions": 0, "shipped_decisions": 0,
                        "shipped_env_steps": 0, "env_busy_s": 0.0, "infer_wait_s": 0.0,
-                       "queue_wait_s": 0.0, "admit_wait_s": 0.0}
+                       "queue_wait_s": 0.0, "admit_wait_s": 0.0, "lockstep_skips": 0}
         self.length_hist: dict[int, int] = {}
         """Decisions per finished episode (shipped or dropped): what was produced."""
         self.recent: deque[tuple[float, bool]] = deque(maxlen=200)
@@ -210,27 +213,47 @@ class EnvWorker:
         """Reset every slot to its next episode; returns one observation per slot."""
         return list(await asyncio.gather(*(self._reset(i) for i in range(len(self.envs)))))
 
-    async def continue_episodes(self) -> list[Observation]:
-        """Autoreset rounds: every slot's current observation, resetting only the slots with
-        no episode running (the first round, or after a restart)."""
+    async def continue_episodes(self) -> list[Observation | None]:
+        """Autoreset rounds: every slot's current observation (None while it resets), resetting
+        the slots with no episode (the first round, or after a restart) before returning."""
         await asyncio.gather(*(self._reset(i) for i in range(len(self.envs))
-                               if self._recorders[i] is None))
-        return list(self._obs)
+                               if self._recorders[i] is None and i not in self._resetting))
+        return await self._some_ready()
+
+    async def _some_ready(self) -> list[Observation | None]:
+        """The ready slots' observations, waiting for a reset when no slot is ready."""
+        obs = self._ready_obs()
+        if all(o is None for o in obs) and self._resetting:
+            await asyncio.wait(list(self._resetting.values()), return_when=asyncio.FIRST_COMPLETED)
+            obs = self._ready_obs()
+        return obs
+
+    def _ready_obs(self) -> list[Observation | None]:
+        for i, task in list(self._resetting.items()):
+            if task.done():
+                del self._resetting[i]
+                task.result()  # a reset that failed raises here
+        return [self._obs[i] if self._recorders[i] is not None and i not in self._resetting
+                else None for i in range(len(self.envs))]
 
     async def step_slots(self, chunks: list[ActionChunk | None],
                          autoreset: bool = False) -> list[Observation | None]:
-        """Step the slots whose chunk is given, all at once; None for slots now finished, or
-        with ``autoreset`` the first observation of the slot's next episode instead."""
+        """Step the slots whose chunk is given, all at once; None for slots now finished.
+
+        With ``autoreset`` a finished slot starts its next episode's reset in the background
+        and sits out the lockstep steps until it is done (counted in ``lockstep_skips``), so a
+        slow reset delays only its own slot, never the others' steps; at least one slot of the
+        worker is ready when this returns."""
         live = [i for i, c in enumerate(chunks) if c is not None and self._recorders[i] is not None]
-
-        async def one(i: int) -> None:
-            await self._step(i, chunks[i])
-            if autoreset and self._recorders[i] is None:
-                await self._reset(i)
-
-        await asyncio.gather(*(one(i) for i in live))
-        return [self._obs[i] if self._recorders[i] is not None else None
-                for i in range(len(self.envs))]
+        await asyncio.gather(*(self._step(i, chunks[i]) for i in live))
+        if not autoreset:
+            return [self._obs[i] if self._recorders[i] is not None else None
+                    for i in range(len(self.envs))]
+        self.counts["lockstep_skips"] += len(self.envs) - len(live)
+        for i in range(len(self.envs)):
+            if self._recorders[i] is None and i not in self._resetting:
+                self._resetting[i] = asyncio.ensure_future(self._reset(i))
+        return await self._some_ready()
 
     # ---- reporting ---------------------------------------------------------------------
     def stats(self) -> dict:

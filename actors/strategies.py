@@ -7,9 +7,10 @@ a mode name. Rollout strategies:
 - ``LockstepRollout(groups=2)``: the workers split into two groups, each in lockstep; one group
   simulates while the other's batch is inferred (the disaggregated pipeline).
 - ``AutoresetRollout``: lockstep for a fixed number of decisions per round; a slot whose episode
-  ends resets in place and goes on, and an episode still running at the round's end continues
-  in the next round (the fixed-horizon design of synchronous VLA-RL systems: no slot idles
-  waiting for the round's slowest episode, only for the inference batch).
+  ends resets in place (in the background: the other slots keep stepping, and it rejoins the
+  lockstep when its reset is done) and goes on, and an episode still running at the round's
+  end continues in the next round (the fixed-horizon design of synchronous VLA-RL systems: no
+  slot idles waiting for the round's slowest episode, only for the inference batch).
 - ``AsyncRollout``: every slot runs its own loop; the rollout server's batcher groups requests,
   and the trajectory queue paces episode starts.
 Training strategies:

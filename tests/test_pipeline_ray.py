@@ -153,8 +153,9 @@ def test_pacing_keeps_staleness_bounded_without_discarding(ray_cluster, tmp_path
 
 
 def test_autoreset_rounds_step_every_slot(ray_cluster, tmp_path):
-    """sync_autoreset: each round every slot takes exactly ``round_decisions`` steps, finished
-    episodes resetting in place (no slot waits for the round's slowest episode)."""
+    """sync_autoreset: in each of a round's ``round_decisions`` lockstep steps every slot
+    either steps or is resetting (in the background, after its episode ended): no slot waits
+    for the round's slowest episode, nor for another slot's reset."""
     from actors.strategies import AutoresetRollout
 
     cfg = load_run_config("smoke", overrides=SMALL + ["pipeline.mode=sync_autoreset",
@@ -169,9 +170,12 @@ def test_autoreset_rounds_step_every_slot(ray_cluster, tmp_path):
     finally:
         controller.shutdown()
     slots = sum(s["slots"] for s in stats)
-    assert sum(s["decisions"] for s in stats) == 3 * 7 * slots  # nobody idled a step
-    # 21 decisions per slot with episodes of at most 4: every slot reset in place >= 5 times
-    assert sum(s["episodes"] for s in stats) >= 5 * slots
+    decisions = sum(s["decisions"] for s in stats)
+    assert decisions + sum(s["lockstep_skips"] for s in stats) == 3 * 7 * slots
+    assert decisions >= 0.8 * 3 * 7 * slots  # resets of reach take microseconds
+    # 21 steps per slot with episodes of at most 4 decisions: every slot reset in place (and
+    # sat out at least one step for it) several times
+    assert sum(s["episodes"] for s in stats) >= 3 * slots
     assert all(s["inflight_decisions"] <= 4 * s["slots"] for s in stats)
 
 
