@@ -141,7 +141,9 @@ class TrajectoryQueue:
         if self._closed or not self._tickets or self.expected_lag(extra=0) < 1.0:
             return True
         target, backlog = self.cfg.pace_target, self.cfg.pace_backlog
-        return ((target <= 0 or self.expected_lag() <= target)
+        if target <= 0:  # pacing off
+            return True
+        return (self.expected_lag() <= target
                 and (backlog <= 0 or self.backlog() <= backlog * self.global_batch))
 
     async def admit(self, worker_id: int, key: EpisodeKey) -> int:

@@ -171,7 +171,8 @@ class QueueConfig:
     pace_lag: float | None = None
     """Asynchronous rollout admits a new episode only while the optimizer steps expected before
     its first decision is trained stay within this many versions (see ``TrajectoryQueue``).
-    None: ``0.75 * max_staleness``; 0: no pacing (slots never wait for the learners)."""
+    None: ``0.75 * max_staleness``; 0: no pacing (slots never wait for the learners, whatever
+    ``pace_backlog`` says)."""
     pace_backlog: float = 2.0
     """... and while the decisions shipped but not yet trained (queued plus buffered in the
     learners) stay within this many global batches: when the learners are the bottleneck, a

@@ -430,6 +430,32 @@ def test_pacing_holds_new_episodes_until_the_learners_catch_up():
     assert stats["admitted"] == 3 and stats["dropped_stale"] == 0
 
 
+def test_pace_lag_zero_never_holds_a_slot_back():
+    """``queue.pace_lag=0`` turns pacing off: with no learner consuming and a backlog far
+    beyond ``pace_backlog`` batches, every slot is still admitted at once (what the env-alone
+    stage of ``bench async`` relies on)."""
+    async def scenario():
+        queue = _queue(capacity=1000, max_staleness=4, pace_lag=0, global_batch=10,
+                       initial_decisions=5.0)
+        await queue.learner_buffered(0, 500)
+        tickets = [await asyncio.wait_for(queue.admit(w, EpisodeKey(0, 0)), 1.0)
+                   for w in range(20)]
+        paced = _queue(capacity=1000, max_staleness=4, pace_lag=3.0, global_batch=10,
+                       initial_decisions=5.0)
+        await paced.learner_buffered(0, 500)
+        await paced.admit(0, EpisodeKey(0, 0))  # none in flight: always admitted
+        waiting = asyncio.create_task(paced.admit(1, EpisodeKey(0, 0)))
+        await asyncio.sleep(0.05)
+        held = not waiting.done()
+        await paced.close()
+        await asyncio.wait_for(waiting, 1.0)
+        return tickets, queue.stats(), held
+
+    tickets, stats, held = asyncio.run(scenario())
+    assert len(set(tickets)) == 20 and stats["in_flight_episodes"] == 20
+    assert held  # the same backlog holds a paced slot back
+
+
 def test_weight_broadcaster_delivers_exact_tensors():
     """The collective weight path (gloo on CPU; NCCL on GPUs runs the same code)."""
     import socket
