@@ -99,3 +99,19 @@ def test_require_extra_checks_the_module_without_importing_it(monkeypatch):
     assert envs.missing_extra("latency_replay") == ""  # no extra needed
     with pytest.raises(ConfigError, match="unknown name"):
         envs.require_extra(Named("nope"))
+
+
+@pytest.mark.slow
+def test_a_normal_run_prints_no_ray_error_or_deprecation_noise(tmp_path):
+    """A short run from the command line, as a user starts one: it succeeds, and neither Ray's
+    core-worker error line (constructor arguments with restarts) nor a deprecation warning nor
+    a traceback reaches the terminal."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlvla3", "rl", "--preset", "smoke", "--set", "total_env_steps=600",
+         "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, cwd=REPO, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert (tmp_path / "run" / "summary.json").exists()
+    for noise in ("core_worker.cc", "DeprecationWarning", "Traceback", "(raylet)"):
+        assert noise not in output, f"{noise!r} in the output:\n{output[-3000:]}"
