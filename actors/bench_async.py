@@ -109,7 +109,7 @@ def env_stage_alone(cfg, spec, seconds: float, warmup_s: float) -> float:
     ).remote(spec.chunk_len, spec.action_dim)
     queue = ray.remote(TrajectoryQueue).options(
         num_cpus=0, max_concurrency=1000, name=f"{tag}:queue0", namespace=NAMESPACE,
-    ).remote(QueueConfig(capacity=1_000_000, max_staleness=10**9, pace_lag=0, pace_backlog=0))
+    ).remote(QueueConfig(capacity=1_000_000, max_staleness=10**9, pace_lag=0))
     ec = cfg.env_workers
     workers = [ray.remote(EnvWorker).options(num_cpus=0, max_concurrency=1000).remote(
         w, cfg.env, spec, ec, list(range(spec.num_tasks)), list(range(spec.num_init_states)),
@@ -220,7 +220,7 @@ def run_mode(mode: str, overrides: list[str], seconds: float, warmup_s: float, r
         # state no mode trains more than it produces
         "trained_env_steps_per_s": round(min(trained, steady), 2),
         "env_steps_per_s_whole_run": round(s["env_steps_per_s"], 2),
-        "trained_env_steps_per_s_whole_run": round(s["trained_env_steps"] / s["wall_s"], 2),
+        "trained_env_steps_per_s_whole_run": round(s["trained_env_steps_per_s"], 2),
         "env_steps": s["env_steps"],
         "trained_env_steps": s["trained_env_steps"],
         "discarded_decision_fraction": round(s["discarded_decision_fraction"], 4),

@@ -138,10 +138,9 @@ class TrajectoryQueue:
     def _may_admit(self) -> bool:
         """Within the pace targets, or with less than one batch of work ahead of the learners
         (holding slots back then would only idle them)."""
-        if self._closed or not self._tickets or self.expected_lag(extra=0) < 1.0:
-            return True
         target, backlog = self.cfg.pace_target, self.cfg.pace_backlog
-        if target <= 0:  # pacing off
+        if (self._closed or target <= 0 or not self._tickets  # closing, pacing off, none running
+                or self.expected_lag(extra=0) < 1.0):
             return True
         return (self.expected_lag() <= target
                 and (backlog <= 0 or self.backlog() <= backlog * self.global_batch))
