@@ -85,7 +85,7 @@ class Learner:
         self.incarnation = uuid.uuid4().hex
         self._channel = None
         self._stop = threading.Event()
-        self._stop_version: int | None = None
+        self._stop_agreed = False
         self._started = time.monotonic()
         self.wait_s = 0.0
         self.lost_segments = 0
@@ -187,6 +187,7 @@ class Learner:
 
     # ---- training ----------------------------------------------------------------------
     def _publish(self, stats: StepStats) -> None:
+        self._agree_on_stop()
         self.last = stats
         self.metrics.inc("optimizer_steps")
         self.metrics.inc("samples_trained", stats.samples)
@@ -244,19 +245,30 @@ class Learner:
         return len(items)
 
     def run(self) -> dict:
-        """Asynchronous training: pull and train until ``stop()`` (and the stop version)."""
+        """Asynchronous training: pull and train until ``stop()``.
+
+        One rank stops at once. Several ranks stop only together, at the end of an optimizer
+        step where they agreed to (``_agree_on_stop``): a rank that stopped on its own could
+        leave another waiting in that step's all-reduce forever, and any version picked from
+        outside can be overtaken by a step already under way.
+        """
         self._stop.clear()
-        self._stop_version = None
-        while not (self._stop.is_set() and self._stop_reached()):
+        self._stop_agreed = False
+        while not self._stopped():
             if self.core.buffered < self.core.local_batch:  # pull only what this rank needs,
                 self._pull(max_items=8, timeout_s=0.2)      # so no rank hoards the data
-            self.core.run_available(self._publish, until_version=self._stop_version)
+            # one step per call, so that the agreement after it is seen before the next
+            self.core.run_available(self._publish, until_version=self.core.version + 1)
         return self.stats()
 
-    def _stop_reached(self) -> bool:
-        if self.world_size == 1 or self._stop_version is None:
-            return True
-        return self.core.version >= self._stop_version
+    def _stopped(self) -> bool:
+        return self._stop_agreed if self.world_size > 1 else self._stop.is_set()
+
+    def _agree_on_stop(self) -> None:
+        """After every optimizer step, all ranks in lockstep: stop if any rank was asked to."""
+        if self.world_size > 1:
+            flag = np.array([1.0 if self._stop.is_set() else 0.0])
+            self._stop_agreed = bool(self._all_reduce(flag)[0] > 0)
 
     def train_available(self) -> dict:
         """Synchronous training (one rank): take everything queued now, train every full batch."""
@@ -278,9 +290,9 @@ class Learner:
         self.core.run_available(self._publish, until_version=target)
         return self.stats()
 
-    def stop(self, at_version: int | None = None) -> None:
-        """Leave ``run()``; with several ranks, only once every rank reached ``at_version``."""
-        self._stop_version = at_version
+    def stop(self) -> None:
+        """Leave ``run()``: at once with one rank; with several, after the next optimizer step,
+        which every rank takes (see ``run``)."""
         self._stop.set()
 
     def buffered(self) -> int:

@@ -165,11 +165,21 @@ class SyncTraining:
         if len(learners) == 1:
             ray.get(learners[0].train_available.remote())
             return
-        ray.get([lr.train_steps.remote(_full_steps(queue, learners, global_batch, max_item))
-                 for lr in learners])
+        steps = _full_steps(queue, learners, global_batch, max_item)
+        _get_all_or_first_error([lr.train_steps.remote(steps) for lr in learners])
 
     def stop(self, learners: Sequence, timeout_s: float = 120.0) -> None:
         pass
+
+
+def _get_all_or_first_error(refs: list) -> list:
+    """``ray.get`` of every rank's call, but raise as soon as one rank fails: the others may be
+    waiting in a collective for it and would never return."""
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done)  # raises that rank's error now
+    return ray.get(refs)
 
 
 def _full_steps(queue, learners: Sequence, global_batch: int, max_item: int) -> int:
@@ -197,12 +207,10 @@ class AsyncTraining:
         pass
 
     def stop(self, learners: Sequence, timeout_s: float = 120.0) -> None:
-        """Stop all ranks at the same version so no rank waits in an all-reduce alone."""
-        target = max(ray.get([lr.version.remote() for lr in learners]))
-        if len(learners) > 1:
-            target += 1
+        """Ask every rank to stop; several ranks finish one more optimizer step together, so
+        rollout must go on until this returns."""
         for lr in learners:
-            lr.stop.remote(target)
+            lr.stop.remote()
         ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
 
 

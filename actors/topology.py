@@ -169,7 +169,10 @@ def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
 
     grpo = cfg.algo.name == "grpo"
     group_size = cfg.algo.group_size if grpo else 1
-    queue_cfg = cfg.queue if concurrent else replace(cfg.queue, capacity=UNBOUNDED)
+    # synchronous training takes every decision of a round, however many steps that is: its
+    # queue neither blocks producers nor drops what a rank still counts on as stale
+    queue_cfg = cfg.queue if concurrent else replace(cfg.queue, capacity=UNBOUNDED,
+                                                     max_staleness=UNBOUNDED)
     queue = ray.remote(TrajectoryQueue).options(
         num_cpus=0, max_concurrency=1000, name=names["queue"][0], namespace=NAMESPACE,
         scheduling_strategy=here,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import time
 
 import pytest
 import ray
@@ -194,6 +196,34 @@ def test_grpo_with_two_learners_never_splits_a_group(ray_cluster, tmp_path):
     assert all(lr["received_episodes"] % 2 == 0 for lr in learners), learners
     assert sum(lr["received_episodes"] for lr in learners) > 0
     assert summary["accounting"]["unaccounted"] == 0
+
+
+def test_two_learners_stop_together_whenever_asked(ray_cluster, tmp_path):
+    """Stop requests land at arbitrary points of a step, while data keeps arriving unevenly:
+    both ranks always leave ``run()`` at the same version, none left in an all-reduce alone."""
+    cfg = load_run_config("smoke", overrides=SMALL + [
+        "pipeline.mode=full", "learner.num_learners=2", "learner.global_batch=32",
+        "learner.num_cpus=0.5"])
+    controller = Controller(cfg, tmp_path / "stops", quiet=True)
+    rng = random.Random(0)
+    try:
+        topo = controller.build()
+        controller.rollout.start(topo.workers, topo.servers)
+        before = 0
+        for _ in range(6):
+            refs = [lr.run.remote() for lr in topo.learners]
+            time.sleep(rng.uniform(0.3, 2.0))
+            for lr in topo.learners:
+                lr.stop.remote()
+            done, _ = ray.wait(refs, num_returns=2, timeout=60)
+            assert len(done) == 2, "a rank never left run(): it waits alone in a collective"
+            versions = ray.get([lr.version.remote() for lr in topo.learners])
+            assert versions[0] == versions[1], versions
+            assert versions[0] > before, "a stop takes one more step, taken by both ranks"
+            before = versions[0]
+        controller.rollout.stop(topo.workers)
+    finally:
+        controller.shutdown()
 
 
 def test_watchdog_names_what_a_stalled_run_waits_on(ray_cluster, tmp_path, capsys):
