@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors import sft_job
+from actors import sft_config, sft_job
 from datalake import cli, synthetic
 from datalake.writer import WriterConfig, write_dataset
 from rlvla3.checkpoint import (
@@ -97,11 +97,11 @@ def test_lr_schedule_warms_up_then_follows_the_cosine():
                                          "max_steps": 110, **kw})
 
     warm = cfg(warmup_steps=10, min_lr_ratio=0.1)
-    assert sft_job.lr_at(warm, 0) == pytest.approx(1e-4)
-    assert sft_job.lr_at(warm, 9) == pytest.approx(1e-3)
-    assert sft_job.lr_at(warm, 60) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
-    assert sft_job.lr_at(warm, 110) == pytest.approx(1e-4)
-    assert sft_job.lr_at(cfg(lr_schedule="constant"), 100) == 1e-3
+    assert sft_config.lr_at(warm, 0) == pytest.approx(1e-4)
+    assert sft_config.lr_at(warm, 9) == pytest.approx(1e-3)
+    assert sft_config.lr_at(warm, 60) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    assert sft_config.lr_at(warm, 110) == pytest.approx(1e-4)
+    assert sft_config.lr_at(cfg(lr_schedule="constant"), 100) == 1e-3
     with pytest.raises(ConfigError, match="min_lr_ratio"):
         cfg(min_lr_ratio=2.0)
 

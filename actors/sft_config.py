@@ -1,0 +1,66 @@
+"""The config of a supervised fine-tuning run (``rlvla3 sft``) and its learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from datalake.pipeline import LakeConfig
+from rlvla3.config import Named, require
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """One supervised fine-tuning run."""
+
+    lake: LakeConfig
+    policy: Named = field(default_factory=lambda: Named("vla", {"preset": "tiny"}))
+    env: Named | None = None
+    """When set, the policy is built for this env's spec (so eval and RL can use it directly)
+    and the lake's cameras, image size and chunk length follow the spec."""
+    run_dir: str = "runs/sft"
+    workers: int = 1
+    use_gpu: bool = False
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    lr: float = 3e-4
+    """Peak learning rate."""
+    lr_schedule: Literal["constant", "cosine"] = "cosine"
+    """``cosine``: after warm-up, decay from ``lr`` to ``lr * min_lr_ratio`` at ``max_steps``
+    (a resumed run with a larger ``max_steps`` stretches the rest of the curve)."""
+    warmup_steps: int = 0
+    """Linear warm-up from ``lr / warmup_steps`` to ``lr`` over this many steps."""
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    grad_accum: int = 1
+    """Packed rows per optimizer step (per worker)."""
+    max_steps: int = 200
+    checkpoint_every: int = 50
+    eval_every: int = 0
+    """Run ``eval_command`` on every ``eval_every``-th checkpoint step (0: never)."""
+    eval_command: tuple[str, ...] = ()
+    """Closed-loop eval hook, e.g. ``python -m rlvla3 eval --suite libero_spatial --task-ids 0
+    --checkpoint {checkpoint} --output-dir {run_dir}/eval/{step} --json``."""
+    log_every: int = 10
+    torch_threads: int = 1
+    seed: int = 0
+
+    def validate(self) -> None:
+        require(self.workers >= 1, "workers", "must be >= 1")
+        require(self.grad_accum >= 1, "grad_accum", "must be >= 1")
+        require(self.max_steps >= 1, "max_steps", "must be >= 1")
+        require(self.lr > 0, "lr", "must be > 0")
+        require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+
+
+def lr_at(cfg: SFTConfig, step: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) under the config's schedule."""
+    scale = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+    if cfg.lr_schedule == "cosine":
+        span = max(1, cfg.max_steps - cfg.warmup_steps)
+        progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / span))
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+        scale *= cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+    return cfg.lr * scale
