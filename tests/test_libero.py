@@ -194,3 +194,28 @@ def test_expert_labels_the_states_another_driver_leads_it_into(spatial):
     # A grasp found lost after the lift starts the approach again (not a carry of nothing).
     assert any(a in ("lift", "carry", "lower") and b == "approach"
                for a, b in zip(phases, phases[1:], strict=False)), phases
+
+
+def test_expert_grasps_a_bowl_leaning_on_its_ramekin():
+    """libero_spatial task 5 ("the black bowl on the ramekin"): the bowl settles leaning about
+    50 deg on the ramekin in fresh scenes; the expert pinches its wall below the highest rim
+    point, carries it and puts it on the plate."""
+    from envs.libero_expert import (
+        MAX_UPRIGHT_TILT_DEG,
+        PickPlaceExpert,
+        pick_place_goals,
+        run_expert_episode,
+    )
+
+    env = LiberoEnv(LiberoConfig(task_ids=(5,), image_size=SMALL, process=False, placements="fresh"))
+    try:
+        env.reset(0, 0)
+        expert = PickPlaceExpert(env, pick_place_goals(env.raw))
+        bowl = expert._box(expert.goal.obj)
+        assert np.degrees(np.arccos(abs(bowl.axes[2, 2]))) > MAX_UPRIGHT_TILT_DEG  # it leans
+        assert expert.plan.grasp[2] > bowl.center[2]  # the high side of the rim, not the centre
+        episode = run_expert_episode(env, 0, 0)
+        assert episode is not None and episode.success, episode.phases
+        assert not any(p.startswith("approach") for p in episode.phases[1:]), episode.phases
+    finally:
+        env.close()
