@@ -8,7 +8,9 @@ untrained (the backlog that paces the env slots). On GPU clusters the same messa
 tensors and the weights travel by a collective broadcast instead (``broadcast_weights``).
 
 Two ways to drive it, chosen by the training strategy:
-- ``run()``: pull from the queue and train until ``stop()`` (asynchronous training).
+- ``run()``: pull from the queue and train until ``stop()`` (asynchronous training); several
+  ranks leave together, after the optimizer step at which they agreed to (one all-reduced
+  flag per step), so none is left waiting in a collective.
 - ``train_available()``: drain what the queue holds now, train every full batch, return
   (synchronous training: rollout, then train, then sync weights).
 The learner strategy (batch or streaming) decides when a micro-batch may start.

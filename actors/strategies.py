@@ -18,7 +18,7 @@ Training strategies:
   new weights reach the servers before the next round. The round bounds what is in flight and
   how old it gets, so the queue must hold a whole round (a queue smaller than the slots would
   make every producer wait on a learner that waits for the round to end) and the learners
-  apply no staleness bound (a round trained over several optimizer steps is PPO's minibatching,
+  apply no staleness bound, nor does the queue (a round trained over several optimizer steps is PPO's minibatching,
   its trust region the proximal policy).
 - ``AsyncTraining``: rollout and learners run at once; staleness is bounded by pacing, the
   queue's capacity and the learners' per-decision bound.
