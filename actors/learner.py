@@ -189,7 +189,6 @@ class Learner:
 
     # ---- training ----------------------------------------------------------------------
     def _publish(self, stats: StepStats) -> None:
-        self._agree_on_stop()
         self.last = stats
         self.metrics.inc("optimizer_steps")
         self.metrics.inc("samples_trained", stats.samples)
@@ -260,14 +259,16 @@ class Learner:
             if self.core.buffered < self.core.local_batch:  # pull only what this rank needs,
                 self._pull(max_items=8, timeout_s=0.2)      # so no rank hoards the data
             # one step per call, so that the agreement after it is seen before the next
-            self.core.run_available(self._publish, until_version=self.core.version + 1)
+            if self.core.run_available(self._publish, until_version=self.core.version + 1):
+                self._agree_on_stop()
         return self.stats()
 
     def _stopped(self) -> bool:
         return self._stop_agreed if self.world_size > 1 else self._stop.is_set()
 
     def _agree_on_stop(self) -> None:
-        """After every optimizer step, all ranks in lockstep: stop if any rank was asked to."""
+        """After every optimizer step of ``run()``, all ranks in lockstep: stop if any rank was
+        asked to."""
         if self.world_size > 1:
             flag = np.array([1.0 if self._stop.is_set() else 0.0])
             self._stop_agreed = bool(self._all_reduce(flag)[0] > 0)

@@ -17,9 +17,9 @@ Training strategies:
 - ``SyncTraining``: one rollout round, then every learner trains on what was collected, then the
   new weights reach the servers before the next round. The round bounds what is in flight and
   how old it gets, so the queue must hold a whole round (a queue smaller than the slots would
-  make every producer wait on a learner that waits for the round to end) and the learners
-  apply no staleness bound, nor does the queue (a round trained over several optimizer steps is PPO's minibatching,
-  its trust region the proximal policy).
+  make every producer wait on a learner that waits for the round to end) and neither the
+  learners nor the queue apply a staleness bound (a round trained over several optimizer steps
+  is PPO's minibatching, its trust region the proximal policy).
 - ``AsyncTraining``: rollout and learners run at once; staleness is bounded by pacing, the
   queue's capacity and the learners' per-decision bound.
 """
@@ -172,14 +172,13 @@ class SyncTraining:
         pass
 
 
-def _get_all_or_first_error(refs: list) -> list:
-    """``ray.get`` of every rank's call, but raise as soon as one rank fails: the others may be
+def _get_all_or_first_error(refs: list) -> None:
+    """Wait for every rank's call, but raise as soon as one rank fails: the others may be
     waiting in a collective for it and would never return."""
     pending = list(refs)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         ray.get(done)  # raises that rank's error now
-    return ray.get(refs)
 
 
 def _full_steps(queue, learners: Sequence, global_batch: int, max_item: int) -> int:
