@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import psutil
 import ray
@@ -69,6 +70,19 @@ def alive_nodes() -> list[NodeInfo]:
         out.append(NodeInfo(node["NodeID"], node.get("NodeManagerAddress", ""), custom, host,
                             store, node["NodeID"] == here))
     return sorted(out, key=lambda n: (not n.driver, n.node_id))
+
+
+def can_add_nodes(wait_s: float = 20.0) -> bool:
+    """Whether an autoscaler can add nodes. Every head's monitor writes its first status report a
+    few seconds after the head starts; until it has, the answer is unknown, so this waits up to
+    ``wait_s`` for that report rather than read its absence as "no autoscaler"."""
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
+
+    deadline = time.monotonic() + wait_s
+    while (_internal_kv_initialized() and not _internal_kv_get("__autoscaling_status")
+           and time.monotonic() < deadline):
+        time.sleep(0.5)
+    return autoscaler() is not None
 
 
 def autoscaler() -> dict | None:

@@ -182,10 +182,11 @@ class Controller:
     def _preflight(self) -> MemoryPlan:
         """Before any actor starts: every role must fit a node (or wait for one an autoscaler
         adds), and every node's memory must hold what the plan puts on it."""
-        from actors.cluster_state import alive_nodes, autoscaler
+        from actors.cluster_state import alive_nodes, can_add_nodes
 
         placement = place(self.cfg, alive_nodes())
-        for line in check_placement(self.cfg, placement, can_add_nodes=autoscaler() is not None):
+        for line in check_placement(self.cfg, placement,
+                                    can_add_nodes=bool(placement.waiting) and can_add_nodes()):
             self._log(f"placement: {line} (the autoscaler may add it)")
         plan = estimate(self.cfg, self.spec, placement, model_facts(self.cfg.policy, self.spec))
         totals = ", ".join(f"{p.node.label}: {p.host_mb:,.0f} of {p.node.host_memory_mb:,.0f} MB"

@@ -33,14 +33,14 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
     elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
         import ray
 
-        from actors.cluster_state import alive_nodes, autoscaler
+        from actors.cluster_state import alive_nodes, can_add_nodes
         from actors.run_status import NAMESPACE
 
         ray.init(address=cfg.ray.address or None, namespace=NAMESPACE, log_to_driver=False,
                  configure_logging=False)
         try:
             nodes = alive_nodes()
-            can_add = autoscaler() is not None
+            can_add = bool(place(cfg, nodes).waiting) and can_add_nodes()
         finally:
             ray.shutdown()
     else:

@@ -350,7 +350,8 @@ def scenario_autoscaling(facts: Facts, tmp: Path) -> None:
         thread, result = _run_in_thread(controller)  # build() happens inside run()
         start = time.monotonic()
         seen_waiting = []
-        while time.monotonic() - start < 240 and not seen_waiting and len(sims()) < 3:
+        while (time.monotonic() - start < 240 and not seen_waiting and len(sims()) < 3
+               and not result.get("error")):
             rows = [r for r in collect(5.0) if r["run"] == "autoscale"]
             seen_waiting = [r for r in rows if r.get("env_slots_waiting")
                             and r.get("resource_demand") not in (None, "none")]
