@@ -131,13 +131,14 @@ class RoleStats:
                 del self._pending[i]
                 try:
                     st = ray.get(ref)
-                except ray.exceptions.RayActorError:
-                    self._went_down(i, "DEAD")
+                except ray.exceptions.RayActorError:  # this incarnation died
+                    state = actor_state(handles[i])
+                    self._went_down(i, "RESTARTING" if state == "ALIVE" else state)
                     continue
                 self.down.pop(i, None)
                 seen = self._seen.get(i)
                 if seen is not None and seen["incarnation"] != st["incarnation"]:
-                    self.restarts += 1
+                    self._count_restart(seen)
                     if not seen.get("lost"):
                         self._lose(seen)
                 carry = seen["carry"] if seen is not None else {}
@@ -149,8 +150,17 @@ class RoleStats:
     def _went_down(self, i: int, state: str) -> None:
         self.down[i] = state
         seen = self._seen.get(i)
+        if seen is not None and state != "DEAD":
+            self._count_restart(seen)  # Ray restarts it: counted now, even if the run ends first
         if seen is not None and not seen.get("lost"):
             self._lose(seen)
+
+    def _count_restart(self, seen: dict) -> None:
+        """One restart per incarnation that went away, whether first seen as Ray restarting
+        it or as its successor answering."""
+        if not seen.get("restart_counted"):
+            seen["restart_counted"] = True
+            self.restarts += 1
 
     def _lose(self, seen: dict) -> None:
         """Count what the actor held, and keep its counters (its successor starts at zero)."""
