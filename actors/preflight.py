@@ -27,6 +27,7 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
 
     spec = env_spec(cfg.env)
     can_add = False
+    placement: Placement | None = None  # where the nodes are asked for, placed there already
     if cluster_file:
         nodes = nodes_from_cluster_config(yaml.safe_load(Path(cluster_file).read_text()), cfg)
         can_add = True
@@ -40,7 +41,8 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
                  configure_logging=False)
         try:
             nodes = alive_nodes()
-            can_add = bool(place(cfg, nodes).waiting) and can_add_nodes()
+            placement = place(cfg, nodes)
+            can_add = bool(placement.waiting) and can_add_nodes()
         finally:
             ray.shutdown()
     else:
@@ -54,7 +56,8 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
         cpus = cfg.ray.num_cpus or max(int(physical), int(need + 0.999))
         nodes = [local_node(cfg, psutil.virtual_memory().total / 2**20, cpus,
                             torch.cuda.device_count())]
-    placement = place(cfg, nodes)
+    if placement is None:
+        placement = place(cfg, nodes)
     waiting = check_placement(cfg, placement, can_add_nodes=can_add)
     memory = estimate(cfg, spec, placement, model_facts(cfg.policy, spec))
     return placement, memory, waiting
