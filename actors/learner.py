@@ -24,6 +24,7 @@ group cannot take a new member (``actors.learner_group`` rebuilds it).
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import threading
@@ -41,6 +42,7 @@ from actors.runtime import lookup, was_restarted
 from rlvla3.algos import AlgoConfig
 from rlvla3.checkpoint import (
     CheckpointMeta,
+    StateSnapshot,
     load_optimizer_state,
     load_rng_state,
     resolve_checkpoint,
@@ -88,6 +90,9 @@ class Learner:
         self._channel = None
         self._stop = threading.Event()
         self._stop_agreed = False
+        self._stepping = threading.RLock()
+        """Held through every optimizer step and weight load: what reads the weights from
+        another call (a checkpoint, a restarted server's pull) sees one whole version."""
         self._started = time.monotonic()
         self.wait_s = 0.0
         self.lost_segments = 0
@@ -165,26 +170,28 @@ class Learner:
         if meta.policy.name != self.policy_choice.name:
             raise ValueError(f"init_from {path}: checkpoint holds a {meta.policy.name!r} policy, "
                              f"this run builds {self.policy_choice.name!r}")
-        self.policy.load_state_dict(policy.state_dict())
-        if self.core.proximal is not None:
-            self.core.proximal.sync()
-        return self.core.version
+        with self._stepping:
+            self.policy.load_state_dict(policy.state_dict())
+            if self.core.proximal is not None:
+                self.core.proximal.sync()
+            return self.core.version
 
     def restore(self, path: str) -> int:
         """Load weights, optimizer state and version from a checkpoint; returns the version."""
         from rlvla3.checkpoint import load_policy
 
         policy, meta = load_policy(path)
-        self.policy.load_state_dict(policy.state_dict())
-        if self.core.proximal is not None:
-            self.core.proximal.sync()
         state = load_optimizer_state(path)
-        if state is not None:
-            self.core.optimizer.load_state_dict(state)
         rng = load_rng_state(path)
-        if rng is not None:
-            torch.set_rng_state(rng)
-        self.core.version = meta.version
+        with self._stepping:
+            self.policy.load_state_dict(policy.state_dict())
+            if self.core.proximal is not None:
+                self.core.proximal.sync()
+            if state is not None:
+                self.core.optimizer.load_state_dict(state)
+            if rng is not None:
+                torch.set_rng_state(rng)
+            self.core.version = meta.version
         return meta.version
 
     # ---- training ----------------------------------------------------------------------
@@ -226,7 +233,8 @@ class Learner:
         return backend
 
     def weights_message(self) -> WeightsMessage:
-        return WeightsMessage(self.core.version, self.core.weights())
+        with self._stepping:
+            return WeightsMessage(self.core.version, self.core.weights())
 
     def _pull(self, max_items: int, timeout_s: float) -> int:
         start = time.monotonic()
@@ -259,7 +267,10 @@ class Learner:
             if self.core.buffered < self.core.local_batch:  # pull only what this rank needs,
                 self._pull(max_items=8, timeout_s=0.2)      # so no rank hoards the data
             # one step per call, so that the agreement after it is seen before the next
-            if self.core.run_available(self._publish, until_version=self.core.version + 1):
+            with self._stepping:
+                stepped = self.core.run_available(self._publish,
+                                                  until_version=self.core.version + 1)
+            if stepped:
                 self._agree_on_stop()
         return self.stats()
 
@@ -277,7 +288,8 @@ class Learner:
         """Synchronous training (one rank): take everything queued now, train every full batch."""
         while self._pull(max_items=1024, timeout_s=0.05):
             pass
-        self.core.run_available(self._publish)
+        with self._stepping:
+            self.core.run_available(self._publish)
         return self.stats()
 
     def train_steps(self, steps: int, timeout_s: float = 120.0) -> dict:
@@ -290,7 +302,8 @@ class Learner:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"learner {self.rank}: no data for {steps} steps")
             self._pull(max_items=1, timeout_s=0.5)
-        self.core.run_available(self._publish, until_version=target)
+        with self._stepping:
+            self.core.run_available(self._publish, until_version=target)
         return self.stats()
 
     def stop(self) -> None:
@@ -310,9 +323,15 @@ class Learner:
 
     # ---- checkpoints and reporting --------------------------------------------------------
     def save(self, run_dir: str, counters: dict) -> str:
-        meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version, counters)
-        return str(save_run_checkpoint(run_dir, self.policy, meta, self.core.optimizer,
-                                       rng=torch.get_rng_state()))
+        """Copy weights, optimizer state and version between two optimizer steps, then write
+        them while training goes on."""
+        with self._stepping:
+            meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version, counters)
+            weights = StateSnapshot({k: v.detach().clone()
+                                     for k, v in self.policy.state_dict().items()})
+            optimizer = StateSnapshot(copy.deepcopy(self.core.optimizer.state_dict()))
+            rng = torch.get_rng_state()
+        return str(save_run_checkpoint(run_dir, weights, meta, optimizer, rng=rng))
 
     def version(self) -> int:
         return self.core.version

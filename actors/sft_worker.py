@@ -36,7 +36,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ from actors.sft_config import SFTConfig, lr_at
 from datalake.pipeline import PackedLoader, SkipLedger, estimate_tokens
 from rlvla3.checkpoint import (
     CheckpointMeta,
+    StateSnapshot,
     load_optimizer_state,
     resolve_checkpoint,
     save_run_checkpoint,
@@ -73,17 +73,6 @@ def _all_have_data(has: bool, distributed: bool, device: torch.device) -> bool:
     flag = torch.tensor([1 if has else 0], device=device)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
     return bool(flag.item())
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    """A whole state dict standing in for the module or optimizer ``save_checkpoint`` reads
-    (it only calls ``state_dict()``): under FSDP no rank holds the whole live object."""
-
-    state: dict[str, Any]
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.state
 
 
 class _Local:
@@ -327,7 +316,7 @@ def train_loop(config: dict[str, Any]) -> None:
                     counters = {"step": step, "samples": samples_done, "epoch": epoch}
                     meta = CheckpointMeta(cfg.policy, spec, step, counters)
                     path = save_run_checkpoint(
-                        cfg.run_dir, _Snapshot(weights), meta, _Snapshot(optim_state)
+                        cfg.run_dir, StateSnapshot(weights), meta, StateSnapshot(optim_state)
                     )
                     if cfg.eval_every and cfg.eval_command and step % cfg.eval_every == 0:
                         hooks.append(start_eval(cfg, step, path))

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,24 @@ class CheckpointMeta:
     """Run counters to restore on resume (env steps, episodes, ...)."""
 
 
+@dataclass(frozen=True)
+class StateSnapshot:
+    """A state dict taken at one moment, standing in for the module or optimizer that
+    ``save_checkpoint`` reads (it only calls ``state_dict()``): lets a trainer copy its state
+    between two optimizer steps and write it while it trains on, or stand in for a live object
+    no single rank holds whole (FSDP)."""
+
+    state: dict[str, Any]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+
+_WRITING = threading.RLock()
+"""Saves in one process are serialised: two threads saving the same version would otherwise
+share its temporary directory."""
+
+
 def save_checkpoint(
     directory: str | Path,
     policy: Policy,
@@ -52,7 +71,12 @@ def save_checkpoint(
     rng: torch.Tensor | None = None,
 ) -> Path:
     """Write a checkpoint atomically (a temporary directory renamed into place)."""
-    directory = Path(directory)
+    with _WRITING:
+        return _write_checkpoint(Path(directory), policy, meta, optimizer, rng)
+
+
+def _write_checkpoint(directory: Path, policy: Policy, meta: CheckpointMeta,
+                      optimizer: torch.optim.Optimizer | None, rng: torch.Tensor | None) -> Path:
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -79,11 +103,11 @@ def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMet
                         rng: torch.Tensor | None = None) -> Path:
     """Save ``checkpoints/step-<version>`` in a run directory, update ``latest``, prune old ones."""
     root = Path(run_dir) / "checkpoints"
-    path = save_checkpoint(root / f"step-{meta.version:08d}", policy, meta, optimizer, rng)
-    (root / "latest.tmp").write_text(path.name + "\n")
-    os.replace(root / "latest.tmp", root / "latest")
-    for old in sorted(root.glob("step-*"))[:-keep]:
-        if not old.name.endswith(".tmp"):
+    with _WRITING:
+        path = save_checkpoint(root / f"step-{meta.version:08d}", policy, meta, optimizer, rng)
+        (root / "latest.tmp").write_text(path.name + "\n")
+        os.replace(root / "latest.tmp", root / "latest")
+        for old in sorted(p for p in root.glob("step-*") if not p.name.endswith(".tmp"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return path
 

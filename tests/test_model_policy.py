@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.checkpoint import CheckpointMeta, load_policy, save_checkpoint
+from rlvla3.checkpoint import (
+    CheckpointMeta,
+    StateSnapshot,
+    load_policy,
+    read_meta,
+    save_checkpoint,
+    save_run_checkpoint,
+)
 from rlvla3.config import ConfigError, Named
 from rlvla3.model import VLAPolicy, build_vla_policy, flow
 from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
@@ -149,6 +156,37 @@ def test_policy_round_trips_through_checkpoint(tmp_path):
         torch.testing.assert_close(loaded.state_dict()[k], v, msg=k)
     ev = loaded.evaluate(obs, torch.tensor(out.actions), torch.tensor(out.latents))
     np.testing.assert_allclose(ev.log_prob.detach().numpy(), out.log_prob, rtol=1e-5, atol=1e-3)
+
+
+def test_saves_from_several_threads_of_one_process_all_land(tmp_path):
+    """A periodic save and an explicit one can meet on the same version (two calls into one
+    learner actor): each lands whole, ``latest`` names a loadable one, old ones are pruned."""
+    import threading
+
+    options = {"preset": "tiny", "seed": 3}
+    policy = build_policy(Named("vla", options), SPEC)
+    weights = StateSnapshot({k: v.clone() for k, v in policy.state_dict().items()})
+    errors: list[BaseException] = []
+
+    def save(version: int) -> None:
+        try:
+            save_run_checkpoint(tmp_path, weights, CheckpointMeta(Named("vla", options), SPEC,
+                                                                 version))
+        except BaseException as exc:  # collected: a thread's exception would pass unseen
+            errors.append(exc)
+
+    threads = [threading.Thread(target=save, args=(v,)) for v in (4, 4, 4, 5, 5, 6, 6, 6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert read_meta(tmp_path).version == 6
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["latest", "step-00000005", "step-00000006"]
+    loaded, _ = load_policy(tmp_path)
+    for k, v in policy.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k], v, msg=k)
 
 
 def test_shape_overrides_build_the_model_and_travel_with_the_checkpoint(tmp_path):
