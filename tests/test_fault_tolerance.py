@@ -19,6 +19,27 @@ from rlvla3.run_config import load_run_config
 FAST = [*TINY_RUN, "log_every_s=0.5", "checkpoint_every=2"]
 
 
+def start_run(controller: Controller) -> tuple[threading.Thread, dict]:
+    """``controller.run()`` in a thread; its summary, or the error it raised, lands in the dict."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["summary"] = controller.run()
+        except BaseException as exc:  # re-raised by summary_of, with the run's own traceback
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def summary_of(result: dict) -> dict:
+    if "error" in result:
+        raise AssertionError("the run failed") from result["error"]
+    return result["summary"]
+
+
 def run_with_kill(tmp_path, target: str, steps: int = 2500, overrides=(), ahead: int = 0):
     """Run full mode (the default staleness bound); once the policy reached version 3 and a
     checkpoint exists (and then ``ahead`` more versions), kill ``target``; return the summary
@@ -26,9 +47,7 @@ def run_with_kill(tmp_path, target: str, steps: int = 2500, overrides=(), ahead:
     cfg = load_run_config("smoke", overrides=FAST + [f"total_env_steps={steps}", *overrides])
     controller = Controller(cfg, tmp_path / target, quiet=True)
     topo = controller.build()
-    result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(summary=controller.run()))
-    thread.start()
+    thread, result = start_run(controller)
     try:
         deadline = time.monotonic() + 240
         latest = tmp_path / target / "checkpoints" / "latest"
@@ -54,7 +73,7 @@ def run_with_kill(tmp_path, target: str, steps: int = 2500, overrides=(), ahead:
     finally:
         thread.join(timeout=5)
         controller.shutdown()
-    return result["summary"], workers, queue, learner, server_version, killed_at
+    return summary_of(result), workers, queue, learner, server_version, killed_at
 
 
 def assert_transitions_accounted(workers, queue):
@@ -141,9 +160,7 @@ def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluste
     controller = Controller(cfg, tmp_path / "group", quiet=True)
     topo = controller.build()
     group = topo.group
-    result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(summary=controller.run()))
-    thread.start()
+    thread, result = start_run(controller)
     version = lambda: ray.get(group.active[0].version.remote())  # noqa: E731
     try:
         _wait_for(lambda: version() >= 4 and (tmp_path / "group/checkpoints/latest").is_file(),
@@ -177,7 +194,7 @@ def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluste
         controller.request_stop()
         thread.join(timeout=60)
         controller.shutdown()
-    summary = result["summary"]
+    summary = summary_of(result)
     assert summary["learner_group"]["ranks"] == 1
     assert [r["ranks_after"] for r in summary["learner_group"]["rebuilds"]] == [2, 1]
     assert summary["policy_version"] >= resumed + 3
