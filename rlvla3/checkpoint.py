@@ -71,31 +71,27 @@ def save_checkpoint(
     rng: torch.Tensor | None = None,
 ) -> Path:
     """Write a checkpoint atomically (a temporary directory renamed into place)."""
+    directory = Path(directory)
     with _WRITING:
-        return _write_checkpoint(Path(directory), policy, meta, optimizer, rng)
-
-
-def _write_checkpoint(directory: Path, policy: Policy, meta: CheckpointMeta,
-                      optimizer: torch.optim.Optimizer | None, rng: torch.Tensor | None) -> Path:
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
-    save_file(state, str(tmp / "policy.safetensors"))
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    if rng is not None:
-        save_file({"torch": rng.contiguous()}, str(tmp / "rng.safetensors"))
-    payload = {
-        "policy": {"name": meta.policy.name, "options": dict(meta.policy.options)},
-        "spec": dataclasses.asdict(meta.spec),
-        "version": meta.version,
-        "counters": meta.counters,
-    }
-    (tmp / "meta.json").write_text(json.dumps(payload, indent=2))
-    shutil.rmtree(directory, ignore_errors=True)
-    os.replace(tmp, directory)
-    return directory
+        tmp = directory.with_name(directory.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        state = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
+        save_file(state, str(tmp / "policy.safetensors"))
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if rng is not None:
+            save_file({"torch": rng.contiguous()}, str(tmp / "rng.safetensors"))
+        payload = {
+            "policy": {"name": meta.policy.name, "options": dict(meta.policy.options)},
+            "spec": dataclasses.asdict(meta.spec),
+            "version": meta.version,
+            "counters": meta.counters,
+        }
+        (tmp / "meta.json").write_text(json.dumps(payload, indent=2))
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(tmp, directory)
+        return directory
 
 
 def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMeta,
