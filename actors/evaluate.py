@@ -221,7 +221,7 @@ def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
     return {
         "suite": cfg.suite,
         "placements": cfg.placements,
-        "placement_seed": cfg.placement_seed if cfg.placements == "fresh" else None,
+        "placement_seed": cfg.placement_seed,
         "policy": policy,
         "cameras": list(cfg.cameras),
         "image_size": list(cfg.image_size),
@@ -268,8 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "fast_render": identity["fast_render"],
         "chunk_len": identity["chunk_len"],
         "max_steps": identity["max_steps"],
-        "seeds": {"eval": args.seed, **({"placement": args.placement_seed}
-                                         if args.placements == "fresh" else {})},
+        "seeds": {"eval": args.seed, "placement": args.placement_seed},
         "init_state_ids": ids,
         "tasks": tasks,
     }
@@ -481,7 +480,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                      help="two checkpoints or results.json files: paired comparison of B - A")
     parser.add_argument("--placements", choices=["bundled", "fresh"], default="bundled",
                         help="bundled initial states (the published protocol) or fresh ones")
-    parser.add_argument("--placement-seed", type=int, default=0, help="seed of fresh placements")
+    parser.add_argument("--placement-seed", type=int, default=0, help="seed of fresh placements, and of where bundled scenes put the "
+                        "jointless fixtures")
     parser.add_argument("--output-dir", help="default: eval_out/<suite>-<time>; an existing "
                         "one continues where it stopped")
     parser.add_argument("--workers", type=int, default=2, help="parallel env workers")

@@ -123,8 +123,8 @@ class LiberoConfig:
     """Episode scenes: ``fresh`` placements sampled per (placement_seed, task, init_state_id)
     (training), or the task's ``bundled`` initial states 0..49 (the evaluation states)."""
     placement_seed: int = 0
-    """Seed of fresh placements (the same in every env process, so equal keys get equal
-    scenes)."""
+    """Seed of fresh placements, and of where bundled scenes put their jointless fixtures (the
+    same in every env process, so equal keys get equal scenes)."""
     fresh_states: int = 10_000
     """Fresh scenes per task (init_state_id 0..fresh_states-1)."""
     placement_tries: int = 10
@@ -171,7 +171,7 @@ class LiberoConfig:
     def scenes(self) -> BundledScenes | FreshScenes:
         """The scene strategy ``placements`` names."""
         if self.placements == "bundled":
-            return BundledScenes()
+            return BundledScenes(self.suite, self.placement_seed)
         return FreshScenes(self.suite, self.placement_seed, self.fresh_states, self.placement_tries)
 
 

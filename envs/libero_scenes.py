@@ -127,10 +127,36 @@ def scene_problems(raw: Any, placed: Mapping[str, np.ndarray]) -> list[str]:
 
 
 # ---- scene strategies --------------------------------------------------------------------
+def draw_seed(seed: int, suite: str, suite_task: int, init_state_id: int, attempt: int) -> int:
+    """The 32-bit seed of one scene draw (stable across processes and machines)."""
+    words = [seed, *suite.encode(), suite_task, init_state_id, attempt]
+    return int(np.random.SeedSequence(words).generate_state(1)[0])
+
+
+def seeded_hard_reset(sim: Any, seed: int) -> None:
+    """Hard reset (the model is rebuilt and every placement sampled) with the global NumPy
+    generator LIBERO's samplers use seeded by ``seed``, and restored afterwards."""
+    saved = np.random.get_state()
+    try:
+        sim.seed(seed)
+        sim.reset()
+    finally:
+        np.random.set_state(saved)
+
+
 @dataclass(frozen=True)
 class BundledScenes:
-    """The task's bundled initial states (the evaluation states)."""
+    """The task's bundled initial states (the evaluation states).
 
+    A bundled state holds the joint positions of the objects, but not where the jointless
+    fixtures (libero_spatial's wooden cabinet and flat stove) stand: the hard reset samples
+    them anew, up to 1.5 cm and a few degrees apart from one reset to the next. The reset is
+    seeded per ``(seed, suite, task, state)``, so an episode's scene, fixtures included, does
+    not depend on the order or the process it runs in (upstream loops seed once per task and
+    take the states in order, so there state ``k`` gets the ``k``-th draw)."""
+
+    suite: str = "libero_spatial"
+    seed: int = 0
     num_states: int = NUM_BUNDLED_STATES
     checked: bool = False
     """Bundled states are used as they are: published evaluations start from them unchanged."""
@@ -139,8 +165,8 @@ class BundledScenes:
         yield 0
 
     def place(self, sim: Any, task: Any, suite_task: int, init_state_id: int, attempt: int) -> None:
-        """Hard reset, then load bundled state ``init_state_id`` of ``task``."""
-        sim.reset()
+        """Seeded hard reset, then load bundled state ``init_state_id`` of ``task``."""
+        seeded_hard_reset(sim, draw_seed(self.seed, self.suite, suite_task, init_state_id, 0))
         sim.set_init_state(task.init_states[init_state_id])
 
 
@@ -158,15 +184,9 @@ class FreshScenes:
         yield from range(self.tries)
 
     def draw_seed(self, suite_task: int, init_state_id: int, attempt: int) -> int:
-        """The 32-bit seed of one draw (stable across processes and machines)."""
-        words = [self.seed, *self.suite.encode(), suite_task, init_state_id, attempt]
-        return int(np.random.SeedSequence(words).generate_state(1)[0])
+        """The seed of one draw."""
+        return draw_seed(self.seed, self.suite, suite_task, init_state_id, attempt)
 
     def place(self, sim: Any, task: Any, suite_task: int, init_state_id: int, attempt: int) -> None:
         """Hard reset with LIBERO's placement samplers seeded for this draw."""
-        saved = np.random.get_state()
-        try:
-            sim.seed(self.draw_seed(suite_task, init_state_id, attempt))
-            sim.reset()  # a hard reset: the model is rebuilt and every placement sampled
-        finally:
-            np.random.set_state(saved)
+        seeded_hard_reset(sim, self.draw_seed(suite_task, init_state_id, attempt))

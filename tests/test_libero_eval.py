@@ -54,7 +54,7 @@ def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
     assert fp["renderer"]["mujoco_gl"] == "egl" and fp["renderer"].get("gl_renderer")
     assert "error" not in fp["renderer"], fp["renderer"]
     assert fp["image_size"] == [32, 32] and fp["fast_render"] is True and fp["chunk_len"] == 5
-    assert fp["control_freq"] == 20.0 and fp["seeds"] == {"eval": 0}
+    assert fp["control_freq"] == 20.0 and fp["seeds"] == {"eval": 0, "placement": 0}
     assert fp["init_state_ids"] == [0] and fp["tasks"] == [3, 7] and fp["max_steps"] == 10
     stored = json.loads((out / "results.json").read_text())
     assert stored["tasks"] == summary["tasks"] and stored["fingerprint"] == fp
