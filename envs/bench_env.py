@@ -6,6 +6,9 @@ Measures, through the same process-isolated env the RL workers use (``make_liber
   initial state + settle steps) as p50 / p90 / p99, with ``fast_render`` on and off. The first
   reset of a task (model build) and the first step of a process (numba compile) are reported
   apart, not mixed into the percentiles.
+- chunks: ms per 5-step action chunk stepped in one call (cameras rendered once, after its last
+  step) against the same kind of chunk stepped one action per call (rendered after every step),
+  alternating on one env process.
 - throughput: low-level env steps per second summed over 1, 2 and 4 env processes, each driven
   by its own thread with 5-step action chunks, resets included as episodes end.
 
@@ -88,6 +91,42 @@ def measure_latency(
     finally:
         env.close()
     return {"step_ms": step_ms, "reset_ms": reset_ms, "build_ms": build_ms, "first": first_step_ms}
+
+
+def measure_chunks(suite: str, tasks: list[int], chunks: int, image: int, seed: int) -> dict:
+    """ms per 5-step chunk stepped in one call (cameras rendered after its last step only)
+    against the same chunk stepped one action per call (rendered after every step, as an
+    upstream loop that steps action by action does), alternating on one env process."""
+    env = make_libero_env({"suite": suite, "task_ids": tasks, "image_size": [image, image],
+                           "chunk_len": 5}, "bench", seed)
+    rng = np.random.default_rng(seed)
+    ms: dict[str, list[float]] = {"one_call": [], "step_by_step": []}
+    try:
+        for env_task in range(len(tasks)):
+            env.reset(env_task, 0)
+            env.step(np.zeros((1, 7)))  # numba compiles on a process's first step
+            done, k = False, 0
+            while min(len(v) for v in ms.values()) < chunks * (env_task + 1) and not done:
+                mode = "one_call" if k % 2 == 0 else "step_by_step"
+                chunk = rng.uniform(-0.5, 0.5, size=(5, 7))
+                calls = [chunk] if mode == "one_call" else [a[None] for a in chunk]
+                t0 = time.perf_counter()
+                for actions in calls:
+                    result = env.step(actions)
+                    if result.fault:
+                        raise RuntimeError(f"env fault during the benchmark: {result.fault}")
+                    done = result.terminated or result.truncated
+                    if done:
+                        break
+                if not done:
+                    ms[mode].append(1e3 * (time.perf_counter() - t0))
+                k += 1
+            _log(f"chunks task {tasks[env_task]}: {len(ms['one_call'])} + {len(ms['step_by_step'])}")
+    finally:
+        env.close()
+    out = {mode: _percentiles(samples) for mode, samples in ms.items()}
+    out["speedup_p50"] = round(out["step_by_step"]["p50"] / out["one_call"]["p50"], 2)
+    return out
 
 
 def measure_throughput(suite: str, procs: int, seconds: float, image: int, seed: int) -> dict:
@@ -180,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=20.0, help="throughput window")
     parser.add_argument(
+        "--chunks", type=int, default=20, help="timed chunks per task and mode (0: skip)"
+    )
+    parser.add_argument(
         "--no-default-render", action="store_true", help="skip the latency run with fast_render off"
     )
     parser.add_argument("--write-latency", metavar="PATH", help="write latency samples JSON")
@@ -215,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         fast_p50 = report["latency"]["fast_render"]["step_ms"]["p50"]
         report["fast_render_step_speedup_p50"] = round(
             report["latency"]["default"]["step_ms"]["p50"] / fast_p50, 2
+        )
+    if args.chunks:
+        report["chunk_ms"] = measure_chunks(
+            args.suite, args.task_ids, args.chunks, args.image, args.seed
         )
     report["throughput"] = {
         str(n): measure_throughput(args.suite, n, args.seconds, args.image, args.seed)

@@ -51,7 +51,7 @@ import io
 import math
 import os
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -298,6 +298,17 @@ def renderer_info(context: Any = None) -> dict[str, str]:
     return info
 
 
+@dataclass
+class _RenderGate:
+    """Whether camera renders go through in the current control step, and how many did."""
+
+    render: bool = True
+    rendered: int = 0
+
+    def next_step(self, render: bool) -> None:
+        self.render, self.rendered = render, 0
+
+
 def quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
     """Axis-angle (axis * angle) of a unit quaternion in robosuite's (x, y, z, w) order."""
     q = np.asarray(quat_xyzw, dtype=np.float64)
@@ -423,16 +434,22 @@ class LiberoEnv:
         then up to ``until_rest`` more while an object still moves."""
         if not self.cfg.settle_steps:
             return
-        images = [f"{CAMERAS[c]}_image" for c in self.cfg.cameras]
-        for name in images:
-            self.raw.modify_observable(name, "enabled", False)
-        try:
+        with self._cameras_off():
             for _ in range(self.cfg.settle_steps):
                 self._sim.step(SETTLE_ACTION)
             for _ in range(until_rest):
                 if max_object_speed(self.raw) <= SETTLED_SPEED:
                     break
                 self._sim.step(SETTLE_ACTION)
+
+    @contextlib.contextmanager
+    def _cameras_off(self) -> Iterator[None]:
+        """Steps inside render no camera (robosuite skips disabled observables)."""
+        images = [f"{CAMERAS[c]}_image" for c in self.cfg.cameras]
+        for name in images:
+            self.raw.modify_observable(name, "enabled", False)
+        try:
+            yield
         finally:
             for name in images:
                 self.raw.modify_observable(name, "enabled", True)
@@ -442,21 +459,54 @@ class LiberoEnv:
             raise RuntimeError("step() after the episode ended; call reset() first")
         actions = np.asarray(actions, dtype=np.float64).reshape(-1, ACTION_DIM)
         reward, success, steps, raw = 0.0, False, 0, None
-        for action in actions:
-            raw, r, done, _ = self._sim.step(np.clip(action, -1.0, 1.0))
-            reward += float(r)
-            steps += 1
-            self._t += 1
-            if done:
-                success = True
-                break
-            if self._t >= self.cfg.episode_steps:
-                break
+        with self._render_gate() as gate:
+            for i, action in enumerate(actions):
+                gate.next_step(i == len(actions) - 1 or self._t + 1 >= self.cfg.episode_steps)
+                raw, r, done, _ = self._sim.step(np.clip(action, -1.0, 1.0))
+                reward += float(r)
+                steps += 1
+                self._t += 1
+                if done:
+                    success = True
+                    break
+                if self._t >= self.cfg.episode_steps:
+                    break
         truncated = not success and self._t >= self.cfg.episode_steps
         self._done = success or truncated
         if raw is not None:
+            if gate.rendered < len(self.cfg.cameras):  # it stopped early, before the last step
+                raw = {**raw, **self._render_cameras()}
             self._last_obs = self._observation(raw)
         return StepResult(self._last_obs, reward, success, truncated, success, steps)
+
+    @contextlib.contextmanager
+    def _render_gate(self) -> Iterator[_RenderGate]:
+        """Inside, camera renders happen only while ``gate.render`` is set; the others return
+        a blank image. robosuite renders the cameras once per control step, at its end, so a
+        chunk rendered only on its last step observes the same images as one rendered every
+        step, at a fraction of the cost (rendering is most of a step on a CPU).
+        ``gate.rendered`` counts the real renders of the current step."""
+        sim = self.raw.sim
+        real = sim.render
+        gate = _RenderGate()
+
+        def render(*args: Any, **kwargs: Any) -> Any:
+            if gate.render:
+                gate.rendered += 1
+                return real(*args, **kwargs)
+            blank = np.zeros((kwargs["height"], kwargs["width"], 3), dtype=np.uint8)
+            return (blank, blank[..., 0].astype(np.float32)) if kwargs.get("depth") else blank
+
+        sim.render = render
+        try:
+            yield gate
+        finally:
+            del sim.render
+
+    def _render_cameras(self) -> dict[str, np.ndarray]:
+        """The camera observations rendered from the current simulator state."""
+        names = [f"{CAMERAS[c]}_image" for c in self.cfg.cameras]
+        return {name: self.raw._observables[name]._sensor({}) for name in names}
 
     def describe(self) -> dict[str, Any]:
         """What this simulator runs on: renderer strings and the control frequency."""

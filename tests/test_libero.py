@@ -128,14 +128,57 @@ def test_step_executes_the_chunk_and_renders(spatial):
     assert not np.array_equal(result.obs.images["wrist"], obs.images["wrist"])
 
 
-def test_success_check_holds_when_the_bowl_is_on_the_plate(spatial):
+def test_a_chunk_renders_once_and_observes_what_step_by_step_stepping_observes(spatial):
+    """A chunk renders its cameras only after its last step; the observation must equal the one
+    of the same actions stepped one call at a time (a render every step), and single steps after
+    a chunk must render again."""
+    rng = np.random.default_rng(3)
+    actions = rng.uniform(-0.6, 0.6, size=(15, 7))
+    actions[:, 6] = -1.0
+
+    def observations(calls: list[int]) -> list:
+        spatial.reset(0, 3)
+        out, start = [], 0
+        for n in calls:
+            out.append(spatial.step(actions[start : start + n]).obs)
+            start += n
+        return out
+
+    single = observations([1] * 15)
+    mixed = observations([5, 5, 1, 1, 1, 1, 1])
+    pairs = [(single[4], mixed[0]), (single[9], mixed[1])]
+    pairs += [(single[10 + i], mixed[2 + i]) for i in range(5)]
+    for a, b in pairs:
+        np.testing.assert_allclose(a.state, b.state, atol=1e-6)
+        for cam in a.images:
+            assert np.array_equal(a.images[cam], b.images[cam]), cam
+    assert not np.array_equal(mixed[1].images["wrist"], mixed[2].images["wrist"])
+
+    # a chunk that stops early on success renders the step it stopped at
+    noop = np.tile([0, 0, 0, 0, 0, 0, -1.0], (20, 1))
+    ends = []
+    for calls in ([1] * 20, [20]):
+        spatial.reset(0, 1)
+        _bowl_onto_plate(spatial)
+        for n in calls:
+            result = spatial.step(noop[:n])
+            if result.terminated:
+                break
+        ends.append((spatial.elapsed_steps, result.obs))
+    (steps_a, a), (steps_b, b) = ends
+    assert steps_a == steps_b < 20
+    np.testing.assert_allclose(a.state, b.state, atol=1e-6)
+    assert all(np.array_equal(a.images[cam], b.images[cam]) for cam in a.images)
+    assert a.images["agentview"].any()  # a real render, not the blank a skipped one returns
+
+
+def _bowl_onto_plate(env: LiberoEnv) -> None:
+    """Move task 0's black bowl onto the plate (the task's goal) by setting its pose."""
     from envs.libero_expert import body_box, pick_place_goals
 
-    spatial.reset(0, 1)
-    raw = spatial.raw
+    raw = env.raw
     [goal] = pick_place_goals(raw)
     assert (goal.relation, goal.obj, goal.target) == ("on", "akita_black_bowl_1", "plate_1")
-    assert not spatial.check_success()
     model, data = raw.sim.model._model, raw.sim.data._data
     plate = body_box(model, data, raw.obj_body_id["plate_1"])
     bowl_id = raw.obj_body_id["akita_black_bowl_1"]
@@ -146,6 +189,12 @@ def test_success_check_holds_when_the_bowl_is_on_the_plate(spatial):
     pose[2] += plate.top + 0.005 - bowl.bottom
     raw.sim.data.set_joint_qpos(joint, pose)
     raw.sim.forward()
+
+
+def test_success_check_holds_when_the_bowl_is_on_the_plate(spatial):
+    spatial.reset(0, 1)
+    assert not spatial.check_success()
+    _bowl_onto_plate(spatial)
     result = spatial.step(np.tile([0, 0, 0, 0, 0, 0, -1.0], (20, 1)))
     assert result.success and result.terminated and result.reward == 1.0
     assert result.steps < 20  # the chunk stopped early on success
