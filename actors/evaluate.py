@@ -480,7 +480,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                      help="two checkpoints or results.json files: paired comparison of B - A")
     parser.add_argument("--placements", choices=["bundled", "fresh"], default="bundled",
                         help="bundled initial states (the published protocol) or fresh ones")
-    parser.add_argument("--placement-seed", type=int, default=0, help="seed of fresh placements, and of where bundled scenes put the "
+    parser.add_argument("--placement-seed", type=int, default=0,
+                        help="seed of fresh placements, and of where bundled scenes put the "
                         "jointless fixtures")
     parser.add_argument("--output-dir", help="default: eval_out/<suite>-<time>; an existing "
                         "one continues where it stopped")

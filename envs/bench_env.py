@@ -121,7 +121,8 @@ def measure_chunks(suite: str, tasks: list[int], chunks: int, image: int, seed: 
                 if not done:
                     ms[mode].append(1e3 * (time.perf_counter() - t0))
                 k += 1
-            _log(f"chunks task {tasks[env_task]}: {len(ms['one_call'])} + {len(ms['step_by_step'])}")
+            counts = " + ".join(str(len(v)) for v in ms.values())
+            _log(f"chunks task {tasks[env_task]}: {counts}")
     finally:
         env.close()
     out = {mode: _percentiles(samples) for mode, samples in ms.items()}

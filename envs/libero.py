@@ -442,16 +442,20 @@ class LiberoEnv:
                     break
                 self._sim.step(SETTLE_ACTION)
 
+    @property
+    def _image_observables(self) -> list[str]:
+        """robosuite's observable names of this env's cameras."""
+        return [f"{CAMERAS[c]}_image" for c in self.cfg.cameras]
+
     @contextlib.contextmanager
     def _cameras_off(self) -> Iterator[None]:
         """Steps inside render no camera (robosuite skips disabled observables)."""
-        images = [f"{CAMERAS[c]}_image" for c in self.cfg.cameras]
-        for name in images:
+        for name in self._image_observables:
             self.raw.modify_observable(name, "enabled", False)
         try:
             yield
         finally:
-            for name in images:
+            for name in self._image_observables:
                 self.raw.modify_observable(name, "enabled", True)
 
     def step(self, actions: np.ndarray) -> StepResult:
@@ -505,8 +509,7 @@ class LiberoEnv:
 
     def _render_cameras(self) -> dict[str, np.ndarray]:
         """The camera observations rendered from the current simulator state."""
-        names = [f"{CAMERAS[c]}_image" for c in self.cfg.cameras]
-        return {name: self.raw._observables[name]._sensor({}) for name in names}
+        return {name: self.raw._observables[name]._sensor({}) for name in self._image_observables}
 
     def describe(self) -> dict[str, Any]:
         """What this simulator runs on: renderer strings and the control frequency."""
