@@ -51,6 +51,7 @@ import io
 import math
 import os
 import xml.etree.ElementTree as ET
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -138,6 +139,11 @@ class LiberoConfig:
     step_timeout_s: float = 120.0
     reset_timeout_s: float = 300.0
     """A reset also builds the task's model when the task changes: minutes on a loaded CPU."""
+    cached_sims: int = 2
+    """Built simulators this env keeps, one per task, the least recently used closed first.
+    Building a task's simulator costs 7-10 s on these CPUs, resetting a built one 3-4 s; each
+    kept one holds 0.6-0.8 GB (libero_spatial at 64 px). Every reset rebuilds the MuJoCo model
+    in a seeded hard reset, so a kept simulator gives the scenes a new one would."""
 
     def validate(self) -> None:
         n = SUITE_NUM_TASKS[self.suite]
@@ -158,6 +164,7 @@ class LiberoConfig:
         require(self.placement_tries >= 1, "placement_tries", "must be >= 1")
         require(self.step_timeout_s > 0, "step_timeout_s", "must be > 0")
         require(self.reset_timeout_s > 0, "reset_timeout_s", "must be > 0")
+        require(self.cached_sims >= 1, "cached_sims", "must be >= 1")
 
     @property
     def tasks(self) -> tuple[int, ...]:
@@ -341,8 +348,14 @@ def load_task(suite: str, index: int) -> LiberoTask:
     return LiberoTask(task.name, task.language, bddl, bench.get_task_init_states(index))
 
 
+def _close_sim(sim: Any) -> None:
+    with contextlib.suppress(Exception):  # a simulator that failed to close is dropped anyway
+        sim.close()
+
+
 class LiberoEnv:
-    """One LIBERO simulator in this process; rebuilds the model when the task changes."""
+    """LIBERO in this process: one simulator per task, built on the task's first reset and kept
+    (up to ``cfg.cached_sims``) for its next ones."""
 
     def __init__(self, cfg: LiberoConfig, seed: int = 0):
         self.cfg = cfg
@@ -351,6 +364,10 @@ class LiberoEnv:
         self._tasks: dict[int, LiberoTask] = {}
         self._sim_task: int | None = None
         self._sim: Any = None
+        self._built: OrderedDict[int, Any] = OrderedDict()
+        """Task id -> its built simulator, the least recently used first."""
+        self.builds = 0
+        """Simulators built so far (a task whose simulator was kept costs no build)."""
         self._task: LiberoTask | None = None
         self._t = 0
         self._done = True
@@ -379,22 +396,32 @@ class LiberoEnv:
             self._tasks[task_id] = load_task(self.cfg.suite, self.cfg.tasks[task_id])
         return self._tasks[task_id]
 
-    def _build(self, task_id: int) -> None:
+    def _build(self, task_id: int) -> Any:
         ensure_libero_config()
         from libero.libero.envs import OffScreenRenderEnv
 
-        self.close()
         h, w = self.cfg.image_size
-        self._sim = OffScreenRenderEnv(
+        sim = OffScreenRenderEnv(
             bddl_file_name=self._task_info(task_id).bddl_file,
             camera_names=[CAMERAS[c] for c in self.cfg.cameras],
             camera_heights=h,
             camera_widths=w,
         )
-        self._sim.seed(self.seed)
+        sim.seed(self.seed)
         if self.cfg.fast_render:
-            self._sim.env.set_xml_processor(fast_render_xml)
-        self._sim_task = task_id
+            sim.env.set_xml_processor(fast_render_xml)
+        self.builds += 1
+        return sim
+
+    def _activate(self, task_id: int) -> None:
+        """Make ``task_id``'s simulator the current one, building it if it was not kept."""
+        sim = self._built.pop(task_id, None)
+        if sim is None:
+            while len(self._built) >= self.cfg.cached_sims:  # room first: memory stays bounded
+                _close_sim(self._built.popitem(last=False)[1])
+            sim = self._build(task_id)
+        self._built[task_id] = sim
+        self._sim, self._sim_task = sim, task_id
 
     def reset(self, task_id: int, init_state_id: int) -> Observation:
         if not 0 <= task_id < len(self.cfg.tasks):
@@ -406,7 +433,7 @@ class LiberoEnv:
                 f"({self.cfg.placements} placements)"
             )
         if self._sim_task != task_id:
-            self._build(task_id)
+            self._activate(task_id)
         self._task = task
         suite_task = self.cfg.tasks[task_id]
         self.rejected = []
@@ -546,8 +573,8 @@ class LiberoEnv:
         return Observation(images=images, state=state, instruction=self._task.instruction)
 
     def close(self) -> None:
-        if self._sim is not None:
-            with contextlib.suppress(Exception):
-                self._sim.close()
+        for sim in self._built.values():
+            _close_sim(sim)
+        self._built.clear()
         self._sim = None
         self._sim_task = None

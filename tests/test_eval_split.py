@@ -165,6 +165,45 @@ def test_record_resumes_after_a_fault_without_duplicates(ray_cluster, tmp_path):
 
 
 # ---- the evaluation round the RL controller runs beside rollout --------------------------
+def _schedule(queue: list, workers: int, lead: int) -> list[list]:
+    """The episodes each worker runs when they take turns (as equally fast workers do)."""
+    from actors.eval_round import next_job
+
+    rank = {state: i for i, state in enumerate(dict.fromkeys(k for _, k in queue))}
+    runs: list[list] = [[] for _ in range(workers)]
+    turn = 0
+    while queue:
+        head = rank[queue[0][1]]
+        mine = runs[turn]
+        job = queue.pop(next_job(queue, mine[-1][0] if mine else None, lead, rank))
+        assert rank[job[1]] - head <= lead  # never more than `lead` states ahead of the queue
+        mine.append(job)
+        turn = (turn + 1) % workers
+    return runs
+
+
+def test_eval_workers_stay_on_their_task_at_most_lead_states_ahead():
+    from actors.eval_round import next_job, protocol_jobs
+
+    jobs = protocol_jobs(10, range(50))
+    rank = {k: k for k in range(50)}
+    assert next_job(jobs, None, 4, rank) == 0  # a new worker takes the queue's first episode
+    assert next_job(jobs, 3, 4, rank) == 3  # then stays on its task
+    assert next_job(jobs[4:], 3, 4, rank) == 9  # task 3's state 1, one state ahead
+    assert next_job(jobs[4:], 3, 0, rank) == 0  # lead 0: strictly in order
+
+    def switches(runs: list[list]) -> int:
+        return sum(a[0] != b[0] for run in runs for a, b in zip(run[:-1], run[1:], strict=True))
+
+    in_order = _schedule(list(jobs), workers=2, lead=0)
+    sticky = _schedule(list(jobs), workers=2, lead=4)
+    for runs in (in_order, sticky):
+        done = [job for run in runs for job in run]
+        assert sorted(done) == sorted(jobs)  # every episode once
+    assert switches(in_order) == 400
+    assert switches(sticky) == 80  # a simulator build every 6.25 episodes, not every 1.25
+
+
 def test_evaluate_checkpoint_on_eval_workers(ray_cluster, tmp_path):
     from actors.eval_round import EvalRound, evaluate_checkpoint, make_eval_workers, protocol_jobs
     from envs import env_spec

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from importlib.util import find_spec
 
 import numpy as np
@@ -115,6 +116,28 @@ def test_reset_settles_and_observes_state_and_upright_cameras(spatial):
     assert np.abs(view - raw["agentview_image"][::-1, ::-1]).mean() < 0.5  # flipped upright
     assert np.abs(view - raw["agentview_image"]).mean() > 5  # (a re-render differs by noise)
     assert spatial.elapsed_steps == 0  # settle steps do not count toward the limit
+
+
+def test_a_kept_simulator_gives_the_scene_a_newly_built_one_gives(spatial):
+    """Each task keeps its simulator: going back to a task builds nothing, and its scene is,
+    pixel for pixel, the one a simulator built for that reset shows."""
+    spatial.reset(0, 3)
+    spatial.reset(1, 3)
+    builds = spatial.builds
+    back = spatial.reset(0, 3)
+    assert spatial.builds == builds  # task 0's simulator was kept
+    state = spatial.raw.sim.get_state().flatten()
+    one = LiberoEnv(replace(spatial.cfg, cached_sims=1))
+    try:
+        one.reset(1, 3)
+        fresh = one.reset(0, 3)
+        assert one.builds == 2 and len(one._built) == 1  # task 1's simulator was closed
+        np.testing.assert_array_equal(one.raw.sim.get_state().flatten(), state)
+        np.testing.assert_array_equal(fresh.state, back.state)
+        for camera in back.images:
+            np.testing.assert_array_equal(fresh.images[camera], back.images[camera])
+    finally:
+        one.close()
 
 
 def test_step_executes_the_chunk_and_renders(spatial):
