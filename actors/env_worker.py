@@ -64,7 +64,8 @@ class EnvWorker:
                      for i in range(cfg.slots_per_worker)]
         self.pool = ThreadPoolExecutor(max_workers=cfg.slots_per_worker,
                                        thread_name_prefix=f"env{worker_id}")
-        self.sampler = TaskSampler(task_ids, init_state_ids, seed * 31 + worker_id, repeat)
+        self.sampler = TaskSampler(task_ids, init_state_ids, seed * 31 + worker_id, repeat,
+                                   lead=cfg.task_lead)
         self.servers = [lookup(name) for name in servers]
         self.queue = lookup(queue)
         self.metrics = RoleMetrics("env", f"env-{worker_id}")
@@ -73,6 +74,8 @@ class EnvWorker:
         self._started = time.monotonic()
         self._recorders: list[EpisodeRecorder | None] = [None] * cfg.slots_per_worker
         self._tickets: list[int | None] = [None] * cfg.slots_per_worker
+        self._slot_tasks: list[int | None] = [None] * cfg.slots_per_worker
+        """The task each slot's simulator last reset to (the sampler keeps a slot on it)."""
         self._resetting: dict[int, asyncio.Future] = {}
         """Autoreset rounds: slots resetting in the background."""
         self._obs: list[Observation | None] = [None] * cfg.slots_per_worker
@@ -103,7 +106,8 @@ class EnvWorker:
 
     async def _reset(self, slot: int, key: EpisodeKey | None = None,
                      ticket: int | None = None) -> Observation:
-        key = key or self.sampler.next()
+        key = key or self.sampler.next(self._slot_tasks[slot])
+        self._slot_tasks[slot] = key.task_id
         self._tickets[slot] = ticket
         self._recorders[slot] = EpisodeRecorder(key, f"w{self.worker_id}/s{slot}")
         self._phases[slot] = "reset"
@@ -186,7 +190,7 @@ class EnvWorker:
     async def _slot_loop(self, slot: int) -> None:
         server = self._server(slot)
         while not self._stop:
-            key = self.sampler.next()
+            key = self.sampler.next(self._slot_tasks[slot])
             start = time.monotonic()
             self._phases[slot] = "admit"
             ticket = await self.queue.admit.remote(self.worker_id, key)

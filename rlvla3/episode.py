@@ -23,21 +23,33 @@ from rlvla3.types import (
 
 
 class TaskSampler:
-    """Seeded, endless sequence of episode keys; each key repeated ``repeat`` times."""
+    """Seeded, endless sequence of episode keys; each key repeated ``repeat`` times.
+
+    Every pass hands out each key ``repeat`` times, in a new seeded order. ``next(task)`` lets a
+    caller stay on ``task``: it takes that task's first key among the next ``lead`` rounds of
+    keys (``lead`` x tasks x ``repeat``), else the next key; the pass still hands out every key
+    once, only the order changes. LIBERO builds a simulator per task (7-10 s on these CPUs,
+    about one episode), so an env slot that stays on its task spends that on episodes instead."""
 
     def __init__(self, task_ids: Sequence[int], init_state_ids: Sequence[int], seed: int,
-                 repeat: int = 1):
+                 repeat: int = 1, lead: int = 0):
         self.keys = [EpisodeKey(t, s) for t in task_ids for s in init_state_ids]
         if not self.keys:
             raise ValueError("TaskSampler needs at least one task id and one initial state id")
         self.rng = np.random.default_rng(seed)
         self.repeat = repeat
+        self.window = lead * len(set(task_ids)) * repeat
         self._order: list[EpisodeKey] = []
+        """The rest of this pass, the next key last."""
 
-    def next(self) -> EpisodeKey:
+    def next(self, task: int | None = None) -> EpisodeKey:
         if not self._order:
             perm = self.rng.permutation(len(self.keys))
             self._order = [self.keys[i] for i in perm for _ in range(self.repeat)][::-1]
+        if task is not None:
+            for i in range(1, min(self.window, len(self._order)) + 1):
+                if self._order[-i].task_id == task:
+                    return self._order.pop(-i)
         return self._order.pop()
 
 

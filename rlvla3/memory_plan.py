@@ -14,7 +14,8 @@ Ray 2.60, Debian 12; ``tests/test_memory_plan.py`` checks the sum against a real
   status actor (no torch): ``PLAIN_PROCESS_MB``; the job driver: ``DRIVER_MB``; Ray's own
   processes per node (GCS, raylet, dashboard, agents, log monitor): ``RAY_HEAD_MB`` /
   ``RAY_NODE_MB``;
-- env slots: the simulator's measured size (``SIMULATOR_MB``, or ``env_workers.sim_memory_mb``);
+- env slots: the simulator's measured size (``SIMULATOR_MB``, plus ``KEPT_SIMULATOR_MB`` for
+  each further simulator a slot keeps built, or ``env_workers.sim_memory_mb``);
   LIBERO runs each simulator in its own process (about 2 GB at 64 px with two cameras);
 - a learner rank: its process, the policy's parameters, gradients and Adam's two moments (4
   bytes each per parameter: the learner trains in float32), the activations of one
@@ -73,6 +74,9 @@ SIMULATOR_MB = {"reach": 2.0, "latency_replay": 0.5, "libero": 1990.0}
 """Host memory per env slot (MB): ColorReach and the latency replay live inside the env worker
 (a few arrays); LIBERO runs a MuJoCo process per slot (1976-1987 MB measured at 64 px, two
 cameras, EGL on llvmpipe), plus a 15 MB multiprocessing tracker per worker."""
+KEPT_SIMULATOR_MB = {"libero": 800.0}
+"""Each further simulator a slot keeps built (LIBERO's ``cached_sims``, one per task): 600-800 MB
+measured per libero_spatial task at 64 px."""
 PROCESS_ENVS = {"libero": 15.0}
 """Envs that run their simulators as child processes: the per-worker tracker process (MB)."""
 CUDA_CONTEXT_MB = 600.0
@@ -351,7 +355,9 @@ def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFa
              driver: bool = True) -> MemoryPlan:
     """The memory of every node of ``placement`` (see the module docstring)."""
     lc, rc, ec = cfg.learner, cfg.rollout, cfg.env_workers
-    sim_mb = ec.sim_memory_mb or SIMULATOR_MB.get(cfg.env.name, 0.0)
+    kept = min(int(cfg.env.options.get("cached_sims", 1)), len(ec.task_ids) or spec.num_tasks)
+    sim_mb = ec.sim_memory_mb or (SIMULATOR_MB.get(cfg.env.name, 0.0)
+                                  + KEPT_SIMULATOR_MB.get(cfg.env.name, 0.0) * max(0, kept - 1))
     acts_mb = model.activation_bytes_per_sample / MB
     local_batch = lc.global_batch // lc.num_learners
     per_role: dict[str, Component] = {}

@@ -113,6 +113,11 @@ class EnvWorkerConfig:
     """Training task ids (empty: all tasks of the env)."""
     init_state_ids: tuple[int, ...] = ()
     """Training initial-state ids (empty: all)."""
+    task_lead: int = 4
+    """A slot starts its next episode on the task it just ran while that task has a key among
+    the next ``task_lead`` rounds of its worker's seeded order (``rlvla3.episode.TaskSampler``;
+    every key still comes once per pass). A LIBERO task change builds another simulator, 7-10 s
+    on these CPUs, about as long as an episode. 0: strictly the seeded order."""
     resources: Mapping[str, float] = field(default_factory=dict)
     """Custom Ray resources each env worker asks for, e.g. ``{sim: 2}`` (one unit per simulator
     process) so that env workers land on simulator nodes only."""
@@ -130,6 +135,7 @@ class EnvWorkerConfig:
         require(self.slots_per_worker >= 1, "slots_per_worker", "must be >= 1")
         require(self.num_cpus >= 0, "num_cpus", "must be >= 0")
         require(self.step_timeout_s > 0, "step_timeout_s", "must be > 0")
+        require(self.task_lead >= 0, "task_lead", "must be >= 0")
         require(self.sim_memory_mb >= 0, "sim_memory_mb", "must be >= 0")
         check_custom_resources(self.resources)
 

@@ -21,6 +21,7 @@ from rlvla3.cluster_plan import (
 )
 from rlvla3.config import ConfigError
 from rlvla3.memory_plan import (
+    KEPT_SIMULATOR_MB,
     SIMULATOR_MB,
     estimate,
     measure_activations,
@@ -104,6 +105,23 @@ def test_memory_plan_refuses_a_node_that_cannot_hold_its_simulators():
         err.value)
     fine = estimate(cfg, spec, place(cfg, cluster()), model_facts(cfg.policy, spec))
     assert fine.problems() == []
+
+
+def test_memory_plan_counts_the_simulators_a_libero_slot_keeps():
+    def env_worker_mb(*overrides: str) -> float:
+        cfg = load_run_config("smoke", overrides=ROLES + [
+            "env.name=libero", "env.options={suite: libero_spatial, image_size: [64, 64]}",
+            "env_workers.slots_per_worker=2", *overrides])
+        spec = env_spec(cfg.env)
+        plan = estimate(cfg, spec, place(cfg, cluster()), model_facts(cfg.policy, spec))
+        return plan.role_totals()["env"] / cfg.env_workers.num_workers
+
+    one = env_worker_mb()
+    assert env_worker_mb("env.options.cached_sims=3") == pytest.approx(
+        one + 2 * 2 * KEPT_SIMULATOR_MB["libero"])  # two slots, two more simulators each
+    # no more kept than the tasks a slot trains on
+    assert env_worker_mb("env.options.cached_sims=3", "env_workers.task_ids=[0, 1]") == (
+        pytest.approx(one + 2 * KEPT_SIMULATOR_MB["libero"]))
 
 
 def test_activation_formula_matches_the_measurement_on_cpu():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -489,3 +490,25 @@ def test_weight_broadcaster_delivers_exact_tensors():
         for name, tensor in template.items():
             np.testing.assert_array_equal(first[name], tensor.numpy())
             np.testing.assert_array_equal(second[name], changed[name].numpy())
+
+
+def test_task_sampler_keeps_a_slot_on_its_task_and_every_key_once_per_pass():
+    def run(lead: int, slots: int = 2) -> tuple[list[EpisodeKey], int]:
+        sampler = TaskSampler(range(10), range(20), seed=3, repeat=2, lead=lead)
+        last: list[int | None] = [None] * slots
+        keys, switches = [], 0
+        for i in range(400):  # one pass: 200 keys, twice each
+            slot = i % slots
+            key = sampler.next(last[slot])
+            switches += last[slot] is not None and key.task_id != last[slot]
+            last[slot] = key.task_id
+            keys.append(key)
+        return keys, switches
+
+    strict, strict_switches = run(lead=0)
+    sticky, sticky_switches = run(lead=4)
+    every_key_twice = Counter(EpisodeKey(t, s) for t in range(10) for s in range(20) for _ in "ab")
+    assert Counter(strict) == Counter(sticky) == every_key_twice  # one pass: every key twice
+    assert strict == run(lead=0)[0]  # seeded
+    assert strict_switches > 250 and sticky_switches < strict_switches / 4, (
+        strict_switches, sticky_switches)

@@ -34,13 +34,14 @@ SMALL = (32, 32)
 
 @pytest.fixture(scope="module")
 def spatial() -> LiberoEnv:
-    """One in-process libero_spatial env (tasks 0 and 1, bundled initial states) shared by the
-    tests below."""
+    """One in-process libero_spatial env (tasks 0 and 1, bundled initial states, both
+    simulators kept) shared by the tests below."""
     why = libero_available()
     if why:
         pytest.skip(why)
     env = LiberoEnv(
-        LiberoConfig(task_ids=(0, 1), image_size=SMALL, process=False, placements="bundled")
+        LiberoConfig(task_ids=(0, 1), image_size=SMALL, process=False, placements="bundled",
+                     cached_sims=2)
     )
     yield env
     env.close()
