@@ -14,8 +14,8 @@ this module:
   says when all have. A worker that dies costs its episode (recorded with ``fault``), not the
   round. A worker stays on the task it just ran while that task's next episode is at most
   ``lead_states`` initial states ahead of the queue (``next_job``): changing task builds
-  another simulator (about 8 s on these CPUs, against a 2.7 s reset), and state-major order
-  would otherwise change task at every episode.
+  another simulator (a reset takes 5.2 s here instead of 2.8 s), and state-major order would
+  otherwise change task at every episode.
 - ``summarise(outcomes, tasks)``: per task and for the suite, successes with Wilson 95%
   intervals (``rlvla3.stats``) and each episode's outcome.
 - ``evaluate_checkpoint(...)``: the blocking form of the above, returning ``summarise``'s dict.
