@@ -274,9 +274,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     overlap: list[str] = []
     if args.checkpoint:
-        from envs.libero_split import training_overlap
+        from envs.libero_split import FreshEval, training_overlap
 
-        overlap = training_overlap(args.checkpoint)
+        fresh = (FreshEval(args.suite, args.placement_seed, frozenset(tasks), frozenset(ids))
+                 if args.placements == "fresh" else None)
+        overlap = training_overlap(args.checkpoint, fresh=fresh)
     console = Console(stderr=True)
     for reason in overlap:
         console.print(f"[bold yellow]WARNING[/]: evaluation states were trained on: {reason}")

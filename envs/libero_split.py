@@ -15,11 +15,12 @@ any training step used evaluation states.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.libero import LiberoConfig
+from envs.libero import SUITE_NUM_TASKS, LiberoConfig
 from envs.libero_scenes import NUM_BUNDLED_STATES, RECORD_SIDECAR
 from rlvla3.config import ConfigError, Named, build, to_dict
 
@@ -92,13 +93,31 @@ def _ranges(ids: Sequence[int]) -> str:
     return ", ".join(parts)
 
 
-def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None) -> list[str]:
+@dataclass(frozen=True)
+class FreshEval:
+    """An evaluation on fresh placements: ``init_ids`` of the suite ``tasks`` under ``seed``."""
+
+    suite: str
+    seed: int
+    tasks: frozenset[int]
+    init_ids: frozenset[int]
+
+    def seen(self, suite: str, seed: int, scenes: Iterable[tuple[int, int]]) -> list[int]:
+        """The evaluated initial-state ids among training ``scenes`` ((suite task, id))."""
+        if suite != self.suite or seed != self.seed:
+            return []
+        return sorted({k for t, k in scenes if t in self.tasks and k in self.init_ids})
+
+
+def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None,
+                     fresh: FreshEval | None = None) -> list[str]:
     """Why a checkpoint's training touched evaluation states (empty: it did not, as far as
     its run directory, its datasets and its ``init_from`` chain record).
 
     Reads RL runs (``config.yaml``: env options, ``env_workers.init_state_ids``,
     ``init_from``), SFT runs (``config.json``: ``lake.datasets``, ``init_from``) and recorded
-    datasets (``meta/record.json``)."""
+    datasets (``meta/record.json``). With ``fresh``, the evaluation runs on fresh placements,
+    and training on those same scenes (same suite, placement seed, task and id) is reported."""
     import yaml
 
     seen = _seen if _seen is not None else set()
@@ -114,19 +133,45 @@ def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None) -> l
         env = config.get("env") or {}
         if isinstance(env, Mapping) and env.get("name") == "libero":
             ids = (config.get("env_workers") or {}).get("init_state_ids") or []
-            overlap = eval_overlap(Named("libero", env.get("options") or {}), ids)
+            libero = Named("libero", env.get("options") or {})
+            overlap = eval_overlap(libero, ids)
             if overlap:
                 reasons.append(f"RL run {run} trained on bundled states {_ranges(overlap)}")
+            if fresh is not None:
+                reasons += _rl_fresh_overlap(run, libero, config, fresh)
     elif (run / "config.json").is_file():
         config = json.loads((run / "config.json").read_text())
         for root in (config.get("lake") or {}).get("datasets") or []:
             sidecar = Path(str(root)) / RECORD_SIDECAR
             if sidecar.is_file():
-                note = json.loads(sidecar.read_text()).get("split") or {}
+                record = json.loads(sidecar.read_text())
+                note = record.get("split") or {}
                 if note.get("eval_overlap"):
                     ids = _ranges(note.get("overlapping_init_states") or [])
                     reasons.append(f"dataset {root} starts from bundled states {ids}")
+                made = record.get("provenance") or {}
+                if fresh is not None and made.get("placements") == "fresh":
+                    scenes = [(int(t), int(k)) for t, k, *_ in record.get("recorded_jobs") or []]
+                    same = fresh.seen(made.get("suite", ""), int(made.get("placement_seed", 0)),
+                                      scenes)
+                    if same:
+                        reasons.append(f"dataset {root} was recorded on the evaluated fresh "
+                                       f"scenes {_ranges(same)}")
     parent = config.get("init_from")
     if parent:
-        reasons += training_overlap(parent, seen)
+        reasons += training_overlap(parent, seen, fresh)
     return reasons
+
+
+def _rl_fresh_overlap(run: Path, env: Named, config: Mapping[str, Any],
+                      fresh: FreshEval) -> list[str]:
+    options = _libero_options(env)
+    if options["placements"] != "fresh":
+        return []
+    suite_tasks = list(options["task_ids"]) or list(range(SUITE_NUM_TASKS[options["suite"]]))
+    workers = config.get("env_workers") or {}
+    tasks = [suite_tasks[i] for i in workers.get("task_ids") or range(len(suite_tasks))]
+    ids = workers.get("init_state_ids") or range(options["fresh_states"])
+    same = fresh.seen(options["suite"], options["placement_seed"],
+                      [(t, k) for t in tasks for k in ids])
+    return [f"RL run {run} trained on the evaluated fresh scenes {_ranges(same)}"] if same else []

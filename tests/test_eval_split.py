@@ -80,6 +80,42 @@ def test_training_overlap_follows_runs_datasets_and_init_from(tmp_path):
     assert len(reasons) == 2 and "RL run" in reasons[0] and "0-39" in reasons[0]
 
 
+def test_evaluating_on_fresh_scenes_names_the_ones_training_used(tmp_path):
+    from envs.libero_split import FreshEval
+
+    data = tmp_path / "demos"
+    (data / "meta").mkdir(parents=True)
+    (data / "meta" / "record.json").write_text(json.dumps({
+        "provenance": {"suite": "libero_spatial", "placements": "fresh", "placement_seed": 0},
+        "recorded_jobs": [[t, k, take] for t in (0, 1) for k in range(20) for take in range(3)],
+        "split": {"placements": "fresh", "eval_overlap": False}}))
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "config.json").write_text(json.dumps({"lake": {"datasets": [str(data)]}}))
+
+    def fresh(tasks, ids, seed=0):
+        return FreshEval("libero_spatial", seed, frozenset(tasks), frozenset(ids))
+
+    assert training_overlap(sft) == []  # a bundled evaluation: fresh training is disjoint
+    [reason] = training_overlap(sft, fresh=fresh(range(10), range(5)))
+    assert str(data) in reason and "fresh scenes 0-4" in reason
+    assert training_overlap(sft, fresh=fresh(range(10), range(20, 30))) == []  # unseen ids
+    assert training_overlap(sft, fresh=fresh(range(2, 10), range(5))) == []  # other tasks
+    assert training_overlap(sft, fresh=fresh(range(10), range(5), seed=1)) == []  # other seed
+    rl = tmp_path / "rl"
+    rl.mkdir()
+    config = {"env": {"name": "libero", "options": {"suite": "libero_spatial",
+                                                     "task_ids": [3, 4]}},
+              "env_workers": {"init_state_ids": list(range(100, 200))}}
+    (rl / "config.yaml").write_text(yaml.safe_dump(config))
+    [reason] = training_overlap(rl, fresh=fresh([4], range(150, 160)))
+    assert "RL run" in reason and "150-159" in reason
+    assert training_overlap(rl, fresh=fresh([0, 1], range(150, 160))) == []
+    config["init_from"] = str(sft)  # and through init_from, the SFT run's dataset
+    (rl / "config.yaml").write_text(yaml.safe_dump(config))
+    assert len(training_overlap(rl, fresh=fresh([0, 4], range(0, 160)))) == 2
+
+
 # ---- resumable recording (ColorReach and a scripted expert stand in for LIBERO) ----------
 def reach_env():
     from envs.reach import make_reach_env
