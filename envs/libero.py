@@ -142,10 +142,11 @@ class LiberoConfig:
     cached_sims: int = 1
     """Built simulators this env keeps, one per task, the least recently used closed first.
     A reset that changes task takes 5.2 s here (median, 64 px, alone on the cores), one that
-    reuses the task's built simulator 2.8 s; each one kept beyond the first holds 0.6-0.8 GB (libero_spatial at 64 px; the memory
-    pre-flight counts them). Every reset rebuilds the MuJoCo model in a seeded hard reset, so a
-    kept simulator gives the scenes a new one would. Evaluation and RL slots stay on a task for
-    several episodes anyway (``EvalRound``, ``TaskSampler``), so one is the default."""
+    reuses the task's built simulator 2.8 s; each one kept beyond the first holds 0.6-0.8 GB
+    (libero_spatial at 64 px; the memory pre-flight counts them). Every reset rebuilds the
+    MuJoCo model in a seeded hard reset, so a kept simulator gives the scenes a new one would.
+    Evaluation and RL slots stay on a task for several episodes anyway (``EvalRound``,
+    ``TaskSampler``), so one is the default."""
 
     def validate(self) -> None:
         n = SUITE_NUM_TASKS[self.suite]
