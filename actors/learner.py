@@ -336,9 +336,12 @@ class Learner:
     def version(self) -> int:
         return self.core.version
 
-    def checksum(self) -> float:
-        """Sum of all parameters (ranks of one group must agree)."""
-        return float(sum(p.detach().double().sum() for p in self.policy.parameters()))
+    def checksum(self) -> tuple[int, float]:
+        """Version and sum of all parameters, read between two optimizer steps: ranks of one
+        group at one version must agree."""
+        with self._stepping:
+            total = sum(p.detach().double().sum() for p in self.policy.parameters())
+            return self.core.version, float(total)
 
     def stats(self) -> dict:
         elapsed = max(time.monotonic() - self._started, 1e-9)
