@@ -159,6 +159,7 @@ class Controller:
         self.capacity: CapacityWatch | None = None
         self._down_workers: set[int] = set()
         self._stop_requested = threading.Event()
+        self.stopped_by: str | None = None  # the limit that ended the run
 
     @property
     def evals(self) -> list[dict]:
@@ -226,6 +227,7 @@ class Controller:
         topo = self.topology or self.build()
         self._log(f"rlvla3 rl: mode={self.cfg.pipeline.mode} strategies={self.strategies} "
                   f"env={self.cfg.env.name} policy={self.cfg.policy.name} run_dir={self.run_dir}")
+        self._log(self._budget_line())
         self._warn_staleness_bound()
         self._start = time.monotonic()
         self._base = dict(self.counters)
@@ -269,9 +271,10 @@ class Controller:
             self._watchdog_stop.set()
             self.capacity.stop()
         summary = self._tick(final=True)
+        summary["stopped_by"] = self.stopped_by
         self.checkpoints.save(self.counters, force=True)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        self._log(f"summary: {self.run_dir / 'summary.json'}")
+        self._log(f"stopped by {self.stopped_by}; summary: {self.run_dir / 'summary.json'}")
         return summary
 
     def _warn_staleness_bound(self) -> None:
@@ -386,16 +389,31 @@ class Controller:
         self._stop_requested.set()
 
     def _done(self) -> bool:
+        """Whether the run ends now; ``stopped_by`` names the limit that ended it."""
+        self.stopped_by = self._stop_reason()
+        return self.stopped_by is not None
+
+    def _stop_reason(self) -> str | None:
         if self._stop_requested.is_set():
-            return True
+            return "stop requested"
         elapsed = time.monotonic() - self._start
         if self.cfg.max_minutes and (self._base["wall_s"] + elapsed) / 60 >= self.cfg.max_minutes:
-            return True
+            return f"max_minutes={self.cfg.max_minutes:g}"
         try:
             steps = self.monitor.env_steps()
         except WaitingForActors:
-            return False
-        return self._base["env_steps"] + steps >= self.cfg.total_env_steps
+            return None
+        if self._base["env_steps"] + steps >= self.cfg.total_env_steps:
+            return f"total_env_steps={self.cfg.total_env_steps}"
+        return None
+
+    def _budget_line(self) -> str:
+        """The limits the run stops at: whichever is reached first ends it."""
+        steps = f"{self.cfg.total_env_steps} env steps (total_env_steps)"
+        if not self.cfg.max_minutes:
+            return f"budget: {steps}"
+        return (f"budget: {steps} or {self.cfg.max_minutes:g} min (max_minutes), whichever "
+                f"comes first")
 
     def _tick(self, final: bool = False) -> dict | None:
         topo, monitor = self.topology, self.monitor

@@ -396,6 +396,8 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
         # The run directory the job wrote.
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["run_dir"] == str(run_dir) and summary["env_steps"] > 0
+        assert summary["stopped_by"] == "max_minutes=1.5"  # the wall time, not the step budget
+        assert "budget: 100000000 env steps (total_env_steps) or 1.5 min" in logs.stdout
         assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.jsonl").is_file()
         assert any((run_dir / "checkpoints").iterdir())
 

@@ -33,6 +33,7 @@ def test_every_mode_runs_end_to_end(ray_cluster, tmp_path, mode):
     summary, _ = run(tmp_path, mode, [f"pipeline.mode={mode}", "total_env_steps=500"])
     assert summary["mode"] == mode
     assert summary["env_steps"] >= 500
+    assert summary["stopped_by"] == "total_env_steps=500"
     assert summary["episodes"] > 0
     assert summary["policy_version"] >= 1, "the learner never stepped"
     assert summary["dropped_faults"] == 0
