@@ -278,20 +278,26 @@ class Controller:
         return summary
 
     def _warn_staleness_bound(self) -> None:
-        """Asynchronous runs: an episode accrues about slots x decisions / global_batch versions
-        of lag while it runs; a bound below that discards the old part of long episodes."""
+        """Asynchronous runs: a longest episode accrues about slots x decisions / global_batch
+        versions of lag while it runs, a GRPO group that many times the episodes a slot runs
+        for it; a bound below that discards the old part of long episodes and expires groups."""
         cfg = self.cfg
         if not self.training.concurrent:
             return
         slots = cfg.env_workers.num_workers * cfg.env_workers.slots_per_worker
-        inherent = slots * self.spec.max_decisions / cfg.learner.global_batch
-        if cfg.queue.max_staleness < inherent:
-            self._log(f"note: queue.max_staleness={cfg.queue.max_staleness} is below the lag a "
-                      f"longest episode accrues at this scale ({slots} slots x "
-                      f"{self.spec.max_decisions} decisions / global_batch "
-                      f"{cfg.learner.global_batch} = {inherent:.1f} versions): pacing runs fewer "
-                      f"slots at once and the old part of long episodes may be discarded; raise "
-                      f"queue.max_staleness or learner.global_batch to avoid it")
+        inherent, rounds = cfg.inherent_lag(self.spec.max_decisions), cfg.group_rounds()
+        if cfg.queue.max_staleness >= inherent:
+            return
+        grouped, expire = "", ""
+        if rounds > 1:
+            grouped = f" x {rounds} episodes a slot runs for one GRPO group of {cfg.algo.group_size}"
+            expire = " and GRPO groups whose first episode grows too old expire"
+        self._log(f"note: queue.max_staleness={cfg.queue.max_staleness} is below the lag a "
+                  f"longest episode accrues at this scale ({slots} slots x "
+                  f"{self.spec.max_decisions} decisions{grouped} / global_batch "
+                  f"{cfg.learner.global_batch} = {inherent:.1f} versions): pacing runs fewer "
+                  f"slots at once, the old part of long episodes may be discarded{expire}; raise "
+                  f"queue.max_staleness or learner.global_batch to avoid it")
 
     def _watchdog(self) -> None:
         """Print what the run waits on when nothing moved for ``watchdog_s`` (its own thread,

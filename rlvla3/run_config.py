@@ -12,6 +12,7 @@ each strategy can also be chosen on its own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -317,6 +318,19 @@ class RunConfig:
     @property
     def strategies(self) -> Strategies:
         return self.pipeline.strategies()
+
+    def group_rounds(self) -> int:
+        """Episodes a slot runs in a row for one GRPO group: a group's ``group_size`` episodes
+        share one env worker's slots (1 without GRPO)."""
+        if self.algo.name != "grpo":
+            return 1
+        return math.ceil(self.algo.group_size / self.env_workers.slots_per_worker)
+
+    def inherent_lag(self, max_decisions: int) -> float:
+        """Versions the learner can advance, when it trains all that every slot produces,
+        while the oldest decision of a longest episode (or GRPO group) waits to be trained."""
+        slots = self.env_workers.num_workers * self.env_workers.slots_per_worker
+        return slots * max_decisions * self.group_rounds() / self.learner.global_batch
 
 
 def check_resources(cfg: RunConfig, cpus_available: float, learners_only: bool = False) -> None:

@@ -392,6 +392,18 @@ def test_grpo_held_groups_expire_by_staleness():
     assert stats["put_decisions"] == stats["expired_decisions"]
 
 
+def test_inherent_lag_counts_the_episodes_a_slot_runs_for_one_grpo_group():
+    # the multi-task LIBERO run: 2 workers x 2 slots, 44 decisions, global batch 32
+    base = ["env_workers.num_workers=2", "env_workers.slots_per_worker=2",
+            "learner.global_batch=32"]
+    ppo = load_run_config("smoke", overrides=base + ["algo.name=ppo"])
+    grpo = load_run_config("smoke", overrides=base + ["algo.name=grpo", "algo.group_size=4"])
+    odd = load_run_config("smoke", overrides=base + ["algo.name=grpo", "algo.group_size=3"])
+    assert (ppo.group_rounds(), grpo.group_rounds(), odd.group_rounds()) == (1, 2, 2)
+    assert ppo.inherent_lag(44) == pytest.approx(5.5)
+    assert grpo.inherent_lag(44) == pytest.approx(11.0)  # a group's first episode waits twice
+
+
 def test_pacing_holds_new_episodes_until_the_learners_catch_up():
     """With the learner busy, admission waits instead of letting data age (no discards); it
     resumes as the learner reports what it consumed; a starving learner is never held back."""
