@@ -24,13 +24,15 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from rlvla3.config import require
 from rlvla3.protocols import Evaluation
+
+if TYPE_CHECKING:  # the losses import torch when called: the config loads without it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,8 @@ def ppo_loss(
 
     With ``pi_prox = pi_behav`` both forms coincide.
     """
+    import torch
+
     advantages = advantages.detach()
     truncated = torch.zeros_like(advantages, dtype=torch.bool)
     if prox_log_prob is None:
@@ -266,6 +270,8 @@ def value_loss(
     The clipped form keeps one update from moving the value far from what the data was
     collected with (the pessimistic maximum of the two errors is taken).
     """
+    import torch
+
     returns = returns.detach()
     error = (new_values - returns) ** 2
     if vf_clip is not None:
@@ -313,6 +319,8 @@ def objective(
     separate no-grad forward pass at no extra cost. ``"behaviour"`` takes the classic PPO ratio.
     GRPO has no critic, so its value term is zero whatever ``vf_coef`` says.
     """
+    import torch
+
     if cfg.proximal == "step":
         prox_log_prob = evaluation.log_prob.detach()
     elif cfg.proximal == "behaviour":

@@ -14,12 +14,14 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
 from rlvla3.types import EnvSpec, ObsBatch, Observation, PolicyOutput, StepResult
+
+if TYPE_CHECKING:  # annotations only: env workers and the queue load this without torch
+    import torch
 
 
 @runtime_checkable
