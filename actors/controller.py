@@ -160,6 +160,7 @@ class Controller:
         self._down_workers: set[int] = set()
         self._stop_requested = threading.Event()
         self.stopped_by: str | None = None  # the limit that ended the run
+        self.target_reached: dict | None = None  # when the run reached cfg.target_success
 
     @property
     def evals(self) -> list[dict]:
@@ -272,6 +273,7 @@ class Controller:
             self.capacity.stop()
         summary = self._tick(final=True)
         summary["stopped_by"] = self.stopped_by
+        summary["target_reached"] = self.target_reached
         self.checkpoints.save(self.counters, force=True)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self._log(f"stopped by {self.stopped_by}; summary: {self.run_dir / 'summary.json'}")
@@ -402,6 +404,8 @@ class Controller:
     def _stop_reason(self) -> str | None:
         if self._stop_requested.is_set():
             return "stop requested"
+        if self.target_reached is not None:
+            return f"target_success={self.cfg.target_success:g}"
         elapsed = time.monotonic() - self._start
         if self.cfg.max_minutes and (self._base["wall_s"] + elapsed) / 60 >= self.cfg.max_minutes:
             return f"max_minutes={self.cfg.max_minutes:g}"
@@ -415,11 +419,17 @@ class Controller:
 
     def _budget_line(self) -> str:
         """The limits the run stops at: whichever is reached first ends it."""
-        steps = f"{self.cfg.total_env_steps} env steps (total_env_steps)"
-        if not self.cfg.max_minutes:
-            return f"budget: {steps}"
-        return (f"budget: {steps} or {self.cfg.max_minutes:g} min (max_minutes), whichever "
-                f"comes first")
+        cfg = self.cfg
+        limits = [f"{cfg.total_env_steps} env steps (total_env_steps)"]
+        if cfg.max_minutes:
+            limits.append(f"{cfg.max_minutes:g} min (max_minutes)")
+        if cfg.target_success:
+            source = ("held-out evaluation" if cfg.eval_every
+                      else f"last {cfg.target_window}+ training episodes")
+            limits.append(f"success >= {cfg.target_success:g} on the {source} (target_success)")
+        if len(limits) == 1:
+            return f"budget: {limits[0]}"
+        return f"budget: {', '.join(limits[:-1])} or {limits[-1]}, whichever comes first"
 
     def _tick(self, final: bool = False) -> dict | None:
         topo, monitor = self.topology, self.monitor
@@ -439,6 +449,9 @@ class Controller:
         topo.extra["status"].update.remote(row, "finished" if final else "running")
         monitor.write(row, history)
         self._log(monitor.line(row, elapsed))
+        if not self.cfg.eval_every and row["success_window"] >= self.cfg.target_window:
+            self._check_target("training", row["success_rate"], row["success_window"],
+                               row["policy_version"])
         if not final:
             self.checkpoints.save(self.counters)
             self._collect_eval()
@@ -525,6 +538,22 @@ class Controller:
             self._log(f"eval at v{result['version']}: success {result['success_rate']:.2f} "
                       f"over {result['episodes']} held-out episodes ({result['wall_s']}s)")
             self.monitor.scalar("eval/success_rate", result["success_rate"], result["version"])
+            self._check_target("held-out eval", result["success_rate"], result["episodes"],
+                               result["version"])
+
+    def _check_target(self, source: str, rate: float, episodes: int, version: int) -> None:
+        """Record the first time ``rate`` reaches ``cfg.target_success``: the run then stops.
+        The env steps and wall time are the run's when the rate became known (for an
+        evaluation, when it finished, not when its checkpoint was taken)."""
+        target = self.cfg.target_success
+        if not target or self.target_reached is not None or rate < target:
+            return
+        steps, wall = self.counters["env_steps"], round(self.counters["wall_s"], 1)
+        self.target_reached = {"source": source, "success_rate": round(rate, 4),
+                               "episodes": episodes, "policy_version": version,
+                               "env_steps": steps, "wall_s": wall}
+        self._log(f"target success {target:g} reached: {rate:.2f} over {episodes} {source} "
+                  f"episodes at {steps} env steps, {wall}s")
 
     def _log(self, text: str) -> None:
         say(text, self.quiet)

@@ -40,7 +40,7 @@ from actors.trajectory_queue import SegmentInfo
 from envs import make_env
 from rlvla3.config import Named
 from rlvla3.episode import EpisodeRecorder, TaskSampler
-from rlvla3.run_config import EnvWorkerConfig
+from rlvla3.run_config import RECENT_EPISODES, EnvWorkerConfig
 from rlvla3.types import (
     ActionChunk,
     EnvSpec,
@@ -89,7 +89,7 @@ class EnvWorker:
                        "queue_wait_s": 0.0, "admit_wait_s": 0.0, "lockstep_skips": 0}
         self.length_hist: dict[int, int] = {}
         """Decisions per finished episode (shipped or dropped): what was produced."""
-        self.recent: deque[tuple[float, bool]] = deque(maxlen=200)
+        self.recent: deque[tuple[float, bool]] = deque(maxlen=RECENT_EPISODES)
         self._reported_restarts = 0
         if was_restarted():
             self.queue.reset_worker.remote(worker_id)

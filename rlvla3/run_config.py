@@ -259,6 +259,10 @@ class RayConfig:
         require(self.gpu_memory_gb > 0, "gpu_memory_gb", "must be > 0")
 
 
+RECENT_EPISODES = 200
+"""Finished episodes each env worker keeps for the training success rate."""
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one RL run needs."""
@@ -277,6 +281,13 @@ class RunConfig:
     """Stop after this many low-level env steps."""
     max_minutes: float = 0.0
     """Also stop after this much wall time (0: no limit)."""
+    target_success: float = 0.0
+    """Also stop once the policy reaches this success rate (0: never): the periodic
+    evaluation's rate on held-out initial states when ``eval_every`` is set, else the rate of
+    the most recent training episodes, read only once at least ``target_window`` of them are in
+    the window. ``summary.json`` records when it was reached (``target_reached``)."""
+    target_window: int = 200
+    """Training episodes (at least) the success rate of ``target_success`` is read over."""
     run_root: str = "runs"
     name: str = ""
     """Run directory name under run_root (empty: a timestamp)."""
@@ -301,6 +312,12 @@ class RunConfig:
     def validate(self) -> None:
         require(self.total_env_steps >= 1, "total_env_steps", "must be >= 1")
         require(self.max_minutes >= 0, "max_minutes", "must be >= 0")
+        require(0 <= self.target_success <= 1, "target_success",
+                f"must be a success rate in [0, 1] (0: off), got {self.target_success}")
+        window = RECENT_EPISODES * self.env_workers.num_workers
+        require(1 <= self.target_window <= window, "target_window",
+                f"must be in [1, {window}]: each env worker keeps its last {RECENT_EPISODES} "
+                f"episodes, got {self.target_window}")
         require(self.log_every_s > 0, "log_every_s", "must be > 0")
         require(self.watchdog_s >= 0, "watchdog_s", "must be >= 0")
         require(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0")

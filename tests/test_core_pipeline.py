@@ -39,6 +39,8 @@ REACH = Named("reach", {"image_size": 16, "max_decisions": 6})
         ("rollout.bmax=3", "rollout.bmax"),
         ("env_workers.num_workers=two", "env_workers.num_workers"),
         ("pipeline.rollout=async", "pipeline.rollout"),
+        ("target_success=90", "target_success"),
+        ("target_window=100000", "target_window"),
     ],
 )
 def test_invalid_config_names_the_field(override, field):

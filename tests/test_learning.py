@@ -1,5 +1,6 @@
 """The full asynchronous pipeline learns: a shortened version of the default run's target
-(success >= 0.9 on ColorReach), on the two-colour variant of the task (learn_check preset)."""
+(success >= 0.9 on ColorReach), on the two-colour variant of the task (learn_check preset), and
+stops when it gets there (``target_success``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,32 @@ def test_full_mode_learns_colorreach(ray_cluster, tmp_path):
         summary = controller.run()
     finally:
         controller.shutdown()
-    # an untrained policy succeeds on ~0.1 of episodes; the recent-200 rate must be far above
-    assert summary["success_rate"] >= 0.5, summary
-    assert summary["env_steps"] >= cfg.total_env_steps
+    # an untrained policy succeeds on ~0.1 of episodes; the run stops once the last 200+
+    # training episodes succeed at least half the time, before its step budget
+    assert summary["stopped_by"] == "target_success=0.5", summary
+    reached = summary["target_reached"]
+    assert reached["source"] == "training" and reached["episodes"] >= cfg.target_window
+    assert reached["success_rate"] >= 0.5 and summary["success_rate"] >= 0.5, summary
+    assert reached["env_steps"] < cfg.total_env_steps and reached["policy_version"] > 0
+
+
+def test_the_target_stops_a_run_once_and_keeps_where_it_was_first_reached(tmp_path):
+    cfg = load_run_config("smoke", overrides=["target_success=0.8", "max_minutes=5"])
+    controller = Controller(cfg, tmp_path / "target", quiet=True)  # not started: no Ray
+    assert controller._budget_line() == (
+        f"budget: {cfg.total_env_steps} env steps (total_env_steps), 5 min (max_minutes) or "
+        "success >= 0.8 on the last 200+ training episodes (target_success), whichever comes first")
+    controller.counters = {"env_steps": 5000, "episodes": 300, "wall_s": 61.04}
+    controller._check_target("training", 0.79, 250, 7)
+    assert controller.target_reached is None
+    controller._check_target("training", 0.8, 250, 9)
+    controller.counters = {"env_steps": 6000, "episodes": 350, "wall_s": 70.0}
+    controller._check_target("training", 0.95, 260, 11)  # the first time it was reached stays
+    assert controller.target_reached == {"source": "training", "success_rate": 0.8,
+                                         "episodes": 250, "policy_version": 9,
+                                         "env_steps": 5000, "wall_s": 61.0}
+    assert controller._stop_reason() == "target_success=0.8"
+    held_out = load_run_config("smoke", overrides=[
+        "target_success=0.5", "eval_every=2", "eval_init_state_ids=[48, 49]"])
+    assert Controller(held_out, tmp_path / "eval", quiet=True)._budget_line().endswith(
+        "or success >= 0.5 on the held-out evaluation (target_success), whichever comes first")
