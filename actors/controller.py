@@ -159,6 +159,7 @@ class Controller:
         self.capacity: CapacityWatch | None = None
         self._down_workers: set[int] = set()
         self._stop_requested = threading.Event()
+        self._stop_text = "stop requested"
         self.stopped_by: str | None = None  # the limit that ended the run
         self.target_reached: dict | None = None  # when the run reached cfg.target_success
 
@@ -274,7 +275,6 @@ class Controller:
         summary = self._tick(final=True)
         summary["stopped_by"] = self.stopped_by
         summary["target_reached"] = self.target_reached
-        self.checkpoints.save(self.counters, force=True)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self._log(f"stopped by {self.stopped_by}; summary: {self.run_dir / 'summary.json'}")
         return summary
@@ -392,8 +392,10 @@ class Controller:
                 told = True
             time.sleep(1.0)
 
-    def request_stop(self) -> None:
-        """End the run at the next check, as if its budget were spent (from another thread)."""
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """End the run at the next check, as if its budget were spent (from another thread or
+        a signal handler); ``reason`` becomes ``stopped_by``."""
+        self._stop_text = reason
         self._stop_requested.set()
 
     def _done(self) -> bool:
@@ -403,7 +405,7 @@ class Controller:
 
     def _stop_reason(self) -> str | None:
         if self._stop_requested.is_set():
-            return "stop requested"
+            return self._stop_text
         if self.target_reached is not None:
             return f"target_success={self.cfg.target_success:g}"
         elapsed = time.monotonic() - self._start
@@ -446,6 +448,8 @@ class Controller:
         row = monitor.row(snap, elapsed, self._base)
         self.counters.update(env_steps=row["env_steps"], episodes=row["episodes"],
                              wall_s=self._base["wall_s"] + elapsed)
+        if final:  # first, so a run stopped by a signal with a short grace keeps its last step
+            self.checkpoints.save(self.counters, force=True)
         topo.extra["status"].update.remote(row, "finished" if final else "running")
         monitor.write(row, history)
         self._log(monitor.line(row, elapsed))
@@ -457,9 +461,12 @@ class Controller:
             self._collect_eval()
             self._maybe_start_eval(row["policy_version"])
             return row
-        self._collect_eval(wait_s=600.0)
-        self._maybe_start_eval(row["policy_version"], final=True)
-        self._collect_eval(wait_s=600.0)
+        if self._stop_requested.is_set():  # asked to stop now: no final evaluation
+            self.evaluator.cancel()
+        else:
+            self._collect_eval(wait_s=600.0)
+            self._maybe_start_eval(row["policy_version"], final=True)
+            self._collect_eval(wait_s=600.0)
         sizes: dict[int, int] = {}
         for s in snap["servers"]:
             for k, v in s["batch_sizes"].items():

@@ -12,6 +12,12 @@ The config is validated (including env and policy options, the env's optional ex
 workers run on this machine, the cluster's resources and the memory pre-flight) before any
 actor starts; an error is one line on stderr that names the field, and the job exits with
 status 2.
+
+SIGTERM (``ray job stop``, a scheduler's preemption) or Ctrl-C ends the run as its budget would:
+the current step finishes, a checkpoint and ``summary.json`` are written (``stopped_by`` names
+the signal) and the job exits 0; a second signal stops at once. ``ray job stop`` waits
+``RAY_JOB_STOP_WAIT_TIME_S`` (3 s by default; pass it in the job's runtime env) before it kills
+the driver.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -71,6 +78,23 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, Path]:
     return cfg, Path(cfg.run_root) / name
 
 
+def _stop_on_signals(controller) -> dict:
+    """SIGTERM and SIGINT ask ``controller`` to stop after its current step; a second one
+    raises ``KeyboardInterrupt`` at once. Returns the handlers replaced."""
+    asked: list[str] = []
+
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        if asked:
+            raise KeyboardInterrupt(f"{name} again: stopping at once")
+        asked.append(name)
+        print(f"{name}: stopping after the current step, then a checkpoint and summary.json "
+              f"(again to stop at once)", file=sys.stderr, flush=True)
+        controller.request_stop(name)
+
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -90,15 +114,20 @@ def main(argv: list[str] | None = None) -> int:
             from envs import require_extra
 
             require_extra(cfg.env)
-        from actors.controller import Controller
+        from actors.controller import Controller, ensure_ray
 
         controller = Controller(cfg, run_dir, resume=bool(args.resume))
     except ValueError as exc:  # ConfigError, or a component rejecting a value it was given
         print(f"rlvla3 rl: invalid config: {exc}", file=sys.stderr)
         return 2
+    previous: dict = {}
     try:
+        ensure_ray(cfg)  # starting, Ray sets a SIGTERM handler that exits at once: ours replaces it
+        previous = _stop_on_signals(controller)
         summary = controller.run()
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         controller.shutdown()
     if args.json:
         print(json.dumps(summary))

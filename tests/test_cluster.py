@@ -315,6 +315,18 @@ def panel_queries(dashboard: dict, window: str = "15s") -> list[tuple[str, str]]
     return out
 
 
+def _panels_without_data(prometheus: Prometheus, start: float) -> list[str]:
+    """The Grafana dashboard's panel queries that return no data over [start, now]."""
+    empty = []
+    for title, expr in panel_queries(json.loads(DASHBOARD.read_text())):
+        answer = prometheus.api("query_range", query=expr, start=str(start),
+                                end=str(time.time()), step="2")
+        assert answer["status"] == "success", (title, answer)
+        if not answer["data"]["result"]:
+            empty.append(title)
+    return empty
+
+
 def _status(head: LocalHead, *extra: str) -> subprocess.CompletedProcess:
     return head.run(sys.executable, "-m", "actors.status", "--address", head.gcs, *extra,
                     timeout_s=120)
@@ -341,20 +353,29 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
         submit = head.run(
             RAY, "job", "submit", "--address", head.http, "--submission-id", job_id,
             "--no-wait", "--working-dir", ".",
-            "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES}),
+            # `ray job stop` gives the driver this long to finish after its SIGTERM
+            "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES,
+                                              "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60"}}),
             "--", "python", "-m", "rlvla3", "rl", "--preset", "smoke", "--run-dir", str(run_dir),
-            # long enough to be watched: stop on wall time, not on the smoke step budget
-            "--set", "total_env_steps=100000000", "--set", "max_minutes=1.5",
+            # runs until `ray job stop` (max_minutes only in case the stop never lands)
+            "--set", "total_env_steps=100000000", "--set", "max_minutes=4",
             "--set", "log_every_s=1.0")
         assert submit.returncode == 0, submit.stdout + submit.stderr
 
-        live, scraped, table, actors, killed = None, "", "", {}, None
+        live, scraped, table, actors, killed, stopped = None, "", "", {}, None, None
         started = time.time()
+        timeline = {}  # seconds after submission (-s shows them)
         deadline = time.monotonic() + 480
         while time.monotonic() < deadline:
             state = head.api(f"/api/jobs/{job_id}")["status"]
             if state in ("SUCCEEDED", "FAILED", "STOPPED"):
                 break
+            if (state == "RUNNING" and killed is not None and stopped is None
+                    and not _panels_without_data(prometheus, started)):
+                # seen all there is to see: stop the job as a user would
+                stopped = head.run(RAY, "job", "stop", job_id, "--address", head.http, "--no-wait")
+                assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+                timeline["stop_sent"] = round(time.time() - started, 1)
             if state == "RUNNING" and live is None:
                 out = _status(head, "--json")
                 assert out.returncode == 0, out.stderr
@@ -362,6 +383,7 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
                 row = rows.get(run_dir.name)
                 if row and row["state"] == "running" and row.get("env_steps", 0) > 0:
                     live = row
+                    timeline["running"] = round(time.time() - started, 1)
                     table = _status(head).stdout
                     actors = _run_actors(head, run_dir.name)
                     if actors.get("env"):  # a restart and lost episodes for the panels
@@ -370,9 +392,14 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
                 with contextlib.suppress(OSError):
                     scraped = _scrape(head)
             time.sleep(2.0)
+        timeline["ended"] = round(time.time() - started, 1)
+        print(f"job timeline: {timeline}")
         logs = head.run(RAY, "job", "logs", job_id, "--address", head.http)
-        assert state == "SUCCEEDED", f"job ended {state}:\n{logs.stdout[-4000:]}{logs.stderr}"
-        assert "summary:" in logs.stdout
+        assert stopped is not None, f"the run never showed every panel:\n{logs.stdout[-4000:]}"
+        assert state == "STOPPED", f"job ended {state}:\n{logs.stdout[-4000:]}{logs.stderr}"
+        # SIGTERM ended the run as a budget would: last step, checkpoint, summary
+        assert "SIGTERM: stopping after the current step" in logs.stdout + logs.stderr
+        assert "stopped by SIGTERM; summary:" in logs.stdout
 
         # The live status seen while the job ran.
         assert live is not None, "rlvla3 status never showed the run while it ran"
@@ -396,8 +423,8 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
         # The run directory the job wrote.
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["run_dir"] == str(run_dir) and summary["env_steps"] > 0
-        assert summary["stopped_by"] == "max_minutes=1.5"  # the wall time, not the step budget
-        assert "budget: 100000000 env steps (total_env_steps) or 1.5 min" in logs.stdout
+        assert summary["stopped_by"] == "SIGTERM"  # `ray job stop`, not a budget
+        assert "budget: 100000000 env steps (total_env_steps) or 4 min" in logs.stdout
         assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.jsonl").is_file()
         assert any((run_dir / "checkpoints").iterdir())
 
@@ -411,13 +438,7 @@ def test_job_submit_with_token_status_and_metrics(tmp_path):
         # A real Prometheus scraped the cluster during the run: every panel query of the
         # Grafana dashboard returns data over the run's time window.
         assert prometheus.targets_up() >= 1, (prometheus.root / "prometheus.log").read_text()
-        empty = []
-        for title, expr in panel_queries(json.loads(DASHBOARD.read_text())):
-            answer = prometheus.api("query_range", query=expr, start=str(started),
-                                    end=str(time.time()), step="2")
-            assert answer["status"] == "success", (title, answer)
-            if not answer["data"]["result"]:
-                empty.append(title)
+        empty = _panels_without_data(prometheus, started)
         assert not empty, f"panel queries without data: {empty}"
 
         # The finished run took its status actor with it.

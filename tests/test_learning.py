@@ -4,6 +4,8 @@ stops when it gets there (``target_success``)."""
 
 from __future__ import annotations
 
+import time
+
 from actors.controller import Controller
 from rlvla3.run_config import load_run_config
 
@@ -24,7 +26,7 @@ def test_full_mode_learns_colorreach(ray_cluster, tmp_path):
     assert reached["env_steps"] < cfg.total_env_steps and reached["policy_version"] > 0
 
 
-def test_the_target_stops_a_run_once_and_keeps_where_it_was_first_reached(tmp_path):
+def test_each_limit_names_itself_and_the_target_keeps_where_it_was_first_reached(tmp_path):
     cfg = load_run_config("smoke", overrides=["target_success=0.8", "max_minutes=5"])
     controller = Controller(cfg, tmp_path / "target", quiet=True)  # not started: no Ray
     assert controller._budget_line() == (
@@ -40,6 +42,11 @@ def test_the_target_stops_a_run_once_and_keeps_where_it_was_first_reached(tmp_pa
                                          "episodes": 250, "policy_version": 9,
                                          "env_steps": 5000, "wall_s": 61.0}
     assert controller._stop_reason() == "target_success=0.8"
+    controller.target_reached, controller._base = None, {"wall_s": 299.0}
+    controller._start = time.monotonic() - 1.0  # 300 s in all, counting a resumed run's
+    assert controller._stop_reason() == "max_minutes=5"
+    controller.request_stop("SIGTERM")
+    assert controller._stop_reason() == "SIGTERM"
     held_out = load_run_config("smoke", overrides=[
         "target_success=0.5", "eval_every=2", "eval_init_state_ids=[48, 49]"])
     assert Controller(held_out, tmp_path / "eval", quiet=True)._budget_line().endswith(
