@@ -158,8 +158,7 @@ class Controller:
         self._watchdog_stop = threading.Event()
         self.capacity: CapacityWatch | None = None
         self._down_workers: set[int] = set()
-        self._stop_requested = threading.Event()
-        self._stop_text = "stop requested"
+        self._stop_asked: str | None = None  # why a stop was asked for (None: it was not)
         self.stopped_by: str | None = None  # the limit that ended the run
         self.target_reached: dict | None = None  # when the run reached cfg.target_success
 
@@ -395,8 +394,7 @@ class Controller:
     def request_stop(self, reason: str = "stop requested") -> None:
         """End the run at the next check, as if its budget were spent (from another thread or
         a signal handler); ``reason`` becomes ``stopped_by``."""
-        self._stop_text = reason
-        self._stop_requested.set()
+        self._stop_asked = reason
 
     def _done(self) -> bool:
         """Whether the run ends now; ``stopped_by`` names the limit that ended it."""
@@ -404,8 +402,8 @@ class Controller:
         return self.stopped_by is not None
 
     def _stop_reason(self) -> str | None:
-        if self._stop_requested.is_set():
-            return self._stop_text
+        if self._stop_asked is not None:
+            return self._stop_asked
         if self.target_reached is not None:
             return f"target_success={self.cfg.target_success:g}"
         elapsed = time.monotonic() - self._start
@@ -448,8 +446,8 @@ class Controller:
         row = monitor.row(snap, elapsed, self._base)
         self.counters.update(env_steps=row["env_steps"], episodes=row["episodes"],
                              wall_s=self._base["wall_s"] + elapsed)
-        if final:  # first, so a run stopped by a signal with a short grace keeps its last step
-            self.checkpoints.save(self.counters, force=True)
+        # before anything slow, so a run stopped by a signal with a short grace keeps its last step
+        self.checkpoints.save(self.counters, force=final)
         topo.extra["status"].update.remote(row, "finished" if final else "running")
         monitor.write(row, history)
         self._log(monitor.line(row, elapsed))
@@ -457,11 +455,10 @@ class Controller:
             self._check_target("training", row["success_rate"], row["success_window"],
                                row["policy_version"])
         if not final:
-            self.checkpoints.save(self.counters)
             self._collect_eval()
             self._maybe_start_eval(row["policy_version"])
             return row
-        if self._stop_requested.is_set():  # asked to stop now: no final evaluation
+        if self._stop_asked is not None:  # asked to stop now: no final evaluation
             self.evaluator.cancel()
         else:
             self._collect_eval(wait_s=600.0)
