@@ -1,7 +1,8 @@
 """Per-slot episode bookkeeping: which episode to run next, and recording it into a segment.
 
 ``TaskSampler`` hands out ``EpisodeKey``s (task, fixed initial state) in a seeded order, each key
-``repeat`` times in a row, so that GRPO groups (episodes of one key) form inside one env worker.
+``repeat`` times in a row, so that GRPO groups (episodes of one key) form inside one env worker,
+on its next free slots.
 ``EpisodeRecorder`` accumulates one slot's decisions and returns a ``TrajectorySegment``; it
 never holds more than one episode.
 """
@@ -25,11 +26,15 @@ from rlvla3.types import (
 class TaskSampler:
     """Seeded, endless sequence of episode keys; each key repeated ``repeat`` times.
 
-    Every pass hands out each key ``repeat`` times, in a new seeded order. ``next(task)`` lets a
-    caller stay on ``task``: it takes that task's first key among the next ``lead`` rounds of
-    keys (``lead`` x tasks x ``repeat``), else the next key; the pass still hands out every key
-    once, only the order changes. A LIBERO reset that changes task builds another simulator
-    (5.2 s here against 2.8 s), so an env slot that stays on its task spends that on episodes."""
+    Every pass hands out each key ``repeat`` times, in a new seeded order. A key's copies come
+    before any new key: once a key is handed out, its remaining copies go to the next callers,
+    whatever task they ask for, so the ``repeat`` episodes of a GRPO group start on the worker's
+    next free slots, ``ceil(repeat / slots)`` episodes of a slot apart at most, and the group
+    is trained while its first member is still fresh. ``next(task)`` lets a caller stay on
+    ``task`` when a new key starts: it takes that task's first key among the next ``lead``
+    rounds of keys (``lead`` x tasks), else the next key; the pass still hands out every key,
+    only the order changes. A LIBERO reset that changes task builds another simulator (5.2 s
+    here against 2.8 s), so an env slot that stays on its task spends that on episodes."""
 
     def __init__(self, task_ids: Sequence[int], init_state_ids: Sequence[int], seed: int,
                  repeat: int = 1, lead: int = 0):
@@ -38,19 +43,29 @@ class TaskSampler:
             raise ValueError("TaskSampler needs at least one task id and one initial state id")
         self.rng = np.random.default_rng(seed)
         self.repeat = repeat
-        self.window = lead * len(set(task_ids)) * repeat
+        self.window = lead * len(set(task_ids))
         self._order: list[EpisodeKey] = []
-        """The rest of this pass, the next key last."""
+        """The keys not yet started in this pass, the next key last."""
+        self._copies: list[EpisodeKey] = []
+        """The copies still to hand out of the key started last."""
 
     def next(self, task: int | None = None) -> EpisodeKey:
+        if self._copies:
+            return self._copies.pop()
         if not self._order:
-            perm = self.rng.permutation(len(self.keys))
-            self._order = [self.keys[i] for i in perm for _ in range(self.repeat)][::-1]
+            self._order = [self.keys[i] for i in self.rng.permutation(len(self.keys))][::-1]
+        key = self._order.pop(self._index_for(task))
+        self._copies = [key] * (self.repeat - 1)
+        return key
+
+    def _index_for(self, task: int | None) -> int:
+        """Where in ``_order`` the next key is: ``task``'s first within the window, else the
+        next one."""
         if task is not None:
             for i in range(1, min(self.window, len(self._order)) + 1):
                 if self._order[-i].task_id == task:
-                    return self._order.pop(-i)
-        return self._order.pop()
+                    return -i
+        return -1
 
 
 class EpisodeRecorder:

@@ -117,8 +117,9 @@ class EnvWorkerConfig:
     task_lead: int = 4
     """A slot starts its next episode on the task it just ran while that task has a key among
     the next ``task_lead`` rounds of its worker's seeded order (``rlvla3.episode.TaskSampler``;
-    every key still comes once per pass). A LIBERO reset that changes task builds another
-    simulator: 5.2 s here against 2.8 s (median, 64 px). 0: strictly the seeded order."""
+    every key still comes once per pass, and a started GRPO group's members come first). A
+    LIBERO reset that changes task builds another simulator: 5.2 s here against 2.8 s (median,
+    64 px). 0: strictly the seeded order."""
     resources: Mapping[str, float] = field(default_factory=dict)
     """Custom Ray resources each env worker asks for, e.g. ``{sim: 2}`` (one unit per simulator
     process) so that env workers land on simulator nodes only."""
@@ -337,8 +338,9 @@ class RunConfig:
         return self.pipeline.strategies()
 
     def group_rounds(self) -> int:
-        """Episodes a slot runs in a row for one GRPO group: a group's ``group_size`` episodes
-        share one env worker's slots (1 without GRPO)."""
+        """Episodes a slot runs in a row for one GRPO group, at most: a group's ``group_size``
+        episodes are the next its env worker starts (``rlvla3.episode.TaskSampler``), on its
+        free slots (1 without GRPO)."""
         if self.algo.name != "grpo":
             return 1
         return math.ceil(self.algo.group_size / self.env_workers.slots_per_worker)

@@ -526,3 +526,34 @@ def test_task_sampler_keeps_a_slot_on_its_task_and_every_key_once_per_pass():
     assert strict == run(lead=0)[0]  # seeded
     assert strict_switches > 250 and sticky_switches < strict_switches / 4, (
         strict_switches, sticky_switches)
+
+
+@pytest.mark.parametrize("slots", [2, 3, 4])
+def test_task_sampler_starts_a_grpo_group_on_the_next_free_slots_whatever_their_task(slots):
+    """A group's members are the next ``group_size`` episodes the worker starts, so it runs in
+    ceil(group_size / slots) rounds of its slots, never more: a slot on another task takes the
+    started group's copy rather than a key of its own task (which held the group back up to
+    group_size rounds when slots stayed on their tasks)."""
+    group_size, rounds = 4, -(-4 // slots)
+
+    def run(lead: int) -> tuple[list[EpisodeKey], int]:
+        sampler = TaskSampler(range(10), range(20), seed=7, repeat=group_size, lead=lead)
+        last: list[int | None] = [None] * slots
+        keys, switches = [], 0
+        for i in range(800):  # one pass: 200 keys, four times each
+            slot = i % slots
+            key = sampler.next(last[slot])
+            switches += last[slot] is not None and key.task_id != last[slot]
+            last[slot] = key.task_id
+            keys.append(key)
+        return keys, switches
+
+    keys, switches = run(lead=4)
+    assert Counter(keys) == Counter(EpisodeKey(t, s) for t in range(10) for s in range(20)
+                                    for _ in range(group_size))
+    for start in range(0, len(keys), group_size):
+        assert len(set(keys[start:start + group_size])) == 1, keys[start:start + group_size]
+        first_round, last_round = start // slots, (start + group_size - 1) // slots
+        assert last_round - first_round + 1 <= rounds
+    strict_switches = run(lead=0)[1]
+    assert switches < strict_switches / 4, (switches, strict_switches)  # slots keep their tasks
