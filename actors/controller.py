@@ -35,9 +35,9 @@ from actors.runtime import init_ray
 from actors.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.topology import Topology, build_topology
 from envs import env_spec
-from rlvla3.checkpoint import read_meta, resolve_checkpoint
+from rlvla3.checkpoint import check_init_from, read_meta, resolve_checkpoint
 from rlvla3.cluster_plan import actor_specs, check_placement, place
-from rlvla3.config import ConfigError, require, to_dict
+from rlvla3.config import require, to_dict
 from rlvla3.memory_plan import MemoryPlan, estimate, model_facts
 from rlvla3.policies import build_policy
 from rlvla3.run_config import RunConfig, check_resources
@@ -60,16 +60,9 @@ def check_components(cfg: RunConfig) -> EnvSpec:
         from envs.libero_split import check_split
 
         check_split(cfg.env, cfg.env_workers.init_state_ids)
-    build_policy(cfg.policy, spec)
+    policy = build_policy(cfg.policy, spec)
     if cfg.init_from:
-        try:
-            meta = read_meta(cfg.init_from)
-        except FileNotFoundError as exc:
-            raise ConfigError("init_from", str(exc)) from None
-        require(meta.policy.name == cfg.policy.name, "init_from",
-                f"the checkpoint holds a {meta.policy.name!r} policy, not {cfg.policy.name!r}")
-        require(meta.spec.action_dim == spec.action_dim and meta.spec.cameras == spec.cameras,
-                "init_from", f"the checkpoint was trained for {meta.spec}, this env is {spec}")
+        check_init_from(cfg.init_from, cfg.policy, spec, policy)
     return spec
 
 

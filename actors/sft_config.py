@@ -20,6 +20,11 @@ class SFTConfig:
     """When set, the policy is built for this env's spec (so eval and RL can use it directly)
     and the lake's cameras, image size and chunk length follow the spec."""
     run_dir: str = "runs/sft"
+    init_from: str = ""
+    """Start from the weights of this checkpoint or run directory (an earlier SFT or RL run, a
+    base model saved in this layout): its policy options (model size, state bins, action scale)
+    are the defaults under the config's own; step, optimizer, schedule and data order start
+    fresh. Once ``run_dir`` has a checkpoint of its own the run resumes from that instead."""
     workers: int = 1
     use_gpu: bool = False
     strategy: Literal["ddp", "fsdp"] = "ddp"

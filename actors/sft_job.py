@@ -1,12 +1,13 @@
 """``rlvla3 sft``: supervised fine-tuning of any registered policy on LeRobot v3.0 datasets.
 
     rlvla3 sft --dataset PATH [--dataset PATH2 --weights 3 1] [--policy vla] [--env libero]
-               [--run-dir runs/sft] [--workers N] [--max-steps S] [--grad-accum K] [--gpu]
-               [--verify-data] [--set section.field=value ...]
+               [--run-dir runs/sft] [--init-from CHECKPOINT] [--workers N] [--max-steps S]
+               [--grad-accum K] [--gpu] [--verify-data] [--set section.field=value ...]
 
 Checks (``prepare`` and ``connect``, before any actor starts): the config, that every dataset
 path exists and at least one dataset opens, the env (with its optional extra) and the policy,
-the cluster's CPUs and GPUs, and with ``--verify-data`` the data itself (``datalake.verify``).
+an ``--init-from`` checkpoint (same policy, env, weight names and shapes), the cluster's CPUs
+and GPUs, and with ``--verify-data`` the data itself (``datalake.verify``).
 A failure is one line on stderr and exit status 2.
 
 Data: the Ray Data lake (``datalake.pipeline``) streams packed rows to every Ray Train worker
@@ -33,8 +34,9 @@ from actors.sft_config import SFTConfig
 from actors.sft_worker import train_loop
 from datalake.format import DatasetError, resolve_filesystem
 from datalake.pipeline import Lake, LakeError
-from rlvla3.checkpoint import resolve_checkpoint
+from rlvla3.checkpoint import check_init_from, resolve_checkpoint
 from rlvla3.config import ConfigError, Named, build, deep_merge, parse_override, to_dict
+from rlvla3.run_config import adopt_init_policy
 from rlvla3.types import EnvSpec
 
 
@@ -153,13 +155,18 @@ def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
         )
         cfg = dataclasses.replace(cfg, lake=lake_cfg)
         lake = Lake(lake_cfg)
+    if cfg.init_from:  # the checkpoint's stats, not the datasets': the weights were fit to them
+        cfg = build(SFTConfig, adopt_init_policy(to_dict(cfg)))
     cfg = with_dataset_stats(cfg, lake)
     from rlvla3.policies import POLICIES, build_policy
     from rlvla3.registry import resolve
 
     resolve(POLICIES, cfg.policy.name, "policy.name")
-    if not cfg.use_gpu:  # what every worker builds; on GPUs the driver keeps off the devices
-        build_policy(cfg.policy, spec)
+    # What every worker builds; on GPUs the driver keeps off the devices.
+    policy = None if cfg.use_gpu else build_policy(cfg.policy, spec)
+    if cfg.init_from:
+        ckpt = check_init_from(cfg.init_from, cfg.policy, spec, policy)
+        cfg = dataclasses.replace(cfg, init_from=str(ckpt.resolve()))
     if verify:
         verify_data(lake, cfg.lake.max_skip_fraction)
     return SFTJob(cfg, lake, spec)
@@ -226,6 +233,7 @@ def train(job: SFTJob) -> dict[str, Any]:
         "first_loss": logged[0]["loss"],
         "last_loss": logged[-1]["loss"],
         "checkpoint": str(resolve_checkpoint(run_dir)),
+        "init_from": cfg.init_from or None,
         "metrics": logged[-1],
     }
 
@@ -248,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         "--env", default=None, help="build the policy for this env's spec (e.g. libero)"
     )
     parser.add_argument("--run-dir", default="runs/sft")
+    parser.add_argument(
+        "--init-from", default="", metavar="CHECKPOINT",
+        help="start from these weights (a checkpoint or run directory) with a fresh step, "
+        "optimizer and schedule; the policy options default to the checkpoint's",
+    )
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=200)
     parser.add_argument("--grad-accum", type=int, default=1)
@@ -265,9 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         "lake": {"datasets": args.dataset, "weights": args.weights, "normalize": "none"},
         "policy": {
             "name": args.policy,
-            "options": {"preset": "tiny"} if args.policy == "vla" else {},
+            # Without init_from a VLA is the tiny preset; with it, the checkpoint's model.
+            "options": {"preset": "tiny"} if args.policy == "vla" and not args.init_from else {},
         },
         "run_dir": args.run_dir,
+        "init_from": args.init_from,
         "workers": args.workers,
         "max_steps": args.max_steps,
         "grad_accum": args.grad_accum,

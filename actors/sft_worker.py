@@ -24,7 +24,8 @@ Checkpoints: whatever the strategy, rank 0 writes the whole model and optimizer 
 gathers them on all ranks first) with ``rlvla3.checkpoint.save_run_checkpoint`` into
 ``run_dir`` (the layout the RL job and eval load), plus the counters to resume from; the
 optimizer state keeps ``Optimizer.state_dict``'s layout, so a run can resume under either
-strategy. An existing ``run_dir/checkpoints/latest`` is resumed. Metrics (loss, samples/s, real
+strategy. An existing ``run_dir/checkpoints/latest`` is resumed; otherwise ``init_from``'s weights,
+if set, are the start (and nothing else of that run). Metrics (loss, samples/s, real
 tokens/s, data-wait fraction) go to ``run_dir/metrics.jsonl`` and to stdout as progress lines.
 """
 
@@ -227,6 +228,13 @@ def train_loop(config: dict[str, Any]) -> None:
         policy.load_state_dict(load_file(str(ckpt / "policy.safetensors")))
         counters = json.loads((ckpt / "meta.json").read_text())["counters"]
         step, samples_done, epoch = counters["step"], counters["samples"], counters["epoch"]
+    elif cfg.init_from:  # checked by the job (same policy, names and shapes) before it started
+        from safetensors.torch import load_file
+
+        policy.load_state_dict(load_file(str(Path(cfg.init_from) / "policy.safetensors")))
+        if rank == 0:
+            print(f"[sft] starting from the weights of {cfg.init_from} (step, optimizer, "
+                  "schedule and data order start fresh)", file=sys.__stdout__, flush=True)
     device = ray.train.torch.get_device()
     policy.to(device)
     strategy = _strategy(cfg, world)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlvla3.config import Named
+from rlvla3.config import ConfigError, Named, require
 from rlvla3.protocols import Policy
 from rlvla3.types import EnvSpec
 
@@ -131,6 +131,42 @@ def read_meta(path: str | Path) -> CheckpointMeta:
         version=int(raw["version"]),
         counters=dict(raw.get("counters", {})),
     )
+
+
+def check_init_from(path: str | Path, policy: Named, spec: EnvSpec,
+                    built: torch.nn.Module | None = None) -> Path:
+    """The checkpoint a run's ``init_from`` names (a checkpoint or run directory), checked
+    against the run that starts from it; raises ``ConfigError("init_from", ...)`` when it is
+    missing, holds another policy, was trained for another env (action size, cameras) or, given
+    the ``built`` policy, holds weights of other names or shapes (read from the safetensors
+    header, no weights loaded). Returns the checkpoint directory."""
+    try:
+        ckpt = resolve_checkpoint(path)
+    except FileNotFoundError as exc:
+        raise ConfigError("init_from", str(exc)) from None
+    meta = read_meta(ckpt)
+    require(meta.policy.name == policy.name, "init_from",
+            f"the checkpoint holds a {meta.policy.name!r} policy, not {policy.name!r}")
+    require(meta.spec.action_dim == spec.action_dim and meta.spec.cameras == spec.cameras,
+            "init_from", f"the checkpoint was trained for {meta.spec}, this env is {spec}")
+    if built is not None:
+        from safetensors import safe_open
+
+        with safe_open(str(ckpt / "policy.safetensors"), "pt") as f:
+            saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        own = {k: tuple(v.shape) for k, v in built.state_dict().items()}
+        differ = sorted(k for k in own.keys() & saved.keys() if own[k] != saved[k])
+        if differ:
+            raise ConfigError("init_from", (
+                f"{len(differ)} weight(s) differ in shape from this policy's, e.g. {differ[0]}: "
+                f"{saved[differ[0]]} in the checkpoint, {own[differ[0]]} here (policy.options "
+                "must describe the model the checkpoint holds)"))
+        for names, where in ((own.keys() - saved.keys(), "missing from the checkpoint"),
+                             (saved.keys() - own.keys(), "not in this policy")):
+            if names:
+                raise ConfigError("init_from", f"{len(names)} weight(s) {where}, e.g. "
+                                  f"{min(names)}")
+    return ckpt
 
 
 def load_policy(path: str | Path) -> tuple[Policy, CheckpointMeta]:

@@ -3,6 +3,7 @@ resume; the CLIs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -89,6 +90,14 @@ def test_sft_lowers_loss_checkpoints_and_resumes(ray_cluster, tmp_path):
     assert read_meta(run_dir).version == 20
     logged = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in logged][-1] == 20 and logged[-1]["step"] - logged[-2]["step"] <= 4
+    # init_from: a new run starts from those weights (its first steps' loss already below where
+    # the first run was at step 16; a fresh start's is near the first run's first) with its
+    # own step count and optimizer.
+    tuned = dataclasses.replace(_config(data, tmp_path / "tuned", 4), init_from=str(run_dir),
+                                workers=1)
+    again = sft_job.run(tuned)
+    assert again["init_from"].endswith("step-00000020") and read_meta(again["run_dir"]).version == 4
+    assert again["first_loss"] < summary["last_loss"] < summary["first_loss"], (again, summary)
 
 
 def test_lr_schedule_warms_up_then_follows_the_cosine():
@@ -185,6 +194,37 @@ def test_sft_takes_the_vla_state_bins_and_action_scale_from_the_datasets_stats(t
     small = build(sft_job.SFTConfig, {"lake": {"datasets": [str(tmp_path / "d")]},
                                       "policy": {"name": "small"}})
     assert sft_job.with_dataset_stats(small, lake) == small
+
+
+def test_init_from_is_checked_before_any_worker_and_brings_its_policy_options(tmp_path):
+    write_dataset(tmp_path / "d", synthetic.episodes(2, 10, 12, size=(16, 16)), WriterConfig())
+
+    def cfg(policy: dict, init_from: str) -> sft_job.SFTConfig:
+        return build(sft_job.SFTConfig, {"lake": {"datasets": [str(tmp_path / "d")],
+                                                  "image_size": [16, 16], "chunk_len": 4},
+                                         "policy": policy, "init_from": init_from})
+
+    small = {"name": "small", "options": {"channels": 8, "hidden": 64}}
+    base = sft_job.prepare(cfg(small, ""))
+    policy = build_policy(base.cfg.policy, base.spec)
+    counters = {"step": 3, "samples": 0, "epoch": 0}
+    save_run_checkpoint(tmp_path / "base", policy, CheckpointMeta(base.cfg.policy, base.spec, 3,
+                                                                 counters))
+    job = sft_job.prepare(cfg({"name": "small"}, str(tmp_path / "base")))
+    assert job.cfg.policy == base.cfg.policy  # the checkpoint's model, not the defaults
+    assert job.cfg.init_from == str((tmp_path / "base" / "checkpoints" / "step-00000003")
+                                    .resolve())
+    bad = {
+        "nothing there": (small, tmp_path / "none", "no checkpoint at"),
+        "another policy": ({"name": "vla", "options": {"preset": "tiny", "image_size": 16}},
+                           tmp_path / "base", "holds a 'small' policy, not 'vla'"),
+        "another size": ({"name": "small", "options": {"hidden": 32}}, tmp_path / "base",
+                         "differ in shape"),
+    }
+    for why, (choice, path, message) in bad.items():
+        with pytest.raises(ConfigError, match="init_from") as info:
+            sft_job.prepare(cfg(choice, str(path)))
+        assert message in str(info.value), (why, str(info.value))
 
 
 def test_action_stats_of_mixed_datasets_are_those_of_all_their_frames(tmp_path):
