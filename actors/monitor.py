@@ -20,8 +20,9 @@ Accounting: every decision produced is in exactly one place (with restarts, what
 actor counts as lost: its last report, plus what only the queue saw it do afterwards), and
 ``accounting["unaccounted"]`` is ``produced`` minus the sum of all of them:
 running in a slot | dropped by a simulator fault | discarded at stop | queued | held for its
-GRPO group | dropped stale by the queue | expired with its group | lost with its payload |
-trained | discarded stale by a learner | buffered in a learner.
+GRPO group | dropped stale by the queue | expired with its group | skipped with a uniform GRPO
+group (``algo.skip_uniform_groups``) | lost with its payload | trained | discarded stale by a
+learner | buffered in a learner.
 """
 
 from __future__ import annotations
@@ -271,6 +272,7 @@ class RunMonitor:
             "expected_lag": queue["expected_lag"],
             "in_flight_episodes": queue["in_flight_episodes"],
             "dropped_stale": queue["dropped_stale"],
+            "uniform_groups_skipped": queue["uniform_groups"],
             "dropped_faults": sum(w["dropped_faults"] for w in workers),
             "lost_segments": sum(lr["lost_segments"] for lr in learners),
             "restarts": sum(w["restarts"] for w in workers) + sum(
@@ -305,6 +307,7 @@ class RunMonitor:
             "held": queue["held_decisions"],
             "dropped_stale_queue": queue["dropped_stale_decisions"],
             "expired_grpo": queue["expired_decisions"],
+            "skipped_uniform_grpo": queue["uniform_decisions"],
             "lost_payload": sum(lr["lost_decisions"] for lr in learners),
             "trained": sum(lr["samples_trained"] for lr in learners),
             "discarded_stale_learner": sum(lr["discarded_decisions"] for lr in learners),

@@ -31,8 +31,11 @@ Invariants:
 - GRPO: an episode waits in ``held`` until its group has ``group_size`` members, minus members
   that can never arrive (a simulator fault, a lost env worker: ``drop``/``reset_worker``). A held
   group whose newest decision is more than ``max_staleness`` versions old expires, counted.
+  With ``skip_uniform`` a complete group whose members all have the same return (every
+  advantage 0) is skipped, counted, instead of queued.
 - Items leave in arrival order; none is returned twice.
-- Decision accounting: ``put_decisions = queued + held + got + dropped_stale + expired``, and
+- Decision accounting: ``put_decisions = queued + held + got + dropped_stale + expired +
+  uniform``, and
   segments put after ``close()`` are counted in ``discarded_at_stop``.
 - ``set_version`` follows the learner, also backwards after a learner restored an older
   checkpoint (``restored=True``), so the staleness filter never rejects everything after a
@@ -52,6 +55,9 @@ import ray
 from actors.metrics import RoleMetrics
 from rlvla3.run_config import QueueConfig
 from rlvla3.types import EpisodeKey
+
+UNIFORM_TOLERANCE = 1e-6
+"""Returns closer than this are the same return (a group of them has no advantage to learn)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +97,10 @@ class TrajectoryQueue:
     """Bounded FIFO of items (lists of (SegmentInfo, [ObjectRef])) with pacing and staleness."""
 
     def __init__(self, cfg: QueueConfig, group_size: int = 1, global_batch: int = 1,
-                 initial_decisions: float = 1.0):
+                 initial_decisions: float = 1.0, skip_uniform: bool = False):
         self.cfg = cfg
         self.group_size = group_size
+        self.skip_uniform = skip_uniform
         self.global_batch = global_batch
         self._items: deque[list] = deque()
         self._version = 0
@@ -102,6 +109,7 @@ class TrajectoryQueue:
         self.counts = {"put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
                        "dropped_stale": 0, "dropped_stale_decisions": 0,
                        "expired": 0, "expired_decisions": 0, "expired_groups": 0,
+                       "uniform": 0, "uniform_decisions": 0, "uniform_groups": 0,
                        "discarded_at_stop": 0, "discarded_decisions": 0,
                        "producer_wait_s": 0.0, "admit_wait_s": 0.0, "admitted": 0,
                        "dropped_by_producer": 0}
@@ -203,8 +211,15 @@ class TrajectoryQueue:
     def _release_if_complete(self, key: EpisodeKey) -> None:
         group = self._held[key]
         if len(group.members) + group.missing >= self.group_size and group.members:
-            self._items.append(list(group.members))
             del self._held[key]
+            returns = [info.episode_return for info, _ in group.members]
+            if self.skip_uniform and max(returns) - min(returns) <= UNIFORM_TOLERANCE:
+                self.counts["uniform_groups"] += 1
+                self.counts["uniform"] += len(group.members)
+                self.counts["uniform_decisions"] += sum(i.decisions for i, _ in group.members)
+                self.metrics.inc("episodes_dropped", len(group.members))
+                return
+            self._items.append(list(group.members))
         elif not group.members and group.missing >= self.group_size:
             del self._held[key]
 

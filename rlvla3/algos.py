@@ -75,6 +75,12 @@ class AlgoConfig:
     ``rho``): bounds the variance one very off-policy decision can add; None: no truncation."""
     group_size: int = 4
     """GRPO: episodes per group (same task and initial state)."""
+    skip_uniform_groups: bool = False
+    """GRPO: a group whose episodes all have the same return has every advantage 0 and teaches
+    nothing; skip it at the queue (counted as ``skipped_uniform_grpo``) so learner batches hold
+    only groups with a signal (the dynamic sampling of DAPO, Yu et al. 2025, used for VLAs by
+    SimpleVLA-RL). With a 0/1 success reward and success rate p, a share p^G + (1-p)^G of
+    groups of G is uniform: 70% of groups of 4 at p = 0.09."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip applied by the learner before each optimizer step."""
     vf_clip: float | None = None

@@ -298,7 +298,8 @@ def _queue(**kw):
     group_size = kw.pop("group_size", 1)
     batch = kw.pop("global_batch", 1)
     initial = kw.pop("initial_decisions", 1.0)
-    return TrajectoryQueue(QueueConfig(**kw), group_size, batch, initial)
+    skip_uniform = kw.pop("skip_uniform", False)
+    return TrajectoryQueue(QueueConfig(**kw), group_size, batch, initial, skip_uniform)
 
 
 def _refs(items) -> list:
@@ -392,6 +393,36 @@ def test_grpo_held_groups_expire_by_staleness():
     assert stats["held_episodes"] == 0 and stats["expired_groups"] == 1
     assert stats["expired"] == 2 and stats["expired_decisions"] == 12
     assert stats["put_decisions"] == stats["expired_decisions"]
+
+
+def test_grpo_uniform_groups_are_skipped_and_counted_when_asked():
+    """A group whose members all have the same return (all failed, or all succeeded) carries no
+    advantage: with ``skip_uniform`` it is counted and never queued; a mixed group, and any
+    group without the option, is queued whole. Short groups (a member lost) are judged on the
+    members they have."""
+    from actors.trajectory_queue import SegmentInfo
+
+    def info(key, ret, decisions=4):
+        return SegmentInfo("w0/s0", key, decisions, 2 * decisions, 0, ret, ret > 0.5)
+
+    async def scenario(skip):
+        queue = _queue(capacity=8, max_staleness=4, group_size=3, skip_uniform=skip)
+        fail, win, mixed, short = (EpisodeKey(t, 0) for t in range(4))
+        for key, returns in ((fail, (0.0, 0.0, 0.0)), (win, (1.0, 1.0, 1.0)),
+                             (mixed, (0.0, 1.0, 0.0)), (short, (1.0, 1.0))):
+            for i, ret in enumerate(returns):
+                await queue.put(info(key, ret, decisions=4 + i), [f"{key.task_id}/{i}"])
+        await queue.drop(short, decisions=2)
+        got = await queue.get(max_items=8, timeout_s=1.0)
+        return [item[0][1][0].split("/")[0] for item in got], queue.stats()
+
+    kept, stats = asyncio.run(scenario(skip=True))
+    assert kept == ["2"]  # only the mixed group
+    assert (stats["uniform_groups"], stats["uniform"], stats["uniform_decisions"]) == (3, 8, 39)  # 15 + 15 + 9
+    assert stats["put_decisions"] == (stats["got_decisions"] + stats["queued_decisions"]
+                                      + stats["held_decisions"] + stats["uniform_decisions"])
+    kept, stats = asyncio.run(scenario(skip=False))
+    assert kept == ["0", "1", "2", "3"] and stats["uniform_groups"] == 0
 
 
 def test_inherent_lag_counts_the_episodes_a_slot_runs_for_one_grpo_group():
