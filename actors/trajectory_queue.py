@@ -84,6 +84,12 @@ class SegmentInfo:
         return self.max_version if self.max_version >= 0 else self.min_version
 
 
+def _uniform(members: list) -> bool:
+    """Whether a group's episodes all have the same return (every GRPO advantage 0)."""
+    returns = [info.episode_return for info, _ in members]
+    return max(returns) - min(returns) <= UNIFORM_TOLERANCE
+
+
 @dataclass
 class _Group:
     """GRPO episodes of one key waiting for the rest of their group."""
@@ -212,12 +218,8 @@ class TrajectoryQueue:
         group = self._held[key]
         if len(group.members) + group.missing >= self.group_size and group.members:
             del self._held[key]
-            returns = [info.episode_return for info, _ in group.members]
-            if self.skip_uniform and max(returns) - min(returns) <= UNIFORM_TOLERANCE:
-                self.counts["uniform_groups"] += 1
-                self.counts["uniform"] += len(group.members)
-                self.counts["uniform_decisions"] += sum(i.decisions for i, _ in group.members)
-                self.metrics.inc("episodes_dropped", len(group.members))
+            if self.skip_uniform and _uniform(group.members):
+                self._discard_group("uniform", group)
                 return
             self._items.append(list(group.members))
         elif not group.members and group.missing >= self.group_size:
@@ -262,11 +264,14 @@ class TrajectoryQueue:
         """Held groups that can no longer be trained fresh: drop and count them."""
         for key in [k for k, g in self._held.items() if g.members and self._lag(
                 max(i.newest for i, _ in g.members)) > self.cfg.max_staleness]:
-            group = self._held.pop(key)
-            self.counts["expired_groups"] += 1
-            self.counts["expired"] += len(group.members)
-            self.counts["expired_decisions"] += sum(i.decisions for i, _ in group.members)
-            self.metrics.inc("episodes_dropped", len(group.members))
+            self._discard_group("expired", self._held.pop(key))
+
+    def _discard_group(self, why: str, group: _Group) -> None:
+        """Count a GRPO group that leaves without being queued (``expired`` or ``uniform``)."""
+        self.counts[f"{why}_groups"] += 1
+        self.counts[why] += len(group.members)
+        self.counts[f"{why}_decisions"] += sum(i.decisions for i, _ in group.members)
+        self.metrics.inc("episodes_dropped", len(group.members))
 
     def _lag(self, version: int) -> int:
         return self._version - version

@@ -537,18 +537,24 @@ def test_weight_broadcaster_delivers_exact_tensors():
             np.testing.assert_array_equal(second[name], changed[name].numpy())
 
 
+def _one_pass(seed: int, repeat: int, lead: int, slots: int) -> tuple[list[EpisodeKey], int]:
+    """One pass of a 10-task x 20-state sampler, its slots asking in turn for their own task:
+    the keys in the order handed out, and how often a slot changed task."""
+    sampler = TaskSampler(range(10), range(20), seed=seed, repeat=repeat, lead=lead)
+    last: list[int | None] = [None] * slots
+    keys, switches = [], 0
+    for i in range(200 * repeat):
+        slot = i % slots
+        key = sampler.next(last[slot])
+        switches += last[slot] is not None and key.task_id != last[slot]
+        last[slot] = key.task_id
+        keys.append(key)
+    return keys, switches
+
+
 def test_task_sampler_keeps_a_slot_on_its_task_and_every_key_once_per_pass():
-    def run(lead: int, slots: int = 2) -> tuple[list[EpisodeKey], int]:
-        sampler = TaskSampler(range(10), range(20), seed=3, repeat=2, lead=lead)
-        last: list[int | None] = [None] * slots
-        keys, switches = [], 0
-        for i in range(400):  # one pass: 200 keys, twice each
-            slot = i % slots
-            key = sampler.next(last[slot])
-            switches += last[slot] is not None and key.task_id != last[slot]
-            last[slot] = key.task_id
-            keys.append(key)
-        return keys, switches
+    def run(lead: int) -> tuple[list[EpisodeKey], int]:
+        return _one_pass(seed=3, repeat=2, lead=lead, slots=2)
 
     strict, strict_switches = run(lead=0)
     sticky, sticky_switches = run(lead=4)
@@ -568,16 +574,7 @@ def test_task_sampler_starts_a_grpo_group_on_the_next_free_slots_whatever_their_
     group_size, rounds = 4, -(-4 // slots)
 
     def run(lead: int) -> tuple[list[EpisodeKey], int]:
-        sampler = TaskSampler(range(10), range(20), seed=7, repeat=group_size, lead=lead)
-        last: list[int | None] = [None] * slots
-        keys, switches = [], 0
-        for i in range(800):  # one pass: 200 keys, four times each
-            slot = i % slots
-            key = sampler.next(last[slot])
-            switches += last[slot] is not None and key.task_id != last[slot]
-            last[slot] = key.task_id
-            keys.append(key)
-        return keys, switches
+        return _one_pass(seed=7, repeat=group_size, lead=lead, slots=slots)
 
     keys, switches = run(lead=4)
     assert Counter(keys) == Counter(EpisodeKey(t, s) for t in range(10) for s in range(20)
