@@ -13,11 +13,11 @@ estimates how many optimizer steps will happen before that episode's first decis
 where ``backlog`` is what is shipped but not yet trained (queued here plus buffered in the
 learners) and ``in_flight`` the episodes already admitted and unfinished, and admits the slot
 only while ``lag <= pace_lag`` (``QueueConfig.pace_target``) and the backlog is at most
-``pace_backlog`` global batches; otherwise the slot waits until the learners have consumed
-enough. So no more work is in flight than the learners can consume
-within the staleness bound: when the learners are the bottleneck, env slots wait instead of
-producing data that only ages, and when the envs are, every slot runs. Pacing never starves the
-learners (while less than one global batch of work is ahead of them, slots are admitted
+``pace_backlog`` global batches or one item (a GRPO group), whichever is more; otherwise the
+slot waits until the learners have consumed enough. So no more work is in flight than the
+learners can consume within the staleness bound: when the learners are the bottleneck, env
+slots wait instead of producing data that only ages, and when the envs are, every slot runs.
+Pacing never starves the learners (while less than one global batch of work is ahead of them, slots are admitted
 whatever the target), one episode is always admitted when none is in flight, in-flight episodes
 always finish, and GRPO episodes held for their group do not count, so pacing cannot deadlock.
 (Learners pull only what their next batch needs, so no rank hoards data another rank waits
@@ -157,7 +157,14 @@ class TrajectoryQueue:
                 or self.expected_lag(extra=0) < 1.0):
             return True
         return (self.expected_lag() <= target
-                and (backlog <= 0 or self.backlog() <= backlog * self.global_batch))
+                and (backlog <= 0 or self.backlog() <= self.backlog_limit()))
+
+    def backlog_limit(self) -> float:
+        """Decisions the backlog may hold: ``pace_backlog`` global batches, but never less than
+        one queue item (a GRPO group of mean-length episodes, or one episode). An item arrives
+        whole, so a smaller bound would hold every slot back each time one arrives."""
+        item = self.group_size * self._mean_decisions()
+        return max(self.cfg.pace_backlog * self.global_batch, item)
 
     async def admit(self, worker_id: int, key: EpisodeKey) -> int:
         """Wait until a new episode of ``key`` may start (see pacing); returns its ticket."""

@@ -183,8 +183,9 @@ class QueueConfig:
     ``pace_backlog`` says)."""
     pace_backlog: float = 2.0
     """... and while the decisions shipped but not yet trained (queued plus buffered in the
-    learners) stay within this many global batches: when the learners are the bottleneck, a
-    longer backlog only ages. 0: no limit."""
+    learners) stay within this many global batches, or one queue item (a GRPO group of
+    mean-length episodes) if that is more: when the learners are the bottleneck, a longer
+    backlog only ages. 0: no limit."""
 
     def validate(self) -> None:
         require(self.capacity >= 1, "capacity", "must be >= 1")

@@ -476,6 +476,28 @@ def test_pacing_holds_new_episodes_until_the_learners_catch_up():
     assert stats["admitted"] == 3 and stats["dropped_stale"] == 0
 
 
+def test_pacing_backlog_bound_is_at_least_one_grpo_group():
+    """A GRPO group arrives whole: with groups larger than ``pace_backlog`` global batches, a
+    backlog of one group still admits slots (the lag target permitting), and only more than a
+    group holds them back."""
+    async def scenario(group_size: int, buffered: int) -> bool:
+        # batch 10, groups of 4 episodes of 10 decisions: one group is 40 > 2 batches
+        queue = _queue(capacity=100, max_staleness=12, pace_lag=9.0, pace_backlog=2.0,
+                       global_batch=10, initial_decisions=10.0, group_size=group_size)
+        await queue.learner_buffered(0, buffered)
+        await queue.admit(0, EpisodeKey(0, 0))  # none in flight: always admitted
+        second = asyncio.create_task(queue.admit(1, EpisodeKey(0, 0)))  # lag (40+20)/10 = 6
+        await asyncio.sleep(0.05)
+        admitted = second.done()
+        await queue.close()
+        await asyncio.wait_for(second, 1.0)
+        return admitted
+
+    assert asyncio.run(scenario(group_size=4, buffered=40))  # one group: admitted
+    assert not asyncio.run(scenario(group_size=4, buffered=50))  # more than a group: held
+    assert not asyncio.run(scenario(group_size=1, buffered=40))  # single episodes: 2 batches
+
+
 def test_pace_lag_zero_never_holds_a_slot_back():
     """``queue.pace_lag=0`` turns pacing off: with no learner consuming and a backlog far
     beyond ``pace_backlog`` batches, every slot is still admitted at once (what the env-alone
