@@ -90,6 +90,30 @@ def test_deterministic_act_is_repeatable_and_sampling_is_not():
     np.testing.assert_allclose(ev.log_prob.detach().numpy(), a.log_prob, rtol=1e-5, atol=1e-3)
 
 
+def test_init_noise_zero_samples_around_the_deterministic_chain():
+    """``init_noise: 0`` starts sampled chains where deterministic acting does (zero noise):
+    the SDE steps are the only randomness, so with a small ``noise_level`` the sampled actions
+    stay near the evaluated ones, while full-scale starting noise moves them far. The recorded
+    chain's log-probability is still what the learner recomputes."""
+    obs, _ = _obs(n=3)
+    spread = {}
+    for init in (0.0, 1.0):
+        policy = build_vla_policy(SPEC, {"preset": "tiny", "noise_level": 0.01,
+                                         "init_noise": init})
+        mode = policy.act(obs, deterministic=True)
+        out = policy.act(obs)
+        assert not np.array_equal(out.actions, mode.actions)  # still a stochastic policy
+        spread[init] = np.abs(out.actions - mode.actions).max()
+        if init == 0.0:
+            assert (out.latents[:, 0] == 0).all()
+        ev = policy.evaluate(obs, torch.tensor(out.actions), torch.tensor(out.latents))
+        np.testing.assert_allclose(ev.log_prob.detach().numpy(), out.log_prob, rtol=1e-5,
+                                   atol=1e-3)
+    assert spread[0.0] < 0.1 * spread[1.0], spread
+    with pytest.raises(ConfigError, match="init_noise"):
+        build_vla_policy(SPEC, {"preset": "tiny", "init_noise": -1})
+
+
 @pytest.mark.parametrize("noise_level", [0.1, 0.5, 1.0])
 def test_deterministic_chain_follows_the_flow_ode_to_the_action(noise_level):
     """With the exact velocity of a single target action, ``v = (x - a) / t``, Euler steps of

@@ -95,6 +95,12 @@ class VLAConfig:
     """K, the Euler steps from noise (t=1) to action (t=0)."""
     noise_level: float = 0.5
     """Flow-SDE ``a`` in ``sigma_t = a * sqrt(t / (1 - t))``."""
+    init_noise: float = 1.0
+    """Scale of the chain's starting noise when sampling (deterministic acting starts at 0,
+    the noise distribution's mean). Below 1 the behaviour policy stays nearer the mode that
+    evaluation runs; 0 leaves the SDE steps (or the noise head) as the only randomness. The
+    chain's log-probability is the same at any scale: the starting point's density does not
+    depend on the weights."""
     noise_min: float = 0.05
     """Flow-Noise: smallest std the learned noise head may output."""
     noise_max: float = 0.5
@@ -128,6 +134,7 @@ class VLAConfig:
     def validate(self) -> None:
         require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")
         require(self.noise_level > 0, "noise_level", "must be > 0")
+        require(self.init_noise >= 0, "init_noise", "must be >= 0")
         require(0 < self.noise_min < self.noise_max, "noise_min", "need 0 < noise_min < noise_max")
         require(self.max_text_tokens >= 1, "max_text_tokens", "must be >= 1")
         require(2 <= self.state_bins <= 256, "state_bins", "must be in [2, 256]")

@@ -129,10 +129,11 @@ class VLAPolicy(nn.Module):
         value = self.net.value(cache, pb)
         layout = self.net.suffix_layout(pb, reps=1)
         shape = (len(obs), self.spec.chunk_len, self.spec.action_dim)
-        if deterministic:  # the chain's mode: the ODE from the noise distribution's mean
+        if deterministic or self.cfg.init_noise == 0:  # the noise distribution's mean
             x0 = torch.zeros(shape, device=self.device)
         else:
             x0 = torch.randn(shape, generator=self._generator, device=self.device)
+            x0 = x0 * self.cfg.init_noise
         chain, logp = flow.sample_chain(self._step_fn(cache, layout), x0, self.cfg.denoise_steps,
                                         deterministic, self._generator)
         actions = chain[:, -1].cpu() * self._action_std + self._action_mean
