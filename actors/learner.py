@@ -339,9 +339,10 @@ class Learner:
     def checksum(self) -> tuple[int, float]:
         """Version and sum of all parameters, read between two optimizer steps: ranks of one
         group at one version must agree."""
+        from rlvla3.weight_sync import parameter_sum
+
         with self._stepping:
-            total = sum(p.detach().double().sum() for p in self.policy.parameters())
-            return self.core.version, float(total)
+            return self.core.version, parameter_sum(self.policy)
 
     def stats(self) -> dict:
         elapsed = max(time.monotonic() - self._started, 1e-9)

@@ -155,15 +155,25 @@ class RolloutServer:
         return self.core.version
 
     async def load_weights_now(self, message: WeightsMessage) -> int:
-        """Apply weights at once (between batches: waits for a running batch to finish)."""
+        """Apply weights at once (between batches: waits for a running batch to finish),
+        whatever their version: the run's starting weights (``init_from``) are version 0, the
+        same number as the weights this server was built with."""
         lock, _ = self._ensure()
         async with lock:
-            self.core.offer_weights(message)
+            self.core.offer_weights(message, force=True)
             await self._swap()
         return self.core.version
 
     def version(self) -> int:
         return self.core.version
+
+    async def checksum(self) -> tuple[int, float]:
+        """Version and sum of the parameters acting now (between batches)."""
+        from rlvla3.weight_sync import parameter_sum
+
+        lock, _ = self._ensure()
+        async with lock:
+            return self.core.version, parameter_sum(self.core.policy)
 
     def stats(self) -> dict:
         """Counters for the controller's progress line and summary."""

@@ -22,6 +22,12 @@ import torch
 import torch.distributed as dist
 
 
+def parameter_sum(module: torch.nn.Module) -> float:
+    """Sum of all parameters in float64: two copies of a policy hold the same weights (to
+    rounding) when their sums agree, without moving the tensors."""
+    return float(sum(p.detach().double().sum() for p in module.parameters()))
+
+
 class WeightBroadcaster:
     """One member of the weight broadcast group: rank 0 sends, the others receive."""
 

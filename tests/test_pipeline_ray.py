@@ -95,10 +95,15 @@ def test_init_from_starts_with_the_checkpoint_weights(ray_cluster, tmp_path):
     try:
         topo = controller.build()
         version, start = ray.get(topo.learners[0].checksum.remote())
+        served = ray.get([s.checksum.remote() for s in topo.servers])
     finally:
         controller.shutdown()
     assert start == pytest.approx(expected, rel=1e-9)
     assert version == 0
+    # the servers act with the checkpoint's weights from the first decision, at version 0 too
+    # (not with their own initialisation until the learner's first step)
+    assert [v for v, _ in served] == [0] * len(served)
+    assert [s for _, s in served] == pytest.approx([expected] * len(served), rel=1e-9)
 
 
 def test_periodic_eval_on_held_out_initial_states(ray_cluster, tmp_path):
