@@ -41,7 +41,7 @@ WORKER_CARRIED = ("env_steps", "decisions", "episodes", "successes", "dropped_fa
 LEARNER_CARRIED = ("samples_trained", "received_decisions", "received_episodes",
                    "trained_env_steps", "discarded_decisions", "discarded_env_steps",
                    "lost_segments", "lost_decisions", "staleness_hist", "length_hist",
-                   "busy_s")
+                   "busy_s", "skipped_steps")
 SERVER_CARRIED = ("requests", "batches")
 
 
@@ -292,6 +292,7 @@ class RunMonitor:
                 ("env_worker", self.workers), ("rollout_server", self.servers),
                 ("learner", self.learners)) if stats.down},
             "learner_ranks": sum(lr["state"] == "ALIVE" for lr in learners),
+            "skipped_steps": sum(lr.get("skipped_steps", 0) for lr in learners),
             "loss": learners[0].get("loss", float("nan")),
             "staleness": learners[0].get("staleness", float("nan")),
         }
@@ -377,7 +378,9 @@ class RunMonitor:
                 f"{row['busy_learner']:.2f} wait {row['learner_data_wait']:.2f}"
                 + (f" | env slots {row['env_slots_live']}/{row['env_slots_live'] + row['env_slots_waiting']}"
                    f" ({row['env_slots_waiting']} restarting or waiting for a node)" if row["env_slots_waiting"]
-                   else ""))
+                   else "")
+                + (f" | {row['skipped_steps']} optimizer steps skipped (non-finite gradient)"
+                   if row.get("skipped_steps") else ""))
 
     def close(self) -> None:
         if self._tb is not None:

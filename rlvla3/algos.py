@@ -184,6 +184,12 @@ class PolicyLossStats:
     """Fraction of samples whose weight the truncation ``weight_cap`` lowered."""
 
 
+MAX_LOG_RATIO = 20.0
+"""Log-ratios (policy and behaviour weight) are capped here before ``exp``: ``e^20`` is far
+outside any clip range, and ``exp`` of a log-ratio above about 88 is inf in float32, whose
+gradient through the clipped branch is NaN."""
+
+
 def ppo_loss(
     new_log_prob: torch.Tensor,
     behaviour_log_prob: torch.Tensor,
@@ -232,11 +238,14 @@ def ppo_loss(
         weight = torch.ones_like(advantages)
     else:
         log_ratio = new_log_prob - prox_log_prob.detach()
-        weight = torch.exp(prox_log_prob.detach() - behaviour_log_prob.detach())
+        weight = torch.exp((prox_log_prob - behaviour_log_prob).detach().clamp(max=MAX_LOG_RATIO))
         if weight_cap is not None:
             truncated = weight > weight_cap
             weight = weight.clamp(max=weight_cap)
-    ratio = torch.exp(log_ratio)
+    # A chain of many narrow Gaussians (a small Flow-SDE noise) has log-probabilities of
+    # hundreds, so a small weight change can move the ratio past what exp() holds: capped, the
+    # ratio stays finite, and where the cap binds it is far outside the clip range anyway.
+    ratio = torch.exp(log_ratio.clamp(max=MAX_LOG_RATIO))
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
     dual_clipped = torch.zeros_like(advantages, dtype=torch.bool)
     if dual_clip is not None:

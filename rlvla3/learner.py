@@ -111,7 +111,7 @@ class AdvantageNormalizer:
 
     def _set(self, moments: np.ndarray) -> None:
         n, s, s2 = self.reduce(moments)
-        if n > 0:
+        if n > 0 and np.isfinite(s) and np.isfinite(s2):  # a NaN in one batch stays there
             self.mu = s / n
             self.sigma = float(np.sqrt(max(s2 / n - self.mu**2, 0.0)))
 
@@ -187,7 +187,7 @@ class LearnerCore:
         self.busy_s = 0.0
         self.samples_trained = 0
         self.counts = {"received_decisions": 0, "received_episodes": 0, "trained_env_steps": 0,
-                       "discarded_decisions": 0, "discarded_env_steps": 0}
+                       "discarded_decisions": 0, "discarded_env_steps": 0, "skipped_steps": 0}
         self.proximal = ProximalWindow(policy, algo.proximal_window) \
             if algo.proximal == "window" else None
         self.staleness_hist: dict[int, int] = {}
@@ -321,7 +321,10 @@ class LearnerCore:
     def _optimizer_step(self) -> StepStats:
         start = time.perf_counter()
         grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.algo.max_grad_norm)
-        self.optimizer.step()
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        else:  # a NaN or inf loss or gradient: the weights stay as they are, the step is counted
+            self.counts["skipped_steps"] += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         self.normalizer.end_step()

@@ -118,6 +118,21 @@ def test_ppo_without_dual_clip_is_unbounded_for_negative_advantages():
     assert loss == pytest.approx(5.0) and grad == pytest.approx(5.0)
 
 
+@pytest.mark.parametrize("adv", [1.0, -1.0])
+@pytest.mark.parametrize("prox", [None, 0.0])
+def test_ppo_loss_stays_finite_for_a_ratio_beyond_float32(adv, prox):
+    """A narrow Flow-SDE chain puts log-ratios in the hundreds after one update: exp() of
+    them is inf in float32, and inf through the clipped branch made the gradient NaN."""
+    new = torch.tensor([200.0, -200.0, 0.1], requires_grad=True)
+    behav = torch.tensor([0.0, 0.0, 150.0])  # the last: a behaviour weight of e^-150 or e^150
+    prox_t = None if prox is None else torch.zeros(3)
+    loss, stats = ppo_loss(new, behav if prox is None else -behav, torch.full((3,), adv), 0.2,
+                           3.0, prox_t, 2.0)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(new.grad).all()
+    assert math.isfinite(stats.ratio_max) and math.isfinite(stats.approx_kl)
+
+
 def test_ppo_batch_mean_and_stats():
     # ratios [1.5, 0.5, 5.0], advantages [1, -1, -1]:
     # losses [-1.2, 0.8, 3.0] -> mean 2.6 / 3; clip-bounded: samples 0 and 1; dual: sample 2

@@ -139,6 +139,29 @@ def test_accumulation_and_streaming_equal_full_batch_steps_with_normalisation():
             torch.testing.assert_close(other[key], value, atol=1e-5, rtol=1e-4)
 
 
+def test_a_step_with_a_non_finite_gradient_leaves_the_weights_and_is_counted():
+    """A NaN in the data (here one reward) makes the loss and the gradient NaN: the optimizer
+    step is skipped and counted, and the weights the servers get stay finite."""
+    segments = collect_segments(make_policy(1), 4)
+    bad = copy.deepcopy(segments[0])
+    bad.rewards[0] = np.nan
+    batch = sum(len(s) for s in segments)
+    policy = make_policy(2)
+    core = LearnerCore(policy, AlgoConfig("ppo"), local_batch=batch, micro_batch=batch, lr=1e-2,
+                       strategy=BatchStart())
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    core.add_segments([bad, *segments[1:]])
+    assert core.run_available() == 1
+    assert core.counts["skipped_steps"] == 1
+    for key, value in policy.state_dict().items():
+        torch.testing.assert_close(value, before[key], rtol=0, atol=0)
+    core.add_segments(segments)  # finite data: the next step trains
+    core.run_available()
+    assert core.counts["skipped_steps"] == 1
+    assert all(torch.isfinite(v).all() for v in policy.state_dict().values())
+    assert any(not torch.equal(v, before[k]) for k, v in policy.state_dict().items())
+
+
 def test_advantage_normaliser_uses_whole_batches_of_all_ranks():
     from rlvla3.learner import AdvantageNormalizer
 
