@@ -17,9 +17,10 @@ only while ``lag <= pace_lag`` (``QueueConfig.pace_target``) and the backlog is 
 slot waits until the learners have consumed enough. So no more work is in flight than the
 learners can consume within the staleness bound: when the learners are the bottleneck, env
 slots wait instead of producing data that only ages, and when the envs are, every slot runs.
-Pacing never starves the learners (while less than one global batch of work is ahead of them, slots are admitted
-whatever the target), one episode is always admitted when none is in flight, in-flight episodes
-always finish, and GRPO episodes held for their group do not count, so pacing cannot deadlock.
+Pacing never starves the learners (while less than one global batch of work is ahead of them,
+slots are admitted whatever the target), one episode is always admitted when none is in flight,
+in-flight episodes always finish, and GRPO episodes held for their group do not count, so
+pacing cannot deadlock.
 (Learners pull only what their next batch needs, so no rank hoards data another rank waits
 for.)
 

@@ -111,7 +111,7 @@ class AdvantageNormalizer:
 
     def _set(self, moments: np.ndarray) -> None:
         n, s, s2 = self.reduce(moments)
-        if n > 0 and np.isfinite(s) and np.isfinite(s2):  # a NaN in one batch stays there
+        if n > 0 and np.isfinite(s) and np.isfinite(s2):  # a batch with a NaN sets nothing
             self.mu = s / n
             self.sigma = float(np.sqrt(max(s2 / n - self.mu**2, 0.0)))
 
