@@ -13,6 +13,7 @@ from tiny_runs import TINY_RUN
 from actors.controller import Controller
 from rlvla3.checkpoint import load_policy, read_meta
 from rlvla3.run_config import load_run_config
+from rlvla3.weight_sync import parameter_sum
 
 SMALL = [*TINY_RUN, "log_every_s=1.0", "checkpoint_every=0"]
 
@@ -89,7 +90,7 @@ def test_two_learners_stay_in_lockstep(ray_cluster, tmp_path, mode):
 def test_init_from_starts_with_the_checkpoint_weights(ray_cluster, tmp_path):
     run(tmp_path, "first", ["total_env_steps=300"])
     policy, _ = load_policy(tmp_path / "first")
-    expected = float(sum(p.detach().double().sum() for p in policy.parameters()))
+    expected = parameter_sum(policy)
     cfg = load_run_config("smoke", overrides=SMALL + [f"init_from={tmp_path / 'first'}"])
     controller = Controller(cfg, tmp_path / "second", quiet=True)
     try:
