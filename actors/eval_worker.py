@@ -7,7 +7,13 @@ episode, reported in ``EpisodeOutcome.fault``) and one policy:
 
 - ``ActionSource("random")``: uniform random action chunks in [-1, 1];
 - ``ActionSource("checkpoint", path)``: the policy saved in a run directory, loaded with
-  ``rlvla3.checkpoint.load_policy`` on CPU and run deterministically (its mode).
+  ``rlvla3.checkpoint.load_policy`` on CPU and run deterministically (its mode: the flow ODE
+  from zero noise);
+- ``ActionSource("checkpoint", path, sampling=...)``: the same policy *sampled* as RL samples
+  it, with the given policy options overridden (``noise_level``, ``init_noise``, ...): what an
+  RL run from that checkpoint starts from. Each episode's noise is seeded from the source's
+  seed, the task and the initial state, so an episode's outcome does not depend on which
+  worker ran it or on a resume.
 
 ``set_source`` swaps the policy without rebuilding the env (periodic evaluation reuses its
 workers for every checkpoint); ``describe`` reports what the episodes run on (package
@@ -37,6 +43,37 @@ class ActionSource:
 
     kind: str
     path: str = ""
+    sampling: tuple[tuple[str, float], ...] | None = None
+    """None: act deterministically. Otherwise sample, with these ``(policy option, value)``
+    overrides applied to the checkpoint's policy config."""
+    seed: int = 0
+    """Seed of sampled episodes' noise (with the task and initial state)."""
+
+
+def episode_seed(seed: int, task_id: int, init_state_id: int) -> int:
+    """The noise seed of one sampled episode: a fixed function of what the episode is."""
+    return int(np.random.SeedSequence([seed, task_id, init_state_id]).generate_state(1)[0])
+
+
+def apply_sampling_options(policy: Any, options: tuple[tuple[str, float], ...]) -> None:
+    """Override float options of ``policy``'s config (``noise_level``, ``init_noise``, ...),
+    validated; a name the config lacks, or one that is not a float, is refused."""
+    import dataclasses
+
+    from rlvla3.config import ConfigError
+
+    if not options:
+        return
+    cfg = policy.cfg
+    floats = sorted(f.name for f in dataclasses.fields(cfg)
+                    if isinstance(getattr(cfg, f.name), float))
+    for name, _ in options:
+        if name not in floats:
+            raise ConfigError(f"policy.options.{name}", f"not a sampling option of "
+                              f"{type(cfg).__name__}; its float options: {floats}")
+    cfg = dataclasses.replace(cfg, **{k: float(v) for k, v in options})
+    cfg.validate()
+    policy.cfg = cfg
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +107,8 @@ class EvalWorker:
         from envs import make_env
 
         self.env = make_env(env, seed=seed)
+        self._suite_tasks = tuple(env.options.get("task_ids") or ())
+        """Env task id ``i`` is suite task ``_suite_tasks[i]`` (empty: the same number)."""
         self.spec: EnvSpec = self.env.spec
         self.source = source
         self.rng = np.random.default_rng(seed)
@@ -89,8 +128,11 @@ class EvalWorker:
             torch.set_num_threads(self.torch_threads)
             policy, _ = load_policy(source.path)
             policy.eval()
+            apply_sampling_options(policy, source.sampling or ())
         elif source.kind != "random":
             raise ValueError(f"unknown action source {source.kind!r}")
+        elif source.sampling is not None:
+            raise ValueError("a random action source has nothing to sample")
         self.source, self.policy = source, policy
 
     def describe(self) -> dict[str, Any]:
@@ -103,10 +145,14 @@ class EvalWorker:
     def _act(self, obs: Observation) -> np.ndarray:
         if self.policy is None:
             return self.rng.uniform(-1.0, 1.0, size=(self.spec.chunk_len, self.spec.action_dim))
-        return self.policy.act(ObsBatch.stack([obs]), deterministic=True).actions[0]
+        sampled = self.source.sampling is not None
+        return self.policy.act(ObsBatch.stack([obs]), deterministic=not sampled).actions[0]
 
     def run_episode(self, task_id: int, init_state_id: int, record: bool = False) -> EpisodeOutcome:
         t0 = time.perf_counter()
+        if self.policy is not None and self.source.sampling is not None:
+            task = self._suite_tasks[task_id] if self._suite_tasks else task_id
+            self.policy.seed_sampling(episode_seed(self.source.seed, task, init_state_id))
         obs = self.env.reset(task_id, init_state_id)
         frames = [_frame(obs)] if record else []
         steps = decisions = 0

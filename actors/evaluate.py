@@ -12,6 +12,9 @@ whichever worker is free, so a slow reset or a simulator restart never idles the
 Protocol (published LIBERO): every task on its 50 bundled initial states (episode ``k`` of a
 task starts from bundled state ``k``; ``--episodes-per-task`` or ``--init-ids`` take fewer);
 ``--placements fresh`` evaluates on fresh placements instead (the training distribution).
+A checkpoint acts with its mode (the flow ODE from zero noise); ``--sampled`` (optionally with
+``--noise-level`` and ``--init-noise``) evaluates the policy RL would sample instead, each
+episode's noise seeded by ``--seed``, the task and the initial state.
 
 Outputs, in ``--output-dir`` (written as each episode ends, so an interrupted evaluation
 loses nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
@@ -54,9 +57,18 @@ from rlvla3.config import Named, build
 from rlvla3.fingerprint import fingerprint, fingerprint_differences
 from rlvla3.stats import compare_paired
 
-IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "cameras", "image_size",
-                 "chunk_len", "max_steps", "fast_render", "seed")
+IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "cameras",
+                 "image_size", "chunk_len", "max_steps", "fast_render", "seed")
 """What an output directory's episodes depend on: a resume must match all of them."""
+
+
+def _legacy_acting(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """``stored`` (an identity or fingerprint) with the ``acting`` that outputs written before
+    sampled evaluation existed lack: theirs was never sampled, so it is ``now``'s unless
+    ``now`` samples."""
+    if "acting" in stored or str(now.get("acting", "")).startswith("sampled"):
+        return stored
+    return {**stored, "acting": now.get("acting")}
 PLAN_FIELDS = ("init_state_ids", "tasks")
 """Fingerprint fields that say which episodes are planned (a resume may extend them)."""
 
@@ -158,6 +170,7 @@ class EvalOutput:
         if self.header.is_file():
             self.stored = json.loads(self.header.read_text())
             old = self.stored["identity"]
+            old = _legacy_acting(old, identity)
             diff = [f"{k}: {old.get(k)!r} != {identity.get(k)!r}" for k in IDENTITY_KEYS
                     if old.get(k) != identity.get(k)]
             if diff:
@@ -198,7 +211,7 @@ class EvalOutput:
         self._save_header()
         if old is None:
             return []
-        setup = {k: v for k, v in old.items() if k not in PLAN_FIELDS}
+        setup = {k: v for k, v in _legacy_acting(old, fp).items() if k not in PLAN_FIELDS}
         return fingerprint_differences(setup, {k: v for k, v in fp.items() if k not in PLAN_FIELDS})
 
     def add_seconds(self, seconds: float) -> float:
@@ -228,8 +241,25 @@ def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
         "chunk_len": cfg.chunk_len,
         "max_steps": cfg.episode_steps,
         "fast_render": cfg.fast_render,
-        "seed": args.seed if not args.checkpoint else None,
+        "acting": acting(args),
+        "seed": args.seed if not args.checkpoint or args.sampled else None,
     }
+
+
+def sampling_options(args: argparse.Namespace) -> tuple[tuple[str, float], ...] | None:
+    """The policy options a sampled evaluation overrides (None: deterministic acting)."""
+    if not args.sampled:
+        return None
+    chosen = (("noise_level", args.noise_level), ("init_noise", args.init_noise))
+    return tuple((k, v) for k, v in chosen if v is not None)
+
+
+def acting(args: argparse.Namespace) -> str:
+    """How the policy acts, as results and resumes record it."""
+    options = sampling_options(args)
+    if options is None:
+        return "deterministic" if not args.policy else args.policy
+    return " ".join(["sampled", *(f"{k}={v:g}" for k, v in options)])
 
 
 def init_ids(args: argparse.Namespace) -> list[int]:
@@ -254,7 +284,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     output = EvalOutput(out, identity)
     env = Named("libero", options)
     source = (
-        ActionSource("checkpoint", args.checkpoint) if args.checkpoint else ActionSource("random")
+        ActionSource("checkpoint", args.checkpoint, sampling_options(args), args.seed)
+        if args.checkpoint else ActionSource("random")
     )
     jobs = protocol_jobs(len(tasks), ids)
     finished = output.done()
@@ -269,6 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "chunk_len": identity["chunk_len"],
         "max_steps": identity["max_steps"],
         "seeds": {"eval": args.seed, "placement": args.placement_seed},
+        "acting": identity["acting"],
         "init_state_ids": ids,
         "tasks": tasks,
     }
@@ -308,6 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         summary = {
             "suite": args.suite,
             "policy": args.checkpoint or args.policy,
+            "acting": identity["acting"],
             "placements": args.placements,
             **summarise_rows(rows, tasks),
             "complete": complete,
@@ -410,7 +443,8 @@ def compare_results(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         differences = [f"placements: {a.get('placements')!r} != {b.get('placements')!r}"]
     else:
         differences = []
-    differences += fingerprint_differences(a.get("fingerprint", {}), b.get("fingerprint", {}))
+    fa, fb = a.get("fingerprint", {}), b.get("fingerprint", {})
+    differences += fingerprint_differences(_legacy_acting(fa, fb), _legacy_acting(fb, fa))
     sha_a = (a.get("fingerprint", {}).get("checkpoint") or {}).get("sha256")
     if sha_a and sha_a == (b.get("fingerprint", {}).get("checkpoint") or {}).get("sha256"):
         differences.append(f"checkpoint: A and B hold the same weights (sha256 {sha_a[:12]})")
@@ -493,6 +527,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=0, help="episode limit; 0: the suite's")
     parser.add_argument("--no-fast-render", action="store_true", help="render as upstream does")
     parser.add_argument("--address", help="Ray cluster address (default: start Ray locally)")
+    parser.add_argument("--sampled", action="store_true",
+                        help="sample the checkpoint's policy as RL does (default: its mode, "
+                        "the flow ODE from zero noise); episode noise is seeded by --seed, "
+                        "the task and the initial state")
+    parser.add_argument("--noise-level", type=float,
+                        help="with --sampled: the policy's noise_level (default: the "
+                        "checkpoint's)")
+    parser.add_argument("--init-noise", type=float,
+                        help="with --sampled: the policy's init_noise (default: the "
+                        "checkpoint's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     args = parser.parse_args(argv)
@@ -502,6 +546,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"initial states must lie in 0..{limit - 1} ({args.placements} placements)")
     if args.workers < 1:
         parser.error("--workers must be >= 1")
+    if not args.sampled and (args.noise_level is not None or args.init_noise is not None):
+        parser.error("--noise-level and --init-noise set how a sampled policy acts: add --sampled")
+    if args.sampled and args.policy:
+        parser.error("--sampled needs a checkpoint (--checkpoint or --compare)")
     return args
 
 
