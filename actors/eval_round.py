@@ -3,12 +3,14 @@
 Role: ``rlvla3 eval`` and periodic evaluation during RL runs evaluate the same way, through
 this module:
 
-- ``protocol_env(env)``: the env options evaluation uses: for LIBERO the bundled initial
-  states (``placements: bundled``), whatever the training env samples.
+- ``protocol_env(env, placements)``: the env options evaluation uses: for LIBERO the bundled
+  initial states (``placements: bundled``) whatever the training env samples, or fresh
+  placements when an evaluation asks for them (``rlvla3 eval --placements fresh``).
 - ``protocol_jobs(num_tasks, init_ids)``: the (env task, initial state) episodes, state-major
   (every task's state 0, then every task's state 1, ...), so a partial evaluation covers all
   tasks evenly.
-- ``make_eval_workers(env, n, seed)``: ``EvalWorker`` actors on ``protocol_env(env)``.
+- ``make_eval_workers(env, n, seed, placements=...)``: ``EvalWorker`` actors on
+  ``protocol_env(env, placements)``.
 - ``EvalRound(workers, jobs, checkpoint)``: hands each free worker its next episode and never
   blocks: ``poll(timeout_s)`` returns the episodes finished since the last call, ``done``
   says when all have. A worker that dies costs its episode (recorded with ``fault``), not the
@@ -38,11 +40,12 @@ Job = tuple[int, int]
 """(env task id, initial state id)."""
 
 
-def protocol_env(env: Named) -> Named:
-    """``env`` as evaluation runs it: LIBERO on its bundled initial states."""
+def protocol_env(env: Named, placements: str = "bundled") -> Named:
+    """``env`` as evaluation runs it: LIBERO on its bundled initial states (or on
+    ``placements``)."""
     if env.name != "libero":
         return env
-    return Named(env.name, {**dict(env.options), "placements": "bundled"})
+    return Named(env.name, {**dict(env.options), "placements": placements})
 
 
 def protocol_jobs(num_tasks: int, init_ids: Sequence[int]) -> list[Job]:
@@ -66,14 +69,17 @@ def next_job(queue: Sequence[Job], last_task: int | None, lead: int,
 
 
 def make_eval_workers(
-    env: Named, n: int, seed: int = 0, num_cpus: float = 1.0, source: ActionSource | None = None
+    env: Named, n: int, seed: int = 0, num_cpus: float = 1.0, source: ActionSource | None = None,
+    placements: str = "bundled",
 ) -> list[Any]:
-    """``n`` ``EvalWorker`` actors on ``protocol_env(env)`` (simulators start in the actors)."""
+    """``n`` ``EvalWorker`` actors on ``protocol_env(env, placements)`` (simulators start in
+    the actors)."""
     import ray
 
     remote = ray.remote(num_cpus=num_cpus)(EvalWorker)
     source = source or ActionSource("random")
-    return [remote.remote(protocol_env(env), source, seed + w) for w in range(n)]
+    scenes = protocol_env(env, placements)
+    return [remote.remote(scenes, source, seed + w) for w in range(n)]
 
 
 class EvalRound:

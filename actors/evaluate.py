@@ -372,7 +372,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             init_ray(args.address or "", num_cpus=max(args.workers, os.cpu_count() or 1),
                      include_dashboard=False, log_to_driver=False)
-        workers = make_eval_workers(env, min(args.workers, len(todo)), args.seed, source=source)
+        workers = make_eval_workers(env, min(args.workers, len(todo)), args.seed, source=source,
+                                    placements=args.placements)
         columns = ("[progress.description]{task.description}", BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn())
         try:

@@ -1,6 +1,7 @@
 """``rlvla3 eval`` on real LIBERO: two tasks x one episode in two Ray actors writes the JSON
 summary with Wilson intervals and the fingerprint, an MP4 per recorded episode and the chart;
-re-running on the same output directory continues without repeating an episode."""
+re-running on the same output directory continues without repeating an episode; ``--placements
+fresh`` evaluates other scenes than the bundled states of the same ids."""
 
 from __future__ import annotations
 
@@ -81,3 +82,20 @@ def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
     argv[argv.index("--max-steps") + 1] = "20"
     with pytest.raises(SystemExit, match="max_steps"):
         main(argv)
+
+    # --placements fresh evaluates fresh scenes, not the bundled state of the same id.
+    fresh = tmp_path / "fresh"
+    assert main(["--suite", "libero_spatial", "--task-ids", "3", "--init-ids", "0",
+                 "--placements", "fresh", "--policy", "random", "--output-dir", str(fresh),
+                 "--workers", "1", "--image-size", "32", "--max-steps", "10", "--videos", "1",
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["placements"] == "fresh" and summary["episodes"] == 1
+
+    def reset_frame(path):
+        with av.open(str(path)) as video:
+            return next(video.decode(video=0)).to_ndarray(format="rgb24").astype(np.int16)
+
+    bundled_scene = reset_frame(out / "task3_init0_fail.mp4")
+    fresh_scene = reset_frame(fresh / "task3_init0_fail.mp4")
+    assert np.abs(fresh_scene - bundled_scene).mean() > 2, "fresh placements gave the bundled scene"
