@@ -17,7 +17,8 @@ episode, reported in ``EpisodeOutcome.fault``) and one policy:
 
 ``set_source`` swaps the policy without rebuilding the env (periodic evaluation reuses its
 workers for every checkpoint); ``describe`` reports what the episodes run on (package
-versions in this process, the env's renderer and control rate) for the results' fingerprint.
+versions in this process, the env's renderer and control rate, a sampled policy's float
+options as they take effect) for the results' fingerprint.
 
 Outputs: one ``EpisodeOutcome`` per episode; when asked, the frames of the episode (agentview and
 wrist side by side, one per decision) travel back with it so that the driver writes the video
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -55,23 +56,26 @@ def episode_seed(seed: int, task_id: int, init_state_id: int) -> int:
     return int(np.random.SeedSequence([seed, task_id, init_state_id]).generate_state(1)[0])
 
 
+def float_options(cfg: Any) -> dict[str, float]:
+    """The float fields of a policy config (what sampled acting may override)."""
+    return {f.name: v for f in fields(cfg)
+            if isinstance(v := getattr(cfg, f.name), float)}
+
+
 def apply_sampling_options(policy: Any, options: tuple[tuple[str, float], ...]) -> None:
     """Override float options of ``policy``'s config (``noise_level``, ``init_noise``, ...),
     validated; a name the config lacks, or one that is not a float, is refused."""
-    import dataclasses
-
     from rlvla3.config import ConfigError
 
     if not options:
         return
     cfg = policy.cfg
-    floats = sorted(f.name for f in dataclasses.fields(cfg)
-                    if isinstance(getattr(cfg, f.name), float))
+    floats = sorted(float_options(cfg))
     for name, _ in options:
         if name not in floats:
             raise ConfigError(f"policy.options.{name}", f"not a sampling option of "
                               f"{type(cfg).__name__}; its float options: {floats}")
-    cfg = dataclasses.replace(cfg, **{k: float(v) for k, v in options})
+    cfg = replace(cfg, **{k: float(v) for k, v in options})
     cfg.validate()
     policy.cfg = cfg
 
@@ -140,7 +144,10 @@ class EvalWorker:
         from rlvla3.fingerprint import package_versions
 
         describe = getattr(self.env, "describe", None)
-        return {"packages": package_versions(), **(describe() if describe is not None else {})}
+        out = {"packages": package_versions(), **(describe() if describe is not None else {})}
+        if self.policy is not None and self.source.sampling is not None:
+            out["sampling"] = float_options(self.policy.cfg)  # what the episodes sample with
+        return out
 
     def _act(self, obs: Observation) -> np.ndarray:
         if self.policy is None:

@@ -322,7 +322,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return
         info = ray.get(worker.describe.remote())
         fp = fingerprint(
-            {**settings, "control_freq": info.get("control_freq")},
+            {**settings, "control_freq": info.get("control_freq"),
+             **({"sampling": info["sampling"]} if "sampling" in info else {})},
             renderer=info.get("renderer"),
             packages=info.get("packages"),
             checkpoint=args.checkpoint or None,

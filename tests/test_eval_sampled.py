@@ -39,6 +39,8 @@ def test_a_sampled_episode_is_a_fixed_function_of_seed_task_and_state(checkpoint
     sampled = ActionSource("checkpoint", checkpoint, (("noise_level", 0.3),), seed=5)
     first, second = EvalWorker(ENV, sampled, seed=0), EvalWorker(ENV, sampled, seed=1)
     assert first.policy.cfg.noise_level == 0.3 and first.policy.cfg.init_noise == 1.0
+    reported = first.describe()["sampling"]  # what the fingerprint records: values in effect
+    assert reported["noise_level"] == 0.3 and reported["init_noise"] == 1.0
     episode = _frames(first, 0, 3)
     _frames(first, 1, 0)  # what a worker ran before does not leak into the next episode
     assert np.array_equal(_frames(first, 0, 3), episode)
@@ -47,7 +49,7 @@ def test_a_sampled_episode_is_a_fixed_function_of_seed_task_and_state(checkpoint
                                               seed=6))
     assert not np.array_equal(_frames(other_seed, 0, 3), episode)
     mode = EvalWorker(ENV, ActionSource("checkpoint", checkpoint))
-    assert mode.policy.cfg.noise_level == 0.5
+    assert mode.policy.cfg.noise_level == 0.5 and "sampling" not in mode.describe()
     deterministic = _frames(mode, 0, 3)
     assert not np.array_equal(deterministic, episode)
     # Sampling with no starting noise and a vanishing SDE noise is the deterministic chain.
