@@ -147,7 +147,10 @@ def _percent(row: dict[str, Any]) -> tuple[str, str]:
 def _table(summary: dict[str, Any]) -> Any:
     from rich.table import Table
 
-    table = Table(title=f"{summary['suite']}: {summary['policy']}")
+    title = f"{summary['suite']}: {summary['policy']}"
+    if summary.get("acting", "deterministic") != "deterministic":
+        title += f" ({summary['acting']})"
+    table = Table(title=title)
     for col in ("task", "instruction", "episodes", "successes", "success", "95% CI"):
         table.add_column(col, justify="left" if col == "instruction" else "right")
     for task, row in summary["tasks"].items():
