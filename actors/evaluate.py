@@ -148,7 +148,7 @@ def _table(summary: dict[str, Any]) -> Any:
     from rich.table import Table
 
     title = f"{summary['suite']}: {summary['policy']}"
-    if summary.get("acting", "deterministic") != "deterministic":
+    if str(summary.get("acting", "")).startswith("sampled"):
         title += f" ({summary['acting']})"
     table = Table(title=title)
     for col in ("task", "instruction", "episodes", "successes", "success", "95% CI"):
