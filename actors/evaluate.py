@@ -61,6 +61,9 @@ IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "c
                  "image_size", "chunk_len", "max_steps", "fast_render", "seed")
 """What an output directory's episodes depend on: a resume must match all of them."""
 
+PLAN_FIELDS = ("init_state_ids", "tasks")
+"""Fingerprint fields that say which episodes are planned (a resume may extend them)."""
+
 
 def _legacy_acting(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     """``stored`` (an identity or fingerprint) with the ``acting`` that outputs written before
@@ -69,8 +72,6 @@ def _legacy_acting(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any
     if "acting" in stored or str(now.get("acting", "")).startswith("sampled"):
         return stored
     return {**stored, "acting": now.get("acting")}
-PLAN_FIELDS = ("init_state_ids", "tasks")
-"""Fingerprint fields that say which episodes are planned (a resume may extend them)."""
 
 
 def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
@@ -172,8 +173,7 @@ class EvalOutput:
         self.stored: dict[str, Any] = {}
         if self.header.is_file():
             self.stored = json.loads(self.header.read_text())
-            old = self.stored["identity"]
-            old = _legacy_acting(old, identity)
+            old = _legacy_acting(self.stored["identity"], identity)
             diff = [f"{k}: {old.get(k)!r} != {identity.get(k)!r}" for k in IDENTITY_KEYS
                     if old.get(k) != identity.get(k)]
             if diff:
