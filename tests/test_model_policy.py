@@ -36,7 +36,7 @@ def _obs(n=4, seed=0):
     return libero_like_batch(SPEC, n, np.random.default_rng(seed))
 
 
-@pytest.mark.parametrize("logprob", ["flow_sde", "flow_noise"])
+@pytest.mark.parametrize("logprob", ["flow_sde", "flow_noise", "ode_gaussian"])
 def test_evaluate_recomputes_the_behaviour_log_prob(logprob):
     policy = build_vla_policy(SPEC, {"preset": "tiny", "logprob": logprob, "denoise_steps": 3})
     assert isinstance(policy, Policy)
@@ -131,6 +131,46 @@ def test_deterministic_chain_follows_the_flow_ode_to_the_action(noise_level):
     noisy, _ = flow.sample_chain(step, x0, 4, deterministic=False,
                                  generator=torch.Generator().manual_seed(1))
     assert (noisy[:, -1] - target).abs().max() > 1e-3
+
+
+def test_ode_gaussian_samples_only_the_chunk_around_the_evaluated_one():
+    """Under ``ode_gaussian`` the sampled chain is the deterministic one except its last
+    state, which scatters around the evaluated chunk with std ``noise_level``; a chunk far
+    from the ODE's output is correspondingly unlikely."""
+    std = 0.05
+    policy = build_vla_policy(SPEC, {"preset": "tiny", "logprob": "ode_gaussian",
+                                     "noise_level": std, "init_noise": 0.0, "seed": 2})
+    obs, _ = _obs(n=6)
+    mode, out = policy.act(obs, deterministic=True), policy.act(obs)
+    np.testing.assert_array_equal(out.latents[:, :-1], mode.latents[:, :-1])
+    spread = (out.latents[:, -1] - mode.latents[:, -1]).std()
+    assert 0.8 * std < spread < 1.2 * std, spread  # 252 draws of N(0, std^2)
+    assert (mode.log_prob > out.log_prob).all()  # the mode is the density's peak
+    moved = torch.tensor(out.latents)
+    moved[:, -1] += 3 * std
+    ev = policy.evaluate(obs, moved[:, -1], moved).log_prob.detach().numpy()
+    assert (ev < out.log_prob - 100).all()  # 4.5 nats per element, 42 elements
+
+
+def test_ode_gaussian_policy_gradient_moves_the_deterministic_chunk():
+    """Raising the log-probability of sampled chunks with a positive advantage (a policy
+    gradient step) moves the chunk deterministic evaluation acts with toward them, by a
+    step measured in the action noise, with the learning rate the SFT used."""
+    policy = build_vla_policy(SPEC, {"preset": "tiny", "logprob": "ode_gaussian",
+                                     "noise_level": 0.1, "init_noise": 0.0, "seed": 4})
+    obs, _ = _obs(n=4, seed=1)
+    before = policy.act(obs, deterministic=True).latents[:, -1]
+    target = torch.tensor(before + 0.3)  # a better chunk, 3 noise stds away in every element
+    chain = torch.zeros(4, *policy.latent_shape)  # starts at zero, as init_noise 0 samples
+    chain[:, -1] = target
+    opt = torch.optim.Adam(policy.parameters(), lr=3e-4)
+    for _ in range(30):
+        opt.zero_grad()
+        (-policy.evaluate(obs, target, chain).log_prob.mean()).backward()
+        opt.step()
+    after = policy.act(obs, deterministic=True).latents[:, -1]
+    gap_before = np.abs(before - target.numpy()).mean()
+    assert np.abs(after - target.numpy()).mean() < 0.5 * gap_before
 
 
 def test_sft_training_reduces_the_flow_matching_loss():

@@ -89,12 +89,16 @@ class VLAConfig:
     """Backbone and action-expert linears with FP8 e4m3 block-scaled weights/activations."""
     fp8_backend: Literal["auto", "transformer_engine", "torchao", "emulated"] = "auto"
     """Which FP8 implementation; ``auto`` prefers real kernels and falls back to emulation."""
-    logprob: Literal["flow_sde", "flow_noise"] = "flow_sde"
-    """How the denoising chain gets a likelihood: SDE noise level or a learned noise head."""
+    logprob: Literal["flow_sde", "flow_noise", "ode_gaussian"] = "flow_sde"
+    """How the denoising chain gets a likelihood: SDE noise at every step (``flow_sde``), a
+    learned noise head (``flow_noise``), or the deterministic ODE with Gaussian noise on the
+    action chunk only (``ode_gaussian``; see ``rlvla3.model.flow``)."""
     denoise_steps: int = 4
     """K, the Euler steps from noise (t=1) to action (t=0)."""
     noise_level: float = 0.5
-    """Flow-SDE ``a`` in ``sigma_t = a * sqrt(t / (1 - t))``."""
+    """Flow-SDE ``a`` in ``sigma_t = a * sqrt(t / (1 - t))``; under ``ode_gaussian`` the std of
+    the noise on the action chunk (standardised units: 0.1 is a tenth of each action
+    dimension's spread in the demonstrations)."""
     init_noise: float = 1.0
     """Scale of the chain's starting noise when sampling (deterministic acting starts at 0,
     the noise distribution's mean). Below 1 the behaviour policy stays nearer the mode that

@@ -12,6 +12,12 @@ whose log-density sums to the chain's log-probability (piRL, arXiv 2510.25889):
 
 - Flow-Noise: the ODE mean ``x - dt * v`` plus a learned std per element from the noise head,
   squashed into ``[noise_min, noise_max]``.
+- ODE-Gaussian: the chain is the deterministic ODE from its starting point ``x0`` and only the
+  action chunk is sampled, ``a ~ N(ode(x0), std^2)`` with a fixed ``std``. The log-probability
+  of ``(x0, a)`` is ``log N(a; ode(x0), std^2)`` plus the density of ``x0``, which does not
+  depend on the weights. Its gradient moves the ODE's output, the chunk deterministic
+  evaluation acts with, by amounts measured against ``std`` rather than against the tiny
+  per-step stds a Flow-SDE chain needs to stay near that output.
 
 Deterministic sampling (evaluation) follows the ODE, ``x - dt * v``, under both: the SDE mean
 without its noise would also remove the score term's share of the noise and leave the flow's
@@ -97,6 +103,15 @@ def sample_chain(step: StepFn, x0: torch.Tensor, steps: int, deterministic: bool
         logp = logp + gaussian_log_prob(x, dist)
         chain.append(x)
     return torch.stack(chain, 1), logp
+
+
+def ode_action_distribution(step: StepFn, x0: torch.Tensor, steps: int,
+                            std: float) -> tuple[torch.Tensor, StepDistribution]:
+    """ODE-Gaussian: the deterministic chain ``[n, K+1, H, A]`` from ``x0`` and the Gaussian
+    ``N(chain[:, -1], std^2)`` the action chunk is drawn from (differentiable when grad is on)."""
+    chain, _ = sample_chain(step, x0, steps, deterministic=True)
+    last = chain[:, -1]
+    return chain, StepDistribution(last, torch.full_like(last, std))
 
 
 def chain_log_prob(step: StepFn, chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -134,8 +134,17 @@ class VLAPolicy(nn.Module):
         else:
             x0 = torch.randn(shape, generator=self._generator, device=self.device)
             x0 = x0 * self.cfg.init_noise
-        chain, logp = flow.sample_chain(self._step_fn(cache, layout), x0, self.cfg.denoise_steps,
-                                        deterministic, self._generator)
+        step = self._step_fn(cache, layout)
+        if self.cfg.logprob == "ode_gaussian":
+            chain, dist = flow.ode_action_distribution(step, x0, self.cfg.denoise_steps,
+                                                       self.cfg.noise_level)
+            if not deterministic:
+                eps = torch.randn(dist.mean.shape, generator=self._generator, device=self.device)
+                chain = torch.cat([chain[:, :-1], (dist.mean + dist.std * eps)[:, None]], 1)
+            logp = flow.gaussian_log_prob(chain[:, -1], dist)
+        else:
+            chain, logp = flow.sample_chain(step, x0, self.cfg.denoise_steps, deterministic,
+                                            self._generator)
         actions = chain[:, -1].cpu() * self._action_std + self._action_mean
         return PolicyOutput(
             actions=actions.numpy().astype(np.float32),
@@ -145,11 +154,18 @@ class VLAPolicy(nn.Module):
         )
 
     def evaluate(self, obs: ObsBatch, actions: torch.Tensor, latents: torch.Tensor) -> Evaluation:
-        """Log-prob of the recorded chains (all K steps batched), value and entropy."""
+        """Log-prob of the recorded chains (all K steps batched; under ``ode_gaussian`` the
+        ODE from each chain's start, then the chunk's density), value and entropy."""
         pb, cache = self._prefix(obs)
         value = self.net.value(cache, pb)
         chain = torch.as_tensor(latents, dtype=torch.float32, device=self.device)
         chain = chain.view(len(obs), *self.latent_shape)
+        if self.cfg.logprob == "ode_gaussian":  # the ODE again, K sequential steps with grad
+            step = self._step_fn(cache, self.net.suffix_layout(pb, reps=1))
+            _, dist = flow.ode_action_distribution(step, chain[:, 0], self.cfg.denoise_steps,
+                                                   self.cfg.noise_level)
+            logp, entropy = flow.gaussian_log_prob(chain[:, -1], dist), flow.gaussian_entropy(dist)
+            return Evaluation(log_prob=logp, value=value, entropy=entropy)
         layout = self.net.suffix_layout(pb, reps=self.cfg.denoise_steps)
         logp, entropy = flow.chain_log_prob(self._step_fn(cache, layout), chain)
         return Evaluation(log_prob=logp, value=value, entropy=entropy)
