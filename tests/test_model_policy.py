@@ -155,7 +155,7 @@ def test_ode_gaussian_samples_only_the_chunk_around_the_evaluated_one():
 def test_ode_gaussian_policy_gradient_moves_the_deterministic_chunk():
     """Raising the log-probability of sampled chunks with a positive advantage (a policy
     gradient step) moves the chunk deterministic evaluation acts with toward them, by a
-    step measured in the action noise, with the learning rate the SFT used."""
+    step measured in the action noise, at a learning rate of the SFT runs' order."""
     policy = build_vla_policy(SPEC, {"preset": "tiny", "logprob": "ode_gaussian",
                                      "noise_level": 0.1, "init_noise": 0.0, "seed": 4})
     obs, _ = _obs(n=4, seed=1)

@@ -109,9 +109,11 @@ def ode_action_distribution(step: StepFn, x0: torch.Tensor, steps: int,
                             std: float) -> tuple[torch.Tensor, StepDistribution]:
     """ODE-Gaussian: the deterministic chain ``[n, K+1, H, A]`` from ``x0`` and the Gaussian
     ``N(chain[:, -1], std^2)`` the action chunk is drawn from (differentiable when grad is on)."""
-    chain, _ = sample_chain(step, x0, steps, deterministic=True)
-    last = chain[:, -1]
-    return chain, StepDistribution(last, torch.full_like(last, std))
+    chain, x = [x0], x0
+    for t in time_grid(steps):  # the ODE alone: no per-step log-densities to discard
+        x = step(x, torch.full((len(x),), t, device=x.device)).mode
+        chain.append(x)
+    return torch.stack(chain, 1), StepDistribution(x, torch.full_like(x, std))
 
 
 def chain_log_prob(step: StepFn, chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
