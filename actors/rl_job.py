@@ -78,6 +78,14 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, Path]:
     return cfg, Path(cfg.run_root) / name
 
 
+def refuse_a_used_run_dir(run_dir: Path) -> None:
+    """A new run never starts in a directory holding another run's checkpoints: its saves would
+    mix with theirs (and ``latest`` names the newest version there, which may be theirs)."""
+    if (run_dir / "checkpoints" / "latest").is_file():
+        raise ConfigError("--run-dir", f"{run_dir} already holds a run's checkpoints: continue it "
+                          f"with --resume {run_dir}, or start this run in another directory")
+
+
 def _stop_on_signals(controller) -> dict:
     """SIGTERM and SIGINT ask ``controller`` to stop after its current step; a second one
     raises ``KeyboardInterrupt`` at once. Returns the handlers replaced."""
@@ -114,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             from envs import require_extra
 
             require_extra(cfg.env)
+        if not args.resume:
+            refuse_a_used_run_dir(run_dir)
         from actors.controller import Controller, ensure_ray
 
         controller = Controller(cfg, run_dir, resume=bool(args.resume))

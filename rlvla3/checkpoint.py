@@ -97,13 +97,17 @@ def save_checkpoint(
 def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMeta,
                         optimizer: torch.optim.Optimizer | None = None, keep: int = 2,
                         rng: torch.Tensor | None = None) -> Path:
-    """Save ``checkpoints/step-<version>`` in a run directory, update ``latest``, prune old ones."""
+    """Save ``checkpoints/step-<version>`` in a run directory, point ``latest`` at the newest
+    version there and prune all but the newest ``keep``. ``latest`` never moves back: a save of
+    an older version arriving after a newer one (two calls into one learner, in either order)
+    is written and then pruned, so ``latest`` never names a pruned checkpoint."""
     root = Path(run_dir) / "checkpoints"
     with _WRITING:
         path = save_checkpoint(root / f"step-{meta.version:08d}", policy, meta, optimizer, rng)
-        (root / "latest.tmp").write_text(path.name + "\n")
+        steps = sorted(p for p in root.glob("step-*") if not p.name.endswith(".tmp"))
+        (root / "latest.tmp").write_text(steps[-1].name + "\n")
         os.replace(root / "latest.tmp", root / "latest")
-        for old in sorted(p for p in root.glob("step-*") if not p.name.endswith(".tmp"))[:-keep]:
+        for old in steps[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return path
 

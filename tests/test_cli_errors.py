@@ -54,7 +54,10 @@ def results(tmp_path_factory):
         "sft_not_a_dataset": ["sft", "--dataset", str(tmp), "--run-dir", str(tmp / "s")],
         "inspect_missing": ["datalake", "inspect", str(tmp / "nonexistent")],
         "rl_missing_checkpoint": ["rl", "--set", f"init_from={tmp / 'nockpt'}"],
+        "rl_used_run_dir": ["rl", "--preset", "smoke", "--run-dir", str(tmp / "used")],
     }
+    (tmp / "used" / "checkpoints").mkdir(parents=True)
+    (tmp / "used" / "checkpoints" / "latest").write_text("step-00000007\n")
     proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(list(commands.values()))],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -90,6 +93,12 @@ def test_missing_datasets_and_checkpoints_are_named(results):
     assert str(tmp / "nonexistent") in line
     line = _one_line_exit_2(out["rl_missing_checkpoint"])
     assert "'init_from'" in line and str(tmp / "nockpt") in line
+
+
+def test_a_new_run_refuses_a_directory_holding_another_runs_checkpoints(results):
+    out, tmp = results
+    line = _one_line_exit_2(out["rl_used_run_dir"])
+    assert "'--run-dir'" in line and f"--resume {tmp / 'used'}" in line
 
 
 def test_require_extra_checks_the_module_without_importing_it(monkeypatch):

@@ -253,6 +253,19 @@ def test_saves_from_several_threads_of_one_process_all_land(tmp_path):
         torch.testing.assert_close(loaded.state_dict()[k], v, msg=k)
 
 
+def test_an_older_version_saved_after_a_newer_one_leaves_latest_on_the_newer(tmp_path):
+    """The order two threads reach the lock in is not the order of their versions: a save of
+    version 4 after 6 and 5 is pruned at once, and ``latest`` stays on 6 (it never names a
+    pruned checkpoint)."""
+    options = {"preset": "tiny", "seed": 3}
+    weights = build_policy(Named("vla", options), SPEC)
+    for version in (6, 5, 4):
+        save_run_checkpoint(tmp_path, weights, CheckpointMeta(Named("vla", options), SPEC, version))
+        assert read_meta(tmp_path).version == 6
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["latest", "step-00000005", "step-00000006"]
+
+
 def test_shape_overrides_build_the_model_and_travel_with_the_checkpoint(tmp_path):
     options = {"preset": "tiny", "shapes": {"vision_depth": 2, "vision_width": 48}}
     policy = build_policy(Named("vla", options), SPEC)
