@@ -420,9 +420,12 @@ class Controller:
             source = ("held-out evaluation" if cfg.eval_every
                       else f"last {cfg.target_window}+ training episodes")
             limits.append(f"success >= {cfg.target_success:g} on the {source} (target_success)")
-        if len(limits) == 1:
-            return f"budget: {limits[0]}"
-        return f"budget: {', '.join(limits[:-1])} or {limits[-1]}, whichever comes first"
+        line = (f"budget: {limits[0]}" if len(limits) == 1 else
+                f"budget: {', '.join(limits[:-1])} or {limits[-1]}, whichever comes first")
+        if self.counters["env_steps"]:  # resumed: both limits count the whole run
+            line += (f"; the run has taken {self.counters['env_steps']} env steps and "
+                     f"{self.counters['wall_s'] / 60:.1f} min before this leg")
+        return line
 
     def _tick(self, final: bool = False) -> dict | None:
         topo, monitor = self.topology, self.monitor

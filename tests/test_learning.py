@@ -33,6 +33,8 @@ def test_each_limit_names_itself_and_the_target_keeps_where_it_was_first_reached
         f"budget: {cfg.total_env_steps} env steps (total_env_steps), 5 min (max_minutes) or "
         "success >= 0.8 on the last 200+ training episodes (target_success), whichever comes first")
     controller.counters = {"env_steps": 5000, "episodes": 300, "wall_s": 61.04}
+    assert controller._budget_line().endswith(  # a resumed run: both limits count what it took
+        "whichever comes first; the run has taken 5000 env steps and 1.0 min before this leg")
     controller._check_target("training", 0.79, 250, 7)
     assert controller.target_reached is None
     controller._check_target("training", 0.8, 250, 9)
