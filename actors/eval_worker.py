@@ -15,6 +15,10 @@ episode, reported in ``EpisodeOutcome.fault``) and one policy:
   seed, the task and the initial state, so an episode's outcome does not depend on which
   worker ran it or on a resume.
 
+``ActionSource(..., instructions=...)`` tells the policy another instruction than the env's
+(``given_instructions``: none, or the next task's): a language ablation, which shows whether
+the instruction steers the policy or the scene alone decides what it does.
+
 ``set_source`` swaps the policy without rebuilding the env (periodic evaluation reuses its
 workers for every checkpoint); ``describe`` reports what the episodes run on (package
 versions in this process, the env's renderer and control rate, a sampled policy's float
@@ -28,7 +32,7 @@ wherever it runs, whichever node the worker ran on.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -49,6 +53,32 @@ class ActionSource:
     overrides applied to the checkpoint's policy config."""
     seed: int = 0
     """Seed of sampled episodes' noise (with the task and initial state)."""
+    instructions: tuple[str, ...] | None = None
+    """What the policy is told in env task ``i`` (None: the env's own instruction)."""
+
+
+LANGUAGE_MODES = ("own", "blank", "shifted")
+"""What an evaluated policy is told: each task's own instruction (the protocol), an empty
+one, or the next task's."""
+
+
+def given_instructions(
+    mode: str, suite_instructions: Sequence[str], tasks: Sequence[int]
+) -> tuple[str, ...] | None:
+    """The instruction the policy is told in each evaluated task (``tasks``: suite task ids, in
+    env task order) under ``mode``: None for ``own``; ``""`` for ``blank``; for ``shifted``,
+    suite task ``t`` is told task ``(t + 1) % N``'s instruction, a valid instruction of the
+    suite that asks for something else in this scene."""
+    if mode not in LANGUAGE_MODES:
+        raise ValueError(f"unknown language mode {mode!r}; choose one of {LANGUAGE_MODES}")
+    if mode == "own":
+        return None
+    if mode == "blank":
+        return tuple("" for _ in tasks)
+    n = len(suite_instructions)
+    if n < 2 or len(set(suite_instructions)) < n:
+        raise ValueError("shifted instructions need a suite of at least two distinct ones")
+    return tuple(suite_instructions[(t + 1) % n] for t in tasks)
 
 
 def episode_seed(seed: int, task_id: int, init_state_id: int) -> int:
@@ -149,7 +179,9 @@ class EvalWorker:
             out["sampling"] = float_options(self.policy.cfg)  # what the episodes sample with
         return out
 
-    def _act(self, obs: Observation) -> np.ndarray:
+    def _act(self, obs: Observation, task_id: int) -> np.ndarray:
+        if self.source.instructions is not None:
+            obs = replace(obs, instruction=self.source.instructions[task_id])
         if self.policy is None:
             return self.rng.uniform(-1.0, 1.0, size=(self.spec.chunk_len, self.spec.action_dim))
         sampled = self.source.sampling is not None
@@ -164,7 +196,7 @@ class EvalWorker:
         frames = [_frame(obs)] if record else []
         steps = decisions = 0
         while True:
-            result = self.env.step(self._act(obs))
+            result = self.env.step(self._act(obs, task_id))
             obs = result.obs
             steps += result.steps
             decisions += 1

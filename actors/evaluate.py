@@ -14,7 +14,10 @@ task starts from bundled state ``k``; ``--episodes-per-task`` or ``--init-ids`` 
 ``--placements fresh`` evaluates on fresh placements instead (the training distribution).
 A checkpoint acts with its mode (the flow ODE from zero noise); ``--sampled`` (optionally with
 ``--noise-level`` and ``--init-noise``) evaluates the policy RL would sample instead, each
-episode's noise seeded by ``--seed``, the task and the initial state.
+episode's noise seeded by ``--seed``, the task and the initial state. ``--language blank`` or
+``shifted`` tells the policy no instruction, or the next task's, instead of its own: the
+ablation that shows whether the instruction steers it (``results.json`` records what it was
+told; ``--compare`` pairs it with the same checkpoint told its own).
 
 Outputs, in ``--output-dir`` (written as each episode ends, so an interrupted evaluation
 loses nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
@@ -51,14 +54,14 @@ from actors.eval_round import (
     protocol_jobs,
     summarise_rows,
 )
-from actors.eval_worker import ActionSource
+from actors.eval_worker import LANGUAGE_MODES, ActionSource, given_instructions
 from envs.libero import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
 from rlvla3.config import Named, build
 from rlvla3.fingerprint import fingerprint, fingerprint_differences
 from rlvla3.stats import compare_paired
 
 IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "cameras",
-                 "image_size", "chunk_len", "max_steps", "fast_render", "seed")
+                 "image_size", "chunk_len", "max_steps", "fast_render", "seed", "language")
 """What an output directory's episodes depend on: a resume must match all of them."""
 
 PLAN_FIELDS = ("init_state_ids", "tasks")
@@ -66,9 +69,11 @@ PLAN_FIELDS = ("init_state_ids", "tasks")
 
 
 def _legacy_acting(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
-    """``stored`` (an identity or fingerprint) with the ``acting`` that outputs written before
-    sampled evaluation existed lack: theirs was never sampled, so it is ``now``'s unless
-    ``now`` samples."""
+    """``stored`` (an identity or fingerprint) with the fields that outputs written before they
+    existed lack: ``acting`` was never sampled, so it is ``now``'s unless ``now`` samples;
+    the policy was told each task's own instruction (``language``)."""
+    if "language" not in stored:
+        stored = {**stored, "language": "own"}
     if "acting" in stored or str(now.get("acting", "")).startswith("sampled"):
         return stored
     return {**stored, "acting": now.get("acting")}
@@ -151,6 +156,8 @@ def _table(summary: dict[str, Any]) -> Any:
     title = f"{summary['suite']}: {summary['policy']}"
     if str(summary.get("acting", "")).startswith("sampled"):
         title += f" ({summary['acting']})"
+    if summary.get("language", "own") != "own":
+        title += f" (told {summary['language']} instructions)"
     table = Table(title=title)
     for col in ("task", "instruction", "episodes", "successes", "success", "95% CI"):
         table.add_column(col, justify="left" if col == "instruction" else "right")
@@ -214,8 +221,9 @@ class EvalOutput:
         self._save_header()
         if old is None:
             return []
-        setup = {k: v for k, v in _legacy_acting(old, fp).items() if k not in PLAN_FIELDS}
-        return fingerprint_differences(setup, {k: v for k, v in fp.items() if k not in PLAN_FIELDS})
+        old, now = _legacy_acting(old, fp), _legacy_acting(fp, old)
+        return fingerprint_differences(*({k: v for k, v in f.items() if k not in PLAN_FIELDS}
+                                         for f in (old, now)))
 
     def add_seconds(self, seconds: float) -> float:
         self.stored["seconds"] = self.stored.get("seconds", 0.0) + seconds
@@ -246,6 +254,7 @@ def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
         "fast_render": cfg.fast_render,
         "acting": acting(args),
         "seed": args.seed if not args.checkpoint or args.sampled else None,
+        "language": args.language,
     }
 
 
@@ -263,6 +272,13 @@ def acting(args: argparse.Namespace) -> str:
     if options is None:
         return "deterministic" if not args.policy else args.policy
     return " ".join(["sampled", *(f"{k}={v:g}" for k, v in options)])
+
+
+def told_instructions(suite: str, tasks: Sequence[int], mode: str) -> tuple[str, ...] | None:
+    """What the policy is told in each evaluated task under ``--language mode``."""
+    from envs.libero import suite_instructions
+
+    return given_instructions(mode, suite_instructions(suite) if mode == "shifted" else (), tasks)
 
 
 def init_ids(args: argparse.Namespace) -> list[int]:
@@ -286,8 +302,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     identity = _identity(args, options)
     output = EvalOutput(out, identity)
     env = Named("libero", options)
+    told = told_instructions(args.suite, tasks, args.language)
     source = (
-        ActionSource("checkpoint", args.checkpoint, sampling_options(args), args.seed)
+        ActionSource("checkpoint", args.checkpoint, sampling_options(args), args.seed, told)
         if args.checkpoint else ActionSource("random")
     )
     jobs = protocol_jobs(len(tasks), ids)
@@ -304,6 +321,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_steps": identity["max_steps"],
         "seeds": {"eval": args.seed, "placement": args.placement_seed},
         "acting": identity["acting"],
+        "language": args.language,
         "init_state_ids": ids,
         "tasks": tasks,
     }
@@ -345,6 +363,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "suite": args.suite,
             "policy": args.checkpoint or args.policy,
             "acting": identity["acting"],
+            "language": args.language,
+            **({"told": dict(zip(map(str, tasks), told, strict=True))} if told else {}),
             "placements": args.placements,
             **summarise_rows(rows, tasks),
             "complete": complete,
@@ -542,6 +562,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--init-noise", type=float,
                         help="with --sampled: the policy's init_noise (default: the "
                         "checkpoint's)")
+    parser.add_argument("--language", choices=LANGUAGE_MODES, default="own",
+                        help="what the policy is told: each task's own instruction (the "
+                        "protocol), none, or the next task's (an ablation)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     args = parser.parse_args(argv)
@@ -553,8 +576,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--workers must be >= 1")
     if not args.sampled and (args.noise_level is not None or args.init_noise is not None):
         parser.error("--noise-level and --init-noise set how a sampled policy acts: add --sampled")
-    if args.sampled and args.policy:
-        parser.error("--sampled needs a checkpoint (--checkpoint or --compare)")
+    if args.policy and (args.sampled or args.language != "own"):
+        parser.error("--sampled and --language need a checkpoint (--checkpoint or --compare)")
     return args
 
 

@@ -339,13 +339,25 @@ class LiberoTask:
     init_states: np.ndarray
 
 
-def load_task(suite: str, index: int) -> LiberoTask:
-    """Task ``index`` of ``suite``: its BDDL file, instruction and bundled initial states."""
+def _benchmark(suite: str) -> Any:
     ensure_libero_config()
-    from libero.libero import benchmark, get_libero_path
+    from libero.libero import benchmark
 
     with contextlib.redirect_stdout(io.StringIO()):  # the benchmark prints its task order
-        bench = benchmark.get_benchmark_dict()[suite]()
+        return benchmark.get_benchmark_dict()[suite]()
+
+
+def suite_instructions(suite: str) -> tuple[str, ...]:
+    """The instruction of every task of ``suite``, in task order."""
+    bench = _benchmark(suite)
+    return tuple(bench.get_task(i).language for i in range(bench.n_tasks))
+
+
+def load_task(suite: str, index: int) -> LiberoTask:
+    """Task ``index`` of ``suite``: its BDDL file, instruction and bundled initial states."""
+    from libero.libero import get_libero_path
+
+    bench = _benchmark(suite)
     task = bench.get_task(index)
     bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
     return LiberoTask(task.name, task.language, bddl, bench.get_task_init_states(index))

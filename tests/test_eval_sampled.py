@@ -1,15 +1,19 @@
-"""``rlvla3 eval --sampled``: evaluating the policy RL samples, not only its mode.
+"""How an evaluated policy acts and what it is told: ``rlvla3 eval --sampled`` and
+``--language``.
 
 Each sampled episode's noise is a fixed function of (seed, task, initial state), so an episode
 reads the same whichever worker runs it and after a resume; the option overrides reach the
-policy's config and bad ones are refused before an episode runs."""
+policy's config and bad ones are refused before an episode runs. ``--language`` tells the
+policy another instruction than the env's, and an evaluation records what it was told."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from actors.eval_worker import ActionSource, EvalWorker
+from actors.eval_worker import ActionSource, EvalWorker, given_instructions
 from actors.evaluate import acting, parse_args
 from rlvla3.config import ConfigError, Named
 
@@ -77,7 +81,8 @@ def test_eval_cli_sampling_flags(capsys):
     args = parse_args([*base, "--sampled", "--noise-level", "0.01", "--init-noise", "0"])
     assert acting(args) == "sampled noise_level=0.01 init_noise=0"
     for argv, why in (([*base, "--noise-level", "0.01"], "add --sampled"),
-                      (["--policy", "random", "--sampled"], "needs a checkpoint")):
+                      (["--policy", "random", "--sampled"], "need a checkpoint"),
+                      (["--policy", "random", "--language", "blank"], "need a checkpoint")):
         with pytest.raises(SystemExit) as exc:
             parse_args(argv)
         assert exc.value.code == 2 and why in capsys.readouterr().err
@@ -113,3 +118,60 @@ def test_acting_is_part_of_what_an_evaluation_is(tmp_path):
         "acting: 'sampled' != 'deterministic'"]
     assert compare_results(results({}), results(noisy))["fingerprint_differences"] == [
         "acting: '<missing>' != 'sampled'"]
+
+
+def test_given_instructions_name_what_each_evaluated_task_is_told():
+    suite = ("reach red", "reach green", "reach blue")
+    assert given_instructions("own", suite, [0, 2]) is None
+    assert given_instructions("blank", suite, [0, 2]) == ("", "")
+    assert given_instructions("shifted", suite, [0, 2]) == ("reach green", "reach red")
+    with pytest.raises(ValueError, match="distinct"):
+        given_instructions("shifted", ("a", "a"), [0])
+    with pytest.raises(ValueError, match="unknown language mode"):
+        given_instructions("swapped", suite, [0])
+
+
+def test_the_policy_acts_on_the_instruction_it_is_told(checkpoint):
+    from envs.reach import instruction
+
+    told = given_instructions("shifted", [instruction(t) for t in range(4)], [0, 1])
+    worker = EvalWorker(ENV, ActionSource("checkpoint", checkpoint, instructions=told))
+    seen: list[tuple[str, ...]] = []
+    act = worker.policy.act
+
+    def recording_act(batch, **kw):
+        seen.append(batch.instruction)
+        return act(batch, **kw)
+
+    worker.policy.act = recording_act
+    outcome = worker.run_episode(1, 2)
+    assert seen and set(seen) == {(instruction(2),)}
+    assert outcome.instruction == instruction(1)  # results name the task's own instruction
+    # The instruction changes this policy's actions, so the ablation measures something.
+    from rlvla3.types import ObsBatch
+
+    obs = worker.env.reset(1, 2)
+    actions = [act(ObsBatch.stack([replace(obs, instruction=text)]), deterministic=True).actions
+               for text in (instruction(1), instruction(2))]
+    assert not np.allclose(actions[0], actions[1])
+
+
+def test_what_the_policy_is_told_is_part_of_what_an_evaluation_is(tmp_path):
+    from actors.evaluate import IDENTITY_KEYS, EvalOutput, compare_results
+
+    identity = {k: None for k in IDENTITY_KEYS} | {"acting": "deterministic", "language": "own"}
+    # A directory written before --language existed told each task its own instruction.
+    legacy = {k: v for k, v in identity.items() if k != "language"}
+    EvalOutput(tmp_path / "legacy", legacy).close()
+    EvalOutput(tmp_path / "legacy", identity).close()
+    with pytest.raises(SystemExit, match="language: 'own' != 'shifted'"):
+        EvalOutput(tmp_path / "legacy", {**identity, "language": "shifted"})
+
+    def results(fp):
+        return {"policy": "p", "tasks": {"0": {"by_init_state": [
+            {"init_state": 0, "success": True}]}}, "fingerprint": fp}
+
+    assert compare_results(results({}), results({"language": "own"}))[
+        "fingerprint_differences"] == []
+    assert compare_results(results({}), results({"language": "shifted"}))[
+        "fingerprint_differences"] == ["language: 'own' != 'shifted'"]
