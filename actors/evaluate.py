@@ -45,8 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from actors.eval_media import write_chart, write_video
 from actors.eval_round import (
     EvalRound,
     episode_row,
@@ -100,49 +99,6 @@ def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any
             "chunk_len": spec.chunk_len,
         }
     return options
-
-
-def write_video(path: Path, frames: np.ndarray, fps: int) -> None:
-    """H.264 MP4 of ``frames`` ``[T, H, W, 3]`` (PyAV)."""
-    import av
-
-    h, w = frames.shape[1] - frames.shape[1] % 2, frames.shape[2] - frames.shape[2] % 2
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-        for image in frames:
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image[:h, :w]), format="rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-
-
-def write_chart(
-    path: Path, suite: str, per_task: dict[str, dict[str, Any]], overall: float
-) -> None:
-    """PNG bar chart of the success rate of each task, with its Wilson 95% interval."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(per_task)
-    rates = np.array([100 * per_task[n]["success_rate"] for n in names])
-    low = np.array([100 * per_task[n]["ci95"][0] for n in names])
-    high = np.array([100 * per_task[n]["ci95"][1] for n in names])
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(names) + 2), 3.2))
-    ax.bar(names, rates, color="#4C72B0", yerr=[rates - low, high - rates], capsize=3)
-    ax.axhline(
-        100 * overall, color="#C44E52", linestyle="--", label=f"overall {100 * overall:.0f}%"
-    )
-    ax.set_ylim(0, 100)
-    ax.set_xlabel(f"{suite} task")
-    ax.set_ylabel("success (%, 95% CI)")
-    ax.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def _percent(row: dict[str, Any]) -> tuple[str, str]:
@@ -232,6 +188,12 @@ class EvalOutput:
 
     def close(self) -> None:
         self._file.close()
+
+
+def planned(fp: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """``fp`` naming the episodes planned now (a finished directory re-summarised for fewer
+    states keeps the fingerprint of its first, larger plan)."""
+    return {**fp, **{k: settings[k] for k in PLAN_FIELDS}} if fp else fp
 
 
 def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
@@ -375,7 +337,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "workers": args.workers,
             "eval_overlap": bool(overlap),
             "training_overlap": overlap,
-            "fingerprint": state.get("fingerprint") or output.stored.get("fingerprint", {}),
+            "fingerprint": planned(state.get("fingerprint") or output.stored.get("fingerprint", {}),
+                                   settings),
             "output_dir": str(out),
             "videos": sorted(p.name for p in out.glob("*.mp4")),
         }

@@ -181,3 +181,13 @@ def test_compare_two_results_files_pairs_episodes_and_warns_on_fingerprints(tmp_
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["fingerprint_differences"] == [
         "checkpoint: A and B hold the same weights (sha256 f25e528cddff)"]
+
+
+def test_a_resummarised_evaluation_fingerprints_the_episodes_it_counts():
+    from actors.evaluate import planned
+
+    first = {"image_size": [64, 64], "init_state_ids": list(range(50)), "tasks": [0, 1]}
+    now = {"init_state_ids": list(range(10)), "tasks": [1], "image_size": [128, 128]}
+    assert planned(first, now) == {"image_size": [64, 64], "init_state_ids": list(range(10)),
+                                   "tasks": [1]}
+    assert planned({}, now) == {}  # no episode ran yet: nothing to fingerprint
