@@ -147,6 +147,8 @@ class EvalOutput:
         else:
             self.stored = {"identity": identity, "seconds": 0.0}
             self._save_header()
+        self.base_seconds = float(self.stored.get("seconds", 0.0))
+        """Wall time of the invocations before this one."""
         self.rows: list[dict[str, Any]] = []
         if self.log.is_file():
             for line in self.log.read_text().splitlines():
@@ -164,10 +166,13 @@ class EvalOutput:
     def done(self) -> set[tuple[int, int]]:
         return {(r["task"], r["init_state"]) for r in self.rows}
 
-    def add(self, row: dict[str, Any]) -> None:
+    def add(self, row: dict[str, Any], seconds_here: float) -> None:
+        """Append one episode. ``seconds_here``: wall time of this invocation so far, stored
+        with every episode, so an interrupted evaluation keeps the time it ran."""
         self.rows.append(row)
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+        self.set_seconds(seconds_here)
 
     def set_fingerprint(self, fp: dict[str, Any]) -> list[str]:
         """Store the fingerprint; on a resume, how the setup differs from the stored one (the
@@ -181,10 +186,9 @@ class EvalOutput:
         return fingerprint_differences(*({k: v for k, v in f.items() if k not in PLAN_FIELDS}
                                          for f in (old, now)))
 
-    def add_seconds(self, seconds: float) -> float:
-        self.stored["seconds"] = self.stored.get("seconds", 0.0) + seconds
+    def set_seconds(self, seconds_here: float) -> None:
+        self.stored["seconds"] = self.base_seconds + seconds_here
         self._save_header()
-        return self.stored["seconds"]
 
     def close(self) -> None:
         self._file.close()
@@ -318,7 +322,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                           f"{change}")
 
     def summary_now(complete: bool) -> dict[str, Any]:
-        seconds = output.stored.get("seconds", 0.0) + (time.perf_counter() - t0)
+        seconds = output.base_seconds + (time.perf_counter() - t0)
         rows = [r for r in output.rows if (r["task"], r["init_state"]) in
                 {(tasks[t], k) for t, k in jobs}]
         summary = {
@@ -371,7 +375,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 while not round_.done:
                     for outcome in round_.poll(timeout_s=1.0, before_next=note_fingerprint):
                         task = tasks[outcome.task_id]
-                        output.add(episode_row(outcome, task))
+                        output.add(episode_row(outcome, task), time.perf_counter() - t0)
                         if outcome.frames is not None and len(outcome.frames):
                             kind = "success" if outcome.success else "fail"
                             name = f"task{task}_init{outcome.init_state_id}_{kind}.mp4"
@@ -389,7 +393,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if started_ray:
                 ray.shutdown()
     summary = summary_now(complete=True)
-    output.add_seconds(time.perf_counter() - t0)
+    output.set_seconds(time.perf_counter() - t0)
     output.close()
     write_results(summary)
     write_chart(out / "success_by_task.png", args.suite, summary["tasks"], summary["success_rate"])

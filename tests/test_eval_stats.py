@@ -191,3 +191,19 @@ def test_a_resummarised_evaluation_fingerprints_the_episodes_it_counts():
     assert planned(first, now) == {"image_size": [64, 64], "init_state_ids": list(range(10)),
                                    "tasks": [1]}
     assert planned({}, now) == {}  # no episode ran yet: nothing to fingerprint
+
+
+def test_an_interrupted_evaluation_keeps_the_time_it_ran(tmp_path):
+    from actors.evaluate import IDENTITY_KEYS, EvalOutput
+
+    identity = {k: None for k in IDENTITY_KEYS}
+    first = EvalOutput(tmp_path, identity)
+    first.add({"task": 0, "init_state": 0, "success": True, "steps": 9}, 12.5)
+    first.add({"task": 0, "init_state": 1, "success": False, "steps": 9}, 30.0)
+    first.close()
+    # Killed here: no final bookkeeping ran; the next invocation continues from 30 s.
+    second = EvalOutput(tmp_path, identity)
+    assert second.base_seconds == 30.0 and second.done() == {(0, 0), (0, 1)}
+    second.add({"task": 0, "init_state": 2, "success": True, "steps": 9}, 4.0)
+    second.close()
+    assert EvalOutput(tmp_path, identity).base_seconds == 34.0
