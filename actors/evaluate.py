@@ -67,7 +67,7 @@ PLAN_FIELDS = ("init_state_ids", "tasks")
 """Fingerprint fields that say which episodes are planned (a resume may extend them)."""
 
 
-def _legacy_acting(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+def _legacy_fields(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     """``stored`` (an identity or fingerprint) with the fields that outputs written before they
     existed lack: ``acting`` was never sampled, so it is ``now``'s unless ``now`` samples;
     the policy was told each task's own instruction (``language``)."""
@@ -136,7 +136,7 @@ class EvalOutput:
         self.stored: dict[str, Any] = {}
         if self.header.is_file():
             self.stored = json.loads(self.header.read_text())
-            old = _legacy_acting(self.stored["identity"], identity)
+            old = _legacy_fields(self.stored["identity"], identity)
             diff = [f"{k}: {old.get(k)!r} != {identity.get(k)!r}" for k in IDENTITY_KEYS
                     if old.get(k) != identity.get(k)]
             if diff:
@@ -182,7 +182,7 @@ class EvalOutput:
         self._save_header()
         if old is None:
             return []
-        old, now = _legacy_acting(old, fp), _legacy_acting(fp, old)
+        old, now = _legacy_fields(old, fp), _legacy_fields(fp, old)
         return fingerprint_differences(*({k: v for k, v in f.items() if k not in PLAN_FIELDS}
                                          for f in (old, now)))
 
@@ -436,7 +436,7 @@ def compare_results(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     else:
         differences = []
     fa, fb = a.get("fingerprint", {}), b.get("fingerprint", {})
-    differences += fingerprint_differences(_legacy_acting(fa, fb), _legacy_acting(fb, fa))
+    differences += fingerprint_differences(_legacy_fields(fa, fb), _legacy_fields(fb, fa))
     sha_a = (a.get("fingerprint", {}).get("checkpoint") or {}).get("sha256")
     if sha_a and sha_a == (b.get("fingerprint", {}).get("checkpoint") or {}).get("sha256"):
         differences.append(f"checkpoint: A and B hold the same weights (sha256 {sha_a[:12]})")
