@@ -89,7 +89,7 @@ class EnvWorker:
                        "queue_wait_s": 0.0, "admit_wait_s": 0.0, "lockstep_skips": 0}
         self.length_hist: dict[int, int] = {}
         """Decisions per finished episode (shipped or dropped): what was produced."""
-        self.recent: deque[tuple[float, bool]] = deque(maxlen=RECENT_EPISODES)
+        self.recent: deque[tuple[float, bool, int]] = deque(maxlen=RECENT_EPISODES)
         self._reported_restarts = 0
         if was_restarted():
             self.queue.reset_worker.remote(worker_id)
@@ -155,7 +155,7 @@ class EnvWorker:
         segment = rec.finish(last, bootstrap)
         self.counts["episodes"] += 1
         self.counts["successes"] += int(segment.success)
-        self.recent.append((segment.episode_return, segment.success))
+        self.recent.append((segment.episode_return, segment.success, segment.key.task_id))
         self.metrics.inc("episodes")
         self._phases[slot] = "put"
         await self._ship(segment, ticket)
@@ -262,8 +262,13 @@ class EnvWorker:
     # ---- reporting ---------------------------------------------------------------------
     def stats(self) -> dict:
         elapsed = max(time.monotonic() - self._started, 1e-9)
-        returns = [r for r, _ in self.recent]
-        succ = [s for _, s in self.recent]
+        returns = [r for r, _, _ in self.recent]
+        succ = [s for _, s, _ in self.recent]
+        by_task: dict[str, list[int]] = {}
+        for _, success, task in self.recent:
+            counts = by_task.setdefault(str(task), [0, 0])
+            counts[0] += 1
+            counts[1] += int(success)
         restarts = sum(getattr(env, "restarts", 0) for env in self.envs)
         busy = min(self.counts["env_busy_s"] / (elapsed * len(self.envs)), 1.0)
         self.metrics.set("busy_fraction", busy)
@@ -283,6 +288,7 @@ class EnvWorker:
             "recent_return": float(np.mean(returns)) if returns else 0.0,
             "recent_success": float(np.mean(succ)) if succ else 0.0,
             "recent_episodes": len(self.recent),
+            "recent_by_task": by_task,
             "restarts": restarts,
             "memory": self.memory.sample(),
         }

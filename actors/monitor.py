@@ -10,7 +10,9 @@ Figures a user judges a run by (all in the row and the summary):
   (what a run's speed is worth: a produced step that is discarded taught nothing);
 - ``discarded_decision_fraction``: decisions discarded for staleness (learners, queue, expired
   GRPO groups) over decisions produced;
-- ``staleness_p50/p90/max``: learner version minus behaviour version of trained decisions.
+- ``staleness_p50/p90/max``: learner version minus behaviour version of trained decisions;
+- ``success_rate`` over the env workers' recent episodes (``success_window`` of them), and
+  ``success_by_task``: the same per env task id.
 
 Restarts: an actor that Ray restarted reports a new incarnation whose counters start from zero;
 the monitor adds its predecessor's last counters back (``carried``), so totals never go down,
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import ray
@@ -76,6 +79,19 @@ def hist_summary(hist: dict) -> dict:
     return {"count": total, "mean": round(mean, 2), "p50": hist_quantile(hist, 0.5),
             "p90": hist_quantile(hist, 0.9),
             "max": max((float(k) for k, v in hist.items() if v), default=float("nan"))}
+
+
+def success_by_task(windows: Iterable[dict[str, list[int]]]) -> dict[str, dict[str, float]]:
+    """Training success per env task id over the env workers' recent windows (each
+    ``{task: [episodes, successes]}``): in a multi-task run, which tasks RL is learning."""
+    total: dict[str, list[int]] = {}
+    for window in windows:
+        for task, (episodes, successes) in window.items():
+            counts = total.setdefault(task, [0, 0])
+            counts[0] += episodes
+            counts[1] += successes
+    return {task: {"episodes": n, "success_rate": round(k / n, 4)}
+            for task, (n, k) in sorted(total.items(), key=lambda kv: int(kv[0])) if n}
 
 
 class WaitingForActors(RuntimeError):
@@ -264,6 +280,7 @@ class RunMonitor:
             "success_rate": sum(w["recent_success"] * w["recent_episodes"] for w in recent)
             / weight,
             "success_window": sum(w["recent_episodes"] for w in recent),
+            "success_by_task": success_by_task(w.get("recent_by_task", {}) for w in recent),
             "policy_version": next((lr["version"] for lr in learners
                                     if lr["state"] == "ALIVE"), learners[0]["version"]),
             "mean_batch_size": requests / batches if batches else 0.0,

@@ -24,6 +24,12 @@ def test_full_mode_learns_colorreach(ray_cluster, tmp_path):
     assert reached["source"] == "training" and reached["episodes"] >= cfg.target_window
     assert reached["success_rate"] >= 0.5 and summary["success_rate"] >= 0.5, summary
     assert reached["env_steps"] < cfg.total_env_steps and reached["policy_version"] > 0
+    # Per task, the same window: both colours are trained, and together they are the whole.
+    by_task = summary["success_by_task"]
+    assert set(by_task) == {"0", "1"}, by_task
+    assert sum(t["episodes"] for t in by_task.values()) == summary["success_window"]
+    weighted = sum(t["episodes"] * t["success_rate"] for t in by_task.values())
+    assert abs(weighted / summary["success_window"] - summary["success_rate"]) < 1e-3
 
 
 def test_each_limit_names_itself_and_the_target_keeps_where_it_was_first_reached(tmp_path):
