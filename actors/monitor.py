@@ -374,6 +374,8 @@ class RunMonitor:
         for key, value in row.items():
             if isinstance(value, (int, float)) and key != "env_steps":
                 self._tb.add_scalar(f"run/{key}", value, step)
+        for task, rate in row.get("success_by_task", {}).items():
+            self._tb.add_scalar(f"success_by_task/{task}", rate["success_rate"], step)
         for h in history:
             for key, value in h.items():
                 if key != "version":
