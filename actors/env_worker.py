@@ -41,6 +41,7 @@ from envs import make_env
 from rlvla3.config import Named
 from rlvla3.episode import EpisodeRecorder, TaskSampler
 from rlvla3.run_config import RECENT_EPISODES, EnvWorkerConfig
+from rlvla3.stats import tally
 from rlvla3.types import (
     ActionChunk,
     EnvSpec,
@@ -264,11 +265,7 @@ class EnvWorker:
         elapsed = max(time.monotonic() - self._started, 1e-9)
         returns = [r for r, _, _ in self.recent]
         succ = [s for _, s, _ in self.recent]
-        by_task: dict[str, list[int]] = {}
-        for _, success, task in self.recent:
-            counts = by_task.setdefault(str(task), [0, 0])
-            counts[0] += 1
-            counts[1] += int(success)
+        by_task = tally((str(task), 1, int(success)) for _, success, task in self.recent)
         restarts = sum(getattr(env, "restarts", 0) for env in self.envs)
         busy = min(self.counts["env_busy_s"] / (elapsed * len(self.envs)), 1.0)
         self.metrics.set("busy_fraction", busy)

@@ -37,6 +37,7 @@ from pathlib import Path
 import ray
 
 from actors.topology import Topology
+from rlvla3.stats import tally
 
 WORKER_CARRIED = ("env_steps", "decisions", "episodes", "successes", "dropped_faults",
                   "dropped_decisions", "shipped_decisions", "shipped_env_steps", "env_busy_s",
@@ -84,12 +85,7 @@ def hist_summary(hist: dict) -> dict:
 def success_by_task(windows: Iterable[dict[str, list[int]]]) -> dict[str, dict[str, float]]:
     """Training success per env task id over the env workers' recent windows (each
     ``{task: [episodes, successes]}``): in a multi-task run, which tasks RL is learning."""
-    total: dict[str, list[int]] = {}
-    for window in windows:
-        for task, (episodes, successes) in window.items():
-            counts = total.setdefault(task, [0, 0])
-            counts[0] += episodes
-            counts[1] += successes
+    total = tally((task, n, k) for window in windows for task, (n, k) in window.items())
     return {task: {"episodes": n, "success_rate": round(k / n, 4)}
             for task, (n, k) in sorted(total.items(), key=lambda kv: int(kv[0])) if n}
 

@@ -23,13 +23,23 @@ a difference) and contains its point estimate; ``n = 0`` gives the uninformative
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 Z95 = 1.959963984540054
 """Standard normal quantile for a two-sided 95% interval."""
+
+
+def tally(counts: Iterable[tuple[str, int, int]]) -> dict[str, list[int]]:
+    """``{key: [episodes, successes]}`` summed over ``(key, episodes, successes)`` items."""
+    total: dict[str, list[int]] = {}
+    for key, episodes, successes in counts:
+        entry = total.setdefault(key, [0, 0])
+        entry[0] += episodes
+        entry[1] += successes
+    return total
 
 
 def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:

@@ -207,3 +207,10 @@ def test_an_interrupted_evaluation_keeps_the_time_it_ran(tmp_path):
     second.add({"task": 0, "init_state": 2, "success": True, "steps": 9}, 4.0)
     second.close()
     assert EvalOutput(tmp_path, identity).base_seconds == 34.0
+
+
+def test_tally_sums_episodes_and_successes_per_key():
+    from rlvla3.stats import tally
+
+    assert tally([("1", 2, 1), ("0", 3, 0), ("1", 2, 2)]) == {"1": [4, 3], "0": [3, 0]}
+    assert tally([]) == {}
