@@ -39,7 +39,7 @@ from actors.runtime import lookup, was_restarted
 from actors.trajectory_queue import SegmentInfo
 from envs import make_env
 from rlvla3.config import Named
-from rlvla3.episode import EpisodeRecorder, TaskSampler
+from rlvla3.episode import EpisodeRecorder, InformativeTasks, TaskSampler
 from rlvla3.run_config import RECENT_EPISODES, EnvWorkerConfig
 from rlvla3.stats import tally
 from rlvla3.types import (
@@ -65,8 +65,10 @@ class EnvWorker:
                      for i in range(cfg.slots_per_worker)]
         self.pool = ThreadPoolExecutor(max_workers=cfg.slots_per_worker,
                                        thread_name_prefix=f"env{worker_id}")
+        weighting = (InformativeTasks(task_ids, repeat, floor=cfg.task_weight_floor)
+                     if cfg.task_weighting == "informative" else None)
         self.sampler = TaskSampler(task_ids, init_state_ids, seed * 31 + worker_id, repeat,
-                                   lead=cfg.task_lead)
+                                   lead=cfg.task_lead, weighting=weighting)
         self.servers = [lookup(name) for name in servers]
         self.queue = lookup(queue)
         self.metrics = RoleMetrics("env", f"env-{worker_id}")
@@ -157,6 +159,7 @@ class EnvWorker:
         self.counts["episodes"] += 1
         self.counts["successes"] += int(segment.success)
         self.recent.append((segment.episode_return, segment.success, segment.key.task_id))
+        self.sampler.observe(segment.key.task_id, segment.success)
         self.metrics.inc("episodes")
         self._phases[slot] = "put"
         await self._ship(segment, ticket)
@@ -286,6 +289,8 @@ class EnvWorker:
             "recent_success": float(np.mean(succ)) if succ else 0.0,
             "recent_episodes": len(self.recent),
             "recent_by_task": by_task,
+            "task_shares": ({str(t): share for t, share in weighting.shares().items()}
+                            if (weighting := self.sampler.weighting) is not None else {}),
             "restarts": restarts,
             "memory": self.memory.sample(),
         }

@@ -82,12 +82,22 @@ def hist_summary(hist: dict) -> dict:
             "max": max((float(k) for k, v in hist.items() if v), default=float("nan"))}
 
 
-def success_by_task(windows: Iterable[dict[str, list[int]]]) -> dict[str, dict[str, float]]:
-    """Training success per env task id over the env workers' recent windows (each
-    ``{task: [episodes, successes]}``): in a multi-task run, which tasks RL is learning."""
-    total = tally((task, n, k) for window in windows for task, (n, k) in window.items())
-    return {task: {"episodes": n, "success_rate": round(k / n, 4)}
-            for task, (n, k) in sorted(total.items(), key=lambda kv: int(kv[0])) if n}
+def success_by_task(workers: Iterable[dict]) -> dict[str, dict[str, float]]:
+    """Training success per env task id over the env workers' recent windows (each worker's
+    ``recent_by_task``, ``{task: [episodes, successes]}``): in a multi-task run, which tasks RL
+    is learning; with ``share``, the mean over workers of the share of new keys each task gets
+    (``env_workers.task_weighting``)."""
+    workers = list(workers)
+    total = tally((task, n, k) for w in workers
+                  for task, (n, k) in w.get("recent_by_task", {}).items())
+    shares = [w["task_shares"] for w in workers if w.get("task_shares")]
+    rows = {}
+    for task, (n, k) in sorted(total.items(), key=lambda kv: int(kv[0])):
+        if n:
+            rows[task] = {"episodes": n, "success_rate": round(k / n, 4)}
+            if shares:
+                rows[task]["share"] = round(sum(s.get(task, 0.0) for s in shares) / len(shares), 4)
+    return rows
 
 
 class WaitingForActors(RuntimeError):
@@ -276,7 +286,7 @@ class RunMonitor:
             "success_rate": sum(w["recent_success"] * w["recent_episodes"] for w in recent)
             / weight,
             "success_window": sum(w["recent_episodes"] for w in recent),
-            "success_by_task": success_by_task(w.get("recent_by_task", {}) for w in recent),
+            "success_by_task": success_by_task(recent),
             "policy_version": next((lr["version"] for lr in learners
                                     if lr["state"] == "ALIVE"), learners[0]["version"]),
             "mean_batch_size": requests / batches if batches else 0.0,
@@ -372,6 +382,8 @@ class RunMonitor:
                 self._tb.add_scalar(f"run/{key}", value, step)
         for task, rate in row.get("success_by_task", {}).items():
             self._tb.add_scalar(f"success_by_task/{task}", rate["success_rate"], step)
+            if "share" in rate:
+                self._tb.add_scalar(f"task_share/{task}", rate["share"], step)
         for h in history:
             for key, value in h.items():
                 if key != "version":

@@ -2,13 +2,15 @@
 
 ``TaskSampler`` hands out ``EpisodeKey``s (task, fixed initial state) in a seeded order, each key
 ``repeat`` times in a row, so that GRPO groups (episodes of one key) form inside one env worker,
-on its next free slots.
+on its next free slots. With ``InformativeTasks`` it gives each task a share of the new keys that
+follows how often that task's groups are mixed (some successes, some failures) now.
 ``EpisodeRecorder`` accumulates one slot's decisions and returns a ``TrajectorySegment``; it
 never holds more than one episode.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,7 +39,7 @@ class TaskSampler:
     here against 2.8 s), so an env slot that stays on its task spends that on episodes."""
 
     def __init__(self, task_ids: Sequence[int], init_state_ids: Sequence[int], seed: int,
-                 repeat: int = 1, lead: int = 0):
+                 repeat: int = 1, lead: int = 0, weighting: InformativeTasks | None = None):
         self.keys = [EpisodeKey(t, s) for t in task_ids for s in init_state_ids]
         if not self.keys:
             raise ValueError("TaskSampler needs at least one task id and one initial state id")
@@ -48,10 +50,20 @@ class TaskSampler:
         """The keys not yet started in this pass, the next key last."""
         self._copies: list[EpisodeKey] = []
         """The copies still to hand out of the key started last."""
+        self.weighting = weighting
+        self._credit = {t: 0.0 for t in dict.fromkeys(task_ids)}
+        """Weighted: the keys each task is owed (its shares summed, less the keys it started)."""
+        self._states: dict[int, list[int]] = {t: [] for t in self._credit}
+        """Weighted: each task's initial states not yet started in its own pass, next last."""
+        self._state_ids = list(init_state_ids)
 
     def next(self, task: int | None = None) -> EpisodeKey:
         if self._copies:
             return self._copies.pop()
+        if self.weighting is not None:
+            key = self._weighted_key(task)
+            self._copies = [key] * (self.repeat - 1)
+            return key
         if not self._order:
             self._order = [self.keys[i] for i in self.rng.permutation(len(self.keys))][::-1]
         key = self._order.pop(self._index_for(task))
@@ -66,6 +78,65 @@ class TaskSampler:
                 if self._order[-i].task_id == task:
                     return -i
         return -1
+
+    def _weighted_key(self, task: int | None) -> EpisodeKey:
+        """A new key on a task chosen by credit: every new key adds each task's share to its
+        credit, and the chosen task pays one. The slot's own task is chosen while it is owed a
+        key (no simulator rebuild), else the task owed most; a task's count of keys stays
+        within a few keys of its summed shares, whatever the slots ask for."""
+        for t, share in self.weighting.shares().items():
+            self._credit[t] += share
+        if task is None or self._credit.get(task, 0.0) <= 0.0:
+            task = max(self._credit, key=self._credit.__getitem__)
+        self._credit[task] -= 1.0
+        states = self._states[task]
+        if not states:
+            states.extend(self._state_ids[i] for i in self.rng.permutation(len(self._state_ids)))
+        return EpisodeKey(task, states.pop())
+
+    def observe(self, task: int, success: bool) -> None:
+        """An episode of ``task`` ended (weighted sampling learns the tasks' success from it)."""
+        if self.weighting is not None:
+            self.weighting.observe(task, success)
+
+
+class InformativeTasks:
+    """Task shares that follow how informative each task's GRPO groups are now.
+
+    A group of G episodes of one key teaches nothing when all succeed or all fail: its
+    advantages are zero (and ``skip_uniform_groups`` drops it). With p a task's recent success
+    (over its last ``window`` episodes, Laplace-smoothed: a task not yet seen counts as 1/2), a
+    group is mixed with probability ``m = 1 - p^G - (1 - p)^G`` (G at least 2; for G = 2 it is
+    2p(1 - p), the variance of one episode's outcome). A task's share is ``floor / tasks`` plus
+    ``1 - floor`` times its part of the summed m: a multi-task policy at 0.4 on some tasks and
+    0.02 on others spends its episodes where they teach, and the floor keeps every task seen,
+    so a task that starts to succeed (or to fail) gets its share back."""
+
+    def __init__(self, task_ids: Sequence[int], group_size: int, window: int = 32,
+                 floor: float = 0.1):
+        if not 0.0 <= floor <= 1.0:
+            raise ValueError(f"floor must be in [0, 1], got {floor}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.group = max(group_size, 2)
+        self.floor = floor
+        self.outcomes = {t: deque(maxlen=window) for t in dict.fromkeys(task_ids)}
+
+    def observe(self, task: int, success: bool) -> None:
+        if task in self.outcomes:
+            self.outcomes[task].append(bool(success))
+
+    def mixed(self, task: int) -> float:
+        """The probability that a group of this task is mixed, at its smoothed recent success."""
+        seen = self.outcomes[task]
+        p = (sum(seen) + 1.0) / (len(seen) + 2.0)
+        return 1.0 - p ** self.group - (1.0 - p) ** self.group
+
+    def shares(self) -> dict[int, float]:
+        mixed = {t: self.mixed(t) for t in self.outcomes}
+        total, n = sum(mixed.values()), len(mixed)
+        return {t: self.floor / n + (1.0 - self.floor) * (m / total if total > 0 else 1.0 / n)
+                for t, m in mixed.items()}
 
 
 class EpisodeRecorder:

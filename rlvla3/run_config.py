@@ -120,6 +120,14 @@ class EnvWorkerConfig:
     every key still comes once per pass, and a started GRPO group's members come first). A
     LIBERO reset that changes task builds another simulator: 5.2 s here against 2.8 s (median,
     64 px). 0: strictly the seeded order."""
+    task_weighting: Literal["uniform", "informative"] = "uniform"
+    """How a worker picks the task of its next key (GRPO group). ``uniform``: every key once
+    per pass. ``informative``: tasks get shares of new keys by how often their groups are mixed
+    (some successes, some failures) at their recent training success, with ``task_weight_floor``
+    spread evenly (``rlvla3.episode.InformativeTasks``); each task still cycles through all its
+    initial states. Progress rows and the summary show the shares (``success_by_task``)."""
+    task_weight_floor: float = 0.1
+    """``informative``: the part of new keys spread evenly over all tasks, so no task is left."""
     resources: Mapping[str, float] = field(default_factory=dict)
     """Custom Ray resources each env worker asks for, e.g. ``{sim: 2}`` (one unit per simulator
     process) so that env workers land on simulator nodes only."""
@@ -138,6 +146,9 @@ class EnvWorkerConfig:
         require(self.num_cpus >= 0, "num_cpus", "must be >= 0")
         require(self.step_timeout_s > 0, "step_timeout_s", "must be > 0")
         require(self.task_lead >= 0, "task_lead", "must be >= 0")
+        require(self.task_weighting in ("uniform", "informative"), "task_weighting",
+                f"must be uniform or informative, got {self.task_weighting!r}")
+        require(0.0 <= self.task_weight_floor <= 1.0, "task_weight_floor", "must be in [0, 1]")
         require(self.sim_memory_mb >= 0, "sim_memory_mb", "must be >= 0")
         check_custom_resources(self.resources)
 

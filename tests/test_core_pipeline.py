@@ -16,7 +16,7 @@ from envs import env_spec, make_env
 from rlvla3.algos import AlgoConfig
 from rlvla3.batcher import BatcherConfig, DynamicBatcher
 from rlvla3.config import ConfigError, Named, build
-from rlvla3.episode import TaskSampler
+from rlvla3.episode import InformativeTasks, TaskSampler
 from rlvla3.learner import BatchStart, LearnerCore, StreamingStart
 from rlvla3.policies import build_policy
 from rlvla3.rollout import RolloutCore, collect_episodes
@@ -389,3 +389,65 @@ def test_task_sampler_starts_a_grpo_group_on_the_next_free_slots_whatever_their_
         assert last_round - first_round + 1 <= rounds
     strict_switches = run(lead=0)[1]
     assert switches < strict_switches / 4, (switches, strict_switches)  # slots keep their tasks
+
+
+def test_informative_tasks_share_by_how_often_a_group_is_mixed():
+    weights = InformativeTasks(range(3), group_size=8, window=20, floor=0.1)
+    assert weights.shares() == pytest.approx({0: 1 / 3, 1: 1 / 3, 2: 1 / 3})  # none seen yet
+    for i in range(20):
+        weights.observe(0, i % 2 == 0)  # 10 of 20: p = 11/22 = 0.5
+        weights.observe(1, False)  # 0 of 20: p = 1/22
+        weights.observe(2, True)  # 20 of 20: p = 21/22
+    p_low = 1 / 22
+    mixed = {0: 1 - 2 * 0.5 ** 8, 1: 1 - p_low ** 8 - (1 - p_low) ** 8}
+    mixed[2] = mixed[1]
+    total = sum(mixed.values())
+    expected = {t: 0.1 / 3 + 0.9 * m / total for t, m in mixed.items()}
+    assert weights.shares() == pytest.approx(expected)
+    assert sum(weights.shares().values()) == pytest.approx(1.0)
+    assert weights.shares()[0] > 2 * weights.shares()[1]
+    weights.observe(7, True)  # a task it does not sample is ignored
+    assert set(weights.shares()) == {0, 1, 2}
+    with pytest.raises(ValueError, match="floor"):
+        InformativeTasks(range(3), group_size=8, floor=1.5)
+
+
+def test_weighted_task_sampler_follows_the_shares_keeps_groups_and_cycles_states():
+    """Keys follow the tasks' shares (within a key or two over a run), each task goes through
+    all its initial states before repeating one, a group's copies come first, and a slot stays
+    on its task while that task is owed keys."""
+    group, slots = 4, 2
+    weights = InformativeTasks(range(4), group_size=group, window=40, floor=0.0)
+    for task, rate in enumerate([0.5, 0.5, 0.05, 0.0]):
+        for i in range(40):
+            weights.observe(task, i < rate * 40)
+    shares = weights.shares()
+    frozen = weights  # the test observes nothing more: shares stay fixed
+    sampler = TaskSampler(range(4), range(5), seed=1, repeat=group, lead=4, weighting=frozen)
+    last: list[int | None] = [None] * slots
+    keys = []
+    for i in range(400 * group):
+        key = sampler.next(last[i % slots])
+        last[i % slots] = key.task_id
+        keys.append(key)
+    groups = [keys[i:i + group] for i in range(0, len(keys), group)]
+    assert all(len(set(g)) == 1 for g in groups)
+    started = Counter(g[0].task_id for g in groups)
+    for task, share in shares.items():
+        assert abs(started[task] - 400 * share) <= 2, (task, started[task], 400 * share)
+    assert started[0] > 3 * started[2] and started[3] >= 1
+    by_task: dict[int, list[int]] = {}
+    for g in groups:
+        by_task.setdefault(g[0].task_id, []).append(g[0].init_state_id)
+    for states in by_task.values():  # every pass of a task's states covers all five
+        for start in range(0, len(states) - 4, 5):
+            assert sorted(states[start:start + 5]) == list(range(5))
+    assert _weighted_keys(frozen, group, seed=1) == _weighted_keys(frozen, group, seed=1)
+    assert _weighted_keys(frozen, group, seed=1) != _weighted_keys(frozen, group, seed=2)
+    switches = sum(a[0].task_id != b[0].task_id for a, b in zip(groups, groups[1:], strict=False))
+    assert switches < 0.8 * len(groups), switches  # a task owed keys keeps its slot
+
+
+def _weighted_keys(weighting: InformativeTasks, group: int, seed: int) -> list[EpisodeKey]:
+    sampler = TaskSampler(range(4), range(5), seed=seed, repeat=group, weighting=weighting)
+    return [sampler.next(None) for _ in range(40 * group)]

@@ -11,7 +11,7 @@ from rlvla3.run_config import load_run_config
 
 
 def test_full_mode_learns_colorreach(ray_cluster, tmp_path):
-    cfg = load_run_config("learn_check")
+    cfg = load_run_config("learn_check", overrides=["env_workers.task_weighting=informative"])
     controller = Controller(cfg, tmp_path / "learn", quiet=True)
     try:
         summary = controller.run()
@@ -30,6 +30,9 @@ def test_full_mode_learns_colorreach(ray_cluster, tmp_path):
     assert sum(t["episodes"] for t in by_task.values()) == summary["success_window"]
     weighted = sum(t["episodes"] * t["success_rate"] for t in by_task.values())
     assert abs(weighted / summary["success_window"] - summary["success_rate"]) < 1e-3
+    # Informative task weighting: each env worker's shares of new episodes reach the summary.
+    shares = [t["share"] for t in by_task.values()]
+    assert abs(sum(shares) - 1.0) < 1e-3 and min(shares) >= 0.05, by_task
 
 
 def test_each_limit_names_itself_and_the_target_keeps_where_it_was_first_reached(tmp_path):
