@@ -125,7 +125,8 @@ class EnvWorkerConfig:
     per pass. ``informative``: tasks get shares of new keys by how often their groups are mixed
     (some successes, some failures) at their recent training success, with ``task_weight_floor``
     spread evenly (``rlvla3.episode.InformativeTasks``); each task still cycles through all its
-    initial states. Progress rows and the summary show the shares (``success_by_task``)."""
+    initial states, and a slot stays on its task while that task is owed a key (``task_lead``
+    does not apply). Progress rows and the summary show the shares (``success_by_task``)."""
     task_weight_floor: float = 0.1
     """``informative``: the part of new keys spread evenly over all tasks, so no task is left."""
     resources: Mapping[str, float] = field(default_factory=dict)
