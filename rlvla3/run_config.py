@@ -147,8 +147,6 @@ class EnvWorkerConfig:
         require(self.num_cpus >= 0, "num_cpus", "must be >= 0")
         require(self.step_timeout_s > 0, "step_timeout_s", "must be > 0")
         require(self.task_lead >= 0, "task_lead", "must be >= 0")
-        require(self.task_weighting in ("uniform", "informative"), "task_weighting",
-                f"must be uniform or informative, got {self.task_weighting!r}")
         require(0.0 <= self.task_weight_floor <= 1.0, "task_weight_floor", "must be in [0, 1]")
         require(self.sim_memory_mb >= 0, "sim_memory_mb", "must be >= 0")
         check_custom_resources(self.resources)

@@ -421,9 +421,8 @@ def test_weighted_task_sampler_follows_the_shares_keeps_groups_and_cycles_states
     for task, rate in enumerate([0.5, 0.5, 0.05, 0.0]):
         for i in range(40):
             weights.observe(task, i < rate * 40)
-    shares = weights.shares()
-    frozen = weights  # the test observes nothing more: shares stay fixed
-    sampler = TaskSampler(range(4), range(5), seed=1, repeat=group, lead=4, weighting=frozen)
+    shares = weights.shares()  # fixed: the test observes nothing more
+    sampler = TaskSampler(range(4), range(5), seed=1, repeat=group, lead=4, weighting=weights)
     last: list[int | None] = [None] * slots
     keys = []
     for i in range(400 * group):
@@ -442,8 +441,8 @@ def test_weighted_task_sampler_follows_the_shares_keeps_groups_and_cycles_states
     for states in by_task.values():  # every pass of a task's states covers all five
         for start in range(0, len(states) - 4, 5):
             assert sorted(states[start:start + 5]) == list(range(5))
-    assert _weighted_keys(frozen, group, seed=1) == _weighted_keys(frozen, group, seed=1)
-    assert _weighted_keys(frozen, group, seed=1) != _weighted_keys(frozen, group, seed=2)
+    assert _weighted_keys(weights, group, seed=1) == _weighted_keys(weights, group, seed=1)
+    assert _weighted_keys(weights, group, seed=1) != _weighted_keys(weights, group, seed=2)
     switches = sum(a[0].task_id != b[0].task_id for a, b in zip(groups, groups[1:], strict=False))
     assert switches < 0.8 * len(groups), switches  # a task owed keys keeps its slot
 
