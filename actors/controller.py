@@ -286,9 +286,10 @@ class Controller:
         if rounds > 1:
             grouped = f" x {rounds} episodes a slot runs for one GRPO group of {cfg.algo.group_size}"
             expire = " and GRPO groups whose first episode grows too old expire"
+        epochs = f" x {cfg.algo.update_epochs} update_epochs" if cfg.algo.update_epochs > 1 else ""
         self._log(f"note: queue.max_staleness={cfg.queue.max_staleness} is below the lag a "
                   f"longest episode accrues at this scale ({slots} slots x "
-                  f"{self.spec.max_decisions} decisions{grouped} / global_batch "
+                  f"{self.spec.max_decisions} decisions{grouped}{epochs} / global_batch "
                   f"{cfg.learner.global_batch} = {inherent:.1f} versions): pacing runs fewer "
                   f"slots at once, the old part of long episodes may be discarded{expire}; raise "
                   f"queue.max_staleness or learner.global_batch to avoid it")

@@ -207,7 +207,8 @@ class Learner:
                              "clip_fraction": stats.clip_fraction,
                              "staleness": stats.mean_staleness, "grad_norm": stats.grad_norm,
                              "behaviour_weight": stats.behaviour_weight,
-                             "truncated_fraction": stats.truncated_fraction})
+                             "truncated_fraction": stats.truncated_fraction,
+                             "epoch": stats.epoch})
         self._report_buffered()
         if self.rank == 0:
             self._broadcast_to_servers()
@@ -264,8 +265,10 @@ class Learner:
         self._stop.clear()
         self._stop_agreed = False
         while not self._stopped():
-            if self.core.buffered < self.core.local_batch:  # pull only what this rank needs,
-                self._pull(max_items=8, timeout_s=0.2)      # so no rank hoards the data
+            # pull only what this rank needs, so no rank hoards the data (none while a batch's
+            # later epochs run: their data is at hand)
+            if self.core.epoch == 0 and self.core.buffered < self.core.local_batch:
+                self._pull(max_items=8, timeout_s=0.2)
             # one step per call, so that the agreement after it is seen before the next
             with self._stepping:
                 stepped = self.core.run_available(self._publish,
@@ -293,9 +296,11 @@ class Learner:
         return self.stats()
 
     def train_steps(self, steps: int, timeout_s: float = 120.0) -> dict:
-        """Synchronous training (any rank count): exactly ``steps`` optimizer steps, pulling
-        only the samples this rank needs, so every rank takes the same number of steps."""
-        target = self.core.version + steps
+        """Synchronous training (any rank count): exactly ``steps`` batches (each
+        ``algo.update_epochs`` optimizer steps), pulling only the samples this rank needs, so
+        every rank takes the same number of steps."""
+        epochs = self.core.algo.update_epochs  # optimizer steps per batch
+        target = self.core.version + steps * epochs + (epochs - self.core.epoch) % epochs
         need = steps * self.core.local_batch - self.core.micro_done
         deadline = time.monotonic() + timeout_s
         while self.core.buffered < need:

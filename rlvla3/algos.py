@@ -81,6 +81,12 @@ class AlgoConfig:
     only groups with a signal (the dynamic sampling of DAPO, Yu et al. 2025, used for VLAs by
     SimpleVLA-RL). With a 0/1 success reward and success rate p, a share p^G + (1-p)^G of
     groups of G is uniform: 70% of groups of 4 at p = 0.09."""
+    update_epochs: int = 1
+    """Optimizer steps taken on each batch (PPO's epochs): after the step on a freshly arrived
+    batch the learner steps ``update_epochs - 1`` more times on the same micro-batches, with the
+    same standardised advantages and proximal log-probs, so the clip bounds how far the epochs
+    move from the policy the batch was scored by. Every step is a version: staleness and pacing
+    count ``update_epochs`` versions per batch (scale ``queue.max_staleness`` with it)."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip applied by the learner before each optimizer step."""
     vf_clip: float | None = None
@@ -104,6 +110,7 @@ class AlgoConfig:
             "group_size",
             f"GRPO needs groups of at least 2 episodes, got {self.group_size}",
         )
+        require(self.update_epochs >= 1, "update_epochs", f"must be >= 1, got {self.update_epochs}")
         require(self.max_grad_norm > 0.0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
         require(self.proximal in ("window", "step", "behaviour"), "proximal",
                 f"{self.proximal!r} is not one of window, step, behaviour")

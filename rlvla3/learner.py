@@ -7,7 +7,9 @@ increases by one and ``weights()`` gives the new parameters.
 Invariants:
 - One optimizer step consumes exactly ``local_batch`` samples (``global_batch / world_size``),
   split into micro-batches of ``micro_batch``; a segment may straddle two steps, no sample is
-  used twice. Each micro-batch's loss is scaled by its share of ``local_batch``, so the
+  used in two batches. With ``algo.update_epochs = E`` a batch gets E consecutive optimizer
+  steps (E versions): the first as it streams in, the others on its stored micro-batches, with
+  the advantages and proximal log-probs of the first; only the first counts as trained. Each micro-batch's loss is scaled by its share of ``local_batch``, so the
   accumulated gradient equals that of one full-batch step on the same samples.
 - Staleness is bounded per decision: a buffered sample whose behaviour version is more than
   ``max_staleness`` versions behind the learner is discarded and counted (a last resort: the
@@ -160,6 +162,9 @@ class StepStats:
     """Mean truncated importance weight ``pi_prox / pi_behav`` of the step's samples."""
     truncated_fraction: float
     """Fraction of the step's samples whose importance weight was truncated."""
+    epoch: int = 0
+    """Which of the batch's ``update_epochs`` steps this was (0: the batch's first; a later
+    epoch reports ``samples`` 0, as it trains no new sample)."""
 
 
 class LearnerCore:
@@ -190,6 +195,11 @@ class LearnerCore:
                        "discarded_decisions": 0, "discarded_env_steps": 0, "skipped_steps": 0}
         self.proximal = ProximalWindow(policy, algo.proximal_window) \
             if algo.proximal == "window" else None
+        self.epoch = 0
+        """Epoch of the step under way (0: the batch is still streaming in)."""
+        self._epoch_batches: list[Samples] = []
+        """The batch's micro-batches as trained in epoch 0 (kept only if update_epochs > 1)."""
+        self._replay: deque[Samples] = deque()
         self.staleness_hist: dict[int, int] = {}
         """Per trained decision: learner version minus behaviour version."""
         self.length_hist: dict[int, int] = {}
@@ -197,8 +207,8 @@ class LearnerCore:
 
     @property
     def micro_done(self) -> int:
-        """Samples already consumed toward the current optimizer step."""
-        return self._done_in_step
+        """New samples already consumed toward the current batch (0 in its later epochs)."""
+        return 0 if self.epoch else self._done_in_step
 
     def add_segments(self, segments: Iterable[TrajectorySegment]) -> None:
         """Turn segments into samples (advantages computed here) and buffer them. GRPO segments
@@ -262,15 +272,18 @@ class LearnerCore:
         reaches ``until_version``); return how many optimizer steps ran."""
         steps = 0
         while until_version is None or self.version < until_version:
-            remaining = self.local_batch - self._done_in_step
-            size = min(self.micro_batch, remaining)
-            if not self.normalizer.ready:
-                if self.buffered < self.local_batch:
+            if self._replay:  # a later epoch: its micro-batches are at hand
+                self._micro_step(self._replay.popleft())
+            else:
+                remaining = self.local_batch - self._done_in_step
+                size = min(self.micro_batch, remaining)
+                if not self.normalizer.ready:
+                    if self.buffered < self.local_batch:
+                        return steps
+                    self.normalizer.seed(self._peek_advantages(self.local_batch))
+                if not self.strategy.may_start(self.buffered, remaining, self.micro_batch):
                     return steps
-                self.normalizer.seed(self._peek_advantages(self.local_batch))
-            if not self.strategy.may_start(self.buffered, remaining, self.micro_batch):
-                return steps
-            self._micro_step(self._take(size))
+                self._micro_step(self._standardise(self._take(size)))
             if self._done_in_step == self.local_batch:
                 stats = self._optimizer_step()
                 steps += 1
@@ -297,25 +310,35 @@ class LearnerCore:
                        "truncated_fraction": stats.policy.truncated_fraction,
                        "staleness": float(self.version - batch.policy_versions.mean())}
 
+    def _standardise(self, batch: Samples) -> Samples:
+        """A new micro-batch as every epoch trains it: standardised advantages and, with a
+        proximal window, the proximal log-probs (kept for the later epochs)."""
+        start = time.perf_counter()
+        batch = replace(batch, advantages=self.normalizer.apply(batch.advantages))
+        if self.proximal is not None:
+            batch = replace(batch, prox_log_probs=self.proximal.log_probs(batch))
+        if self.algo.update_epochs > 1:
+            self._epoch_batches.append(batch)
+        self.busy_s += time.perf_counter() - start
+        return batch
+
     def _micro_step(self, batch: Samples) -> None:
         start = time.perf_counter()
         last = self._done_in_step + len(batch) == self.local_batch
         sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
             else self.model.no_sync()
-        batch = replace(batch, advantages=self.normalizer.apply(batch.advantages))
-        if self.proximal is not None:
-            batch = replace(batch, prox_log_probs=self.proximal.log_probs(batch))
         with sync:
             loss, info = self.loss(batch)
             (loss * (len(batch) / self.local_batch)).backward()
         info["n"] = len(batch)
         self._acc.append(info)
         self._done_in_step += len(batch)
-        self.samples_trained += len(batch)
-        self.counts["trained_env_steps"] += int(batch.env_steps.sum())
-        lags, counts = np.unique(self.version - batch.policy_versions, return_counts=True)
-        for lag, count in zip(lags.tolist(), counts.tolist(), strict=True):
-            self.staleness_hist[lag] = self.staleness_hist.get(lag, 0) + count
+        if self.epoch == 0:  # a later epoch trains no new decision
+            self.samples_trained += len(batch)
+            self.counts["trained_env_steps"] += int(batch.env_steps.sum())
+            lags, counts = np.unique(self.version - batch.policy_versions, return_counts=True)
+            for lag, count in zip(lags.tolist(), counts.tolist(), strict=True):
+                self.staleness_hist[lag] = self.staleness_hist.get(lag, 0) + count
         self.busy_s += time.perf_counter() - start
 
     def _optimizer_step(self) -> StepStats:
@@ -327,7 +350,14 @@ class LearnerCore:
             self.counts["skipped_steps"] += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        self.normalizer.end_step()
+        epoch = self.epoch
+        if epoch == 0:
+            self.normalizer.end_step()
+        self.epoch = (epoch + 1) % self.algo.update_epochs
+        if self.epoch:
+            self._replay = deque(self._epoch_batches)
+        else:
+            self._epoch_batches = []
         if self.proximal is not None:
             self.proximal.after_step(self.version)
         acc, self._acc = self._acc, []
@@ -339,10 +369,11 @@ class LearnerCore:
         self._done_in_step = 0
         self._discard_stale()
         self.busy_s += time.perf_counter() - start
-        return StepStats(self.version, self.local_batch, avg("loss"), avg("policy_loss"),
-                         avg("value_loss"), avg("entropy"), avg("clip_fraction"),
-                         avg("approx_kl"), float(grad_norm), avg("staleness"),
-                         avg("behaviour_weight"), avg("truncated_fraction"))
+        return StepStats(self.version, 0 if epoch else self.local_batch, avg("loss"),
+                         avg("policy_loss"), avg("value_loss"), avg("entropy"),
+                         avg("clip_fraction"), avg("approx_kl"), float(grad_norm),
+                         avg("staleness"), avg("behaviour_weight"), avg("truncated_fraction"),
+                         epoch)
 
     def weights(self) -> dict[str, np.ndarray]:
         """Current parameters and buffers as numpy arrays (CPU copies)."""

@@ -360,7 +360,8 @@ class RunConfig:
         """Versions the learner can advance, when it trains all that every slot produces,
         while the oldest decision of a longest episode (or GRPO group) waits to be trained."""
         slots = self.env_workers.num_workers * self.env_workers.slots_per_worker
-        return slots * max_decisions * self.group_rounds() / self.learner.global_batch
+        return (slots * max_decisions * self.group_rounds() * self.algo.update_epochs
+                / self.learner.global_batch)
 
 
 def check_resources(cfg: RunConfig, cpus_available: float, learners_only: bool = False) -> None:

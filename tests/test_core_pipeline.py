@@ -140,6 +140,40 @@ def test_accumulation_and_streaming_equal_full_batch_steps_with_normalisation():
             torch.testing.assert_close(other[key], value, atol=1e-5, rtol=1e-4)
 
 
+def test_update_epochs_step_again_on_the_same_batch_and_count_it_once():
+    """With ``update_epochs = 2`` one batch gives two optimizer steps, the same parameters as
+    training that batch twice with one epoch (same standardised advantages, the proximal copy
+    not refreshed in between), whether it streamed in or arrived whole; its decisions count as
+    trained once, and the second step needs no new data."""
+    segments = collect_segments(make_policy(1), 12)
+    batch = sum(len(s) for s in segments)
+    results, cores = [], []
+    for epochs, micro, strategy, arrivals in ((1, batch, BatchStart(), 1),
+                                              (2, batch, BatchStart(), 1),
+                                              (2, 8, StreamingStart(), 4)):
+        policy = make_policy(2)
+        core = LearnerCore(policy, AlgoConfig("ppo", update_epochs=epochs), local_batch=batch,
+                           micro_batch=micro, lr=1e-2, strategy=strategy)
+        for idx in np.array_split(np.arange(len(segments)), arrivals):
+            core.add_segments([segments[i] for i in idx])
+            core.run_available()
+        if epochs == 1:  # the same batch once more, as a second batch
+            core.add_segments(segments)
+            core.run_available()
+        assert core.version == 2 and core.epoch == 0 and core.buffered == 0
+        results.append({k: v.clone() for k, v in policy.state_dict().items()})
+        cores.append(core)
+    for other in results[1:]:
+        for key, value in results[0].items():
+            torch.testing.assert_close(other[key], value, atol=1e-5, rtol=1e-4)
+    assert any(not torch.equal(results[0][k], v) for k, v in make_policy(2).state_dict().items())
+    for core in cores[1:]:
+        assert core.samples_trained == batch == sum(core.staleness_hist.values())
+        assert core.counts["trained_env_steps"] == cores[0].counts["trained_env_steps"] // 2
+    with pytest.raises(ValueError, match="update_epochs"):
+        AlgoConfig("ppo", update_epochs=0).validate()
+
+
 def test_a_step_with_a_non_finite_gradient_leaves_the_weights_and_is_counted():
     """A NaN in the data (here one reward) makes the loss and the gradient NaN: the optimizer
     step is skipped and counted, and the weights the servers get stay finite."""
