@@ -71,10 +71,11 @@ def test_resume_continues_version_and_counters(ray_cluster, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["sync", "full"])
-def test_two_learners_stay_in_lockstep(ray_cluster, tmp_path, mode):
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_two_learners_stay_in_lockstep(ray_cluster, tmp_path, mode, epochs):
     cfg = load_run_config("smoke", overrides=SMALL + [
         f"pipeline.mode={mode}", "total_env_steps=600", "learner.num_learners=2",
-        "learner.global_batch=32", "learner.num_cpus=0.5"])
+        "learner.global_batch=32", "learner.num_cpus=0.5", f"algo.update_epochs={epochs}"])
     controller = Controller(cfg, tmp_path / mode, quiet=True)
     try:
         summary = controller.run()
@@ -85,6 +86,12 @@ def test_two_learners_stay_in_lockstep(ray_cluster, tmp_path, mode):
     assert summary["policy_version"] >= 1
     assert v0 == v1
     assert sum0 == pytest.approx(sum1, rel=1e-6), "DDP ranks diverged"
+    trained = summary["accounting"]["trained"]
+    if mode == "sync":  # whole batches, each with all its epochs
+        assert summary["policy_version"] == epochs * trained // 32 and trained % 32 == 0
+    else:  # a stop may fall between a batch's epochs
+        assert epochs * trained // 32 - summary["policy_version"] in range(epochs)
+    assert summary["accounting"]["unaccounted"] == 0
 
 
 def test_init_from_starts_with_the_checkpoint_weights(ray_cluster, tmp_path):
