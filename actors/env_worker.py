@@ -289,8 +289,7 @@ class EnvWorker:
             "recent_success": float(np.mean(succ)) if succ else 0.0,
             "recent_episodes": len(self.recent),
             "recent_by_task": by_task,
-            "task_shares": ({str(t): share for t, share in weighting.shares().items()}
-                            if (weighting := self.sampler.weighting) is not None else {}),
+            "task_shares": {str(t): share for t, share in self.sampler.weighting.shares().items()},
             "restarts": restarts,
             "memory": self.memory.sample(),
         }

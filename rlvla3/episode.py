@@ -2,8 +2,9 @@
 
 ``TaskSampler`` hands out ``EpisodeKey``s (task, fixed initial state) in a seeded order, each key
 ``repeat`` times in a row, so that GRPO groups (episodes of one key) form inside one env worker,
-on its next free slots. With ``InformativeTasks`` it gives each task a share of the new keys that
-follows how often that task's groups are mixed (some successes, some failures) now.
+on its next free slots. Each task gets its share of the new keys at every point of a run: equal
+(``EvenTasks``), or with ``InformativeTasks`` one that follows how often that task's groups are
+mixed (some successes, some failures) now.
 ``EpisodeRecorder`` accumulates one slot's decisions and returns a ``TrajectorySegment``; it
 never holds more than one episode.
 """
@@ -28,66 +29,57 @@ from rlvla3.types import (
 class TaskSampler:
     """Seeded, endless sequence of episode keys; each key repeated ``repeat`` times.
 
-    Every pass hands out each key ``repeat`` times, in a new seeded order. A key's copies come
-    before any new key: once a key is handed out, its remaining copies go to the next callers,
-    whatever task they ask for, so the ``repeat`` episodes of a GRPO group start on the worker's
-    next free slots, ``ceil(repeat / slots)`` episodes of a slot apart at most, and the group
-    is trained while its first member is still fresh. ``next(task)`` lets a caller stay on
-    ``task`` when a new key starts: it takes that task's first key among the next ``lead``
-    rounds of keys (``lead`` x tasks), else the next key; the pass still hands out every key,
-    only the order changes. A LIBERO reset that changes task builds another simulator (5.2 s
-    here against 2.8 s), so an env slot that stays on its task spends that on episodes."""
+    Tasks get shares of the new keys (``EvenTasks``: equal; ``InformativeTasks``: by how often
+    their groups teach) and a credit count keeps each task's keys within 2 of its summed shares
+    (about ``lead`` x slots + 2 with a lead) at every point of a run, however short: every new key adds each task's
+    share to its credit and the chosen task pays one. Each task goes through all its initial
+    states, in a new seeded order, before repeating one. A key's copies come before any new
+    key: once a key is handed out, its remaining copies go to the next callers, whatever task
+    they ask for, so the ``repeat`` episodes of a GRPO group start on the worker's next free
+    slots, ``ceil(repeat / slots)`` episodes of a slot apart at most, and the group is trained
+    while its first member is still fresh. ``next(task)`` keeps a caller on ``task`` when a
+    new key starts while that task has run at most ``lead`` keys ahead of its shares, else
+    gives it the task owed most: a LIBERO reset that changes task builds another simulator
+    (5.2 s here against 2.8 s), so an env slot that stays on its task spends that on
+    episodes. (Balance is what a run needs first: with a sticky slot and no bound, the 4 slots
+    of a short 10-task GRPO run trained 5 of the 10 tasks.)"""
 
     def __init__(self, task_ids: Sequence[int], init_state_ids: Sequence[int], seed: int,
-                 repeat: int = 1, lead: int = 0, weighting: InformativeTasks | None = None):
-        self.keys = [EpisodeKey(t, s) for t in task_ids for s in init_state_ids]
-        if not self.keys:
+                 repeat: int = 1, lead: int = 0,
+                 weighting: InformativeTasks | EvenTasks | None = None):
+        tasks, states = list(dict.fromkeys(task_ids)), list(init_state_ids)
+        if not tasks or not states:
             raise ValueError("TaskSampler needs at least one task id and one initial state id")
+        if lead < 0:
+            raise ValueError(f"lead must be >= 0, got {lead}")
         self.rng = np.random.default_rng(seed)
         self.repeat = repeat
-        self.window = lead * len(set(task_ids))
-        self._order: list[EpisodeKey] = []
-        """The keys not yet started in this pass, the next key last."""
+        self.lead = lead
+        self.weighting = weighting if weighting is not None else EvenTasks(tasks)
         self._copies: list[EpisodeKey] = []
         """The copies still to hand out of the key started last."""
-        self.weighting = weighting
-        self._credit = {t: 0.0 for t in dict.fromkeys(task_ids)}
-        """Weighted: the keys each task is owed (its shares summed, less the keys it started)."""
-        self._states: dict[int, list[int]] = {t: [] for t in self._credit}
-        """Weighted: each task's initial states not yet started in its own pass, next last."""
-        self._state_ids = list(init_state_ids)
+        self._credit = {t: 0.0 for t in tasks}
+        """The keys each task is owed (its shares summed, less the keys it started)."""
+        self._states: dict[int, list[int]] = {t: [] for t in tasks}
+        """Each task's initial states not yet started in its own pass, next last."""
+        self._state_ids = states
 
     def next(self, task: int | None = None) -> EpisodeKey:
         if self._copies:
             return self._copies.pop()
-        if self.weighting is not None:
-            key = self._weighted_key(task)
-            self._copies = [key] * (self.repeat - 1)
-            return key
-        if not self._order:
-            self._order = [self.keys[i] for i in self.rng.permutation(len(self.keys))][::-1]
-        key = self._order.pop(self._index_for(task))
+        key = self._new_key(task)
         self._copies = [key] * (self.repeat - 1)
         return key
 
-    def _index_for(self, task: int | None) -> int:
-        """Where in ``_order`` the next key is: ``task``'s first within the window, else the
-        next one."""
-        if task is not None:
-            for i in range(1, min(self.window, len(self._order)) + 1):
-                if self._order[-i].task_id == task:
-                    return -i
-        return -1
-
-    def _weighted_key(self, task: int | None) -> EpisodeKey:
-        """A new key on a task chosen by credit: every new key adds each task's share to its
-        credit, and the chosen task pays one. The slot's own task is chosen while it is owed a
-        key (no simulator rebuild), else the task owed most; a task's count of keys stays
-        within a few keys of its summed shares, whatever the slots ask for."""
+    def _new_key(self, task: int | None) -> EpisodeKey:
+        """A new key on a task chosen by credit: the caller's own task while it is at most
+        ``lead`` keys ahead of its shares (no simulator rebuild), else the task owed most."""
         for t, share in self.weighting.shares().items():
             self._credit[t] += share
-        if task is None or self._credit.get(task, 0.0) <= 0.0:
-            task = max(self._credit, key=self._credit.__getitem__)
+        if task is None or self._credit.get(task, -np.inf) <= -self.lead:
+            most = max(self._credit.values())  # ties (at the start) broken by the seed
+            owed = [t for t, c in self._credit.items() if c >= most - 1e-9]
+            task = owed[int(self.rng.integers(len(owed)))]
         self._credit[task] -= 1.0
         states = self._states[task]
         if not states:
@@ -95,9 +87,22 @@ class TaskSampler:
         return EpisodeKey(task, states.pop())
 
     def observe(self, task: int, success: bool) -> None:
-        """An episode of ``task`` ended (weighted sampling learns the tasks' success from it)."""
-        if self.weighting is not None:
-            self.weighting.observe(task, success)
+        """An episode of ``task`` ended (informative weighting learns the tasks' success)."""
+        self.weighting.observe(task, success)
+
+
+class EvenTasks:
+    """Equal shares for every task (``task_weighting: uniform``)."""
+
+    def __init__(self, task_ids: Sequence[int]):
+        tasks = list(dict.fromkeys(task_ids))
+        self._shares = {t: 1.0 / len(tasks) for t in tasks}
+
+    def observe(self, task: int, success: bool) -> None:
+        pass
+
+    def shares(self) -> dict[int, float]:
+        return self._shares
 
 
 class InformativeTasks:

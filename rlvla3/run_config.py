@@ -114,19 +114,20 @@ class EnvWorkerConfig:
     """Training task ids (empty: all tasks of the env)."""
     init_state_ids: tuple[int, ...] = ()
     """Training initial-state ids (empty: all)."""
-    task_lead: int = 4
-    """A slot starts its next episode on the task it just ran while that task has a key among
-    the next ``task_lead`` rounds of its worker's seeded order (``rlvla3.episode.TaskSampler``;
-    every key still comes once per pass, and a started GRPO group's members come first). A
-    LIBERO reset that changes task builds another simulator: 5.2 s here against 2.8 s (median,
-    64 px). 0: strictly the seeded order."""
+    task_lead: int = 0
+    """Keys a slot's task may run ahead of its share of new keys and still keep the slot
+    (``rlvla3.episode.TaskSampler``). With 0 every task stays within 2 keys of its share at
+    every point of a run (with a lead, within about ``task_lead`` x slots + 2); a larger lead changes task less often (a LIBERO reset that
+    changes task builds another simulator: 5.2 s here against 2.8 s, median, 64 px) but a short
+    multi-task run then trains fewer tasks. With 0 a 10-task GRPO run (groups of 8, 2 slots a
+    worker) changes task on 0.23 of its episodes; with 4, on 0.03, and its first 13 groups
+    cover 3 tasks."""
     task_weighting: Literal["uniform", "informative"] = "uniform"
-    """How a worker picks the task of its next key (GRPO group). ``uniform``: every key once
-    per pass. ``informative``: tasks get shares of new keys by how often their groups are mixed
-    (some successes, some failures) at their recent training success, with ``task_weight_floor``
-    spread evenly (``rlvla3.episode.InformativeTasks``); each task still cycles through all its
-    initial states, and a slot stays on its task while that task is owed a key (``task_lead``
-    does not apply). Progress rows and the summary show the shares (``success_by_task``)."""
+    """How a worker shares new keys (GRPO groups) among its tasks. ``uniform``: equally, each
+    task cycling through its initial states. ``informative``: by how often a task's groups are
+    mixed (some successes, some failures) at its recent training success, with
+    ``task_weight_floor`` spread evenly (``rlvla3.episode.InformativeTasks``). Progress rows and
+    the summary show the shares (``success_by_task``)."""
     task_weight_floor: float = 0.1
     """``informative``: the part of new keys spread evenly over all tasks, so no task is left."""
     resources: Mapping[str, float] = field(default_factory=dict)
