@@ -9,8 +9,9 @@ Invariants:
   split into micro-batches of ``micro_batch``; a segment may straddle two steps, no sample is
   used in two batches. With ``algo.update_epochs = E`` a batch gets E consecutive optimizer
   steps (E versions): the first as it streams in, the others on its stored micro-batches, with
-  the advantages and proximal log-probs of the first; only the first counts as trained. Each micro-batch's loss is scaled by its share of ``local_batch``, so the
-  accumulated gradient equals that of one full-batch step on the same samples.
+  the advantages and proximal log-probs of the first; only the first counts as trained. Each
+  micro-batch's loss is scaled by its share of ``local_batch``, so the accumulated gradient
+  equals that of one full-batch step on the same samples.
 - Staleness is bounded per decision: a buffered sample whose behaviour version is more than
   ``max_staleness`` versions behind the learner is discarded and counted (a last resort: the
   rollout side paces itself so that this stays rare). Only the stale decisions of an episode are
