@@ -6,12 +6,14 @@ It validates the run config against the env and policy registries, and runs the 
 ``Topology`` (which actors exist and where, ``actors.topology``) with its ``LearnerGroup``
 (rebuilt when a rank is lost, ``actors.learner_group``), the strategies that drive them
 (``actors.strategies``), the ``RunMonitor`` (progress rows, accounting, ``actors.monitor``), the
-``CapacityWatch`` (actors that lost their node, ``actors.capacity``), the ``Checkpointer`` and
-``PeriodicEval`` (``actors.periodic_eval``). Its own loop only sequences them.
+``CapacityWatch`` (actors that lost their node, ``actors.capacity``), the ``Checkpointer``
+(``actors.checkpointer``) and ``PeriodicEval`` (``actors.periodic_eval``). Its own loop only
+sequences them.
 
 Run directory: ``config.yaml`` (resolved config), ``metrics.jsonl``, ``tb/`` (TensorBoard),
 ``checkpoints/`` and ``summary.json``. Resuming from a run directory restores weights, optimizer
-state, policy version and counters, and continues towards the same ``total_env_steps``.
+state, policy version, counters and the env workers' episode samplers, and continues towards
+the same ``total_env_steps``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import ray
 import yaml
 
 from actors.capacity import CapacityWatch
+from actors.checkpointer import Checkpointer, restore_samplers
 from actors.learner_group import LOSS_ERRORS
 from actors.memory import ProcessMemory
 from actors.monitor import RunMonitor, WaitingForActors, say, waiting_on
@@ -100,36 +103,6 @@ def local_resources(cfg: RunConfig) -> dict[str, float]:
     return out
 
 
-class Checkpointer:
-    """Saves learner 0's state every ``checkpoint_every`` versions and on demand; never twice
-    for the same version and counters (the final eval's snapshot is the final checkpoint)."""
-
-    def __init__(self, learner0, run_dir: Path, every: int, version: int):
-        self.learner0 = learner0
-        self.run_dir = run_dir
-        self.every = every
-        self._last_version = version
-        self._saved: tuple[int, dict, str] | None = None
-
-    def rolled_back(self, learner0, version: int) -> None:
-        """The group was rebuilt from the checkpoint at ``version``: count from there, with the
-        group's new rank 0."""
-        self.learner0 = learner0
-        self._last_version = version
-        self._saved = None
-
-    def save(self, counters: dict, force: bool = False) -> str | None:
-        version = ray.get(self.learner0.version.remote())
-        if self._saved and self._saved[:2] == (version, counters):
-            return self._saved[2]
-        if force or (self.every and version - self._last_version >= self.every):
-            path = ray.get(self.learner0.save.remote(str(self.run_dir), dict(counters)))
-            self._last_version = version
-            self._saved = (version, dict(counters), path)
-            return path
-        return None
-
-
 class Controller:
     """Builds and runs one RL run (see the module docstring)."""
 
@@ -148,6 +121,8 @@ class Controller:
         self.monitor: RunMonitor | None = None
         self.evaluator = PeriodicEval(cfg, self.spec.num_tasks)
         self.counters = {"env_steps": 0, "episodes": 0, "wall_s": 0.0}
+        self.samplers_continued = 0
+        """Env workers that continued a resumed run's episode sequence."""
         self._watchdog_stop = threading.Event()
         self.capacity: CapacityWatch | None = None
         self._down_workers: set[int] = set()
@@ -204,7 +179,14 @@ class Controller:
         if self.resume:
             ckpt = str(resolve_checkpoint(self.run_dir))
             ray.get([lr.restore.remote(ckpt) for lr in topo.learners])
-            self.counters.update(read_meta(ckpt).counters)
+            meta = read_meta(ckpt)
+            self.counters.update(meta.counters)
+            continued = restore_samplers(topo.workers, meta.samplers, self.counters["episodes"])
+            self.samplers_continued = continued
+            self._log(f"resumed at version {meta.version}: {continued} of {len(topo.workers)} "
+                      f"env workers continue their episode sequence"
+                      + ("" if continued == len(topo.workers) else
+                         ", the others start a new one (no saved sampler state)"))
         elif self.cfg.init_from:
             ckpt = str(resolve_checkpoint(self.cfg.init_from))
             ray.get([lr.load_weights.remote(ckpt) for lr in topo.learners])
@@ -225,7 +207,8 @@ class Controller:
         self._warn_staleness_bound()
         self._start = time.monotonic()
         self._base = dict(self.counters)
-        self.checkpoints = Checkpointer(self.learners[0], self.run_dir, self.cfg.checkpoint_every,
+        self.checkpoints = Checkpointer(self.learners[0], topo.workers, self.run_dir,
+                                        self.cfg.checkpoint_every,
                                         ray.get(self.learners[0].version.remote()))
         watchdog = threading.Thread(target=self._watchdog, daemon=True, name="watchdog")
         watchdog.start()

@@ -96,6 +96,7 @@ class EnvWorker:
         self._reported_restarts = 0
         if was_restarted():
             self.queue.reset_worker.remote(worker_id)
+            self.sampler.restore(None, salt=int(self.incarnation[:8], 16))
 
     # ---- env calls (threaded, with a timeout) -------------------------------------------
     async def _call(self, fn, *args):
@@ -262,6 +263,16 @@ class EnvWorker:
             if self._recorders[i] is None and i not in self._resetting:
                 self._resetting[i] = asyncio.ensure_future(self._reset(i))
         return await self._some_ready()
+
+    # ---- resuming ----------------------------------------------------------------------
+    def sampler_state(self) -> dict:
+        """The episode sampler's state, saved with each checkpoint."""
+        return self.sampler.state()
+
+    def restore_sampler(self, state: dict | None, salt: int) -> bool:
+        """Continue the sequence a checkpoint saved (before the first episode starts); see
+        ``TaskSampler.restore``."""
+        return self.sampler.restore(state, salt)
 
     # ---- reporting ---------------------------------------------------------------------
     def stats(self) -> dict:

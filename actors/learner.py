@@ -327,11 +327,12 @@ class Learner:
         return self.core.version
 
     # ---- checkpoints and reporting --------------------------------------------------------
-    def save(self, run_dir: str, counters: dict) -> str:
+    def save(self, run_dir: str, counters: dict, samplers: list | None = None) -> str:
         """Copy weights, optimizer state and version between two optimizer steps, then write
-        them while training goes on."""
+        them while training goes on (with the env workers' sampler states, if given)."""
         with self._stepping:
-            meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version, counters)
+            meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version, counters,
+                                  list(samplers or []))
             weights = StateSnapshot({k: v.detach().clone()
                                      for k, v in self.policy.state_dict().items()})
             optimizer = StateSnapshot(copy.deepcopy(self.core.optimizer.state_dict()))

@@ -5,7 +5,8 @@ Layout of one checkpoint directory::
     policy.safetensors   policy parameters and buffers
     optimizer.pt         optimizer state dict (loaded with ``weights_only=True``; optional)
     rng.safetensors      torch RNG state of the learner (optional)
-    meta.json            policy choice (name + options), env spec, policy version, counters
+    meta.json            policy choice (name + options), env spec, policy version, counters,
+                         env workers' episode sampler states (RL runs)
 
 A run directory keeps checkpoints in ``checkpoints/step-<version>/`` and points at the newest
 with ``checkpoints/latest`` (a one-line text file, so it works on filesystems without symlinks).
@@ -43,6 +44,9 @@ class CheckpointMeta:
     """Policy version (optimizer steps taken)."""
     counters: dict[str, Any] = field(default_factory=dict)
     """Run counters to restore on resume (env steps, episodes, ...)."""
+    samplers: list[dict | None] = field(default_factory=list)
+    """Each env worker's episode sampler state (``TaskSampler.state``; None where a worker did
+    not answer), so that a resumed run continues its episode sequence."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ def save_checkpoint(
             "spec": dataclasses.asdict(meta.spec),
             "version": meta.version,
             "counters": meta.counters,
+            "samplers": meta.samplers,
         }
         (tmp / "meta.json").write_text(json.dumps(payload, indent=2))
         shutil.rmtree(directory, ignore_errors=True)
@@ -134,6 +139,7 @@ def read_meta(path: str | Path) -> CheckpointMeta:
         spec=EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw["spec"].items()}),
         version=int(raw["version"]),
         counters=dict(raw.get("counters", {})),
+        samplers=list(raw.get("samplers", [])),
     )
 
 

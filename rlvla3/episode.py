@@ -52,6 +52,7 @@ class TaskSampler:
             raise ValueError("TaskSampler needs at least one task id and one initial state id")
         if lead < 0:
             raise ValueError(f"lead must be >= 0, got {lead}")
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.repeat = repeat
         self.lead = lead
@@ -90,6 +91,36 @@ class TaskSampler:
         """An episode of ``task`` ended (informative weighting learns the tasks' success)."""
         self.weighting.observe(task, success)
 
+    # ---- resuming ----------------------------------------------------------------------------
+    def state(self) -> dict:
+        """Where the sequence stands, as JSON: a run resumed from a checkpoint continues each
+        task's pass over its states and the task shares instead of starting them again."""
+        return {
+            "tasks": list(self._credit), "state_ids": list(self._state_ids),
+            "rng": self.rng.bit_generator.state,
+            "credit": list(self._credit.values()),
+            "states": [list(s) for s in self._states.values()],
+            "copies": [[k.task_id, k.init_state_id] for k in self._copies],
+            "weighting": self.weighting.state(),
+        }
+
+    def restore(self, state: dict | None, salt: int = 0) -> bool:
+        """Continue the sequence ``state`` saved. Without a state, or with one saved for other
+        tasks or initial states, start a new seeded sequence salted by ``salt`` (a resumed or
+        restarted worker then does not repeat the keys its first sequence began with); returns
+        whether ``state`` was restored."""
+        if not state or state.get("tasks") != list(self._credit) or \
+                state.get("state_ids") != list(self._state_ids):
+            self.rng = np.random.default_rng([self.seed, salt])
+            return False
+        self.rng.bit_generator.state = state["rng"]
+        self._credit = dict(zip(self._credit, map(float, state["credit"]), strict=True))
+        self._states = {t: [int(i) for i in s]
+                        for t, s in zip(self._states, state["states"], strict=True)}
+        self._copies = [EpisodeKey(int(t), int(i)) for t, i in state["copies"]]
+        self.weighting.restore(state.get("weighting") or {})
+        return True
+
 
 class EvenTasks:
     """Equal shares for every task (``task_weighting: uniform``)."""
@@ -103,6 +134,12 @@ class EvenTasks:
 
     def shares(self) -> dict[int, float]:
         return self._shares
+
+    def state(self) -> dict:
+        return {}
+
+    def restore(self, state: dict) -> None:
+        pass
 
 
 class InformativeTasks:
@@ -130,6 +167,15 @@ class InformativeTasks:
     def observe(self, task: int, success: bool) -> None:
         if task in self.outcomes:
             self.outcomes[task].append(bool(success))
+
+    def state(self) -> dict:
+        """Each task's recent outcomes (JSON keys are strings)."""
+        return {str(t): list(seen) for t, seen in self.outcomes.items()}
+
+    def restore(self, state: dict) -> None:
+        for t, seen in self.outcomes.items():
+            seen.clear()
+            seen.extend(bool(x) for x in state.get(str(t), []))
 
     def mixed(self, task: int) -> float:
         """The probability that a group of this task is mixed, at its smoothed recent success."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from collections import Counter
 
 import numpy as np
@@ -508,3 +509,33 @@ def test_weighted_task_sampler_follows_the_shares_keeps_groups_and_cycles_states
 def _weighted_keys(weighting: InformativeTasks, group: int, seed: int) -> list[EpisodeKey]:
     sampler = TaskSampler(range(4), range(5), seed=seed, repeat=group, weighting=weighting)
     return [sampler.next(None) for _ in range(40 * group)]
+
+
+@pytest.mark.parametrize("informative", [False, True])
+def test_task_sampler_state_resumes_the_same_sequence_through_json(informative):
+    """A sampler restored from a saved state (through JSON, as a checkpoint's meta.json holds
+    it), mid-group and mid-pass, hands out exactly the keys the original would have; without
+    a state, or with one saved for other tasks, it starts a new sequence, not the old start."""
+    def sampler(tasks=range(4)) -> TaskSampler:
+        weighting = InformativeTasks(tasks, group_size=3, window=8) if informative else None
+        return TaskSampler(tasks, range(5), seed=11, repeat=3, weighting=weighting)
+
+    def take(s: TaskSampler, n: int) -> list[EpisodeKey]:
+        keys = []
+        for i in range(n):
+            keys.append(s.next(keys[-1].task_id if i % 2 else None))
+            s.observe(keys[-1].task_id, keys[-1].init_state_id % 2 == 0)
+        return keys
+
+    original = sampler()
+    first = take(original, 22)  # 7 groups and one copy of the 8th: mid-group, mid-pass
+    saved = json.loads(json.dumps(original.state()))
+    resumed = sampler()
+    assert resumed.restore(saved, salt=5)
+    assert take(resumed, 60) == take(original, 60)
+    assert resumed.state() == original.state()
+    fresh = sampler()
+    assert not fresh.restore(None, salt=22) and take(fresh, 30) != first[:30]
+    other = sampler(range(3))
+    assert not other.restore(saved, salt=22)  # saved for 4 tasks: a new sequence
+    assert {k.task_id for k in take(other, 30)} == {0, 1, 2}

@@ -62,12 +62,17 @@ def test_every_mode_runs_end_to_end(ray_cluster, tmp_path, mode):
         assert summary["dropped_stale"] == 0
 
 
-def test_resume_continues_version_and_counters(ray_cluster, tmp_path):
-    first, _ = run(tmp_path, "r", ["total_env_steps=300"])
-    second, _ = run(tmp_path, "r", ["total_env_steps=700"], resume=True)
+def test_resume_continues_version_counters_and_episode_sequence(ray_cluster, tmp_path):
+    first, controller = run(tmp_path, "r", ["total_env_steps=300"])
+    workers = controller.cfg.env_workers.num_workers
+    saved = read_meta(tmp_path / "r").samplers
+    assert len(saved) == workers and all(s and s["rng"] for s in saved)
+    second, resumed = run(tmp_path, "r", ["total_env_steps=700"], resume=True)
     assert second["policy_version"] > first["policy_version"]
     assert second["env_steps"] >= 700
     assert read_meta(tmp_path / "r").counters["env_steps"] == second["env_steps"]
+    assert resumed.samplers_continued == workers  # each worker went on from its saved state
+    assert read_meta(tmp_path / "r").samplers != saved
 
 
 @pytest.mark.parametrize("mode", ["sync", "full"])
