@@ -4,7 +4,8 @@
 ``repeat`` times in a row, so that GRPO groups (episodes of one key) form inside one env worker,
 on its next free slots. Each task gets its share of the new keys at every point of a run: equal
 (``EvenTasks``), or with ``InformativeTasks`` one that follows how often that task's groups are
-mixed (some successes, some failures) now.
+mixed (some successes, some failures) now. Its ``state`` (JSON) goes into each RL checkpoint,
+and ``restore`` continues it in a resumed run.
 ``EpisodeRecorder`` accumulates one slot's decisions and returns a ``TrajectorySegment``; it
 never holds more than one episode.
 """
