@@ -181,11 +181,11 @@ class Controller:
             ray.get([lr.restore.remote(ckpt) for lr in topo.learners])
             meta = read_meta(ckpt)
             self.counters.update(meta.counters)
-            continued = restore_samplers(topo.workers, meta.samplers, self.counters["episodes"])
-            self.samplers_continued = continued
-            self._log(f"resumed at version {meta.version}: {continued} of {len(topo.workers)} "
-                      f"env workers continue their episode sequence"
-                      + ("" if continued == len(topo.workers) else
+            self.samplers_continued = restore_samplers(topo.workers, meta.samplers,
+                                                       self.counters["episodes"])
+            self._log(f"resumed at version {meta.version}: {self.samplers_continued} of "
+                      f"{len(topo.workers)} env workers continue their episode sequence"
+                      + ("" if self.samplers_continued == len(topo.workers) else
                          ", the others start a new one (no saved sampler state)"))
         elif self.cfg.init_from:
             ckpt = str(resolve_checkpoint(self.cfg.init_from))
