@@ -31,7 +31,9 @@ command on the same ``--output-dir`` continues: finished episodes are kept, the 
 
 ``--compare A B`` evaluates both (or reads their ``results.json``) on the same episodes and
 reports B - A: the paired 2x2 table, the exact McNemar p-value and Newcombe's 95% interval of
-the difference, overall and per task; it warns when the two fingerprints differ.
+the difference, overall and per task; it warns when the two fingerprints differ. It writes
+``comparison.json`` and ``comparison.md`` (the per-task table with both sides' Wilson
+intervals, ready for a README) to ``--output-dir``; ``actors.eval_compare`` computes them.
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from actors.eval_compare import (
+    compare_results,
+    compare_table,
+    comparison_markdown,
+    legacy_fields,
+    load_results,
+)
 from actors.eval_media import write_chart, write_video
 from actors.eval_round import (
     EvalRound,
@@ -57,7 +66,6 @@ from actors.eval_worker import LANGUAGE_MODES, ActionSource, given_instructions
 from envs.libero import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
 from rlvla3.config import Named, build
 from rlvla3.fingerprint import fingerprint, fingerprint_differences
-from rlvla3.stats import compare_paired
 
 IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "cameras",
                  "image_size", "chunk_len", "max_steps", "fast_render", "seed", "language")
@@ -65,17 +73,6 @@ IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "c
 
 PLAN_FIELDS = ("init_state_ids", "tasks")
 """Fingerprint fields that say which episodes are planned (a resume may extend them)."""
-
-
-def _legacy_fields(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
-    """``stored`` (an identity or fingerprint) with the fields that outputs written before they
-    existed lack: ``acting`` was never sampled, so it is ``now``'s unless ``now`` samples;
-    the policy was told each task's own instruction (``language``)."""
-    if "language" not in stored:
-        stored = {**stored, "language": "own"}
-    if "acting" in stored or str(now.get("acting", "")).startswith("sampled"):
-        return stored
-    return {**stored, "acting": now.get("acting")}
 
 
 def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
@@ -99,6 +96,14 @@ def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any
             "chunk_len": spec.chunk_len,
         }
     return options
+
+
+def _console() -> Any:
+    """Progress and tables on stderr; 120 columns when it is a file, so a logged table keeps
+    one line per row (rich falls back to 80)."""
+    from rich.console import Console
+
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
 def _percent(row: dict[str, Any]) -> tuple[str, str]:
@@ -136,7 +141,7 @@ class EvalOutput:
         self.stored: dict[str, Any] = {}
         if self.header.is_file():
             self.stored = json.loads(self.header.read_text())
-            old = _legacy_fields(self.stored["identity"], identity)
+            old = legacy_fields(self.stored["identity"], identity)
             diff = [f"{k}: {old.get(k)!r} != {identity.get(k)!r}" for k in IDENTITY_KEYS
                     if old.get(k) != identity.get(k)]
             if diff:
@@ -182,7 +187,7 @@ class EvalOutput:
         self._save_header()
         if old is None:
             return []
-        old, now = _legacy_fields(old, fp), _legacy_fields(fp, old)
+        old, now = legacy_fields(old, fp), legacy_fields(fp, old)
         return fingerprint_differences(*({k: v for k, v in f.items() if k not in PLAN_FIELDS}
                                          for f in (old, now)))
 
@@ -254,7 +259,6 @@ def init_ids(args: argparse.Namespace) -> list[int]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run (or continue) the evaluation and write its outputs; returns the summary."""
     import ray
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from envs import require_extra
@@ -298,7 +302,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fresh = (FreshEval(args.suite, args.placement_seed, frozenset(tasks), frozenset(ids))
                  if args.placements == "fresh" else None)
         overlap = training_overlap(args.checkpoint, fresh=fresh)
-    console = Console(stderr=True)
+    console = _console()
     for reason in overlap:
         console.print(f"[bold yellow]WARNING[/]: evaluation states were trained on: {reason}")
     state: dict[str, Any] = {"restarts": 0, "fingerprint_changes": []}
@@ -402,77 +406,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---- comparison --------------------------------------------------------------------------
-def load_results(path: str | Path) -> dict[str, Any] | None:
-    """The ``results.json`` at ``path`` (the file, or an eval output directory); None when
-    ``path`` is not an evaluation's output (then it should be a checkpoint)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "results.json"
-    if path.is_file() and path.suffix == ".json":
-        return json.loads(path.read_text())
-    return None
-
-
-def outcomes_by_episode(results: dict[str, Any]) -> dict[tuple[str, int], bool]:
-    """``(suite task, initial state) -> success`` of every episode in a results dict."""
-    return {
-        (task, int(e["init_state"])): bool(e["success"])
-        for task, row in results["tasks"].items()
-        for e in row["by_init_state"]
-    }
-
-
-def compare_results(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """B vs A on the episodes both evaluated: overall and per-task paired statistics."""
-    ea, eb = outcomes_by_episode(a), outcomes_by_episode(b)
-    keys = sorted(set(ea) & set(eb), key=lambda k: (int(k[0]) if k[0].isdigit() else k[0], k[1]))
-    overall = compare_paired([ea[k] for k in keys], [eb[k] for k in keys])
-    per_task = {}
-    for task in sorted({k[0] for k in keys}, key=lambda t: int(t) if t.isdigit() else t):
-        mine = [k for k in keys if k[0] == task]
-        per_task[task] = compare_paired([ea[k] for k in mine], [eb[k] for k in mine]).to_dict()
-    if a.get("placements", "bundled") != b.get("placements", "bundled"):
-        differences = [f"placements: {a.get('placements')!r} != {b.get('placements')!r}"]
-    else:
-        differences = []
-    fa, fb = a.get("fingerprint", {}), b.get("fingerprint", {})
-    differences += fingerprint_differences(_legacy_fields(fa, fb), _legacy_fields(fb, fa))
-    sha_a = (a.get("fingerprint", {}).get("checkpoint") or {}).get("sha256")
-    if sha_a and sha_a == (b.get("fingerprint", {}).get("checkpoint") or {}).get("sha256"):
-        differences.append(f"checkpoint: A and B hold the same weights (sha256 {sha_a[:12]})")
-    return {
-        "a": a.get("policy"),
-        "b": b.get("policy"),
-        "paired": overall.to_dict(),
-        "tasks": per_task,
-        "unpaired_episodes": len(set(ea) ^ set(eb)),
-        "fingerprint_differences": sorted(set(differences)),
-    }
-
-
-def _compare_table(report: dict[str, Any]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=f"B - A   (A: {report['a']}, B: {report['b']})")
-    for col in ("task", "pairs", "A", "B", "only A", "only B", "B - A", "95% CI", "McNemar p"):
-        table.add_column(col, justify="right")
-
-    def row(name: str, p: dict[str, Any], **kw: Any) -> None:
-        table.add_row(name, str(p["pairs"]), f"{p['rate_a']:.3f}", f"{p['rate_b']:.3f}",
-                      str(p["only_a"]), str(p["only_b"]), f"{p['difference']:+.3f}",
-                      f"{p['ci95'][0]:+.3f} to {p['ci95'][1]:+.3f}", f"{p['mcnemar_p']:.4g}", **kw)
-
-    for task, p in report["tasks"].items():
-        row(task, p)
-    row("all", report["paired"], end_section=True)
-    return table
-
-
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     """``--compare A B``: read or produce both results, then the paired comparison."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
+    console = _console()
     base = Path(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     results = []
     for label, target in zip("ab", args.compare, strict=True):
@@ -488,10 +424,22 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     if report["unpaired_episodes"]:
         console.print(f"[bold yellow]WARNING[/]: {report['unpaired_episodes']} episodes were "
                       "evaluated for only one of the two and are left out")
-    console.print(_compare_table(report))
+    console.print(compare_table(report))
     base.mkdir(parents=True, exist_ok=True)
     (base / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
+    names = tuple(_label(target) for target in args.compare)
+    (base / "comparison.md").write_text(comparison_markdown(report, *results, names=names))
+    console.print(f"wrote {base / 'comparison.json'} and {base / 'comparison.md'}")
     return report
+
+
+def _label(target: str) -> str:
+    """A short column name for a compared path: an eval output directory's name (also for
+    its ``results.json``), another JSON file's stem, a checkpoint directory's name."""
+    path = Path(target)
+    if path.name == "results.json":
+        path = path.parent
+    return (path.stem if path.suffix == ".json" else path.name) or str(target)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

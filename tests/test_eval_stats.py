@@ -164,6 +164,15 @@ def test_compare_two_results_files_pairs_episodes_and_warns_on_fingerprints(tmp_
     assert report["tasks"]["0"]["only_b"] == 8 and report["tasks"]["1"]["only_a"] == 1
     assert report["fingerprint_differences"] == [] and "WARNING" not in captured.err
     assert json.loads((tmp_path / "cmp" / "comparison.json").read_text()) == report
+    table = (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
+    assert table[0] == "| task | A: a | B: b | B \u2212 A [95%] | McNemar p |"
+    # each side's Wilson interval over the paired episodes (12 of 20: 0.387-0.781, 19 of 20:
+    # 0.764-0.991), the paired difference with Newcombe's interval, McNemar's p
+    ci = report["paired"]["ci95"]
+    assert table[2].startswith("| 0 x | 2/10 = 0.20 [0.06, 0.51] | 10/10 = 1.00 [0.72, 1.00] |")
+    assert table[4] == (
+        "| all | **12/20 = 0.600 [0.387, 0.781]** | **19/20 = 0.950 [0.764, 0.991]** | "
+        f"**+0.350 [+{ci[0]:.3f}, +{ci[1]:.3f}]** | **0.039** |")
 
     other = fingerprint({"image_size": [128, 128], "fast_render": True, "chunk_len": 5},
                         {"gl_renderer": "llvmpipe"})
