@@ -13,7 +13,9 @@ sequences them.
 Run directory: ``config.yaml`` (resolved config), ``metrics.jsonl``, ``tb/`` (TensorBoard),
 ``checkpoints/`` and ``summary.json``. Resuming from a run directory restores weights, optimizer
 state, policy version, counters and the env workers' episode samplers, and continues towards
-the same ``total_env_steps``.
+the same ``total_env_steps``. A resumed run's summary counts the whole run (env steps,
+episodes, trained env steps, decisions) and gives this leg's own figures in ``this_leg``;
+its rates and accounting are this leg's.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from actors.capacity import CapacityWatch
 from actors.checkpointer import Checkpointer, restore_samplers
 from actors.learner_group import LOSS_ERRORS
 from actors.memory import ProcessMemory
-from actors.monitor import RunMonitor, WaitingForActors, say, waiting_on
+from actors.monitor import RUN_COUNTERS, RunMonitor, WaitingForActors, say, waiting_on
 from actors.periodic_eval import PeriodicEval
 from actors.run_status import NAMESPACE
 from actors.runtime import init_ray
@@ -120,7 +122,10 @@ class Controller:
         self.topology: Topology | None = None
         self.monitor: RunMonitor | None = None
         self.evaluator = PeriodicEval(cfg, self.spec.num_tasks)
-        self.counters = {"env_steps": 0, "episodes": 0, "wall_s": 0.0}
+        self.counters: dict = {**dict.fromkeys(RUN_COUNTERS, 0), "wall_s": 0.0}
+        self.partial_counters: list[str] = []
+        """Whole-run counts a resumed checkpoint lacked (saved before they were kept): they
+        count from this leg."""
         self.samplers_continued = 0
         """Env workers that continued a resumed run's episode sequence."""
         self._watchdog_stop = threading.Event()
@@ -181,6 +186,10 @@ class Controller:
             ray.get([lr.restore.remote(ckpt) for lr in topo.learners])
             meta = read_meta(ckpt)
             self.counters.update(meta.counters)
+            self.partial_counters = [k for k in RUN_COUNTERS if k not in meta.counters]
+            if self.partial_counters:
+                self._log(f"this checkpoint predates whole-run counts of "
+                          f"{', '.join(self.partial_counters)}: they count from this leg")
             self.samplers_continued = restore_samplers(topo.workers, meta.samplers,
                                                        self.counters["episodes"])
             self._log(f"resumed at version {meta.version}: {self.samplers_continued} of "
@@ -424,7 +433,7 @@ class Controller:
         history = ray.get(self.learners[0].take_history.remote())
         elapsed = time.monotonic() - self._start
         row = monitor.row(snap, elapsed, self._base)
-        self.counters.update(env_steps=row["env_steps"], episodes=row["episodes"],
+        self.counters.update({k: row[k] for k in RUN_COUNTERS},
                              wall_s=self._base["wall_s"] + elapsed)
         # before anything slow, so a run stopped by a signal with a short grace keeps its last step
         self.checkpoints.save(self.counters, force=final)
@@ -477,6 +486,9 @@ class Controller:
             "start_waits": [e for e in self.capacity.outages() if e["kind"] == "start"],
             "memory": self._memory(snap),
             "wall_s": self.counters["wall_s"],
+            "this_leg": {"time_s": row["time_s"],
+                         **{k: row[k] - self._base.get(k, 0) for k in RUN_COUNTERS}},
+            **({"counts_from_this_leg": self.partial_counters} if self.partial_counters else {}),
             "run_dir": str(self.run_dir),
         }
 

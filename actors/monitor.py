@@ -14,6 +14,9 @@ Figures a user judges a run by (all in the row and the summary):
 - ``success_rate`` over the env workers' recent episodes (``success_window`` of them), and
   ``success_by_task``: the same per env task id.
 
+Resumed runs: the counts in ``RUN_COUNTERS`` cover the whole run (the checkpoint's counters
+plus this leg's); rates (``*_per_s``), ``time_s`` and the accounting cover this leg.
+
 Restarts: an actor that Ray restarted reports a new incarnation whose counters start from zero;
 the monitor adds its predecessor's last counters back (``carried``), so totals never go down,
 and counts what died with it (an env worker's running episodes, a learner's buffered samples).
@@ -47,6 +50,9 @@ LEARNER_CARRIED = ("samples_trained", "received_decisions", "received_episodes",
                    "lost_segments", "lost_decisions", "staleness_hist", "length_hist",
                    "busy_s", "skipped_steps")
 SERVER_CARRIED = ("requests", "batches")
+RUN_COUNTERS = ("env_steps", "episodes", "trained_env_steps", "decisions", "trained_decisions",
+                "discarded_decisions")
+"""Row figures that count the whole run: a resumed leg adds its own to the checkpoint's."""
 
 
 def _add(a, b):
@@ -248,7 +254,8 @@ class RunMonitor:
                 "queue": ray.get(topo.queue.stats.remote(), timeout=60)}
 
     def row(self, snap: dict, elapsed: float, base: dict) -> dict:
-        """The progress row: throughput, learning, pacing and accounting figures."""
+        """The progress row: throughput, learning, pacing and accounting figures. ``base``: the
+        run's counters before this leg (``RUN_COUNTERS``; a missing one counts from here)."""
         workers, servers, learners, queue = (snap["workers"], snap["servers"],
                                              snap["learners"], snap["queue"])
         env_steps = sum(w["env_steps"] for w in workers)
@@ -264,19 +271,25 @@ class RunMonitor:
         staleness: dict = {}
         for lr in learners:
             staleness = _add(staleness, lr["staleness_hist"])
+        leg = {"env_steps": env_steps, "episodes": episodes, "trained_env_steps": trained_steps,
+               "decisions": produced,
+               "trained_decisions": sum(lr["samples_trained"] for lr in learners),
+               "discarded_decisions": discarded}
+        run = {k: base.get(k, 0) + v for k, v in leg.items()}
         elapsed = max(elapsed, 1e-9)
         return {
             "time_s": round(elapsed, 2),
-            "env_steps": base["env_steps"] + env_steps,
+            "env_steps": run["env_steps"],
             "env_steps_per_s": env_steps / elapsed,
-            "trained_env_steps": trained_steps,
+            "trained_env_steps": run["trained_env_steps"],
             "trained_env_steps_per_s": trained_steps / elapsed,
             "trajectories_per_s": episodes / elapsed,
-            "episodes": base["episodes"] + episodes,
-            "decisions": produced,
-            "trained_decisions": sum(lr["samples_trained"] for lr in learners),
-            "discarded_decisions": discarded,
-            "discarded_decision_fraction": discarded / produced if produced else 0.0,
+            "episodes": run["episodes"],
+            "decisions": run["decisions"],
+            "trained_decisions": run["trained_decisions"],
+            "discarded_decisions": run["discarded_decisions"],
+            "discarded_decision_fraction": (run["discarded_decisions"] / run["decisions"]
+                                            if run["decisions"] else 0.0),
             "staleness_p50": hist_quantile(staleness, 0.5),
             "staleness_p90": hist_quantile(staleness, 0.9),
             "staleness_max": max((float(k) for k, v in staleness.items() if v),

@@ -11,7 +11,7 @@ import ray
 from tiny_runs import TINY_RUN
 
 from actors.controller import Controller
-from rlvla3.checkpoint import load_policy, read_meta
+from rlvla3.checkpoint import load_policy, read_meta, resolve_checkpoint
 from rlvla3.run_config import load_run_config
 from rlvla3.weight_sync import parameter_sum
 
@@ -67,12 +67,25 @@ def test_resume_continues_version_counters_and_episode_sequence(ray_cluster, tmp
     workers = controller.cfg.env_workers.num_workers
     saved = read_meta(tmp_path / "r").samplers
     assert len(saved) == workers and all(s and s["rng"] for s in saved)
+    # a checkpoint saved before a counter was kept: that one counts from the resumed leg
+    meta_file = resolve_checkpoint(tmp_path / "r") / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["counters"]["trained_env_steps"]
+    meta_file.write_text(json.dumps(meta))
     second, resumed = run(tmp_path, "r", ["total_env_steps=700"], resume=True)
     assert second["policy_version"] > first["policy_version"]
     assert second["env_steps"] >= 700
     assert read_meta(tmp_path / "r").counters["env_steps"] == second["env_steps"]
     assert resumed.samplers_continued == workers  # each worker went on from its saved state
     assert read_meta(tmp_path / "r").samplers != saved
+    # the summary counts the whole run; this_leg holds the resumed leg's own counts
+    leg = second["this_leg"]
+    for key in ("env_steps", "episodes", "decisions", "trained_decisions"):
+        assert second[key] == first[key] + leg[key] and leg[key] > 0, key
+    assert second["counts_from_this_leg"] == ["trained_env_steps"]
+    assert second["trained_env_steps"] == leg["trained_env_steps"] > 0
+    assert "counts_from_this_leg" not in first and first["this_leg"]["decisions"] == first[
+        "decisions"]
 
 
 @pytest.mark.parametrize("mode", ["sync", "full"])
