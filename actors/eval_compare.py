@@ -11,6 +11,10 @@ Role: pure functions over ``results.json`` dicts (no Ray, no simulator), used by
   task and for the suite, each side's successes with its Wilson 95% interval, the paired
   difference with its interval and the McNemar p-value. Written next to ``comparison.json``
   as ``comparison.md``.
+- ``compare_family(results, names)``: several policies B, C, ... each against one baseline
+  A (``--compare A B C ...``): one report each, and their suite p-values adjusted by Holm's
+  step-down method, so that picking the best of several runs is not mistaken for a
+  significant gain; ``family_markdown`` is its summary table.
 
 Invariant: every figure is computed on the paired episodes only, so the two sides' rates,
 intervals and their difference describe the same episodes (unpaired ones are counted in
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvla3.fingerprint import fingerprint_differences
-from rlvla3.stats import compare_paired, wilson
+from rlvla3.stats import compare_paired, holm, wilson
 
 
 def legacy_fields(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
@@ -112,7 +116,7 @@ def compare_table(report: dict[str, Any]) -> Any:
 
 
 def _p_value(p: float) -> str:
-    return "1.0" if p >= 1 else f"{p:.2g}"
+    return "1.0" if p >= 1 else f"{p:.2f}" if p >= 0.1 else f"{p:.2g}"
 
 
 def _side(successes: int, n: int, digits: int) -> str:
@@ -158,3 +162,32 @@ def comparison_markdown(report: dict[str, Any], a: dict[str, Any] | None = None,
                      "left out.")
     notes += [f"Fingerprints differ: {d}." for d in report.get("fingerprint_differences", [])]
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+
+
+def compare_family(results: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """``results[1:]`` each against ``results[0]``; ``holm``: the suite McNemar p-values
+    adjusted for the number of comparisons (Holm's step-down, family-wise 5% at < 0.05)."""
+    reports = {name: compare_results(results[0], other)
+               for name, other in zip(names[1:], results[1:], strict=True)}
+    adjusted = holm([r["paired"]["mcnemar_p"] for r in reports.values()])
+    return {"baseline": names[0], "comparisons": reports,
+            "holm": dict(zip(reports, adjusted, strict=True))}
+
+
+def family_markdown(family: dict[str, Any]) -> str:
+    """The family's summary: one row per policy against the baseline, with Holm's p."""
+    reports = family["comparisons"]
+    first = next(iter(reports.values()))["paired"]
+    baseline = _side(first["both"] + first["only_a"], first["pairs"], 3)
+    lines = [f"Against {family['baseline']} ({baseline}), Holm-adjusted over "
+             f"{len(reports)} comparisons:", "",
+             "| policy | successes [95%] | \u2212 baseline [95%] | only policy / only baseline "
+             "| McNemar p | Holm p |", "|---|---|---|---|---|---|"]
+    for name, report in reports.items():
+        p = report["paired"]
+        lines.append(
+            f"| {name} | {_side(p['both'] + p['only_b'], p['pairs'], 3)} | "
+            f"{_signed(p['difference'], 3)} [{_signed(p['ci95'][0], 3)}, "
+            f"{_signed(p['ci95'][1], 3)}] | {p['only_b']} / {p['only_a']} | "
+            f"{_p_value(p['mcnemar_p'])} | {_p_value(family['holm'][name])} |")
+    return "\n".join(lines) + "\n"

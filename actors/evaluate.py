@@ -2,7 +2,7 @@
 
     python -m rlvla3 eval --suite libero_spatial [--task-ids 0 1 ...] [--episodes-per-task N]
         (--checkpoint RUN_DIR | --policy random) [--output-dir DIR] [--workers K] [--json]
-    python -m rlvla3 eval --compare A B [same options]     A, B: checkpoints or results.json
+    python -m rlvla3 eval --compare A B [C ...] [same options]   checkpoints or results.json
 
 Role: the driver. It starts Ray locally unless ``--address`` names a cluster, spawns ``K``
 ``EvalWorker`` actors (each owns one process-isolated env and a CPU copy of the policy) and
@@ -29,6 +29,8 @@ MP4 videos of the first ``--videos`` episodes and ``success_by_task.png``. Re-ru
 command on the same ``--output-dir`` continues: finished episodes are kept, the rest run
 (``eval.json`` records what is evaluated; a different policy or setting is refused).
 
+``--compare A B C ...`` compares each of B, C, ... with A as below, and adjusts the suite
+p-values for the number of comparisons (Holm); ``comparison.md`` starts with that summary.
 ``--compare A B`` evaluates both (or reads their ``results.json``) on the same episodes and
 reports B - A: the paired 2x2 table, the exact McNemar p-value and Newcombe's 95% interval of
 the difference, overall and per task; it warns when the two fingerprints differ. It writes
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import string
 import sys
 import time
 from collections.abc import Sequence
@@ -48,9 +51,10 @@ from pathlib import Path
 from typing import Any
 
 from actors.eval_compare import (
-    compare_results,
+    compare_family,
     compare_table,
     comparison_markdown,
+    family_markdown,
     legacy_fields,
     load_results,
 )
@@ -407,30 +411,46 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 # ---- comparison --------------------------------------------------------------------------
 def compare(args: argparse.Namespace) -> dict[str, Any]:
-    """``--compare A B``: read or produce both results, then the paired comparison."""
+    """``--compare A B [C ...]``: read or produce every results, then the paired comparison of
+    B against A (with more, each against A and a Holm-adjusted summary)."""
     console = _console()
     base = Path(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     results = []
-    for label, target in zip("ab", args.compare, strict=True):
+    for label, target in zip(string.ascii_lowercase, args.compare, strict=False):
         loaded = load_results(target)
         if loaded is None:
             sub = argparse.Namespace(**{**vars(args), "checkpoint": target, "policy": None,
                                         "output_dir": str(base / label), "compare": None})
             loaded = run(sub)
         results.append(loaded)
-    report = compare_results(*results)
-    for diff in report["fingerprint_differences"]:
-        console.print(f"[bold yellow]WARNING[/]: fingerprints: {diff}")
-    if report["unpaired_episodes"]:
-        console.print(f"[bold yellow]WARNING[/]: {report['unpaired_episodes']} episodes were "
-                      "evaluated for only one of the two and are left out")
-    console.print(compare_table(report))
+    names = _labels(args.compare)
+    family = compare_family(results, names)
+    markdown = []
+    for (name, report), other in zip(family["comparisons"].items(), results[1:], strict=True):
+        for diff in report["fingerprint_differences"]:
+            console.print(f"[bold yellow]WARNING[/]: fingerprints of {name}: {diff}")
+        if report["unpaired_episodes"]:
+            console.print(f"[bold yellow]WARNING[/]: {report['unpaired_episodes']} episodes were "
+                          f"evaluated for only one of {names[0]} and {name} and are left out")
+        console.print(compare_table(report))
+        table = comparison_markdown(report, results[0], other, names=(names[0], name))
+        markdown.append(table if len(results) == 2 else f"### {name} against {names[0]}\n\n"
+                        + table)
+    if len(results) > 2:
+        console.print(family_markdown(family))
+        markdown.insert(0, family_markdown(family))
     base.mkdir(parents=True, exist_ok=True)
-    (base / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
-    names = tuple(_label(target) for target in args.compare)
-    (base / "comparison.md").write_text(comparison_markdown(report, *results, names=names))
+    out = family["comparisons"][names[1]] if len(results) == 2 else family
+    (base / "comparison.json").write_text(json.dumps(out, indent=2) + "\n")
+    (base / "comparison.md").write_text("\n".join(markdown))
     console.print(f"wrote {base / 'comparison.json'} and {base / 'comparison.md'}")
-    return report
+    return out
+
+
+def _labels(targets: Sequence[str]) -> list[str]:
+    """Distinct short names for the compared paths (a repeated one gets its position)."""
+    names = [_label(t) for t in targets]
+    return [n if names.count(n) == 1 else f"{n}#{i + 1}" for i, n in enumerate(names)]
 
 
 def _label(target: str) -> str:
@@ -452,8 +472,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     who = parser.add_mutually_exclusive_group(required=True)
     who.add_argument("--checkpoint", metavar="RUN_DIR", help="run or checkpoint directory")
     who.add_argument("--policy", choices=["random"], help="a built-in policy instead")
-    who.add_argument("--compare", nargs=2, metavar=("A", "B"),
-                     help="two checkpoints or results.json files: paired comparison of B - A")
+    who.add_argument("--compare", nargs="+", metavar="A B",
+                     help="checkpoints or results.json files: paired comparison of B - A; "
+                     "with more (A B C ...), each against A, p-values also Holm-adjusted")
     parser.add_argument("--placements", choices=["bundled", "fresh"], default="bundled",
                         help="bundled initial states (the published protocol) or fresh ones")
     parser.add_argument("--placement-seed", type=int, default=0,
@@ -487,6 +508,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ids = init_ids(args)
     if not ids or min(ids) < 0 or max(ids) >= limit:
         parser.error(f"initial states must lie in 0..{limit - 1} ({args.placements} placements)")
+    if args.compare and not 2 <= len(args.compare) <= len(string.ascii_lowercase):
+        parser.error(f"--compare needs 2 to {len(string.ascii_lowercase)} checkpoints or results")
     if args.workers < 1:
         parser.error("--workers must be >= 1")
     if not args.sampled and (args.noise_level is not None or args.init_noise is not None):

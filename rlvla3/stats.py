@@ -15,6 +15,8 @@ Role: the statistics behind every evaluation number (``rlvla3 eval``'s table and
   of two paired proportions (his method 10): the two marginal Wilson intervals combined
   "square-and-add", corrected for the correlation of the pairs.
 - ``compare_paired``: the whole comparison of two policies evaluated on the same episodes.
+- ``holm``: Holm's step-down adjustment of several p-values (several policies each compared
+  with one baseline): the family-wise error stays at the level without Bonferroni's full cost.
 
 Invariants: every interval lies within its parameter's range ([0, 1] for a rate, [-1, 1] for
 a difference) and contains its point estimate; ``n = 0`` gives the uninformative interval.
@@ -175,3 +177,19 @@ def compare_paired(a: Sequence[bool], b: Sequence[bool]) -> PairedComparison:
         ci95=paired_difference_interval(both, only_a, only_b, neither),
         p_value=mcnemar_exact(only_a, only_b),
     )
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm (1979) step-down adjusted p-values, in the input's order.
+
+    With ``p_(1) <= ... <= p_(m)`` sorted, ``adj_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))``:
+    rejecting every hypothesis with ``adj < alpha`` keeps the family-wise error rate at
+    ``alpha``. One p-value is returned as it is."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

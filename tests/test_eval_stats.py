@@ -13,6 +13,7 @@ from actors.eval_round import summarise_rows
 from rlvla3.fingerprint import fingerprint, fingerprint_differences, package_versions
 from rlvla3.stats import (
     compare_paired,
+    holm,
     mcnemar_exact,
     paired_difference_interval,
     rate,
@@ -63,6 +64,22 @@ def test_wilson_edges_and_rate_summary():
 def test_mcnemar_exact_is_the_doubled_binomial_tail(b, c, p):
     assert mcnemar_exact(b, c) == pytest.approx(p, rel=1e-12)
     assert mcnemar_exact(c, b) == mcnemar_exact(b, c)
+
+
+@pytest.mark.parametrize(
+    ("p", "adjusted"),
+    [
+        # sorted 0.005, 0.01, 0.03, 0.04 -> 4x, 3x, 2x, 1x = 0.02, 0.03, 0.06, 0.04 -> the
+        # running maximum keeps the order: 0.02, 0.03, 0.06, 0.06
+        ([0.01, 0.04, 0.03, 0.005], [0.03, 0.06, 0.06, 0.02]),
+        ([0.5, 0.4], [0.8, 0.8]),
+        ([0.3, 0.6, 0.9], [0.9, 1.0, 1.0]),  # capped at 1
+        ([0.2], [0.2]),
+        ([], []),
+    ],
+)
+def test_holm_adjusts_step_down(p, adjusted):
+    assert holm(p) == pytest.approx(adjusted, abs=1e-12)
 
 
 def test_newcombe_interval_reduces_to_square_and_add_without_correlation():
@@ -223,3 +240,31 @@ def test_tally_sums_episodes_and_successes_per_key():
 
     assert tally([("1", 2, 1), ("0", 3, 0), ("1", 2, 2)]) == {"1": [4, 3], "0": [3, 0]}
     assert tally([]) == {}
+
+
+def test_compare_several_against_one_baseline_adjusts_p_with_holm(tmp_path, capsys):
+    from actors.evaluate import main
+
+    fp = fingerprint({"image_size": [64, 64], "fast_render": True, "chunk_len": 5},
+                     {"gl_renderer": "llvmpipe"})
+    a = _results(tmp_path / "a.json", {0: [False] * 8 + [True] * 2, 1: [True] * 10}, fp)
+    b = _results(tmp_path / "b.json", {0: [True] * 10, 1: [True] * 9 + [False] * 1}, fp)
+    c = _results(tmp_path / "c.json", {0: [True] * 2 + [False] * 6 + [True] * 2,
+                                       1: [True] * 10}, fp)
+    out = tmp_path / "family"
+    assert main(["--compare", a, b, c, "--output-dir", str(out), "--json"]) == 0
+    family = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert family["baseline"] == "a" and list(family["comparisons"]) == ["b", "c"]
+    p_b = family["comparisons"]["b"]["paired"]["mcnemar_p"]  # 1 against 8: 0.039
+    p_c = family["comparisons"]["c"]["paired"]["mcnemar_p"]  # 0 against 2: 0.5
+    assert (p_b, p_c) == pytest.approx((2 * 10 / 2**9, 0.5))
+    # Holm: the smaller p times 2, the larger at least that: b alone is no longer < 0.05
+    assert family["holm"] == pytest.approx({"b": 2 * p_b, "c": 0.5})
+    assert json.loads((out / "comparison.json").read_text()) == family
+    table = (out / "comparison.md").read_text()
+    assert table.startswith("Against a (12/20 = 0.600 [0.387, 0.781]), Holm-adjusted over 2 ")
+    assert "| b | 19/20 = 0.950 [0.764, 0.991] | +0.350 " in table
+    assert "| 8 / 1 | 0.039 | 0.078 |" in table
+    assert "### b against a" in table and "### c against a" in table
+    with pytest.raises(SystemExit):  # one policy is no comparison
+        main(["--compare", a])
