@@ -23,6 +23,7 @@ intervals and their difference describe the same episodes (unpaired ones are cou
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,6 @@ def legacy_fields(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]
 def load_results(path: str | Path) -> dict[str, Any] | None:
     """The ``results.json`` at ``path`` (the file, or an eval output directory); None when
     ``path`` is not an evaluation's output (then it should be a checkpoint)."""
-    import json
-
     path = Path(path)
     if path.is_dir():
         path = path / "results.json"
@@ -129,6 +128,18 @@ def _signed(x: float, digits: int) -> str:
     return f"{x:+.{digits}f}".replace("-", "\u2212")
 
 
+def _won(p: dict[str, Any], side: str, digits: int) -> str:
+    """Side ``"a"`` or ``"b"`` of a paired comparison: its successes with their interval."""
+    return _side(p["both"] + p[f"only_{side}"], p["pairs"], digits)
+
+
+def _difference(p: dict[str, Any], digits: int) -> str:
+    """B - A with Newcombe's interval."""
+    low, high = p["ci95"]
+    return (f"{_signed(p['difference'], digits)} [{_signed(low, digits)}, "
+            f"{_signed(high, digits)}]")
+
+
 def comparison_markdown(report: dict[str, Any], a: dict[str, Any] | None = None,
                         b: dict[str, Any] | None = None, names: tuple[str, str] = ("A", "B"),
                         ) -> str:
@@ -142,11 +153,8 @@ def comparison_markdown(report: dict[str, Any], a: dict[str, Any] | None = None,
     lines = [head, "|---|---|---|---|---|"]
 
     def line(name: str, p: dict[str, Any], digits: int, bold: bool = False) -> str:
-        n = p["pairs"]
-        cells = [_side(p["both"] + p["only_a"], n, digits),
-                 _side(p["both"] + p["only_b"], n, digits),
-                 f"{_signed(p['difference'], digits)} [{_signed(p['ci95'][0], digits)}, "
-                 f"{_signed(p['ci95'][1], digits)}]", _p_value(p["mcnemar_p"])]
+        cells = [_won(p, "a", digits), _won(p, "b", digits), _difference(p, digits),
+                 _p_value(p["mcnemar_p"])]
         if bold:
             cells = [f"**{c}**" for c in cells]
         return "| " + " | ".join([name, *cells]) + " |"
@@ -177,17 +185,14 @@ def compare_family(results: list[dict[str, Any]], names: list[str]) -> dict[str,
 def family_markdown(family: dict[str, Any]) -> str:
     """The family's summary: one row per policy against the baseline, with Holm's p."""
     reports = family["comparisons"]
-    first = next(iter(reports.values()))["paired"]
-    baseline = _side(first["both"] + first["only_a"], first["pairs"], 3)
+    baseline = _won(next(iter(reports.values()))["paired"], "a", 3)
     lines = [f"Against {family['baseline']} ({baseline}), Holm-adjusted over "
              f"{len(reports)} comparisons:", "",
              "| policy | successes [95%] | \u2212 baseline [95%] | only policy / only baseline "
              "| McNemar p | Holm p |", "|---|---|---|---|---|---|"]
     for name, report in reports.items():
         p = report["paired"]
-        lines.append(
-            f"| {name} | {_side(p['both'] + p['only_b'], p['pairs'], 3)} | "
-            f"{_signed(p['difference'], 3)} [{_signed(p['ci95'][0], 3)}, "
-            f"{_signed(p['ci95'][1], 3)}] | {p['only_b']} / {p['only_a']} | "
-            f"{_p_value(p['mcnemar_p'])} | {_p_value(family['holm'][name])} |")
+        lines.append(f"| {name} | {_won(p, 'b', 3)} | {_difference(p, 3)} | "
+                     f"{p['only_b']} / {p['only_a']} | {_p_value(p['mcnemar_p'])} | "
+                     f"{_p_value(family['holm'][name])} |")
     return "\n".join(lines) + "\n"

@@ -437,8 +437,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         markdown.append(table if len(results) == 2 else f"### {name} against {names[0]}\n\n"
                         + table)
     if len(results) > 2:
-        console.print(family_markdown(family))
         markdown.insert(0, family_markdown(family))
+        console.print(markdown[0])
     base.mkdir(parents=True, exist_ok=True)
     out = family["comparisons"][names[1]] if len(results) == 2 else family
     (base / "comparison.json").write_text(json.dumps(out, indent=2) + "\n")
