@@ -374,9 +374,9 @@ def test_rl_core_pipeline_runs_with_the_vla_policy():
     segments = collect_episodes(make_env(reach), RolloutCore(policy),
                                 TaskSampler(range(4), range(5), 0), 6, "test")
     learner = LearnerCore(policy, AlgoConfig("ppo"), 16, 8, 1e-3, BatchStart())
-    learner.add_segments(segments)
+    learner.add_groups([s] for s in segments)
     _, stats = learner.loss(prepare_samples(segments, AlgoConfig("ppo")))
-    assert abs(stats["approx_kl"]) < 1e-6  # fresh data: recomputed log-probs = behaviour ones
+    assert abs(stats["kl_per_decision"]) < 1e-6  # fresh data: recomputed log-probs = behaviour ones
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     assert learner.run_available() >= 1 and learner.version >= 1
     assert any(not torch.equal(before[k], v) for k, v in policy.state_dict().items())
