@@ -303,7 +303,7 @@ class Learner:
         every rank takes the same number of steps."""
         epochs = self.core.algo.update_epochs  # optimizer steps per batch
         target = self.core.version + steps * epochs + (epochs - self.core.epoch) % epochs
-        need = steps * self.core.local_batch - self.core.micro_done
+        need = steps * self.core.local_batch - self.core.in_step
         deadline = time.monotonic() + timeout_s
         while self.core.buffered < need:
             if time.monotonic() > deadline:
@@ -372,7 +372,7 @@ class Learner:
             "samples_trained": self.core.samples_trained,
             **self.core.counts,
             "buffered": self.core.buffered,
-            "in_step": self.core.micro_done,
+            "in_step": self.core.in_step,
             "busy_fraction": min(self.core.busy_s / elapsed, 1.0),
             "busy_s": self.core.busy_s,
             "data_wait_fraction": min(self.wait_s / elapsed, 1.0),

@@ -12,8 +12,8 @@ Invariants:
   the advantages and proximal log-probs of the first; only the first counts as trained. Each
   micro-batch's loss is scaled by its share of ``local_batch``, so the accumulated gradient
   equals that of one full-batch step on the same samples.
-- A decision counts as trained when the optimizer step it went into is taken: the micro-batches
-  of the step under way are ``micro_done`` (``in_step`` in the stats), and those of a step
+- A decision counts as trained when the optimizer step it went into is taken: the decisions
+  taken for the step under way are ``in_step``, and those of a step
   abandoned at a stop (``flush``) go back to the buffer, untrained.
 - Staleness is bounded per queue item, by its oldest decision: an item not yet started whose
   oldest decision is more than ``max_staleness`` versions behind the learner is discarded
@@ -29,7 +29,7 @@ Invariants:
 - The learner strategy decides only *when* a micro-batch may start: ``StreamingStart`` as soon
   as one is full, ``BatchStart`` once the whole local batch has arrived. The update is the same.
 - Every decision handed to ``add_groups`` ends up in exactly one of ``trained_decisions``,
-  ``discarded_decisions``, ``micro_done`` or ``buffered``.
+  ``discarded_decisions``, ``in_step`` or ``buffered``.
 """
 
 from __future__ import annotations
@@ -274,14 +274,15 @@ class LearnerCore:
         return self.buffer.size
 
     @property
-    def micro_done(self) -> int:
-        """New samples already consumed toward the current batch (0 in its later epochs)."""
-        return 0 if self.epoch else self._done_in_step
+    def in_step(self) -> int:
+        """Decisions taken from the buffer for the step under way, its micro-batch running now
+        included (0 in a batch's later epochs): not trained until the step is taken."""
+        return sum(len(raw) for raw in self._step_raw)
 
     def pull_budget(self) -> int:
         """Decisions this rank still needs for its current batch (0 in a batch's later epochs:
         their data is at hand)."""
-        return 0 if self.epoch else max(0, self.local_batch - self._done_in_step - self.buffered)
+        return 0 if self.epoch else max(0, self.local_batch - self.in_step - self.buffered)
 
     def add_groups(self, groups: Iterable[Sequence[TrajectorySegment]]) -> None:
         """Turn queue items (an episode, or one whole GRPO group of any size each) into samples

@@ -236,13 +236,13 @@ def test_streaming_starts_micro_batches_before_the_batch_is_complete():
         core.add_groups(episodes(segments[8:12]))
         core.run_available()
     # streaming took micro-batches of the second batch (not trained until its step is taken)
-    assert streaming.samples_trained == half and streaming.micro_done > 0
+    assert streaming.samples_trained == half and streaming.in_step > 0
     assert streaming.version == 1
-    assert batch.samples_trained == half and batch.micro_done == 0
+    assert batch.samples_trained == half and batch.in_step == 0
     for core in (streaming, batch):
         core.add_groups(episodes(segments[12:]))
         core.run_available()
-        assert core.buffered == total - core.samples_trained and core.micro_done == 0
+        assert core.buffered == total - core.samples_trained and core.in_step == 0
 
 
 def test_no_sample_dropped_or_reused_across_steps():
@@ -253,7 +253,7 @@ def test_no_sample_dropped_or_reused_across_steps():
     steps = core.run_available()
     assert steps == total // 7
     assert core.samples_trained == steps * 7
-    assert core.buffered == total - core.samples_trained - core.micro_done
+    assert core.buffered == total - core.samples_trained - core.in_step
     assert core.counts["trained_env_steps"] > 0
     assert sum(core.staleness_hist.values()) == core.samples_trained
 

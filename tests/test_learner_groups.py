@@ -112,7 +112,7 @@ def test_a_step_abandoned_by_the_ranks_agreement_trains_nothing_and_keeps_its_da
     received = core.buffered
     weights = parameter_sum(core.policy)
     assert core.run_available() == 0
-    assert core.version == 0 and core.samples_trained == 0 and core.micro_done == 0
+    assert core.version == 0 and core.samples_trained == 0 and core.in_step == 0
     assert core.buffered == received and core.stop_agreed
     assert core.counts["abandoned_steps"] == 1 and parameter_sum(core.policy) == weights
     assert all(p.grad is None for p in core.policy.parameters())
@@ -136,9 +136,9 @@ def test_flush_leaves_a_partial_accumulation_untrained():
     core.normalizer.seed(np.zeros(1))  # let the stream start before the batch is whole
     core.add_groups(episodes(segments))
     core.run_available()
-    assert core.micro_done == (total // 8) * 8 > 0
+    assert core.in_step == (total // 8) * 8 > 0
     assert core.flush()
-    assert core.micro_done == 0 and core.buffered == total and core.samples_trained == 0
+    assert core.in_step == 0 and core.buffered == total and core.samples_trained == 0
     assert core.version == 0 and core.counts["abandoned_steps"] == 1
     empty = LearnerCore(make_policy(2), AlgoConfig("ppo"), 8, 8, 1e-2, StreamingStart())
     assert not empty.flush()  # no sample to stand in with
