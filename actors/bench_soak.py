@@ -194,6 +194,8 @@ def measure(args: argparse.Namespace) -> dict:
         "rss_slope_mb_per_hour": round(slope_per_hour(steady, 1), 1),
         "object_store_slope_mb_per_hour": round(slope_per_hour(steady, 2), 1),
         "accounting": summary.get("accounting"),
+        "groups": summary.get("groups"),
+        "stop": summary.get("stop"),
         "discarded_decision_fraction": summary.get("discarded_decision_fraction"),
         "policy_version": summary.get("policy_version"),
         "memory_timeline": [{"t_s": round(t, 1), "rss_mb": round(r, 1), "object_store_mb": o}

@@ -316,6 +316,14 @@ class RunMonitor:
             "in_flight_episodes": queue["in_flight_episodes"],
             "dropped_stale": queue["dropped_stale"],
             "uniform_groups_skipped": queue["uniform_groups"],
+            "groups": {  # queue items (an episode, or a GRPO group) and what became of them
+                "received": sum(lr.get("received_groups", 0) for lr in learners),
+                "short": sum(lr.get("short_groups", 0) for lr in learners),
+                "singleton": sum(lr.get("singleton_groups", 0) for lr in learners),
+                "discarded_stale": sum(lr.get("discarded_groups", 0) for lr in learners)
+                + queue["dropped_stale_items"],
+                "expired": queue["expired_groups"],
+                "uniform_skipped": queue["uniform_groups"]},
             "dropped_faults": sum(w["dropped_faults"] for w in workers),
             "lost_segments": sum(lr["lost_segments"] for lr in learners),
             "restarts": sum(w["restarts"] for w in workers) + sum(

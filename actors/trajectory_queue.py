@@ -122,7 +122,7 @@ class TrajectoryQueue:
         self._cond: asyncio.Condition | None = None
         self.metrics = RoleMetrics("queue", "queue-0")
         self.counts = {"put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
-                       "dropped_stale": 0, "dropped_stale_decisions": 0,
+                       "dropped_stale": 0, "dropped_stale_decisions": 0, "dropped_stale_items": 0,
                        "expired": 0, "expired_decisions": 0, "expired_groups": 0,
                        "uniform": 0, "uniform_decisions": 0, "uniform_groups": 0,
                        "discarded_at_stop": 0, "discarded_decisions": 0,
@@ -356,6 +356,7 @@ class TrajectoryQueue:
                 item = self._items.popleft()
                 if self._stale([info for info, _ in item]):
                     self.counts["dropped_stale"] += len(item)
+                    self.counts["dropped_stale_items"] += 1
                     self.counts["dropped_stale_decisions"] += sum(i.decisions for i, _ in item)
                     self.metrics.inc("episodes_dropped", len(item))
                     continue

@@ -70,7 +70,7 @@ def test_element_ratios_clip_each_gaussian_and_average_the_surrogate():
     # KL: k3 per element, (e^0.5 - 1 - 0.5) for the first, summed per decision
     assert stats.kl_per_decision == pytest.approx(math.expm1(0.5) - 0.5)
     assert stats.kl_per_element == pytest.approx((math.expm1(0.5) - 0.5) / 4)
-    with pytest.raises(ValueError, match="per-element"):
+    with pytest.raises(ValueError, match="each of the 4 Gaussians"):
         objective(AlgoConfig("grpo", ratio="element"), _evaluation(elements), zero, one, zero,
                   zero, zero)
 
