@@ -22,8 +22,10 @@ slots wait instead of producing data that only ages, and when the envs are, ever
 Pacing never starves the learners (while less than one global batch of work is ahead of them,
 slots are admitted whatever the target), one episode is always admitted when none is in flight,
 in-flight episodes always finish, and GRPO episodes held for their group do not count, so
-pacing cannot deadlock. (Learners pull only what their next batch needs, ``get``'s
-``max_decisions``, so no rank hoards data another rank waits for.)
+pacing cannot deadlock. Pacing admits GRPO groups rather than episodes: once a member of a group
+is running or held, the group's other members are admitted at once (holding them back only
+ages the members already done, until the group expires). (Learners pull only what their next
+batch needs, ``get``'s ``max_decisions``, so no rank hoards data another rank waits for.)
 
 Admission tickets belong to one incarnation of an env worker. A restarted worker announces its
 new incarnation (``reset_worker``); the controller retires the incarnation of a worker that
@@ -166,15 +168,21 @@ class TrajectoryQueue:
         """Policy versions before a newly admitted episode's first decision is trained."""
         return self._ahead(extra) * self.update_epochs / self.global_batch
 
-    def _may_admit(self) -> bool:
+    def _may_admit(self, key: EpisodeKey | None = None) -> bool:
         """Within the pace targets, or with less than one batch of work ahead of the learners
-        (holding slots back then would only idle them)."""
+        (holding slots back then would only idle them), or (GRPO) for a member of a group that
+        has started: its first members age while it waits, and expire if it waits too long."""
         target, backlog = self.cfg.pace_target, self.cfg.pace_backlog
         if (self._closed or target <= 0 or not self._tickets  # closing, pacing off, none running
-                or self._ahead(extra=0) < self.global_batch):
+                or self._ahead(extra=0) < self.global_batch or self._group_started(key)):
             return True
         return (self.expected_lag() <= target
                 and (backlog <= 0 or self.backlog() <= self.backlog_limit()))
+
+    def _group_started(self, key: EpisodeKey | None) -> bool:
+        if self.group_size == 1 or key is None:
+            return False
+        return key in self._held or any(k == key for _, _, k in self._tickets.values())
 
     def backlog_limit(self) -> float:
         """Decisions the backlog may hold: ``pace_backlog`` global batches, but never less than
@@ -196,8 +204,8 @@ class TrajectoryQueue:
         cond = self._condition()
         start = time.monotonic()
         async with cond:
-            await cond.wait_for(lambda: self._may_admit() or not self._live(worker_id,
-                                                                           incarnation))
+            await cond.wait_for(lambda: self._may_admit(key) or not self._live(worker_id,
+                                                                              incarnation))
             if not self._live(worker_id, incarnation):
                 self.counts["refused_admissions"] += 1
                 return None

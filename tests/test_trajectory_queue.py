@@ -217,7 +217,7 @@ def test_pacing_backlog_bound_is_at_least_one_grpo_group():
                        global_batch=10, initial_decisions=10.0, group_size=group_size)
         await queue.learner_buffered(0, buffered)
         await queue.admit(0, EpisodeKey(0, 0))  # none in flight: always admitted
-        second = asyncio.create_task(queue.admit(1, EpisodeKey(0, 0)))  # lag (40+20)/10 = 6
+        second = asyncio.create_task(queue.admit(1, EpisodeKey(1, 0)))  # lag (40+20)/10 = 6
         await asyncio.sleep(0.05)
         admitted = second.done()
         await queue.close()
@@ -322,3 +322,25 @@ def test_admissions_of_a_dead_worker_are_refused_and_the_in_flight_count_recover
     assert fresh is not None and stale is None and released == 1 and closed is None
     assert stats["in_flight_episodes"] == 1  # w0-b's one episode: the truth
     assert stats["refused_admissions"] == 6
+
+
+def test_pacing_admits_the_rest_of_a_grpo_group_that_has_started():
+    """Pacing holds a new group back, but not the missing members of a group already running:
+    holding them would only age its first members until the group expires."""
+    started, fresh = EpisodeKey(0, 0), EpisodeKey(1, 0)
+
+    async def scenario():
+        queue = _queue(capacity=100, max_staleness=4, pace_lag=1.0, global_batch=10,
+                       initial_decisions=10.0, group_size=4)
+        await queue.learner_buffered(0, 40)
+        await queue.admit(0, started, "w0")  # none in flight: admitted
+        new_group = asyncio.create_task(queue.admit(0, fresh, "w0"))
+        member = await asyncio.wait_for(queue.admit(0, started, "w0"), 1.0)
+        await asyncio.sleep(0.05)
+        held = not new_group.done()
+        await queue.close()
+        await asyncio.wait_for(new_group, 1.0)
+        return member, held
+
+    member, held = asyncio.run(scenario())
+    assert member is not None and held
