@@ -28,8 +28,8 @@ def _queue(**kw):
     batch = kw.pop("global_batch", 1)
     initial = kw.pop("initial_decisions", 1.0)
     skip_uniform = kw.pop("skip_uniform", False)
-    epochs = kw.pop("update_epochs", 1)
-    return TrajectoryQueue(QueueConfig(**kw), group_size, batch, initial, skip_uniform, epochs)
+    epochs = {"update_epochs": kw.pop("update_epochs")} if "update_epochs" in kw else {}
+    return TrajectoryQueue(QueueConfig(**kw), group_size, batch, initial, skip_uniform, **epochs)
 
 
 def _refs(items) -> list:
