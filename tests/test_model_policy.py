@@ -247,7 +247,9 @@ def test_saves_from_several_threads_of_one_process_all_land(tmp_path):
     assert not errors, errors
     assert read_meta(tmp_path).version == 6
     kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert kept == ["latest", "step-00000005", "step-00000006"]
+    # a version saved again goes to a new directory, never over one `latest` may name; the
+    # newest copy of each of the two newest versions is kept
+    assert kept == ["latest", "step-00000005-1", "step-00000006-2"]
     loaded, _ = load_policy(tmp_path)
     for k, v in policy.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[k], v, msg=k)
