@@ -181,11 +181,9 @@ def connect(cfg: SFTConfig) -> None:
     if not ray.is_initialized():
         from actors.runtime import init_ray
 
-        # Ray Train's placement-group cleaner asks the state API (served by the dashboard)
-        # whether the train controller lives: without the dashboard it logs a warning every
-        # few seconds and could not free the workers' placement group after a crash.
-        init_ray(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), include_dashboard=True,
-                 configure_logging=False)
+        # With the dashboard when it is installed (``init_ray``): Ray Train's placement-group
+        # cleaner asks the state API it serves whether the train controller lives.
+        init_ray(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), configure_logging=False)
     have = ray.cluster_resources().get("CPU", 0.0)
     if need > have:
         raise ConfigError(

@@ -96,7 +96,7 @@ class SavedCheckpoint:
     write_s: float
     """Writing (and uploading) that copy, while the trainer went on."""
     bytes: int
-    """Size of the files written."""
+    """Size of the files written (weights, optimizer state, RNG state)."""
 
 
 def snapshot(policy: torch.nn.Module, optimizer: torch.optim.Optimizer | None

@@ -14,7 +14,8 @@ reads datasets through the same ``resolve_filesystem``.
 - ``Mirror(uri)``: a storage directory with a working copy on this node's disk, for files that
   grow (``metrics.jsonl``, TensorBoard events, ``episodes.jsonl``): they are written locally and
   copied up by ``push`` (every ``every_s`` through ``sync``); files named in ``keep`` are pulled
-  down first, so a resumed run appends to its own history. A local storage *is* its working copy.
+  down first, so a resumed run appends to its own history. A local storage *is* its working copy;
+  a remote one gets a fresh directory in the scratch cache (dropped by ``close``).
 - ``scratch_dir()``: this node's cache (``RLVLA3_SCRATCH``, else ``<tmp>/rlvla3-scratch``). Nothing
   a run keeps lives only there: it is a cache of what storage holds and a staging area for uploads.
 
@@ -29,6 +30,7 @@ import hashlib
 import os
 import posixpath
 import re
+import shutil
 import tempfile
 import time
 import uuid
@@ -279,8 +281,9 @@ class Mirror:
         self.every_s = every_s
         if self.storage.local:
             self.local = Path(self.storage.root)
-        else:
-            self.local = scratch_dir() / "mirror" / cache_name(self.storage.uri)
+        else:  # a working copy of its own: it starts from what storage holds, nothing stale
+            name = f"{cache_name(self.storage.uri)}-{uuid.uuid4().hex[:6]}"
+            self.local = scratch_dir() / "mirror" / name
         self.local.mkdir(parents=True, exist_ok=True)
         self._pushed: dict[str, tuple[int, int]] = {}
         self._last_sync = time.monotonic()
@@ -337,6 +340,11 @@ class Mirror:
             return 0
         return self.push(*names)
 
+    def close(self) -> None:
+        """Drop a remote storage's working copy (push what must be kept first)."""
+        if self.remote:
+            shutil.rmtree(self.local, ignore_errors=True)
+
 
 def _stamp(path: Path) -> tuple[int, int]:
     st = path.stat()
@@ -347,7 +355,7 @@ def check_reach(location: str, shared: bool, nodes: int, can_grow: bool, field: 
     """Refuse a local storage path that not every node of a cluster can see: on a cluster of
     more than one node (or one an autoscaler can grow), checkpoints written on the learner's
     node would be missing for a learner restarted elsewhere, for ``--resume`` and for eval."""
-    if is_uri(location) and not location.startswith("file://") or shared:
+    if shared or (is_uri(location) and not location.startswith("file://")):
         return
     if nodes > 1 or can_grow:
         size = f"{nodes} nodes" if nodes > 1 else "1 node and an autoscaler that adds more"

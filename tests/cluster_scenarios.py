@@ -40,6 +40,7 @@ SHAPE = {  # node -> (CPUs, custom resources): cluster.yaml's node types, scaled
     "sim1": (1, {"sim": 1}),
 }
 TINY = [
+    "storage.shared=true",  # the simulated nodes share this machine's disk
     "env.options.image_size=16", "env_workers.num_workers=2", "env_workers.slots_per_worker=2",
     "learner.global_batch=32", "learner.micro_batch=16", "policy.options.channels=8",
     "policy.options.hidden=32", "log_every_s=1.0", "checkpoint_every=0", "ray.node_wait_s=15",
