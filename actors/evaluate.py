@@ -19,8 +19,8 @@ episode's noise seeded by ``--seed``, the task and the initial state. ``--langua
 ablation that shows whether the instruction steers it (``results.json`` records what it was
 told; ``--compare`` pairs it with the same checkpoint told its own).
 
-Outputs, in ``--output-dir`` (written as each episode ends, so an interrupted evaluation
-loses nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
+Outputs, in ``--output-dir`` (a path or a storage URI such as ``s3://bucket/evals/x``,
+``rlvla3.storage``; written as each episode ends, so an interrupted evaluation loses nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
 instruction, episodes, successes, success_rate, Wilson 95% ``ci95``, ``by_init_state``; the
 same for the suite; ``fingerprint``: package versions, renderer, image size, fast render,
 control frequency, chunk length, seeds, initial states, the checkpoint's sha256;
@@ -70,6 +70,7 @@ from actors.eval_worker import LANGUAGE_MODES, ActionSource, given_instructions
 from envs.libero import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
 from rlvla3.config import Named, build
 from rlvla3.fingerprint import fingerprint, fingerprint_differences
+from rlvla3.storage import Mirror, join
 
 IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "cameras",
                  "image_size", "chunk_len", "max_steps", "fast_render", "seed", "language")
@@ -269,7 +270,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     require_extra(Named("libero"))  # before anything is written or started
     tasks = list(args.task_ids) if args.task_ids else list(range(SUITE_NUM_TASKS[args.suite]))
-    out = Path(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}")
+    files = Mirror(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}",
+                   keep=("eval.json", "episodes.jsonl"))
+    out = files.local  # the output directory, or its working copy when it is remote
     options = env_options(args, tasks)
     libero_spec(options, "--task-ids/--image-size/--max-steps")  # fail before Ray starts
     ids = init_ids(args)
@@ -351,8 +354,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "training_overlap": overlap,
             "fingerprint": planned(state.get("fingerprint") or output.stored.get("fingerprint", {}),
                                    settings),
-            "output_dir": str(out),
-            "videos": sorted(p.name for p in out.glob("*.mp4")),
+            "output_dir": files.uri,
+            "videos": sorted(n for n in files.storage.listdir() if n.endswith(".mp4")),
         }
         if state["fingerprint_changes"]:
             summary["fingerprint_changed_on_resume"] = state["fingerprint_changes"]
@@ -388,7 +391,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             kind = "success" if outcome.success else "fail"
                             name = f"task{task}_init{outcome.init_state_id}_{kind}.mp4"
                             write_video(out / name, outcome.frames, fps=max(1, round(20 / chunk)))
+                            files.push(name)
                         write_results(summary_now(complete=False))
+                        files.push()
                         wins = sum(r["success"] for r in output.rows)
                         progress.update(bar, advance=1,
                                         description=f"eval {args.suite} ({wins} successes)")
@@ -405,6 +410,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     output.close()
     write_results(summary)
     write_chart(out / "success_by_task.png", args.suite, summary["tasks"], summary["success_rate"])
+    files.push()
+    files.close()
     console.print(_table(summary))
     return summary
 
@@ -414,13 +421,13 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     """``--compare A B [C ...]``: read or produce every results, then the paired comparison of
     B against A (with more, each against A and a Holm-adjusted summary)."""
     console = _console()
-    base = Path(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    base = Mirror(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     results = []
     for label, target in zip(string.ascii_lowercase, args.compare, strict=False):
         loaded = load_results(target)
         if loaded is None:
             sub = argparse.Namespace(**{**vars(args), "checkpoint": target, "policy": None,
-                                        "output_dir": str(base / label), "compare": None})
+                                        "output_dir": join(base.uri, label), "compare": None})
             loaded = run(sub)
         results.append(loaded)
     names = _labels(args.compare)
@@ -439,11 +446,11 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     if len(results) > 2:
         markdown.insert(0, family_markdown(family))
         console.print(markdown[0])
-    base.mkdir(parents=True, exist_ok=True)
     out = family["comparisons"][names[1]] if len(results) == 2 else family
-    (base / "comparison.json").write_text(json.dumps(out, indent=2) + "\n")
-    (base / "comparison.md").write_text("\n".join(markdown))
-    console.print(f"wrote {base / 'comparison.json'} and {base / 'comparison.md'}")
+    base.write_text("comparison.json", json.dumps(out, indent=2) + "\n")
+    base.write_text("comparison.md", "\n".join(markdown))
+    base.close()
+    console.print(f"wrote {join(base.uri, 'comparison.json')} and {join(base.uri, 'comparison.md')}")
     return out
 
 
@@ -456,7 +463,7 @@ def _labels(targets: Sequence[str]) -> list[str]:
 def _label(target: str) -> str:
     """A short column name for a compared path: an eval output directory's name (also for
     its ``results.json``), another JSON file's stem, a checkpoint directory's name."""
-    path = Path(target)
+    path = Path(target.partition("?")[0])  # a URI's query options are not its name
     if path.name == "results.json":
         path = path.parent
     return (path.stem if path.suffix == ".json" else path.name) or str(target)
@@ -470,7 +477,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="initial states 0..N-1 of each task (default: all 50)")
     parser.add_argument("--init-ids", type=int, nargs="+", help="explicit initial states")
     who = parser.add_mutually_exclusive_group(required=True)
-    who.add_argument("--checkpoint", metavar="RUN_DIR", help="run or checkpoint directory")
+    who.add_argument("--checkpoint", metavar="RUN_DIR",
+                     help="run or checkpoint directory (a path or URI, e.g. s3://bucket/runs/x)")
     who.add_argument("--policy", choices=["random"], help="a built-in policy instead")
     who.add_argument("--compare", nargs="+", metavar="A B",
                      help="checkpoints or results.json files: paired comparison of B - A; "
@@ -525,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         summary = compare(args) if args.compare else run(args)
-    except (ConfigError, FileNotFoundError) as exc:  # user errors: one line, exit status 2
+    except (ConfigError, OSError) as exc:  # user errors, storage unreachable: one line, exit 2
         print(f"rlvla3 eval: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -126,7 +126,9 @@ def resolve_filesystem(uri: str | Path) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), str(Path(text).resolve())
     try:
         return pafs.FileSystem.from_uri(text)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        if "Unrecognized filesystem type" not in str(exc):  # pyarrow's own scheme, bad URI
+            raise ValueError(f"{text}: {exc}") from None
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(text)
@@ -316,12 +318,12 @@ class Mirror:
         self.push(name)
 
     def push(self, *names: str) -> int:
-        """Copy the named files (directories: every file below them) that changed since the
-        last push up to storage; returns how many were copied."""
+        """Copy the named files (directories: every file below them; none named: the whole
+        working copy) that changed since the last push up to storage; returns how many."""
         if not self.remote:
             return 0
         copied = 0
-        for name in names:
+        for name in names or (".",):
             top = self.local / name
             files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
             for file in files:
