@@ -84,7 +84,8 @@ def ensure_ray(cfg: RunConfig, log_to_driver: bool = True) -> float:
     if not ray.is_initialized():
         address = cfg.ray.address or os.environ.get("RAY_ADDRESS", "")
         if address:
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=log_to_driver)
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=log_to_driver,
+                     configure_logging=False)  # an error before the run is one line
         else:
             check_resources(cfg, physical, learners_only=True)
             need = (cfg.learner.num_learners * cfg.learner.num_cpus

@@ -286,7 +286,7 @@ class Mirror:
         else:  # a working copy of its own: it starts from what storage holds, nothing stale
             name = f"{cache_name(self.storage.uri)}-{uuid.uuid4().hex[:6]}"
             self.local = scratch_dir() / "mirror" / name
-        self.local.mkdir(parents=True, exist_ok=True)
+            self.local.mkdir(parents=True)
         self._pushed: dict[str, tuple[int, int]] = {}
         self._last_sync = time.monotonic()
         for name in keep:
