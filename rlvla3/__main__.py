@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "env": ("envs.bench_env", "LIBERO step/reset latency and env steps/s per process count"),
     "lake": ("datalake.bench", "data lake samples/s and data-wait vs a per-sample loader"),
     "soak": ("actors.bench_soak", "long run with periodic kills: recovery time, memory over time"),
+    "storage": ("actors.bench_storage", "checkpoint save/restore on a run's storage vs a local disk"),
 }
 
 

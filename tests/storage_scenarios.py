@@ -32,10 +32,18 @@ import shutil
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
-from cluster_scenarios import REPO, TINY, Facts, _run_in_thread, _wait, node_names, where
+from cluster_scenarios import (
+    REPO,
+    TINY,
+    Facts,
+    _run_in_thread,
+    _wait,
+    node_names,
+    run_scenarios,
+    where,
+)
 from s3_server import S3Server
 
 NODES = {  # name -> (CPUs, custom resources)
@@ -220,19 +228,9 @@ def main(out_path: str) -> int:
     cluster, nodes, started_s = start_cluster(scratch)
     facts.put("cluster_start_s", started_s)
     try:
-        for scenario in (scenario_scratch, scenario_refusal, scenario_learner_node_loss,
-                         scenario_resume):
-            start = time.monotonic()
-            try:
-                scenario(facts, cluster, nodes, scratch)
-            except Exception:  # noqa: BLE001 - the next scenarios still run
-                facts.put(f"{scenario.__name__}_error", traceback.format_exc())
-            facts.put(f"{scenario.__name__}_s", round(time.monotonic() - start, 1))
+        run_scenarios(facts, (scenario_scratch, scenario_refusal, scenario_learner_node_loss,
+                              scenario_resume), cluster, nodes, scratch)
     finally:
-        import ray
-
-        ray.shutdown()
-        cluster.shutdown()
         server.stop()
     return 0
 
