@@ -1,18 +1,18 @@
 """``rlvla3 bench storage``: what a checkpoint costs on a run's storage, against a local disk.
 
     rlvla3 bench storage --storage s3://bucket/bench [--policies default,vla-300m]
-                         [--repeats 3] --json
+                         [--optimizer adam|none] [--repeats 3] --json
 
-For each policy (random weights, with an Adam state as a learner holds it after a step), each
-repeat times what a learner does per checkpoint and what a restarted learner on another node
+For each policy (random weights, with an Adam state as a learner holds it after a step, or
+none: weights alone, a third of the bytes), each repeat times what a learner does per checkpoint and what a restarted learner on another node
 does to restore it:
 
 - ``pause_s``: the learner's pause, copying weights, optimizer and RNG state between two
   optimizer steps (``rlvla3.checkpoint.snapshot``, what ``actors.learner.Learner.save`` holds
   its step lock for);
-- ``write_s``: ``save_run_checkpoint`` of that copy (staged on local scratch, uploaded, ``meta.json``
-  with every file's size and sha256, then ``latest``); a learner does this in the background
-  while it trains, so it is not a pause;
+- ``write_s``: ``save_run_checkpoint`` of that copy (staged on local scratch, uploaded,
+  ``meta.json`` with every file's size and sha256, then ``latest``); a learner does this in the
+  background while it trains, so it is not a pause;
 - ``fetch_s``: ``resolve_checkpoint`` into an empty scratch directory (a node that never saw the
   run: download and check every file against ``meta.json``);
 - ``load_s``: reading the fetched weights into the policy and the optimizer state into memory.
@@ -50,8 +50,9 @@ POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def _policy(name: str) -> tuple[Any, Any, torch.optim.Optimizer]:
-    """The policy with random weights and an Adam state (one step on zero gradients)."""
+def _policy(name: str, adam: bool) -> tuple[Any, Any, torch.optim.Optimizer | None]:
+    """The policy with random weights and (``adam``) an Adam state: one step on zero
+    gradients."""
     from envs import env_spec
     from rlvla3.config import Named
     from rlvla3.policies import build_policy
@@ -60,6 +61,8 @@ def _policy(name: str) -> tuple[Any, Any, torch.optim.Optimizer]:
     choice, spec = Named(kind, options), env_spec(Named("reach"))
     torch.manual_seed(0)
     policy = build_policy(choice, spec)
+    if not adam:
+        return (choice, spec), policy, None
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-4)
     for p in policy.parameters():
         p.grad = torch.zeros_like(p)
@@ -85,7 +88,7 @@ def _scratch(path: str):
             os.environ[SCRATCH_ENV] = previous
 
 
-def measure(where: str, name: str, repeats: int) -> dict[str, Any]:
+def measure(where: str, name: str, repeats: int, adam: bool) -> dict[str, Any]:
     """Save and restore ``name``'s checkpoint ``repeats`` times under ``where``."""
     from rlvla3.checkpoint import (
         CheckpointMeta,
@@ -96,7 +99,7 @@ def measure(where: str, name: str, repeats: int) -> dict[str, Any]:
     )
     from rlvla3.storage import Storage, join
 
-    (choice, spec), policy, optimizer = _policy(name)
+    (choice, spec), policy, optimizer = _policy(name, adam)
     run = join(where, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     rows = []
     for version in range(1, repeats + 1):
@@ -115,9 +118,9 @@ def measure(where: str, name: str, repeats: int) -> dict[str, Any]:
                 local = resolve_checkpoint(run)
                 t1 = time.perf_counter()
                 policy.load_state_dict(load_file(str(local / "policy.safetensors")))
-                opt = torch.load(local / "optimizer.pt", map_location="cpu", weights_only=True)
+                if adam:
+                    torch.load(local / "optimizer.pt", map_location="cpu", weights_only=True)
                 t2 = time.perf_counter()
-                del opt
         gc.collect()
         rows.append({"pause_s": paused - start, "write_s": written - paused,
                      "fetch_s": t1 - t0, "load_s": t2 - t1, "mb": size / 2**20})
@@ -136,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storage", required=True, help="a storage URI or path to measure")
     ap.add_argument("--policies", default="default,vla-300m",
                     help=f"comma-separated, of: {', '.join(POLICIES)}")
+    ap.add_argument("--optimizer", choices=["adam", "none"], default="adam",
+                    help="checkpoint an Adam state beside the weights (as a learner does)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -145,23 +150,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlvla3 bench storage: unknown policies {unknown} or --repeats < 1",
               file=sys.stderr)
         return 2
+    adam = args.optimizer == "adam"
     result: dict[str, Any] = {"storage": args.storage, "repeats": args.repeats,
+                              "optimizer": args.optimizer,
                               "baseline": "the same saves and restores on a local directory",
                               "policies": {}}
     with tempfile.TemporaryDirectory(prefix="rlvla3-bench-local-") as local_root:
         for name in names:
-            row = {"local": measure(str(Path(local_root)), name, args.repeats),
-                   "storage": measure(args.storage, name, args.repeats)}
+            row = {"local": measure(str(Path(local_root)), name, args.repeats, adam)}
+            print(f"{name} local: {json.dumps(row['local'])}", file=sys.stderr, flush=True)
+            row["storage"] = measure(args.storage, name, args.repeats, adam)
+            print(f"{name} storage: {json.dumps(row['storage'])}", file=sys.stderr, flush=True)
             row["storage_over_local"] = {
                 k: round(row["storage"][k] / row["local"][k], 2)
                 for k in ("write_s", "fetch_s") if row["local"][k]}
             row["learner_pause_s"] = row["storage"]["pause_s"]
             row["upload_in_background"] = True  # Learner.save writes after the pause
             result["policies"][name] = row
-            if not args.json:
-                print(f"{name}: {json.dumps(row)}", flush=True)
     if args.json:
         print(json.dumps(result, indent=2))
+        return 0
+    for name, row in result["policies"].items():
+        st, lo = row["storage"], row["local"]
+        print(f"{name} ({st['parameters'] / 1e6:.1f}M parameters, {st['mb']} MB): learner pause "
+              f"{st['pause_s']:.3f}s; write {st['write_s']:.2f}s (local {lo['write_s']:.2f}s), "
+              f"fetch {st['fetch_s']:.2f}s (local {lo['fetch_s']:.2f}s), load {st['load_s']:.2f}s")
     return 0
 
 

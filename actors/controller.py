@@ -13,9 +13,9 @@ sequences them.
 Run directory (a local path or URI, ``rlvla3.storage``): ``config.yaml`` (resolved config),
 ``metrics.jsonl``, ``tb/`` (TensorBoard), ``checkpoints/`` (written by learner rank 0 wherever it
 runs) and ``summary.json``; files that grow are written to a working copy here and copied to a
-remote storage every ``storage.sync_every_s`` and at the end. Resuming from a run directory restores weights, optimizer
-state, policy version, counters and the env workers' episode samplers, and continues towards
-the same ``total_env_steps``. A resumed run's summary counts the whole run (env steps,
+remote storage every ``storage.sync_every_s`` and at the end. Resuming from a run directory
+restores weights, optimizer state, policy version, counters and the env workers' episode
+samplers, and continues towards the same ``total_env_steps``. A resumed run's summary counts the whole run (env steps,
 episodes, trained env steps, decisions) and gives this leg's own figures in ``this_leg``;
 its rates and accounting are this leg's.
 """

@@ -20,7 +20,8 @@ ablation that shows whether the instruction steers it (``results.json`` records 
 told; ``--compare`` pairs it with the same checkpoint told its own).
 
 Outputs, in ``--output-dir`` (a path or a storage URI such as ``s3://bucket/evals/x``,
-``rlvla3.storage``; written as each episode ends, so an interrupted evaluation loses nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
+``rlvla3.storage``; written as each episode ends, so an interrupted evaluation loses
+nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
 instruction, episodes, successes, success_rate, Wilson 95% ``ci95``, ``by_init_state``; the
 same for the suite; ``fingerprint``: package versions, renderer, image size, fast render,
 control frequency, chunk length, seeds, initial states, the checkpoint's sha256;
@@ -450,7 +451,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     base.write_text("comparison.json", json.dumps(out, indent=2) + "\n")
     base.write_text("comparison.md", "\n".join(markdown))
     base.close()
-    console.print(f"wrote {join(base.uri, 'comparison.json')} and {join(base.uri, 'comparison.md')}")
+    console.print(f"wrote {join(base.uri, 'comparison.json')} and "
+                  f"{join(base.uri, 'comparison.md')}")
     return out
 
 

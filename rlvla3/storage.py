@@ -49,6 +49,10 @@ CHUNK = 8 << 20
 """Bytes per read in streamed transfers."""
 SECRET_KEYS = ("secret_key", "access_key", "session_token", "token", "password", "sas_token")
 """URI query options that carry credentials (refused: config.yaml and logs would show them)."""
+S3_REQUEST_TIMEOUT_S = 120.0
+"""How long an S3 request may wait for its reply. Completing the multipart upload of a large
+file takes a server a while (tens of seconds for a GB on a small one); with the AWS SDK's
+default (3 s) the client retries a completion still under way, and the retries can fail it."""
 _OBJECT_STORES = ("s3", "gcs")
 """pyarrow filesystems with no rename, where an object appears whole when its upload ends."""
 
@@ -125,7 +129,7 @@ def resolve_filesystem(uri: str | Path) -> tuple[pafs.FileSystem, str]:
     if not is_uri(text):
         return pafs.LocalFileSystem(), str(Path(text).resolve())
     try:
-        return pafs.FileSystem.from_uri(text)
+        fs, path = pafs.FileSystem.from_uri(text)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         if "Unrecognized filesystem type" not in str(exc):  # pyarrow's own scheme, bad URI
             raise ValueError(f"{text}: {exc}") from None
@@ -133,6 +137,10 @@ def resolve_filesystem(uri: str | Path) -> tuple[pafs.FileSystem, str]:
 
         fs, path = fsspec.core.url_to_fs(text)
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+    if fs.type_name == "s3":  # the same options, but a reply may take a while (see below)
+        build, (options,) = fs.__reduce__()
+        fs = build({**options, "request_timeout": S3_REQUEST_TIMEOUT_S})
+    return fs, path
 
 
 def scratch_dir() -> Path:

@@ -40,6 +40,7 @@ from cluster_scenarios import (
     Facts,
     _run_in_thread,
     _wait,
+    last_row,
     node_names,
     run_scenarios,
     where,
@@ -90,7 +91,8 @@ def scenario_scratch(facts: Facts, cluster, nodes, scratch: Path) -> None:
                           for name in ["head", *nodes]})
 
 
-def rl_cli(args: list[str], cluster, scratch: Path, timeout_s: float) -> subprocess.CompletedProcess:
+def rl_cli(args: list[str], cluster, scratch: Path, timeout_s: float
+           ) -> subprocess.CompletedProcess:
     """``rlvla3 rl`` joined to the cluster, as ``ray job submit`` would run it."""
     env = {**os.environ, "RAY_ADDRESS": cluster.address, "RLVLA3_SCRATCH": str(scratch),
            "PYTHONPATH": str(REPO)}
@@ -175,6 +177,14 @@ def scenario_learner_node_loss(facts: Facts, cluster, nodes, scratch: Path) -> N
         out["survivor_scratch"] = sorted(
             str(p.relative_to(scratch)) for p in (scratch / survivor / "checkpoints").glob("*"))
         _wait(lambda: version() >= start_version + 4, "training on", 300, result)
+        try:  # the progress rows follow the restored learner
+            _wait(lambda: last_row(controller.run_dir).get("policy_version", 0) > start_version,
+                  "a progress row past the restored version", 60, result)
+            out["rows_show_training_again_s"] = since()
+        except TimeoutError:
+            out["rows_show_training_again_s"] = None
+        out["last_row"] = {k: last_row(controller.run_dir).get(k) for k in (
+            "policy_version", "env_steps", "actors_down", "restart_counts")}
         controller.request_stop("scenario done")
         thread.join(timeout=300)
     finally:

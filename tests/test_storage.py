@@ -230,3 +230,48 @@ def test_settings_refused_before_anything_runs():
     check_reach("/nfs/runs/x", shared=True, nodes=8, can_grow=True, field="storage.root")
     check_reach("s3://bucket/runs/x", shared=False, nodes=8, can_grow=True, field="storage.root")
     check_reach("runs/x", shared=False, nodes=1, can_grow=False, field="storage.root")
+
+
+@pytest.mark.slow
+def test_sft_keeps_its_run_in_a_bucket_and_resumes_from_it(s3, tmp_path):
+    """``rlvla3 sft`` with its dataset and its run directory in the bucket: checkpoints,
+    config, metrics and Ray Train's own files land there; a second run with a larger budget
+    resumes from the bucket's checkpoint."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from datalake import synthetic
+    from datalake.writer import WriterConfig, write_dataset
+
+    data = s3.uri("runs", "sft-data")
+    write_dataset(data, synthetic.episodes(4, 20, 30, size=(32, 32)),
+                  WriterConfig(codec="h264", episodes_per_file=2))
+    run = s3.uri("runs", "sft-run")
+    options = ["lake.image_size=[32, 32]", "lake.chunk_len=4", "lake.decode_actors=1",
+               "lake.max_tokens=600", "lake.shuffle_buffer=32", "lake.pack_window=32",
+               "policy.options={channels: 8, hidden: 64}", "log_every=4", "checkpoint_every=4"]
+    env = {**os.environ, **s3.env, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "RLVLA3_SCRATCH": str(tmp_path / "scratch")}
+
+    def sft(steps: int) -> dict:
+        argv = ["--dataset", data, "--policy", "small", "--run-dir", run, "--workers", "1",
+                "--max-steps", str(steps), *sum((["--set", o] for o in options), [])]
+        proc = subprocess.run([sys.executable, "-m", "rlvla3", "sft", *argv], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout[proc.stdout.index("{"):])
+
+    first = sft(8)
+    assert first["run_dir"] == run and first["steps"] == 8
+    assert first["checkpoint"] == join(run, "checkpoints", "step-00000008")
+    second = sft(12)
+    assert read_meta(run).version == 12 and second["steps"] == 12
+    rows = [json.loads(x) for x in Storage(run).read_text("metrics.jsonl").splitlines()]
+    assert [r["step"] for r in rows] == [4, 8, 12]  # one history over both runs
+    files = Storage(run).sizes()
+    assert {"config.json", "metrics.jsonl", "checkpoints/latest"} <= set(files)
+    assert any(name.startswith("ray/") for name in files)  # Ray Train's storage_path
+    assert not (tmp_path / "runs").exists()
