@@ -45,8 +45,9 @@ import pyarrow.fs as pafs
 from rlvla3.config import ConfigError, require
 
 SCRATCH_ENV = "RLVLA3_SCRATCH"
-CHUNK = 8 << 20
-"""Bytes per read in streamed transfers."""
+CHUNK = 64 << 20
+"""Bytes per read in streamed transfers (on an object store, one ranged GET each: fewer,
+larger requests)."""
 SECRET_KEYS = ("secret_key", "access_key", "session_token", "token", "password", "sas_token")
 """URI query options that carry credentials (refused: config.yaml and logs would show them)."""
 S3_REQUEST_TIMEOUT_S = 120.0
