@@ -95,6 +95,8 @@ class Learner:
         self._stepping = threading.RLock()
         """Held through every optimizer step and weight load: what reads the weights from
         another call (a checkpoint, a restarted server's pull) sees one whole version."""
+        self._saving = threading.Lock()
+        self._snapshot = None  # the last checkpoint's copy, reused as the next one's buffers
         self._started = time.monotonic()
         self.wait_s = 0.0
         self.lost_segments = 0
@@ -334,14 +336,17 @@ class Learner:
         """Copy weights, optimizer state and version between two optimizer steps, then write
         them to the run's storage (a path or URI) while training goes on (with the env
         workers' sampler states, if given)."""
-        start = time.perf_counter()
-        with self._stepping:
-            meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version, counters,
-                                  list(samplers or []))
-            weights, optimizer, rng = snapshot(self.policy, self.core.optimizer)
-        paused = time.perf_counter()
-        path = save_run_checkpoint(run_dir, weights, meta, optimizer, rng=rng)
-        written = time.perf_counter() - paused
+        with self._saving:  # one save at a time: the next copies into this one's buffers
+            start = time.perf_counter()
+            with self._stepping:
+                meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version, counters,
+                                      list(samplers or []))
+                weights, optimizer, rng = snapshot(self.policy, self.core.optimizer,
+                                                   self._snapshot)
+            paused = time.perf_counter()
+            path = save_run_checkpoint(run_dir, weights, meta, optimizer, rng=rng)
+            written = time.perf_counter() - paused
+            self._snapshot = (weights, optimizer)
         size = sum(f["size"] for f in listed_files(path).values())
         return SavedCheckpoint(path, meta.version, paused - start, written, size)
 

@@ -99,13 +99,38 @@ class SavedCheckpoint:
     """Size of the files written (weights, optimizer state, RNG state)."""
 
 
-def snapshot(policy: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+def snapshot(policy: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+             reuse: tuple[StateSnapshot, StateSnapshot | None] | None = None
              ) -> tuple[StateSnapshot, StateSnapshot | None, torch.Tensor]:
     """Copies of the weights, the optimizer state and the RNG state, taken at one moment (the
-    trainer's pause per checkpoint); ``save_checkpoint`` writes them while training goes on."""
-    weights = StateSnapshot({k: v.detach().clone() for k, v in policy.state_dict().items()})
-    state = None if optimizer is None else StateSnapshot(copy.deepcopy(optimizer.state_dict()))
+    trainer's pause per checkpoint); ``save_checkpoint`` writes them while training goes on.
+
+    ``reuse``: an earlier snapshot whose write has finished; its tensors are copied into where
+    shapes and dtypes match, instead of allocating (and page-faulting) new memory each time,
+    which on a large model is most of the pause."""
+    old_weights, old_state = reuse or (None, None)
+    weights = StateSnapshot(_copy_into(policy.state_dict(), old_weights and old_weights.state))
+    state = None if optimizer is None else StateSnapshot(
+        _copy_into(optimizer.state_dict(), old_state and old_state.state))
     return weights, state, torch.get_rng_state()
+
+
+def _copy_into(value: Any, into: Any) -> Any:
+    """A copy of ``value`` (nested dicts and lists of tensors), written into the tensors of
+    ``into`` (the same structure, from an earlier copy) where they fit."""
+    if isinstance(value, torch.Tensor):
+        if (isinstance(into, torch.Tensor) and into.shape == value.shape
+                and into.dtype == value.dtype and into.device == torch.device("cpu")):
+            return into.copy_(value.detach())
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        into = into if isinstance(into, dict) else {}
+        return {k: _copy_into(v, into.get(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        if not (isinstance(into, (list, tuple)) and len(into) == len(value)):
+            into = [None] * len(value)
+        return type(value)(_copy_into(v, i) for v, i in zip(value, into, strict=True))
+    return copy.deepcopy(value)
 
 
 _WRITING = threading.RLock()

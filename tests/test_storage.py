@@ -275,3 +275,32 @@ def test_sft_keeps_its_run_in_a_bucket_and_resumes_from_it(s3, tmp_path):
     assert {"config.json", "metrics.jsonl", "checkpoints/latest"} <= set(files)
     assert any(name.startswith("ray/") for name in files)  # Ray Train's storage_path
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_snapshot_copies_into_the_previous_ones_buffers():
+    """The learner's pause per checkpoint: from the second save on, weights and optimizer
+    state are copied into the previous copy's memory (no new allocation), and each copy holds
+    the values of its own moment."""
+    from rlvla3.checkpoint import snapshot
+
+    policy = build_policy(SMALL, SPEC)
+    optimizer = torch.optim.Adam(policy.parameters())
+    for p in policy.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    first = snapshot(policy, optimizer)
+    kept = {k: v.clone() for k, v in first[0].state.items()}
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(1.0)
+    optimizer.step()
+    second = snapshot(policy, optimizer, reuse=(first[0], first[1]))
+    name = next(iter(kept))
+    assert second[0].state[name].data_ptr() == first[0].state[name].data_ptr()  # reused
+    torch.testing.assert_close(second[0].state[name], policy.state_dict()[name])
+    assert not torch.equal(second[0].state[name], kept[name])
+    live = optimizer.state_dict()["state"][0]["exp_avg"]
+    copied = second[1].state["state"][0]["exp_avg"]
+    assert copied.data_ptr() == first[1].state["state"][0]["exp_avg"].data_ptr()
+    assert copied.data_ptr() != live.data_ptr()
+    torch.testing.assert_close(copied, live)
