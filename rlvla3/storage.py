@@ -169,6 +169,7 @@ class Storage:
     """A directory at a local path or URI; names below it are ``/``-separated relative paths."""
 
     def __init__(self, uri: str | Path):
+        check_no_secret(str(uri), "storage URI")  # whatever flag or field it came from
         self.fs, self.root = resolve_filesystem(uri)
         self.uri = self.root if isinstance(self.fs, pafs.LocalFileSystem) else str(uri).rstrip("/")
         """The location as given (a URI), or the absolute path of a local directory."""

@@ -220,6 +220,9 @@ def test_settings_refused_before_anything_runs():
         load_run_config("smoke", overrides=["storage.root=s3://b/runs?secret_key=abc"])
     with pytest.raises(ConfigError, match="storage.root.*credential"):
         load_run_config("smoke", overrides=["storage.root=s3://user:pw@b/runs"])
+    with pytest.raises(ConfigError, match="credential") as told:
+        Storage("s3://b/runs/x?endpoint_override=h:9000&secret_key=hunter2")  # e.g. --resume
+    assert "hunter2" not in str(told.value)
     assert load_run_config("smoke", overrides=["run_root=elsewhere"]).storage.root == "elsewhere"
     with pytest.raises(ConfigError) as refused:
         check_reach("/data/runs/x", shared=False, nodes=2, can_grow=False, field="storage.root")
