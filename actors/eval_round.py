@@ -9,8 +9,10 @@ this module:
 - ``protocol_jobs(num_tasks, init_ids)``: the (env task, initial state) episodes, state-major
   (every task's state 0, then every task's state 1, ...), so a partial evaluation covers all
   tasks evenly.
-- ``make_eval_workers(env, n, seed, placements=...)``: ``EvalWorker`` actors on
-  ``protocol_env(env, placements)``.
+- ``make_eval_workers(env, n, seed, placements=..., numerics=...)``: ``EvalWorker`` actors on
+  ``protocol_env(env, placements)``, their processes started with the environment of
+  ``numerics`` (``pinned`` by default: the policy's arithmetic does not depend on the host CPU,
+  ``rlvla3.numerics``).
 - ``EvalRound(workers, jobs, checkpoint)``: hands each free worker its next episode and never
   blocks: ``poll(timeout_s)`` returns the episodes finished since the last call, ``done``
   says when all have. A worker that dies costs its episode (recorded with ``fault``), not the
@@ -70,16 +72,19 @@ def next_job(queue: Sequence[Job], last_task: int | None, lead: int,
 
 def make_eval_workers(
     env: Named, n: int, seed: int = 0, num_cpus: float = 1.0, source: ActionSource | None = None,
-    placements: str = "bundled",
+    placements: str = "bundled", numerics: str = "pinned",
 ) -> list[Any]:
     """``n`` ``EvalWorker`` actors on ``protocol_env(env, placements)`` (simulators start in
-    the actors)."""
+    the actors), in processes started for ``numerics``."""
     import ray
 
-    remote = ray.remote(num_cpus=num_cpus)(EvalWorker)
+    from rlvla3.numerics import env_vars
+
+    remote = ray.remote(num_cpus=num_cpus)(EvalWorker).options(
+        runtime_env={"env_vars": env_vars(numerics)})
     source = source or ActionSource("random")
     scenes = protocol_env(env, placements)
-    return [remote.remote(scenes, source, seed + w) for w in range(n)]
+    return [remote.remote(scenes, source, seed + w, numerics=numerics) for w in range(n)]
 
 
 class EvalRound:
@@ -189,6 +194,8 @@ def episode_row(outcome: EpisodeOutcome, suite_task: int) -> dict[str, Any]:
     }
     if outcome.fault:
         row["fault"] = outcome.fault
+    if outcome.digest:
+        row["digest"] = outcome.digest
     return row
 
 
@@ -202,7 +209,7 @@ def summarise_rows(rows: Sequence[dict[str, Any]], tasks: Sequence[int]) -> dict
             "instruction": next((r["instruction"] for r in mine if r["instruction"]), ""),
             **rate(wins, len(mine)),
             "by_init_state": [
-                {k: r[k] for k in ("init_state", "success", "steps", "fault") if k in r}
+                {k: r[k] for k in ("init_state", "success", "steps", "fault", "digest") if k in r}
                 for r in mine
             ],
         }

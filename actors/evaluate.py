@@ -59,6 +59,7 @@ from actors.eval_compare import (
     load_results,
 )
 from actors.eval_media import write_chart, write_video
+from actors.eval_recheck import recheck, recheck_line
 from actors.eval_round import (
     EvalRound,
     episode_row,
@@ -69,14 +70,14 @@ from actors.eval_round import (
 from actors.eval_worker import LANGUAGE_MODES, ActionSource, given_instructions
 from envs.libero import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
 from rlvla3.config import Named, build
-from rlvla3.fingerprint import fingerprint, fingerprint_differences
+from rlvla3.fingerprint import PLAN_FIELDS, fingerprint, fingerprint_differences
+from rlvla3.numerics import NUMERICS
 
 IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "cameras",
-                 "image_size", "chunk_len", "max_steps", "fast_render", "seed", "language")
+                 "image_size", "chunk_len", "max_steps", "fast_render", "seed", "language",
+                 "numerics")
 """What an output directory's episodes depend on: a resume must match all of them."""
 
-PLAN_FIELDS = ("init_state_ids", "tasks")
-"""Fingerprint fields that say which episodes are planned (a resume may extend them)."""
 
 
 def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
@@ -206,7 +207,10 @@ class EvalOutput:
 def planned(fp: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     """``fp`` naming the episodes planned now (a finished directory re-summarised for fewer
     states keeps the fingerprint of its first, larger plan)."""
-    return {**fp, **{k: settings[k] for k in PLAN_FIELDS}} if fp else fp
+    if not fp:
+        return fp
+    return {**{k: v for k, v in fp.items() if k not in PLAN_FIELDS},
+            **{k: settings[k] for k in PLAN_FIELDS if k in settings}}
 
 
 def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
@@ -230,6 +234,7 @@ def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
         "acting": acting(args),
         "seed": args.seed if not args.checkpoint or args.sampled else None,
         "language": args.language,
+        "numerics": args.numerics,
     }
 
 
@@ -257,7 +262,24 @@ def told_instructions(suite: str, tasks: Sequence[int], mode: str) -> tuple[str,
 
 
 def init_ids(args: argparse.Namespace) -> list[int]:
+    if args.episodes:
+        return sorted({k for _, k in args.episodes})
     return list(args.init_ids) if args.init_ids else list(range(args.episodes_per_task))
+
+
+def eval_tasks(args: argparse.Namespace) -> list[int]:
+    """The suite task ids evaluated: ``--task-ids``, the tasks of ``--episodes``, or all."""
+    if args.episodes:
+        return sorted({t for t, _ in args.episodes})
+    return list(args.task_ids) if args.task_ids else list(range(SUITE_NUM_TASKS[args.suite]))
+
+
+def episode_pair(text: str) -> tuple[int, int]:
+    """``TASK:STATE`` -> ``(suite task, initial state)``."""
+    task, sep, state = text.partition(":")
+    if not sep or not task.isdigit() or not state.isdigit():
+        raise argparse.ArgumentTypeError(f"expected TASK:STATE (e.g. 2:31), got {text!r}")
+    return int(task), int(state)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -268,7 +290,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from envs import require_extra
 
     require_extra(Named("libero"))  # before anything is written or started
-    tasks = list(args.task_ids) if args.task_ids else list(range(SUITE_NUM_TASKS[args.suite]))
+    tasks = eval_tasks(args)
     out = Path(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}")
     options = env_options(args, tasks)
     libero_spec(options, "--task-ids/--image-size/--max-steps")  # fail before Ray starts
@@ -279,9 +301,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     told = told_instructions(args.suite, tasks, args.language)
     source = (
         ActionSource("checkpoint", args.checkpoint, sampling_options(args), args.seed, told)
-        if args.checkpoint else ActionSource("random")
+        if args.checkpoint else ActionSource("random", seed=args.seed)
     )
-    jobs = protocol_jobs(len(tasks), ids)
+    jobs = ([(tasks.index(t), k) for t, k in dict.fromkeys(args.episodes)] if args.episodes
+            else protocol_jobs(len(tasks), ids))
     finished = output.done()
     todo = [(t, k) for t, k in jobs if (tasks[t], k) not in finished]
     record = set(jobs[: args.videos])
@@ -298,6 +321,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "language": args.language,
         "init_state_ids": ids,
         "tasks": tasks,
+        **({"episodes": [list(p) for p in dict.fromkeys(args.episodes)]} if args.episodes
+           else {}),
+        "numerics": args.numerics,
     }
     overlap: list[str] = []
     if args.checkpoint:
@@ -318,6 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         info = ray.get(worker.describe.remote())
         fp = fingerprint(
             {**settings, "control_freq": info.get("control_freq"),
+             "numerics": info["numerics"], "host": info["host"],
              **({"sampling": info["sampling"]} if "sampling" in info else {})},
             renderer=info.get("renderer"),
             packages=info.get("packages"),
@@ -372,7 +399,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             init_ray(args.address or "", num_cpus=max(args.workers, os.cpu_count() or 1),
                      include_dashboard=False, log_to_driver=False)
         workers = make_eval_workers(env, min(args.workers, len(todo)), args.seed, source=source,
-                                    placements=args.placements)
+                                    placements=args.placements, numerics=args.numerics)
         columns = ("[progress.description]{task.description}", BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn())
         try:
@@ -469,8 +496,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--episodes-per-task", type=int, default=NUM_INIT_STATES,
                         help="initial states 0..N-1 of each task (default: all 50)")
     parser.add_argument("--init-ids", type=int, nargs="+", help="explicit initial states")
-    who = parser.add_mutually_exclusive_group(required=True)
-    who.add_argument("--checkpoint", metavar="RUN_DIR", help="run or checkpoint directory")
+    parser.add_argument("--episodes", type=episode_pair, nargs="+", metavar="TASK:STATE",
+                        help="exactly these episodes (suite task:initial state), instead of "
+                        "--task-ids x --init-ids")
+    who = parser.add_mutually_exclusive_group()
+    who.add_argument("--checkpoint", metavar="RUN_DIR", help="run or checkpoint directory "
+                     "(with --recheck: where the evaluated checkpoint is now)")
     who.add_argument("--policy", choices=["random"], help="a built-in policy instead")
     who.add_argument("--compare", nargs="+", metavar="A B",
                      help="checkpoints or results.json files: paired comparison of B - A; "
@@ -502,8 +533,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="what the policy is told: each task's own instruction (the "
                         "protocol), none, or the next task's (an ablation)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--numerics", choices=NUMERICS, default="pinned",
+                        help="the policy's CPU arithmetic: pinned (the same episodes on every "
+                        "x86-64 CPU) or native (the host's fastest kernels; episodes then "
+                        "depend on the CPU model)")
+    parser.add_argument("--recheck", metavar="EVAL_DIR",
+                        help="run --sample episodes of a finished evaluation again with its "
+                        "settings and report any that differ (exit status 1)")
+    parser.add_argument("--sample", type=int, default=20, help="with --recheck: episodes")
+    parser.add_argument("--sample-seed", type=int, default=0,
+                        help="with --recheck: which episodes are drawn")
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     args = parser.parse_args(argv)
+    if args.recheck:
+        if args.policy or args.compare:
+            parser.error("--recheck takes its policy from the evaluation it re-checks "
+                         "(--checkpoint only where that checkpoint is now)")
+        if args.sample < 1:
+            parser.error("--sample must be >= 1")
+    elif not (args.checkpoint or args.policy or args.compare):
+        parser.error("one of --checkpoint, --policy, --compare or --recheck is required")
+    if args.episodes and (args.task_ids or args.init_ids):
+        parser.error("--episodes names the episodes: drop --task-ids and --init-ids")
+    if args.episodes:
+        bad = [t for t, _ in args.episodes if t >= SUITE_NUM_TASKS[args.suite]]
+        if bad:
+            parser.error(f"--episodes: {args.suite} has tasks 0..{SUITE_NUM_TASKS[args.suite] - 1}"
+                         f", got {bad[0]}")
     limit = NUM_INIT_STATES if args.placements == "bundled" else LiberoConfig().fresh_states
     ids = init_ids(args)
     if not ids or min(ids) < 0 or max(ids) >= limit:
@@ -524,12 +580,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(argv)
     try:
-        summary = compare(args) if args.compare else run(args)
+        if args.recheck:
+            summary = recheck(args, run)
+        else:
+            summary = compare(args) if args.compare else run(args)
     except (ConfigError, FileNotFoundError) as exc:  # user errors: one line, exit status 2
         print(f"rlvla3 eval: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(summary))
+    if args.recheck:
+        _console().print(recheck_line(summary))
+        return 0 if summary["matching"] == summary["checked"] else 1
     return 0
 
 
