@@ -159,14 +159,20 @@ class EvalOutput:
             self._save_header()
         self.base_seconds = float(self.stored.get("seconds", 0.0))
         """Wall time of the invocations before this one."""
-        self.rows: list[dict[str, Any]] = []
+        self._rows: dict[tuple[int, int], dict[str, Any]] = {}
+        """(task, state) -> its episode; a later line replaces an earlier one (a rerun)."""
         if self.log.is_file():
             for line in self.log.read_text().splitlines():
                 try:
-                    self.rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError:  # a line cut short by a crash: that episode reruns
                     continue
+                self._rows[(row["task"], row["init_state"])] = row
         self._file = self.log.open("a")
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return list(self._rows.values())
 
     def _save_header(self) -> None:
         tmp = self.header.with_suffix(".tmp")
@@ -174,12 +180,13 @@ class EvalOutput:
         tmp.replace(self.header)
 
     def done(self) -> set[tuple[int, int]]:
-        return {(r["task"], r["init_state"]) for r in self.rows}
+        """Episodes with an outcome; one a fault ended runs again on a resume."""
+        return {key for key, row in self._rows.items() if not row.get("fault")}
 
     def add(self, row: dict[str, Any], seconds_here: float) -> None:
         """Append one episode. ``seconds_here``: wall time of this invocation so far, stored
         with every episode, so an interrupted evaluation keeps the time it ran."""
-        self.rows.append(row)
+        self._rows[(row["task"], row["init_state"])] = row
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         self.set_seconds(seconds_here)
@@ -398,15 +405,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             init_ray(args.address or "", num_cpus=max(args.workers, os.cpu_count() or 1),
                      include_dashboard=False, log_to_driver=False)
-        workers = make_eval_workers(env, min(args.workers, len(todo)), args.seed, source=source,
-                                    placements=args.placements, numerics=args.numerics)
+        spawn_args = dict(seed=args.seed, source=source, placements=args.placements,
+                          numerics=args.numerics)
+        workers = make_eval_workers(env, min(args.workers, len(todo)), **spawn_args)
         columns = ("[progress.description]{task.description}", BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn())
+        round_ = None
         try:
             with Progress(*columns, console=console, transient=False) as progress:
                 bar = progress.add_task(f"eval {args.suite}", total=len(jobs),
                                         completed=len(jobs) - len(todo))
-                round_ = EvalRound(workers, todo, record=record)
+                round_ = EvalRound(workers, todo, record=record,
+                                   spawn=lambda: make_eval_workers(env, 1, **spawn_args)[0])
                 while not round_.done:
                     for outcome in round_.poll(timeout_s=1.0, before_next=note_fingerprint):
                         task = tasks[outcome.task_id]
@@ -423,7 +433,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 s["restarts"] for s in ray.get([w.stats.remote() for w in round_.workers]))
             ray.get([w.close.remote() for w in round_.workers])
         finally:
-            for worker in workers:
+            for worker in {*workers, *(round_.workers if round_ is not None else ())}:
                 ray.kill(worker)
             if started_ray:
                 ray.shutdown()
