@@ -59,16 +59,21 @@ class QuantileNormalizer:
                  action_q01: Sequence[float] = (), action_q99: Sequence[float] = ()):
         self.bins = bins
         self.edges = np.linspace(-1, 1, bins + 1)[:-1]
-        self.state_q01, self.state_denom = self._range(state_q01, state_q99, state_dim)
-        self.action_q01, self.action_denom = self._range(action_q01, action_q99, action_dim)
+        self.state_q01, self.state_q99 = self._quantiles(state_q01, state_q99, state_dim)
+        self.action_q01, self.action_q99 = self._quantiles(action_q01, action_q99, action_dim)
+        self.state_denom = self._denom(self.state_q01, self.state_q99)
+        self.action_denom = self._denom(self.action_q01, self.action_q99)
 
     @staticmethod
-    def _range(q01: Sequence[float], q99: Sequence[float],
-               dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-        lo = torch.tensor(q01 or [-1.0] * dim, dtype=torch.float32)
-        hi = torch.tensor(q99 or [1.0] * dim, dtype=torch.float32)
+    def _quantiles(q01: Sequence[float], q99: Sequence[float],
+                   dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.tensor(q01 or [-1.0] * dim, dtype=torch.float32),
+                torch.tensor(q99 or [1.0] * dim, dtype=torch.float32))
+
+    @staticmethod
+    def _denom(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         denom = hi - lo
-        return lo, torch.where(denom == 0, torch.tensor(EPS, dtype=torch.float32), denom)
+        return torch.where(denom == 0, torch.tensor(EPS, dtype=torch.float32), denom)
 
     def state_normalised(self, state: np.ndarray) -> np.ndarray:
         x = torch.from_numpy(np.asarray(state, np.float32))

@@ -15,12 +15,24 @@ velocity given the reference's input, and the actions from the reference's initi
 sampled (rlvla3's sampling stream seeded as the fixture says) and deterministic (the seeded
 evaluation noise), before and after unnormalisation.
 
+Export round trip: ``round_trip_checkpoint`` saves the fixture's policy as RL leaves one (every
+weight moved by a seeded amount, a value head) as an rlvla3 checkpoint; ``rlvla3 export`` writes
+it as a LeRobot directory, which ``tests/data/check_pi05_export.py`` loads with LeRobot's
+``from_pretrained`` and runs on the fixture's observations and noises, storing LeRobot's
+actions and the digest of the weights it loaded in ``export_reference.safetensors``.
+``compare_export`` checks that a fresh export has that digest and that rlvla3's actions equal
+LeRobot's.
+
 ``python -m rlvla3.model.parity [FIXTURE]`` prints the table as JSON (default fixture:
-``tests/data/pi05_tiny``, or ``RLVLA3_PI05_FIXTURE``).
+``tests/data/pi05_tiny``, or ``RLVLA3_PI05_FIXTURE``); ``--export-to DIR`` writes the round
+trip's checkpoint (``DIR/checkpoint``) and its export (``DIR/lerobot``) and prints the digest.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -36,6 +48,7 @@ from rlvla3.types import EnvSpec, ObsBatch
 
 DEFAULT_FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "data" / "pi05_tiny"
 TOLERANCE = 1e-5
+EXPORT_REFERENCE = "export_reference.safetensors"
 
 
 @dataclass(frozen=True)
@@ -145,12 +158,108 @@ def compare(path: Path) -> list[Stage]:
     return stages
 
 
+def weights_digest(path: Path) -> str:
+    """sha256 over a safetensors file's tensors (name, dtype, shape, bytes; sorted by name)."""
+    h = hashlib.sha256()
+    for key, tensor in sorted(load_file(str(path)).items()):
+        h.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        h.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def round_trip_checkpoint(fixture: Path, out: Path) -> Path:
+    """The fixture's policy with every weight moved by ``N(0, 0.01)`` noise from a seeded numpy
+    generator (the same on every machine), saved as an rlvla3 checkpoint at ``out``."""
+    from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
+    from rlvla3.config import Named
+
+    meta, t = load_fixture(fixture)
+    policy = fixture_policy(fixture, meta, t)
+    rng = np.random.default_rng(1)
+    with torch.no_grad():
+        for _, p in sorted(policy.net.named_parameters()):
+            p.add_(torch.from_numpy(rng.normal(0.0, 0.01, p.shape).astype(np.float32)))
+    cams = {env: key for key, env in meta["cameras"].items()}
+    options = {"preset": "pi05_tiny", "checkpoint": str(fixture), "camera_keys": cams,
+               "tokenizer": str(fixture / "tokenizer.model"),
+               "eval_noise_seed": meta["eval_noise_seed"]}
+    return save_checkpoint(out, policy, CheckpointMeta(Named("vla", options), policy.spec, 7))
+
+
+def export_round_trip(fixture: Path, out: Path) -> tuple[Path, Path]:
+    """``round_trip_checkpoint`` at ``out/checkpoint``, exported to ``out/lerobot``."""
+    from rlvla3.model import export
+
+    ckpt = round_trip_checkpoint(fixture, out / "checkpoint")
+    with contextlib.redirect_stdout(sys.stderr):  # the command's summary; stdout is the table
+        code = export.main(["--checkpoint", str(ckpt), "--format", "lerobot", "--out",
+                            str(out / "lerobot"), "--force"])
+    if code:
+        raise RuntimeError(f"rlvla3 export failed with exit code {code}")
+    return ckpt, out / "lerobot"
+
+
+@torch.no_grad()
+def compare_export(fixture: Path, out: Path) -> list[Stage]:
+    """rlvla3's actions from the round trip's checkpoint, and from its export loaded back by
+    rlvla3, against LeRobot's on the export (``EXPORT_REFERENCE``)."""
+    from safetensors import safe_open
+
+    from rlvla3.checkpoint import load_policy
+    from rlvla3.model import build_vla_policy
+
+    with safe_open(str(fixture / EXPORT_REFERENCE), "pt") as f:
+        digest = f.metadata()["weights_sha256"]
+        ref = {k: f.get_tensor(k) for k in f.keys()}
+    ckpt, exported = export_round_trip(fixture, out)
+    ours = weights_digest(exported / "model.safetensors")
+    if ours != digest:
+        raise AssertionError(f"the export's weights ({ours[:12]}) are not those LeRobot loaded "
+                             f"({digest[:12]}): re-run tests/data/check_pi05_export.py")
+    meta, t = load_fixture(fixture)
+    obs = fixture_obs(meta, t)
+    trained, _ = load_policy(ckpt)
+    reloaded = build_vla_policy(trained.spec, {
+        "preset": "pi05_tiny", "checkpoint": str(exported),
+        "tokenizer": str(exported / "tokenizer.model"), "camera_keys": trained.cfg.camera_keys,
+        "eval_noise_seed": meta["eval_noise_seed"]})
+    stages = []
+    for name, policy in (("checkpoint", trained), ("export reloaded", reloaded)):
+        policy.seed_sampling(meta["sampling_seed"])
+        stages.append(_diff(f"{name}: actions (sampled)", policy.predict_chunk(obs),
+                            ref["actions.sampled"]))
+        stages.append(_diff(f"{name}: actions (deterministic)",
+                            policy.act(obs, deterministic=True).actions,
+                            ref["actions.deterministic"]))
+    moved = float(np.abs(ref["actions.deterministic"].numpy()
+                         - t["actions.deterministic"].numpy()).max())
+    stages.append(Stage("LeRobot on the export vs the untrained fixture (must differ)", moved,
+                        ref["actions.deterministic"].numel()))
+    return stages
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    path = Path(argv[0]) if argv else fixture_path()
+    p = argparse.ArgumentParser(prog="python -m rlvla3.model.parity",
+                                description="rlvla3's pi0.5 against a LeRobot fixture")
+    p.add_argument("fixture", nargs="?", type=Path, default=None)
+    p.add_argument("--export-to", type=Path, default=None,
+                   help="write the export round trip's checkpoint and LeRobot directory here")
+    args = p.parse_args(argv)
+    path = args.fixture or fixture_path()
+    if args.export_to:
+        ckpt, exported = export_round_trip(path, args.export_to)
+        print(json.dumps({"checkpoint": str(ckpt), "export": str(exported),
+                          "weights_sha256": weights_digest(exported / "model.safetensors")}))
+        return 0
     meta, _ = load_fixture(path)
     stages = compare(path)
-    worst = max(s.max_abs_diff for s in stages)
+    if (path / EXPORT_REFERENCE).is_file():
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            stages += compare_export(path, Path(tmp))
+    checked = [s for s in stages if "must differ" not in s.name]
+    worst = max(s.max_abs_diff for s in checked)
     print(json.dumps({"fixture": str(path), "seed": meta["seed"], "reference": meta["versions"],
                       "tolerance": TOLERANCE, "max_abs_diff": worst,
                       "stages": [asdict(s) for s in stages]}, indent=1))
