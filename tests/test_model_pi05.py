@@ -8,9 +8,10 @@ with ``tests/data/make_pi05_fixture.py``; everything here runs rlvla3's code onl
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,38 +25,21 @@ from rlvla3.model.network import VLANetwork
 from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
 from rlvla3.model.tokenizer import PaliGemmaTokenizer, pi05_prompt
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
+from pi05_reference import train_tokenizer  # noqa: E402  (LeRobot is imported lazily there)
+
 FIXTURE = parity.fixture_path()
 EMBED = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
 LM_HEAD = "model.paligemma_with_expert.paligemma.lm_head.weight"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def reference():
     meta, tensors = parity.load_fixture(FIXTURE)
     return meta, tensors, parity.fixture_policy(FIXTURE, meta, tensors)
-
-
-def train_sentencepiece(path, text: str, vocab: int = 300) -> None:
-    """A SentencePiece model with PaliGemma's conventions, trained on ``text`` here."""
-    import sentencepiece as spm
-
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(text.splitlines() * 30), model_writer=buf, vocab_size=vocab,
-        model_type="bpe", byte_fallback=True, split_digits=True, add_dummy_prefix=False,
-        remove_extra_whitespaces=False, normalization_rule_name="identity",
-        allow_whitespace_only_pieces=True, character_coverage=1.0, pad_id=0, eos_id=1, bos_id=2,
-        unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
-        minloglevel=2)
-    path.write_bytes(buf.getvalue())
 
 
 # -- parity ----------------------------------------------------------------------------------
@@ -122,6 +106,25 @@ def test_rl_on_the_padded_chain_recomputes_the_behaviour_log_prob(reference):
     assert torch.isfinite(base).all() and not torch.allclose(base, policy.flow_losses(
         obs, actions, moved, time))
     assert policy.sft_loss(obs, actions, torch.ones(3, 10)).ndim == 0
+
+
+def test_a_policy_gradient_step_raises_the_log_prob_of_a_favoured_chain(reference):
+    """The learner's path on the pi0.5 chain: a step up the log-probability of the chains with
+    a positive advantage makes them more likely, the others less."""
+    meta, t, _ = reference
+    policy = parity.fixture_policy(FIXTURE, meta, t)  # its own copy: the step changes weights
+    obs = parity.fixture_obs(meta, t)
+    out = policy.act(obs)
+    actions, latents = torch.tensor(out.actions), torch.tensor(out.latents)
+    advantage = torch.tensor([1.0, -1.0, 1.0])
+    before = policy.evaluate(obs, actions, latents).log_prob.detach()
+    optim = torch.optim.SGD([p for n, p in policy.net.named_parameters()
+                             if n.startswith(("expert_layers", "action_", "time_mlp"))], lr=1e-4)
+    loss = -(advantage * policy.evaluate(obs, actions, latents).log_prob).mean()
+    loss.backward()
+    optim.step()
+    change = policy.evaluate(obs, actions, latents).log_prob.detach() - before
+    assert (change * advantage > 0).all(), change
 
 
 # -- files users have -----------------------------------------------------------------------
@@ -227,7 +230,7 @@ LIBERO = ("pick up the black bowl between the plate and the ramekin and place it
 def test_paligemma_tokenizer_on_a_sentencepiece_model_trained_here(tmp_path):
     import sentencepiece as spm
 
-    train_sentencepiece(tmp_path / "sp.model", LIBERO)
+    train_tokenizer(tmp_path / "sp.model", LIBERO, vocab=300)
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
     bins = np.array([-1, 3, 255, 128, 0, 64, 7, 200])
     text = " pick_up the bowl\n"
@@ -247,7 +250,7 @@ def test_paligemma_tokenizer_on_a_sentencepiece_model_trained_here(tmp_path):
 def test_the_prompt_carries_the_libero_state_as_the_reference_bins_it(tmp_path):
     """A LIBERO-like observation through the policy: the prompt's state bins are LeRobot's
     ``digitize(normalised, linspace(-1, 1, 257)[:-1]) - 1``."""
-    train_sentencepiece(tmp_path / "sp.model", LIBERO)
+    train_tokenizer(tmp_path / "sp.model", LIBERO, vocab=300)
     spec = libero_like_spec(image_size=32, chunk_len=4)
     obs, _ = libero_like_batch(spec, 2, np.random.default_rng(3))
     q01, q99 = [-1.0] * 8, [0.5] * 8

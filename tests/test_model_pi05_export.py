@@ -24,12 +24,7 @@ from rlvla3.model.synthetic import libero_like_spec
 FIXTURE = parity.fixture_path()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_lerobot_acts_on_our_export_as_we_do(tmp_path):

@@ -86,7 +86,8 @@ class PrefixBatch:
     text_ids: torch.Tensor
     """int64 ``[T_text]``: instruction tokens of all samples, concatenated."""
     state_ids: torch.Tensor
-    """int64 ``[n * state_dim]``: discretised state tokens."""
+    """int64 ``[n * k]``: separate state tokens (``k = state_dim`` for the byte tokenizer, 0 when
+    the state is part of the prompt)."""
     prefix_index: torch.Tensor
     """int64 ``[T_prefix]``: stream position -> row of ``cat(image tokens, text, state)``."""
     cu_prefix: torch.Tensor

@@ -58,13 +58,15 @@ Action: 0 1 2 3 4 5 6 7 8 9 10 42 99 100 128 255
 """
 
 
-def train_tokenizer(path: Path) -> None:
-    """A SentencePiece model with the PaliGemma tokenizer's conventions, trained on ``CORPUS``."""
+def train_tokenizer(path: Path, corpus: str = CORPUS, vocab: int = SP_VOCAB) -> None:
+    """A SentencePiece model with the PaliGemma tokenizer's conventions (BPE, byte fallback,
+    split digits, no dummy prefix, identity normalisation, ids 0-3 pad/eos/bos/unk), trained on
+    ``corpus``. Also used by the CI tokenizer test (this module imports LeRobot lazily)."""
     import sentencepiece as spm
 
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS.splitlines() * 20), model_writer=buf, vocab_size=SP_VOCAB,
+        sentence_iterator=iter(corpus.splitlines() * 20), model_writer=buf, vocab_size=vocab,
         model_type="bpe", byte_fallback=True, split_digits=True, add_dummy_prefix=False,
         remove_extra_whitespaces=False, normalization_rule_name="identity",
         allow_whitespace_only_pieces=True, character_coverage=1.0, pad_id=0, eos_id=1, bos_id=2,
