@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("actors.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),
     "sft": ("actors.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
     "datalake": ("datalake.cli", "inspect LeRobot datasets; record expert demonstrations"),
+    "export": ("rlvla3.model.export", "write a checkpoint as a LeRobot pi05 policy directory"),
 }
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
