@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ckpt = resolve_checkpoint(args.checkpoint)
         policy, meta = load_policy(ckpt)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # no checkpoint there, storage unreachable, bad file
         print(f"rlvla3 export: {exc}", file=sys.stderr)
         return 2
     if not isinstance(policy, VLAPolicy):
