@@ -344,8 +344,8 @@ class LearnerCore:
         return steps
 
     def loss(self, batch: Samples) -> tuple[torch.Tensor, dict]:
-        """The PPO/GRPO objective on one micro-batch (mean over its samples); advantages are
-        taken as given (standardise them first, as ``_micro_step`` does)."""
+        """The PPO/GRPO objective on one micro-batch (mean over its samples); advantages
+        and proximal log-probs taken as given (``with_proximal`` adds those of the window)."""
         ev = self.model.evaluate(batch.obs, torch.from_numpy(batch.actions),
                                  torch.from_numpy(batch.latents))
 
@@ -371,13 +371,15 @@ class LearnerCore:
         proximal window, the proximal log-probs (kept for the later epochs)."""
         start = time.perf_counter()
         batch = replace(batch, advantages=self.normalizer.apply(batch.advantages))
-        batch = self._with_proximal(batch)
+        batch = self.with_proximal(batch)
         if self.algo.update_epochs > 1:
             self._epoch_batches.append(batch)
         self.busy_s += time.perf_counter() - start
         return batch
 
-    def _with_proximal(self, batch: Samples) -> Samples:
+    def with_proximal(self, batch: Samples) -> Samples:
+        """``batch`` with the proximal copy's log-probs (per Gaussian where the policy reports
+        them); as it is without a proximal window."""
         if self.proximal is None:
             return batch
         return replace(batch, prox_log_probs=self.proximal.log_probs(batch))
@@ -416,7 +418,7 @@ class LearnerCore:
         rank holds no sample to stand in with (it cannot join; the caller's timeout applies)."""
         stand_in = self._last_micro
         if stand_in is None and self.buffered:
-            stand_in = self._with_proximal(self.buffer.peek(min(self.micro_batch, self.buffered)))
+            stand_in = self.with_proximal(self.buffer.peek(min(self.micro_batch, self.buffered)))
         if stand_in is None:
             return False
         if not self.normalizer.ready:

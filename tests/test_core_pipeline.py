@@ -267,13 +267,13 @@ def test_learning_signal_improves_the_objective():
     from rlvla3.samples import prepare_samples
 
     samples = prepare_samples(segments, AlgoConfig("ppo"))
-    before = core.loss(samples)[0].item()
+    before = core.loss(core.with_proximal(samples))[0].item()
     while core.buffered >= 32:
         core.run_available()
         core.add_groups(episodes(segments))
         if core.version >= 6:
             break
-    assert core.loss(samples)[0].item() < before
+    assert core.loss(core.with_proximal(samples))[0].item() < before
 
 
 # ---- rollout ---------------------------------------------------------------------------------
