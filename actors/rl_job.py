@@ -32,6 +32,7 @@ from pathlib import Path
 
 import yaml
 
+from rlvla3.cli_options import add_run_dir
 from rlvla3.config import ConfigError, build, preset_names
 from rlvla3.run_config import RunConfig, load_run_config
 
@@ -44,8 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML file merged over the preset")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE",
                    help="override one field (repeatable)")
-    p.add_argument("--run-dir", help="run directory (default: <run_root>/<name or timestamp>)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    add_run_dir(p, "<run_root>/<name or timestamp>")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--print-plan", action="store_true",
                    help="print where the roles would land and each node's estimated memory, "
@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
 def resolve(args: argparse.Namespace) -> tuple[RunConfig, Path]:
     """The run config and run directory the arguments describe."""
     if args.resume:
+        if args.preset or args.config or args.run_dir:
+            raise ConfigError("--resume", "continues the run with its saved config: drop "
+                              "--preset, --config and --run-dir (--set still applies)")
         run_dir = Path(args.resume)
         saved = run_dir / "config.yaml"
         if not saved.is_file():
@@ -76,6 +79,11 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, Path]:
         return cfg, Path(args.run_dir)
     name = cfg.name or time.strftime("%Y%m%d-%H%M%S")
     return cfg, Path(cfg.run_root) / name
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The run config the arguments describe (what ``--print-config`` prints)."""
+    return resolve(args)[0]
 
 
 def refuse_a_used_run_dir(run_dir: Path) -> None:
