@@ -36,12 +36,15 @@ from rlvla3.cli_options import add_run_dir
 from rlvla3.config import ConfigError, build, preset_names
 from rlvla3.run_config import RunConfig, load_run_config
 
+PRESETS = "rlvla3.presets"
+"""The package whose YAML files are the ``--preset`` choices of ``rlvla3 rl``."""
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvla3 rl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default=None,
-                   help=f"shipped preset (default: 'default'); one of {', '.join(preset_names())}")
+    p.add_argument("--preset", default=None, help="shipped preset (default: 'default'); one of "
+                   f"{', '.join(preset_names(PRESETS))}")
     p.add_argument("--config", help="YAML file merged over the preset")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE",
                    help="override one field (repeatable)")
