@@ -1,0 +1,272 @@
+"""The docs cannot drift from the code: every ``rlvla3`` command in README.md and docs/ parses
+with the real parser, every ``--set`` builds against the real config, and every relative
+link resolves.
+
+Commands are taken from fenced code blocks (continuation lines joined, comments dropped,
+shell variables assigned earlier on the same page expanded, ``$(seq ...)`` expanded) and from
+inline code spans. An inline span written as a synopsis (``[--opt]``, ``A | B``, ``...``) is
+checked option by option: each ``--flag`` it names must exist. A literal command is parsed
+whole; a command whose module has ``config_from_args`` then builds its config (presets and
+``--set`` overrides, with the env's and the policy's options checked by their own
+dataclasses). Files a command names (``--config my.yaml``, ``--resume RUN_DIR``) need not exist.
+No Ray, no simulator: seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rlvla3.__main__ import BENCHMARKS, COMMANDS, command_module, command_parser
+from rlvla3.cli_options import DEPRECATED
+from rlvla3.config import ConfigError, build
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+LINK = re.compile(r"(?<!!)\[[^\]]+\]\(([^)\s]+)\)")
+ASSIGN = re.compile(r"^([A-Z_][A-Z0-9_]*)=(.*)$")
+SEQ = re.compile(r"\$\(seq( -s,)? (\d+) (\d+)\)")
+ERROR_OUTPUT = re.compile(r"^rlvla3 [a-z ]+: ")  # a transcript's error line: not checked
+PLACEHOLDER = re.compile(r"(^|[ =])[A-Z][A-Z_:]*(?=$|[\s\])])")
+REDIRECT = re.compile(r"^\d*[<>]|[;&|]$")
+# Values a resumed run takes from its saved config, which a docs command does not repeat.
+RESUMED = {"sft": ["--dataset", "demos"]}
+
+
+@dataclass(frozen=True)
+class Command:
+    page: str
+    line: int
+    argv: tuple[str, ...]
+    synopsis: bool
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}: rlvla3 {' '.join(self.argv)}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def _expand(text: str, variables: dict[str, str]) -> str:
+    def seq(match: re.Match) -> str:
+        sep = "," if match[1] else " "
+        return sep.join(str(i) for i in range(int(match[2]), int(match[3]) + 1))
+
+    text = SEQ.sub(seq, text)
+    for name, value in variables.items():
+        text = text.replace(f'"${name}"', shlex.quote(value)).replace(f"${name}", value)
+    return text
+
+
+def _rlvla3_argv(tokens: list[str]) -> list[str] | None:
+    """The arguments after ``rlvla3`` / ``python -m rlvla3`` in a shell command, if it runs one
+    (after environment assignments, or after ``--`` as in ``ray job submit ... -- python ...``),
+    up to the first redirection."""
+    for i, token in enumerate(tokens):
+        if token == "rlvla3" and (i == 0 or tokens[i - 1] == "--" or "=" in tokens[i - 1]):
+            start = i + 1
+        elif token in ("python", "python3") and tokens[i + 1:i + 3] == ["-m", "rlvla3"]:
+            start = i + 3
+        else:
+            continue
+        argv = []
+        for arg in tokens[start:]:
+            if REDIRECT.match(arg):
+                break
+            argv.append(arg)
+        return argv
+    return None
+
+
+def _shell_commands(block: str, variables: dict[str, str]) -> list[list[str]]:
+    """The commands of a code block as token lists; assignments update ``variables``. In a
+    block with ``$ `` prompts only the prompted lines are commands (the rest is output)."""
+    lines = block.replace("\\\n", " ").splitlines()
+    if any(line.startswith("$ ") for line in lines):  # a transcript: commands and their output
+        shown = zip(lines, lines[1:] + [""], strict=True)
+        lines = [line[2:] for line, after in shown
+                 if line.startswith("$ ") and not ERROR_OUTPUT.match(after)]
+    commands = []
+    for line in lines:
+        assignment = ASSIGN.match(line.strip())
+        if assignment:
+            variables[assignment[1]] = shlex.split(assignment[2])[0] if assignment[2] else ""
+            continue
+        try:
+            tokens = shlex.split(_expand(line, variables), comments=True)
+        except ValueError:
+            continue  # not shell (an output listing)
+        part: list[str] = []
+        for token in tokens + ["&&"]:
+            if token in ("&&", "||", ";", "|"):
+                if part:
+                    commands.append(part)
+                part = []
+            else:
+                part.append(token)
+    return commands
+
+
+def _is_synopsis(text: str) -> bool:
+    """A usage line rather than a command: options in brackets, alternatives, ellipses or
+    placeholders (``--episodes N``, ``--dataset PATH``)."""
+    return any(mark in text for mark in ("[", "|", "...")) or bool(PLACEHOLDER.search(text))
+
+
+def doc_commands() -> list[Command]:
+    found: list[Command] = []
+    for path in PAGES:
+        text = path.read_text()
+        page = path.relative_to(REPO).as_posix()
+        variables: dict[str, str] = {}
+        for block in FENCE.finditer(text):
+            line = text.count("\n", 0, block.start()) + 2
+            for tokens in _shell_commands(block[1], variables):
+                argv = _rlvla3_argv(tokens)
+                if argv and not argv[0].endswith(":"):  # "rlvla3 rl: ..." is output
+                    found.append(Command(page, line, tuple(argv), False))
+        prose = FENCE.sub(lambda block: "\n" * block[0].count("\n"), text)  # lines kept
+        for span in INLINE.finditer(prose):
+            code = span[1].replace("\\|", "|")
+            if not re.match(r"(python -m )?rlvla3 [a-z]", code) or " -" not in code:
+                continue  # not a command, or only its name
+            synopsis = _is_synopsis(code)
+            words = code.split() if synopsis else shlex.split(_expand(code, variables))
+            line = prose.count("\n", 0, span.start()) + 1
+            found.append(Command(page, line, tuple(_rlvla3_argv(words) or ()), synopsis))
+    return found
+
+
+def _words(argv: tuple[str, ...]) -> tuple[str, ...]:
+    if argv and argv[0] == "bench":
+        return tuple(argv[:2])
+    return tuple(argv[:1])
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            raise AssertionError(err.getvalue().strip().splitlines()[-1]) from None
+    if DEPRECATED in err.getvalue():
+        raise AssertionError(err.getvalue().strip())
+    return args
+
+
+def _options(parser: argparse.ArgumentParser, sub: str | None) -> set[str]:
+    options = {o for a in parser._actions for o in a.option_strings if a.help != argparse.SUPPRESS}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and sub in action.choices:
+            options |= _options(action.choices[sub], None)
+    return options
+
+
+def _import(target: str):
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def check_config(command: Command, args: argparse.Namespace) -> None:
+    """Build the command's config from its arguments, as the command would, then the env's and
+    the policy's options into their own dataclasses."""
+    module = command_module(_words(command.argv))
+    config_from_args = getattr(module, "config_from_args", None)
+    if config_from_args is None:
+        assert not getattr(args, "overrides", None), f"no config to check --set against: {command}"
+        return
+    if getattr(args, "resume", None):
+        extra = RESUMED.get(_words(command.argv)[0], [])
+        args = _parse(command_parser(_words(command.argv)),
+                      [a for a in command.argv[1:] if a not in ("--resume", args.resume)] + extra)
+    args.config = None  # a file the docs name, not one of this repository
+    cfg = config_from_args(args)
+    from envs import OPTIONS as ENV_OPTIONS
+    from rlvla3.policies import OPTIONS as POLICY_OPTIONS
+
+    for section, table in (("env", ENV_OPTIONS), ("policy", POLICY_OPTIONS)):
+        choice = getattr(cfg, section, None)
+        if choice is not None:
+            build(_import(table[choice.name]), choice.options, f"{section}.options")
+
+
+def check(command: Command) -> None:
+    words = _words(command.argv)
+    table = BENCHMARKS if words[0] == "bench" else COMMANDS
+    assert words[-1] in table, f"unknown command: {command}"
+    parser = command_parser(words)
+    rest = list(command.argv[len(words):])
+    if command.synopsis:
+        sub = rest[0] if rest and not rest[0].startswith("-") else None
+        known = _options(parser, sub)
+        for token in rest:
+            flag = token.strip("[]()").split("=")[0]
+            if flag.startswith("--"):
+                assert flag in known, f"{command}: no option {flag}"
+        return
+    try:
+        check_config(command, _parse(parser, rest))
+    except (AssertionError, ConfigError, ValueError) as exc:
+        raise AssertionError(f"{command}\n    {exc}") from None
+
+
+COMMANDS_IN_DOCS = doc_commands()
+
+
+def test_the_docs_hold_commands_of_every_kind():
+    """The extraction finds what the pages hold (a broken pattern would check nothing)."""
+    kinds = {(c.argv[0] if c.argv else "") for c in COMMANDS_IN_DOCS}
+    assert {"rl", "sft", "eval", "datalake", "bench", "status"} <= kinds, kinds
+    assert any(c.synopsis for c in COMMANDS_IN_DOCS)
+    assert sum("--set" in c.argv for c in COMMANDS_IN_DOCS) >= 20
+
+
+@pytest.mark.parametrize("command", COMMANDS_IN_DOCS, ids=lambda c: c.where)
+def test_every_command_in_the_docs_parses_and_builds_its_config(command):
+    check(command)
+
+
+def test_a_wrong_flag_or_field_is_caught():
+    """The check fails on what it exists to catch: a field another command has, an unknown
+    flag, a bad value, an option's old spelling."""
+    bad = [Command("x", 0, ("rl", "--set", "strategy=fsdp"), False),
+           Command("x", 0, ("rl", "--set", "policy.name=vla", "--set",
+                         "policy.options.logprob=exact"), False),
+           Command("x", 0, ("rl", "--set", "env.name=libero", "--set", "env.options.bogus=1"), False),
+           Command("x", 0, ("eval", "--policy", "random", "--images", "3"), False),
+           Command("x", 0, ("bench", "env", "--image", "64"), False),
+           Command("x", 0, ("sft", "--dataset", "d", "--set", "learner.lr=1"), False),
+           Command("x", 0, ("sft", "[--dataset PATH]", "[--epochs N]"), True)]
+    for command in bad:
+        with pytest.raises(AssertionError):
+            check(command)
+    check(Command("x", 0, ("sft", "--dataset", "d", "--set", "strategy=fsdp"), False))
+
+
+def _links(path: Path) -> list[str]:
+    return LINK.findall(FENCE.sub("", path.read_text()))
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for path in PAGES:
+        for target in _links(path):
+            if "://" in target or target.startswith(("#", "mailto:")):
+                continue
+            file = target.split("#")[0]
+            if not (path.parent / file).exists():
+                broken.append(f"{path.relative_to(REPO)}: {target}")
+    assert not broken, "\n".join(broken)
+    assert sum(len(_links(p)) for p in PAGES) > 50
