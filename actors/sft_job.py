@@ -60,7 +60,7 @@ from rlvla3.config import (
 from rlvla3.run_config import adopt_init_policy
 from rlvla3.types import EnvSpec
 
-SFT_PRESETS = "rlvla3.presets.sft"
+PRESETS = "rlvla3.presets.sft"
 """The package whose YAML files are the ``--preset`` choices of ``rlvla3 sft``."""
 
 
@@ -289,7 +289,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvla3 sft", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default=None,
                    help="shipped SFT preset (default: 'default'); one of "
-                   f"{', '.join(preset_names(SFT_PRESETS))}")
+                   f"{', '.join(preset_names(PRESETS))}")
     p.add_argument("--config", help="YAML file merged over the preset")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="A.B=VALUE", help="override one field (repeatable)")
@@ -334,7 +334,7 @@ def config_mapping(args: argparse.Namespace) -> dict[str, Any]:
         mapping = json.loads(saved.read_text())
         mapping["run_dir"] = args.resume
     else:
-        mapping = load_mapping(args.preset or "default", args.config, package=SFT_PRESETS)
+        mapping = load_mapping(args.preset or "default", args.config, package=PRESETS)
         if args.run_dir:
             mapping["run_dir"] = args.run_dir
         mapping.setdefault("run_dir", time.strftime("runs/sft-%Y%m%d-%H%M%S"))
