@@ -4,7 +4,7 @@ Runs synchronous and fully asynchronous training (any pipeline modes) on the sam
 task, seeds and env-step budget, and reports per mode and seed the success rate against env
 steps and against wall time, the time and env steps to reach each threshold (default 0.5, 0.75,
 0.9), and the full/sync ratios paired by seed with their spread. A PNG chart (success vs env
-steps and vs wall time) and the JSON go to ``--out``.
+steps and vs wall time) and the JSON go to ``--output-dir``.
 
 Tasks:
 - ``reach``: ColorReach from pixels. On a 2-core machine env, inference and learner share the
