@@ -56,8 +56,9 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
         else:
             name = f"`{formatter._format_args(action, action.dest)}`"
         default = action.default
-        shown = "" if default in (None, False, [], argparse.SUPPRESS) or action.nargs == 0 \
-            else f"`{default}`"
+        hidden = default is None or default is False or default == [] \
+            or default is argparse.SUPPRESS or action.nargs == 0
+        shown = "" if hidden else f"`{default!r}`" if default == "" else f"`{default}`"
         helptext = formatter._expand_help(action) if action.help else ""
         if action.choices and not isinstance(action.choices, dict):
             helptext += f" (one of: {', '.join(map(str, action.choices))})"
