@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from actors.controller import Controller
 from rlvla3.run_config import load_run_config
 
