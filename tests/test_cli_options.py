@@ -89,6 +89,14 @@ def test_the_libero_spatial10_preset_is_the_recipe_it_replaces():
                    "warmup_steps=500"])
     preset = _sft(["--preset", "libero_spatial10", "--dataset", "demos10", "--run-dir", "sft10"])
     assert to_dict(preset) == to_dict(pasted)
+    one_task = ("env.options={suite: libero_spatial, task_ids: [0], image_size: [64, 64], "
+                "chunk_len: 5}")
+    pasted = _sft(["--dataset", "demos", "--env", "libero", "--run-dir", "sft", "--max-steps",
+                   "8000", "--lr", "5e-4", "--set", one_task, "--set",
+                   "policy.options.image_size=64", "--set", SHAPES, "--set", "warmup_steps=500"])
+    preset = _sft(["--preset", "libero_spatial10", "--set", "env.options.task_ids=[0]",
+                   "--max-steps", "8000", "--dataset", "demos", "--run-dir", "sft"])
+    assert to_dict(preset) == to_dict(pasted)  # the single-task loop's SFT, as the guide says
     longer = _sft(["--preset", "libero_spatial10", "--dataset", "demos10", "--max-steps", "30000",
                    "--set", "lr_schedule=constant"])
     assert (longer.max_steps, longer.lr_schedule, longer.lr) == (30000, "constant", 5e-4)
