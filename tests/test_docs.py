@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import io
 import re
 import shlex
@@ -253,6 +254,33 @@ def test_a_wrong_flag_or_field_is_caught():
         with pytest.raises(AssertionError):
             check(command)
     check(Command("x", 0, ("sft", "--dataset", "d", "--set", "strategy=fsdp"), False))
+
+
+REPO_PATH = re.compile(r"^(?:actors|datalake|envs|rlvla3|tests|results|docs|\.ci)/[\w./-]*$")
+MODULE = re.compile(r"^(?:python -m )?((?:actors|datalake|envs|rlvla3)(?:\.\w+)+)$")
+
+
+def _names_code(dotted: str) -> bool:
+    """A module, or an attribute of one."""
+    if importlib.util.find_spec(dotted) is not None:
+        return True
+    parent, _, attr = dotted.rpartition(".")
+    return importlib.util.find_spec(parent) is not None and hasattr(
+        importlib.import_module(parent), attr)
+
+
+def test_every_repository_path_and_module_the_docs_name_exists():
+    """``rlvla3/memory_plan.py``, ``python -m envs.libero_expert``, ``rlvla3.model.loader`` in
+    inline code: a file that moves takes its mentions with it."""
+    missing = []
+    for path in PAGES:
+        for span in INLINE.findall(FENCE.sub("", path.read_text())):
+            if REPO_PATH.match(span) and not (REPO / span).exists():
+                missing.append(f"{path.relative_to(REPO)}: {span}")
+            module = MODULE.match(span)
+            if module and not _names_code(module[1]):
+                missing.append(f"{path.relative_to(REPO)}: {span}")
+    assert not missing, "\n".join(missing)
 
 
 def _links(path: Path) -> list[str]:
