@@ -27,6 +27,7 @@ from typing import Any
 from actors.eval_compare import legacy_fields
 from rlvla3.config import ConfigError
 from rlvla3.fingerprint import PLAN_FIELDS, checkpoint_identity, fingerprint_differences
+from rlvla3.storage import Storage
 
 Episode = tuple[int, int]
 """(suite task, initial state)."""
@@ -109,7 +110,7 @@ def rerun_args(
     checkpoint = None
     if not policy.startswith("random"):
         checkpoint = args.checkpoint or fp.get("checkpoint", {}).get("path")
-        if not checkpoint or not Path(checkpoint).exists():
+        if not checkpoint or not Storage(checkpoint).exists():  # a path or a storage URI
             raise ConfigError(
                 "--checkpoint",
                 f"{source} evaluated {checkpoint!r}, which is not "

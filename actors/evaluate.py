@@ -19,8 +19,9 @@ episode's noise seeded by ``--seed``, the task and the initial state. ``--langua
 ablation that shows whether the instruction steers it (``results.json`` records what it was
 told; ``--compare`` pairs it with the same checkpoint told its own).
 
-Outputs, in ``--output-dir`` (written as each episode ends, so an interrupted evaluation
-loses nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
+Outputs, in ``--output-dir`` (a path or a storage URI such as ``s3://bucket/evals/x``,
+``rlvla3.storage``; written as each episode ends, so an interrupted evaluation loses
+nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
 instruction, episodes, successes, success_rate, Wilson 95% ``ci95``, ``by_init_state``; the
 same for the suite; ``fingerprint``: package versions, renderer, image size, fast render,
 control frequency, chunk length, seeds, initial states, the checkpoint's sha256;
@@ -73,6 +74,7 @@ from rlvla3.cli_options import add_image_size
 from rlvla3.config import Named, build
 from rlvla3.fingerprint import PLAN_FIELDS, fingerprint, fingerprint_differences
 from rlvla3.numerics import NUMERICS
+from rlvla3.storage import Mirror, join
 
 IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "cameras",
                  "image_size", "chunk_len", "max_steps", "fast_render", "seed", "language",
@@ -160,14 +162,20 @@ class EvalOutput:
             self._save_header()
         self.base_seconds = float(self.stored.get("seconds", 0.0))
         """Wall time of the invocations before this one."""
-        self.rows: list[dict[str, Any]] = []
+        self._rows: dict[tuple[int, int], dict[str, Any]] = {}
+        """(task, state) -> its episode; a later line replaces an earlier one (a rerun)."""
         if self.log.is_file():
             for line in self.log.read_text().splitlines():
                 try:
-                    self.rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError:  # a line cut short by a crash: that episode reruns
                     continue
+                self._rows[(row["task"], row["init_state"])] = row
         self._file = self.log.open("a")
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return list(self._rows.values())
 
     def _save_header(self) -> None:
         tmp = self.header.with_suffix(".tmp")
@@ -175,12 +183,13 @@ class EvalOutput:
         tmp.replace(self.header)
 
     def done(self) -> set[tuple[int, int]]:
-        return {(r["task"], r["init_state"]) for r in self.rows}
+        """Episodes with an outcome; one a fault ended runs again on a resume."""
+        return {key for key, row in self._rows.items() if not row.get("fault")}
 
     def add(self, row: dict[str, Any], seconds_here: float) -> None:
         """Append one episode. ``seconds_here``: wall time of this invocation so far, stored
         with every episode, so an interrupted evaluation keeps the time it ran."""
-        self.rows.append(row)
+        self._rows[(row["task"], row["init_state"])] = row
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         self.set_seconds(seconds_here)
@@ -292,7 +301,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     require_extra(Named("libero"))  # before anything is written or started
     tasks = eval_tasks(args)
-    out = Path(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}")
+    files = Mirror(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}",
+                   keep=("eval.json", "episodes.jsonl"))
+    out = files.local  # the output directory, or its working copy when it is remote
     options = env_options(args, tasks)
     libero_spec(options, "--task-ids/--image-size/--max-steps")  # fail before Ray starts
     ids = init_ids(args)
@@ -379,8 +390,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "training_overlap": overlap,
             "fingerprint": planned(state.get("fingerprint") or output.stored.get("fingerprint", {}),
                                    settings),
-            "output_dir": str(out),
-            "videos": sorted(p.name for p in out.glob("*.mp4")),
+            "output_dir": files.uri,
+            "videos": sorted(n for n in files.storage.listdir() if n.endswith(".mp4")),
         }
         if state["fingerprint_changes"]:
             summary["fingerprint_changed_on_resume"] = state["fingerprint_changes"]
@@ -399,15 +410,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             init_ray(args.address or "", num_cpus=max(args.workers, os.cpu_count() or 1),
                      include_dashboard=False, log_to_driver=False)
-        workers = make_eval_workers(env, min(args.workers, len(todo)), args.seed, source=source,
-                                    placements=args.placements, numerics=args.numerics)
+        spawn_args = dict(seed=args.seed, source=source, placements=args.placements,
+                          numerics=args.numerics)
+        workers = make_eval_workers(env, min(args.workers, len(todo)), **spawn_args)
         columns = ("[progress.description]{task.description}", BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn())
+        round_ = None
         try:
             with Progress(*columns, console=console, transient=False) as progress:
                 bar = progress.add_task(f"eval {args.suite}", total=len(jobs),
                                         completed=len(jobs) - len(todo))
-                round_ = EvalRound(workers, todo, record=record)
+                round_ = EvalRound(workers, todo, record=record,
+                                   spawn=lambda: make_eval_workers(env, 1, **spawn_args)[0])
                 while not round_.done:
                     for outcome in round_.poll(timeout_s=1.0, before_next=note_fingerprint):
                         task = tasks[outcome.task_id]
@@ -416,7 +430,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             kind = "success" if outcome.success else "fail"
                             name = f"task{task}_init{outcome.init_state_id}_{kind}.mp4"
                             write_video(out / name, outcome.frames, fps=max(1, round(20 / chunk)))
+                            files.push(name)
                         write_results(summary_now(complete=False))
+                        files.push()
                         wins = sum(r["success"] for r in output.rows)
                         progress.update(bar, advance=1,
                                         description=f"eval {args.suite} ({wins} successes)")
@@ -424,7 +440,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 s["restarts"] for s in ray.get([w.stats.remote() for w in round_.workers]))
             ray.get([w.close.remote() for w in round_.workers])
         finally:
-            for worker in workers:
+            for worker in {*workers, *(round_.workers if round_ is not None else ())}:
                 ray.kill(worker)
             if started_ray:
                 ray.shutdown()
@@ -433,6 +449,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     output.close()
     write_results(summary)
     write_chart(out / "success_by_task.png", args.suite, summary["tasks"], summary["success_rate"])
+    files.push()
+    files.close()
     console.print(_table(summary))
     return summary
 
@@ -442,13 +460,13 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     """``--compare A B [C ...]``: read or produce every results, then the paired comparison of
     B against A (with more, each against A and a Holm-adjusted summary)."""
     console = _console()
-    base = Path(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    base = Mirror(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     results = []
     for label, target in zip(string.ascii_lowercase, args.compare, strict=False):
         loaded = load_results(target)
         if loaded is None:
             sub = argparse.Namespace(**{**vars(args), "checkpoint": target, "policy": None,
-                                        "output_dir": str(base / label), "compare": None})
+                                        "output_dir": join(base.uri, label), "compare": None})
             loaded = run(sub)
         results.append(loaded)
     names = _labels(args.compare)
@@ -467,11 +485,12 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     if len(results) > 2:
         markdown.insert(0, family_markdown(family))
         console.print(markdown[0])
-    base.mkdir(parents=True, exist_ok=True)
     out = family["comparisons"][names[1]] if len(results) == 2 else family
-    (base / "comparison.json").write_text(json.dumps(out, indent=2) + "\n")
-    (base / "comparison.md").write_text("\n".join(markdown))
-    console.print(f"wrote {base / 'comparison.json'} and {base / 'comparison.md'}")
+    base.write_text("comparison.json", json.dumps(out, indent=2) + "\n")
+    base.write_text("comparison.md", "\n".join(markdown))
+    base.close()
+    console.print(f"wrote {join(base.uri, 'comparison.json')} and "
+                  f"{join(base.uri, 'comparison.md')}")
     return out
 
 
@@ -484,7 +503,7 @@ def _labels(targets: Sequence[str]) -> list[str]:
 def _label(target: str) -> str:
     """A short column name for a compared path: an eval output directory's name (also for
     its ``results.json``), another JSON file's stem, a checkpoint directory's name."""
-    path = Path(target)
+    path = Path(target.partition("?")[0])  # a URI's query options are not its name
     if path.name == "results.json":
         path = path.parent
     return (path.stem if path.suffix == ".json" else path.name) or str(target)
@@ -501,8 +520,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="exactly these episodes (suite task:initial state), instead of "
                         "--task-ids x --init-ids")
     who = parser.add_mutually_exclusive_group()
-    who.add_argument("--checkpoint", metavar="RUN_DIR", help="run or checkpoint directory "
-                     "(with --recheck: where the evaluated checkpoint is now)")
+    who.add_argument("--checkpoint", metavar="RUN_DIR", help="run or checkpoint directory, a "
+                     "path or URI (with --recheck: where the evaluated checkpoint is now)")
     who.add_argument("--policy", choices=["random"], help="a built-in policy instead")
     who.add_argument("--compare", nargs="+", metavar="A B",
                      help="checkpoints or results.json files: paired comparison of B - A; "
@@ -585,7 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = recheck(args, run)
         else:
             summary = compare(args) if args.compare else run(args)
-    except (ConfigError, FileNotFoundError) as exc:  # user errors: one line, exit status 2
+    except (ConfigError, OSError) as exc:  # user errors, storage unreachable: one line, exit 2
         print(f"rlvla3 eval: {exc}", file=sys.stderr)
         return 2
     if args.json:

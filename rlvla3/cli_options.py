@@ -93,8 +93,8 @@ def add_run_dir(parser: argparse.ArgumentParser, default: str) -> None:
     """Add ``--run-dir DIR`` (a new run; a directory holding another run's checkpoints is
     refused) and ``--resume RUN_DIR`` (continue that run), as every job spells them."""
     parser.add_argument("--run-dir", metavar="DIR",
-                        help=f"run directory of a new run (default: {default}); one that holds "
-                        "another run's checkpoints is refused")
+                        help=f"run directory of a new run, a path or URI (default: {default}); "
+                        "one that holds another run's checkpoints is refused")
     parser.add_argument("--resume", metavar="RUN_DIR",
-                        help="continue the run in RUN_DIR with its saved config (--set and the "
-                        "job's flags apply on top)")
+                        help="continue the run in RUN_DIR (a path or URI) with its saved config "
+                        "(--set and the job's flags apply on top)")

@@ -72,14 +72,16 @@ def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
 
 
 def checkpoint_identity(path: str | Path) -> dict[str, Any]:
-    """Which weights a checkpoint or run directory holds: resolved path, version, sha256."""
-    from rlvla3.checkpoint import read_meta, resolve_checkpoint
+    """Which weights a checkpoint or run directory holds: its location, version, sha256 (as
+    ``meta.json`` lists it; hashed from the file for a checkpoint that lists no files)."""
+    from rlvla3.checkpoint import listed_files, locate_checkpoint, read_meta, resolve_checkpoint
 
-    ckpt = resolve_checkpoint(path)
+    ckpt = locate_checkpoint(path)
+    sha = listed_files(ckpt).get("policy.safetensors", {}).get("sha256")
     return {
-        "path": str(ckpt),
+        "path": ckpt,
         "version": read_meta(ckpt).version,
-        "sha256": sha256_file(ckpt / "policy.safetensors"),
+        "sha256": sha or sha256_file(resolve_checkpoint(ckpt) / "policy.safetensors"),
     }
 
 

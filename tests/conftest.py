@@ -1,6 +1,7 @@
 """Shared fixtures, and the ``integration`` marker, set here rather than by hand.
 
-``ray_cluster``: one real local Ray cluster per test session, started on first use.
+``ray_cluster``: one real local Ray cluster per test session, started on first use;
+``one_torch_thread``: one torch intra-op thread for a module of tiny matmuls.
 
 A test is marked ``integration`` (it starts Ray) when it uses ``ray_cluster`` or when its
 module starts Ray itself (``STARTS_RAY``: a multi-node ``ray.cluster_utils`` cluster, a head
@@ -37,6 +38,17 @@ def ray_cluster():
     yield ray
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matmuls: one intra-op thread is faster than two on a shared, loaded machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _starts_ray(module_file: str, cache: dict[str, bool]) -> bool:

@@ -4,12 +4,13 @@ link resolves.
 
 Commands are taken from fenced code blocks (continuation lines joined, comments dropped,
 shell variables assigned earlier on the same page expanded, ``$(seq ...)`` expanded) and from
-inline code spans. An inline span written as a synopsis (``[--opt]``, ``A | B``, ``...``) is
-checked option by option: each ``--flag`` it names must exist. A literal command is parsed
-whole; a command whose module has ``config_from_args`` then builds its config (presets and
-``--set`` overrides, with the env's and the policy's options checked by their own
-dataclasses). Files a command names (``--config my.yaml``, ``--resume RUN_DIR``) need not exist.
-No Ray, no simulator: seconds.
+inline code spans. A command in a code block is parsed whole, unless it is a usage line
+(``[--opt]``); a command whose module has ``config_from_args`` then builds its config (presets
+and ``--set`` overrides, with the env's and the policy's options checked by their own
+dataclasses). Inline code (usage lines, an option named in prose, ``rlvla3 eval
+--checkpoint``) is checked option by option: each ``--flag`` must exist under that spelling,
+and each unbracketed ``--set a.b=c`` must build. Files a command names (``--config my.yaml``,
+``--resume RUN_DIR``) need not exist. No Ray, no simulator: seconds.
 """
 
 from __future__ import annotations
@@ -38,10 +39,9 @@ LINK = re.compile(r"(?<!!)\[[^\]]+\]\(([^)\s]+)\)")
 ASSIGN = re.compile(r"^([A-Z_][A-Z0-9_]*)=(.*)$")
 SEQ = re.compile(r"\$\(seq( -s,)? (\d+) (\d+)\)")
 ERROR_OUTPUT = re.compile(r"^rlvla3 [a-z ]+: ")  # a transcript's error line: not checked
-PLACEHOLDER = re.compile(r"(^|[ =])[A-Z][A-Z_:]*(?=$|[\s\])])")
 REDIRECT = re.compile(r"^\d*[<>]|[;&|]$")
-# Values a resumed run takes from its saved config, which a docs command does not repeat.
-RESUMED = {"sft": ["--dataset", "demos"]}
+# What a command needs that a docs command may leave to a saved config or to the prose.
+STAND_INS = {"sft": ("--dataset", "demos")}
 
 
 @dataclass(frozen=True)
@@ -119,12 +119,6 @@ def _shell_commands(block: str, variables: dict[str, str]) -> list[list[str]]:
     return commands
 
 
-def _is_synopsis(text: str) -> bool:
-    """A usage line rather than a command: options in brackets, alternatives, ellipses or
-    placeholders (``--episodes N``, ``--dataset PATH``)."""
-    return any(mark in text for mark in ("[", "|", "...")) or bool(PLACEHOLDER.search(text))
-
-
 def doc_commands() -> list[Command]:
     found: list[Command] = []
     for path in PAGES:
@@ -136,16 +130,19 @@ def doc_commands() -> list[Command]:
             for tokens in _shell_commands(block[1], variables):
                 argv = _rlvla3_argv(tokens)
                 if argv and not argv[0].endswith(":"):  # "rlvla3 rl: ..." is output
-                    found.append(Command(page, line, tuple(argv), False))
+                    usage = any(arg.startswith("[") for arg in argv)
+                    found.append(Command(page, line, tuple(argv), usage))
         prose = FENCE.sub(lambda block: "\n" * block[0].count("\n"), text)  # lines kept
         for span in INLINE.finditer(prose):
             code = span[1].replace("\\|", "|")
             if not re.match(r"(python -m )?rlvla3 [a-z]", code) or " -" not in code:
                 continue  # not a command, or only its name
-            synopsis = _is_synopsis(code)
-            words = code.split() if synopsis else shlex.split(_expand(code, variables))
             line = prose.count("\n", 0, span.start()) + 1
-            found.append(Command(page, line, tuple(_rlvla3_argv(words) or ()), synopsis))
+            try:
+                words = shlex.split(code)
+            except ValueError:  # an unbalanced quote in a usage line
+                words = code.split()
+            found.append(Command(page, line, tuple(_rlvla3_argv(words) or ()), True))
     return found
 
 
@@ -188,10 +185,12 @@ def check_config(command: Command, args: argparse.Namespace) -> None:
     if config_from_args is None:
         assert not getattr(args, "overrides", None), f"no config to check --set against: {command}"
         return
-    if getattr(args, "resume", None):
-        extra = RESUMED.get(_words(command.argv)[0], [])
+    if getattr(args, "resume", None):  # the config the run saved: its --set items on a preset
         args = _parse(command_parser(_words(command.argv)),
-                      [a for a in command.argv[1:] if a not in ("--resume", args.resume)] + extra)
+                      [a for a in command.argv[1:] if a not in ("--resume", args.resume)])
+    flag, value = STAND_INS.get(_words(command.argv)[0], (None, None))
+    if flag and not getattr(args, flag.strip("-").replace("-", "_")):
+        setattr(args, flag.strip("-").replace("-", "_"), [value])
     args.config = None  # a file the docs name, not one of this repository
     cfg = config_from_args(args)
     from envs import OPTIONS as ENV_OPTIONS
@@ -209,18 +208,28 @@ def check(command: Command) -> None:
     assert words[-1] in table, f"unknown command: {command}"
     parser = command_parser(words)
     rest = list(command.argv[len(words):])
-    if command.synopsis:
-        sub = rest[0] if rest and not rest[0].startswith("-") else None
-        known = _options(parser, sub)
-        for token in rest:
-            flag = token.strip("[]()").split("=")[0]
-            if flag.startswith("--"):
-                assert flag in known, f"{command}: no option {flag}"
-        return
     try:
-        check_config(command, _parse(parser, rest))
+        if command.synopsis:
+            check_synopsis(command, parser, rest)
+        else:
+            check_config(command, _parse(parser, rest))
     except (AssertionError, ConfigError, ValueError) as exc:
         raise AssertionError(f"{command}\n    {exc}") from None
+
+
+def check_synopsis(command: Command, parser: argparse.ArgumentParser, rest: list[str]) -> None:
+    """Every option named exists under that spelling; every unbracketed ``--set`` builds."""
+    sub = rest[0] if rest and not rest[0].startswith(("-", "[")) else None
+    known = _options(parser, sub)
+    for token in rest:
+        flag = token.strip("[]()").split("=")[0]
+        if flag.startswith("--"):
+            assert flag in known, f"no option {flag}"
+    overrides = [value for option, value in zip(rest, rest[1:], strict=False)
+                 if option == "--set" and not value.endswith(("]", "...")) and "=" in value]
+    if overrides:
+        argv = [arg for value in overrides for arg in ("--set", value)]
+        check_config(command, _parse(parser, ([sub] if sub else []) + argv))
 
 
 COMMANDS_IN_DOCS = doc_commands()
@@ -262,8 +271,11 @@ MODULE = re.compile(r"^(?:python -m )?((?:actors|datalake|envs|rlvla3)(?:\.\w+)+
 
 def _names_code(dotted: str) -> bool:
     """A module, or an attribute of one."""
-    if importlib.util.find_spec(dotted) is not None:
-        return True
+    try:
+        if importlib.util.find_spec(dotted) is not None:
+            return True
+    except ModuleNotFoundError:  # its parent is a module, not a package
+        pass
     parent, _, attr = dotted.rpartition(".")
     return importlib.util.find_spec(parent) is not None and hasattr(
         importlib.import_module(parent), attr)

@@ -264,3 +264,45 @@ def test_an_episode_is_the_same_alone_in_a_larger_run_reordered_and_after_a_resu
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["checked"] == report["matching"] == report["digest_checked"] == 2
     assert report["fingerprint_differences"] == []
+
+
+def test_a_lost_worker_is_replaced_and_its_episode_runs_again(ray_cluster):
+    from actors.eval_round import EvalRound, make_eval_workers
+
+    jobs = [(t, k) for k in range(3) for t in range(2)]
+    clean = {(o.task_id, o.init_state_id): o.digest
+             for o in EvalRound(make_eval_workers(ENV, 1, num_cpus=0.5), jobs).wait()}
+    workers = make_eval_workers(ENV, 2, num_cpus=0.5)
+    round_ = EvalRound(workers, jobs, retries=2,
+                       spawn=lambda: make_eval_workers(ENV, 1, num_cpus=0.5)[0])
+    ray_cluster.kill(workers[0])  # under its first episode
+    outcomes = round_.wait()
+    assert round_.replaced == 1 and workers[0] not in round_.workers
+    assert not any(o.fault for o in outcomes) and len(outcomes) == len(jobs)
+    assert {(o.task_id, o.init_state_id): o.digest for o in outcomes} == clean
+    # Without a spawner the last worker's loss ends what is left as faults, not a crash.
+    alone = make_eval_workers(ENV, 1, num_cpus=0.5)
+    round_ = EvalRound(alone, jobs[:2], retries=0)
+    ray_cluster.kill(alone[0])
+    faults = round_.wait()
+    assert len(faults) == 2 and all(o.fault for o in faults)
+
+
+IDENT = {"suite": "libero_spatial", "language": "own", "numerics": "pinned"}
+
+
+def test_a_resumed_evaluation_reruns_episodes_a_fault_ended(tmp_path):
+    from actors.evaluate import EvalOutput
+
+    output = EvalOutput(tmp_path, IDENT)
+    output.add({"task": 0, "init_state": 1, "success": True, "steps": 90}, 1.0)
+    output.add({"task": 0, "init_state": 2, "success": False, "steps": 0,
+                "fault": "eval worker lost 3 times"}, 2.0)
+    output.close()
+    resumed = EvalOutput(tmp_path, IDENT)
+    assert resumed.done() == {(0, 1)}  # the faulted episode runs again
+    resumed.add({"task": 0, "init_state": 2, "success": True, "steps": 120}, 1.0)
+    assert sorted((r["init_state"], r["success"]) for r in resumed.rows) == [(1, True), (2, True)]
+    resumed.close()
+    assert [r["init_state"] for r in EvalOutput(tmp_path, IDENT).rows] \
+        == [1, 2]  # the rerun's line replaces the fault's
