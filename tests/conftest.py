@@ -3,9 +3,10 @@
 ``ray_cluster``: one real local Ray cluster per test session, started on first use;
 ``one_torch_thread``: one torch intra-op thread for a module of tiny matmuls.
 
-A test is marked ``integration`` (it starts Ray) when it uses ``ray_cluster`` or when its
+A test is marked ``integration`` (it starts Ray) when it uses ``ray_cluster``, when its
 module starts Ray itself (``STARTS_RAY``: a multi-node ``ray.cluster_utils`` cluster, a head
-started with ``ray start``, a ``ray.init`` of its own), so that
+started with ``ray start``, a ``ray.init`` of its own), or when the test runs an RL or eval job
+in a subprocess (``RUNS_A_JOB``; ``--print-config`` and ``--print-plan`` start nothing), so that
 ``-m "not slow and not integration"`` selects the tests that need no Ray cluster: minutes.
 In that block ``ray.init`` is refused, so a test that starts Ray without being marked fails
 with a message saying so instead of quietly slowing the block down.
@@ -13,6 +14,7 @@ with a message saying so instead of quietly slowing the block down.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from pathlib import Path
@@ -23,6 +25,8 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 STARTS_RAY = re.compile(r"ray\.cluster_utils|cluster_scenarios|\bray\.init\(|\"start\", \"--head\"")
 """What in a test module's source means that it starts Ray itself."""
+RUNS_A_JOB = re.compile(r'"-m", "rlvla3", "(?:rl|eval)"(?![^\]]*"--print-)')
+"""What in a test function's source means that it runs a job, which starts Ray, in a subprocess."""
 
 
 @pytest.fixture(scope="session")
@@ -57,10 +61,16 @@ def _starts_ray(module_file: str, cache: dict[str, bool]) -> bool:
     return cache[module_file]
 
 
+def _runs_a_job(item) -> bool:
+    function = getattr(item, "function", None)
+    return function is not None and bool(RUNS_A_JOB.search(inspect.getsource(function)))
+
+
 def pytest_collection_modifyitems(config, items):
     cache: dict[str, bool] = {}
     for item in items:
-        if "ray_cluster" in item.fixturenames or _starts_ray(str(item.fspath), cache):
+        if ("ray_cluster" in item.fixturenames or _starts_ray(str(item.fspath), cache)
+                or _runs_a_job(item)):
             item.add_marker(pytest.mark.integration)
 
 
