@@ -25,7 +25,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 STARTS_RAY = re.compile(r"ray\.cluster_utils|cluster_scenarios|\bray\.init\(|\"start\", \"--head\"")
 """What in a test module's source means that it starts Ray itself."""
-RUNS_A_JOB = re.compile(r'"-m", "rlvla3", "(?:rl|eval)"(?![^\]]*"--print-)')
+RUNS_A_JOB = re.compile(r'"-m", "rlvla3", "(?:rl|eval)"')
 """What in a test function's source means that it runs a job, which starts Ray, in a subprocess."""
 
 
@@ -63,7 +63,10 @@ def _starts_ray(module_file: str, cache: dict[str, bool]) -> bool:
 
 def _runs_a_job(item) -> bool:
     function = getattr(item, "function", None)
-    return function is not None and bool(RUNS_A_JOB.search(inspect.getsource(function)))
+    if function is None:
+        return False
+    source = inspect.getsource(function)
+    return bool(RUNS_A_JOB.search(source)) and '"--print-' not in source
 
 
 def pytest_collection_modifyitems(config, items):
