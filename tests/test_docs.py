@@ -90,16 +90,32 @@ def _rlvla3_argv(tokens: list[str]) -> list[str] | None:
     return None
 
 
-def _shell_commands(block: str, variables: dict[str, str]) -> list[list[str]]:
-    """The commands of a code block as token lists; assignments update ``variables``. In a
-    block with ``$ `` prompts only the prompted lines are commands (the rest is output)."""
-    lines = block.replace("\\\n", " ").splitlines()
-    if any(line.startswith("$ ") for line in lines):  # a transcript: commands and their output
-        shown = zip(lines, lines[1:] + [""], strict=True)
-        lines = [line[2:] for line, after in shown
+def _logical_lines(block: str) -> list[tuple[int, str]]:
+    """The block's lines with continuations joined, each with the offset of its first line."""
+    joined: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for offset, raw in enumerate(block.splitlines()):
+        start, text = pending if pending else (offset, "")
+        text += raw[:-1] + " " if raw.endswith("\\") else raw
+        pending = (start, text) if raw.endswith("\\") else None
+        if pending is None:
+            joined.append((start, text))
+    if pending:
+        joined.append(pending)
+    return joined
+
+
+def _shell_commands(block: str, variables: dict[str, str]) -> list[tuple[int, list[str]]]:
+    """The commands of a code block as token lists, each with the offset of its line in the
+    block; assignments update ``variables``. In a block with ``$ `` prompts only the prompted
+    lines are commands (the rest is output)."""
+    lines = _logical_lines(block)
+    if any(line.startswith("$ ") for _, line in lines):  # a transcript: commands and output
+        shown = zip(lines, lines[1:] + [(0, "")], strict=True)
+        lines = [(offset, line[2:]) for (offset, line), (_, after) in shown
                  if line.startswith("$ ") and not ERROR_OUTPUT.match(after)]
     commands = []
-    for line in lines:
+    for offset, line in lines:
         assignment = ASSIGN.match(line.strip())
         if assignment:
             variables[assignment[1]] = shlex.split(assignment[2])[0] if assignment[2] else ""
@@ -112,7 +128,7 @@ def _shell_commands(block: str, variables: dict[str, str]) -> list[list[str]]:
         for token in tokens + ["&&"]:
             if token in ("&&", "||", ";", "|"):
                 if part:
-                    commands.append(part)
+                    commands.append((offset, part))
                 part = []
             else:
                 part.append(token)
@@ -126,12 +142,12 @@ def doc_commands() -> list[Command]:
         page = path.relative_to(REPO).as_posix()
         variables: dict[str, str] = {}
         for block in FENCE.finditer(text):
-            line = text.count("\n", 0, block.start()) + 2
-            for tokens in _shell_commands(block[1], variables):
+            first = text.count("\n", 0, block.start()) + 2
+            for offset, tokens in _shell_commands(block[1], variables):
                 argv = _rlvla3_argv(tokens)
                 if argv and not argv[0].endswith(":"):  # "rlvla3 rl: ..." is output
                     usage = any(arg.startswith("[") for arg in argv)
-                    found.append(Command(page, line, tuple(argv), usage))
+                    found.append(Command(page, first + offset, tuple(argv), usage))
         prose = FENCE.sub(lambda block: "\n" * block[0].count("\n"), text)  # lines kept
         for span in INLINE.finditer(prose):
             code = span[1].replace("\\|", "|")
