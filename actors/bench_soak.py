@@ -28,11 +28,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import ray
 
 from actors.jsonout import json_main
+
+if TYPE_CHECKING:
+    from rlvla3.run_config import RunConfig
 
 WINDOW_S = 10.0
 RECOVERY_WINDOW_S = 3.0
@@ -100,14 +104,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The run config the soak runs: ``--preset`` and ``--set``, for ``--minutes``."""
+    from rlvla3.run_config import load_run_config
+
+    return load_run_config(args.preset, overrides=[
+        *args.overrides, f"max_minutes={args.minutes}", "total_env_steps=1000000000",
+        "log_every_s=1.0"])
+
+
 def measure(args: argparse.Namespace) -> dict:
     """Run the benchmark; return the JSON-able result."""
     from actors.controller import Controller, ensure_ray
-    from rlvla3.run_config import load_run_config
 
-    cfg = load_run_config(args.preset, overrides=[
-        *args.overrides, f"max_minutes={args.minutes}", "total_env_steps=1000000000",
-        "log_every_s=1.0"])
+    cfg = config_from_args(args)
     ensure_ray(cfg, log_to_driver=not args.json)
     session = ray._private.worker.global_worker.node.session_name
     rng = random.Random(args.seed)
