@@ -28,15 +28,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 import ray
 
 from actors.jsonout import json_main
-
-if TYPE_CHECKING:
-    from rlvla3.run_config import RunConfig
+from rlvla3.run_config import RunConfig, load_run_config
 
 WINDOW_S = 10.0
 RECOVERY_WINDOW_S = 3.0
@@ -106,8 +103,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run config the soak runs: ``--preset`` and ``--set``, for ``--minutes``."""
-    from rlvla3.run_config import load_run_config
-
     return load_run_config(args.preset, overrides=[
         *args.overrides, f"max_minutes={args.minutes}", "total_env_steps=1000000000",
         "log_every_s=1.0"])
