@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from rlvla3.algos import AlgoConfig, objective
+from rlvla3.gpu_costs import TrainingCost
 from rlvla3.protocols import Policy
 from rlvla3.samples import Samples, prepare_samples
 from rlvla3.types import TrajectorySegment
@@ -174,8 +175,12 @@ class LearnerCore:
     def __init__(self, policy: Policy, algo: AlgoConfig, local_batch: int, micro_batch: int,
                  lr: float, strategy: BatchStart | StreamingStart,
                  ddp_model: nn.Module | None = None, max_staleness: int | None = None,
-                 reduce: Reduce | None = None):
+                 reduce: Reduce | None = None, cost: TrainingCost | None = None):
         self.policy = policy
+        self.cost = cost
+        """Simulated GPU cost (``rlvla3.gpu_costs``): each micro-batch and optimizer step then
+        lasts as long as on the GPUs it stands for (None: as long as it takes here)."""
+        self.clock = cost.clock() if cost is not None else None
         self.model = ddp_model if ddp_model is not None else policy
         self.algo = algo
         self.local_batch = local_batch
@@ -340,6 +345,8 @@ class LearnerCore:
             lags, counts = np.unique(self.version - batch.policy_versions, return_counts=True)
             for lag, count in zip(lags.tolist(), counts.tolist(), strict=True):
                 self.staleness_hist[lag] = self.staleness_hist.get(lag, 0) + count
+        if self.clock is not None:
+            self.clock.pay(self.cost.micro_batch_ms(len(batch)), start)
         self.busy_s += time.perf_counter() - start
 
     def _optimizer_step(self) -> StepStats:
@@ -369,6 +376,8 @@ class LearnerCore:
 
         self._done_in_step = 0
         self._discard_stale()
+        if self.clock is not None:
+            self.clock.pay(self.cost.step_ms, start)
         self.busy_s += time.perf_counter() - start
         return StepStats(self.version, 0 if epoch else self.local_batch, avg("loss"),
                          avg("policy_loss"), avg("value_loss"), avg("entropy"),
