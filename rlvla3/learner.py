@@ -330,6 +330,7 @@ class LearnerCore:
 
     def _micro_step(self, batch: Samples) -> None:
         start = time.perf_counter()
+        begun = self.clock.now() if self.clock is not None else 0.0
         last = self._done_in_step + len(batch) == self.local_batch
         sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
             else self.model.no_sync()
@@ -346,11 +347,12 @@ class LearnerCore:
             for lag, count in zip(lags.tolist(), counts.tolist(), strict=True):
                 self.staleness_hist[lag] = self.staleness_hist.get(lag, 0) + count
         if self.clock is not None:
-            self.clock.pay(self.cost.micro_batch_ms(len(batch)), start)
+            self.clock.pay(self.cost.micro_batch_ms(len(batch)), begun)
         self.busy_s += time.perf_counter() - start
 
     def _optimizer_step(self) -> StepStats:
         start = time.perf_counter()
+        begun = self.clock.now() if self.clock is not None else 0.0
         grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.algo.max_grad_norm)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -377,7 +379,7 @@ class LearnerCore:
         self._done_in_step = 0
         self._discard_stale()
         if self.clock is not None:
-            self.clock.pay(self.cost.step_ms, start)
+            self.clock.pay(self.cost.step_ms, begun)
         self.busy_s += time.perf_counter() - start
         return StepStats(self.version, 0 if epoch else self.local_batch, avg("loss"),
                          avg("policy_loss"), avg("value_loss"), avg("entropy"),
