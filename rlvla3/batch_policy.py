@@ -1,31 +1,33 @@
 """Batching policies: how big a rollout batch may grow and how long it may wait (Ray-free).
 
 Role: ``rlvla3.batcher.DynamicBatcher`` asks its policy, whenever a batch is forming (the first
-request of the batch is already pending, never before), for ``(b_max, t_max_s)``: fire at
-``b_max`` pending requests or ``t_max_s`` after the first one. It tells the policy of every
-arrival and, after each batch, its size, its service time and how many requests were left
-pending. Two strategies, chosen by ``rollout.batching``:
+request of the batch is already pending, never before), for ``Limits``: fire once ``fire_at``
+requests are pending or ``t_max_s`` after the first one, taking at most ``b_max``. It tells the
+policy of every arrival and, after each batch, its size and service time. Two strategies,
+chosen by ``rollout.batching``:
 
-- ``FixedBatching``: the configured ``b_max`` / ``t_max`` always (RL-VLA3's design).
+- ``FixedBatching``: the configured ``b_max`` / ``t_max`` always (RL-VLA3's design:
+  ``fire_at = b_max``).
 - ``AdaptiveBatching``: both chosen online. It fits the service time of a batch of B
   requests as ``a + b x B`` (per-call and per-sample cost, exponentially weighted least
-  squares over recent batches) and measures the arrival rate ``lambda``. A lane keeps up with
-  its arrivals only with batches of at least ``B_need = lambda a / (1 - lambda b)``: the
-  throughput-optimal batch for the current load is the smallest that keeps up, with
-  ``headroom`` (1.5x) so queues drain; bigger batches only add latency. When the lane cannot
-  keep up whatever the batch (``lambda b >= 1``) or it left requests behind after a full batch
-  (it is saturated), the cap is ``b_limit`` (largest throughput). ``max_latency_ms`` bounds
-  the cap so one batch's service time stays within it. The wait: when fewer than ``B_need``
-  requests are pending, wait for the missing ones at the measured rate, but at most
+  squares over recent batches) and measures the arrival rate ``lambda``. A GPU keeps up with
+  its arrivals only with batches of at least ``B_need = lambda a / (1 - lambda b)`` (none
+  does when ``lambda b >= 1``): that is the throughput-optimal batch for the current load. It
+  fires once ``headroom x B_need`` requests (1.5x, so queues drain) are pending, and when
+  fewer are, it waits for the missing ones at the measured rate, but at most
   ``wait_fraction`` of the per-call cost (waiting longer than a call's fixed cost cannot pay
-  off); otherwise fire at once.
+  off); with ``B_need`` at most one it fires at once. A batch takes everything pending up to
+  ``b_max``: the largest batch whose service time stays within ``max_latency_ms`` (a latency
+  bound), never more than ``b_limit`` (GPU memory). Leaving requests behind while the GPU is
+  free would only make them wait a whole batch: in a closed loop of env slots that is lost
+  throughput.
 
 Time: the policies see the batcher's clock (real seconds); the configured ``t_max`` and
 ``max_latency_ms`` are simulated milliseconds, multiplied by the run's time dilation when the
 policy is made, so a dilated run batches as the undilated one would.
 
-Invariants: ``1 <= b_max <= b_limit`` and ``t_max_s >= 0``; with no measurement yet the
-adaptive policy fires at once with the ``b_limit`` cap (it never waits on a guess).
+Invariants: ``1 <= fire_at <= b_max <= b_limit`` and ``t_max_s >= 0``; with no measurement yet
+the adaptive policy fires at once with the ``b_limit`` cap (it never waits on a guess).
 """
 
 from __future__ import annotations
@@ -38,22 +40,33 @@ from typing import Protocol
 from rlvla3.config import ConfigError, Named, build, require
 
 
+@dataclass(frozen=True)
+class Limits:
+    """When the forming batch fires and how big it may be."""
+
+    fire_at: int
+    """Fire as soon as this many requests are pending."""
+    t_max_s: float
+    """... or this long after the first pending request."""
+    b_max: int
+    """Take at most this many."""
+
+
 class BatchPolicy(Protocol):
     """Chooses the firing limits of the batch that is forming (see the module docstring)."""
 
     name: str
 
-    def limits(self, pending: int, now: float) -> tuple[int, float]:
-        """``(b_max, t_max_s)`` for the batch whose first request is pending now."""
+    def limits(self, pending: int, now: float) -> Limits:
+        """The limits of the batch whose first request is pending now."""
         ...
 
     def arrived(self, now: float) -> None:
         """A request arrived at ``now``."""
         ...
 
-    def served(self, size: int, service_s: float, left: int) -> None:
-        """A batch of ``size`` took ``service_s``; ``left`` requests were still pending when
-        it fired."""
+    def served(self, size: int, service_s: float) -> None:
+        """A batch of ``size`` took ``service_s``."""
         ...
 
     def state(self) -> dict[str, float]:
@@ -70,13 +83,13 @@ class FixedBatching:
         self.b_max = b_max
         self.t_max_s = t_max_s
 
-    def limits(self, pending: int, now: float) -> tuple[int, float]:
-        return self.b_max, self.t_max_s
+    def limits(self, pending: int, now: float) -> Limits:
+        return Limits(self.b_max, self.t_max_s, self.b_max)
 
     def arrived(self, now: float) -> None:
         pass
 
-    def served(self, size: int, service_s: float, left: int) -> None:
+    def served(self, size: int, service_s: float) -> None:
         pass
 
     def state(self) -> dict[str, float]:
@@ -90,7 +103,7 @@ class AdaptiveConfig:
     b_limit: int = 256
     """Largest batch ever (what fits the GPU's memory)."""
     headroom: float = 1.5
-    """Cap = headroom x the smallest batch that keeps up with the arrivals."""
+    """Fire at headroom x the smallest batch that keeps up with the arrivals."""
     max_latency_ms: float = 0.0
     """Bound on one batch's service time, simulated ms (0: none)."""
     wait_fraction: float = 0.5
@@ -145,7 +158,7 @@ class CostFit:
 
 
 class AdaptiveBatching:
-    """``b_max`` and ``t_max`` from the measured costs and arrival rate (module docstring)."""
+    """Limits from the measured costs and arrival rate (see the module docstring)."""
 
     name = "adaptive"
 
@@ -154,9 +167,7 @@ class AdaptiveBatching:
         self.max_latency_s = config.max_latency_ms / 1000.0 * time_scale
         self.fit = CostFit(config.decay)
         self._arrivals: deque[float] = deque(maxlen=config.arrivals_window)
-        self.saturated = False
-        self._cap = config.b_limit
-        self._last: tuple[int, float] = (config.b_limit, 0.0)
+        self._last = Limits(1, 0.0, config.b_limit)
         self._rate = 0.0
         self._need = 0.0
 
@@ -170,42 +181,38 @@ class AdaptiveBatching:
         span = now - self._arrivals[0]
         return (len(self._arrivals) - 1) / span if span > 0 else 0.0
 
-    def served(self, size: int, service_s: float, left: int) -> None:
+    def served(self, size: int, service_s: float) -> None:
         self.fit.add(size, service_s)
-        if size >= self._cap and left > 0:
-            self.saturated = True  # a full batch and still more waiting: it cannot keep up
-        elif size < self._cap:
-            self.saturated = False
 
-    def limits(self, pending: int, now: float) -> tuple[int, float]:
+    def limits(self, pending: int, now: float) -> Limits:
         cfg = self.config
         if not self.fit.ready:
-            return self._remember(cfg.b_limit, 0.0, 0.0, 0.0)
+            return self._remember(Limits(1, 0.0, cfg.b_limit), 0.0, 0.0)
         a, b = self.fit.coefficients()
         lam = self.rate(now)
-        need = math.inf if lam * b >= 1.0 else lam * a / (1.0 - lam * b)
-        if self.saturated or math.isinf(need):
-            cap = cfg.b_limit
-        else:
-            cap = min(cfg.b_limit, max(1, math.ceil(cfg.headroom * need)))
+        b_max = cfg.b_limit
         if self.max_latency_s > 0 and b > 0:
-            cap = min(cap, max(1, math.floor((self.max_latency_s - a) / b)))
+            b_max = min(b_max, max(1, math.floor((self.max_latency_s - a) / b)))
+        need = math.inf if lam * b >= 1.0 else lam * a / (1.0 - lam * b)
+        if math.isinf(need):
+            return self._remember(Limits(1, 0.0, b_max), lam, need)  # overloaded: no waiting
+        fire_at = min(b_max, max(1, math.ceil(cfg.headroom * need)))
         wait = 0.0
-        if pending < need and lam > 0 and not math.isinf(need):
-            wait = min((need - pending) / lam, cfg.wait_fraction * a)
-        return self._remember(cap, wait, lam, need)
+        if pending < fire_at and need > 1.0 and lam > 0:
+            wait = min((fire_at - pending) / lam, cfg.wait_fraction * a)
+        return self._remember(Limits(fire_at, wait, b_max), lam, need)
 
-    def _remember(self, cap: int, wait: float, lam: float, need: float) -> tuple[int, float]:
-        self._cap, self._last, self._rate, self._need = cap, (cap, wait), lam, need
-        return cap, wait
+    def _remember(self, limits: Limits, lam: float, need: float) -> Limits:
+        self._last, self._rate, self._need = limits, lam, need
+        return limits
 
     def state(self) -> dict[str, float]:
         a, b = self.fit.coefficients()
-        return {"b_max": self._last[0], "t_max_ms": 1000.0 * self._last[1],
+        return {"b_max": self._last.b_max, "fire_at": self._last.fire_at,
+                "t_max_ms": 1000.0 * self._last.t_max_s,
                 "per_call_ms": 1000.0 * a, "per_sample_ms": 1000.0 * b,
                 "arrival_rate": self._rate,
-                "b_need": self._need if math.isfinite(self._need) else -1.0,
-                "saturated": float(self.saturated)}
+                "b_need": self._need if math.isfinite(self._need) else -1.0}
 
 
 BATCH_POLICIES = ("fixed", "adaptive")

@@ -8,7 +8,7 @@ caller gets the result that ``process`` returned for its item.
 Firing rule: a batch fires as soon as ``b_max`` requests are pending, or when ``t_max`` has
 passed since the first pending request (its submission time), whichever comes first. Requests
 that piled up while the previous batch ran are therefore served without further waiting once
-their deadline has passed. ``b_max`` and ``t_max`` come from a batching policy
+their deadline has passed. The limits come from a batching policy
 (``rlvla3.batch_policy``: fixed, or adaptive from the measured costs and arrival rate), asked
 only while a batch is forming: no timer runs before the first request of a batch.
 
@@ -136,7 +136,6 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
                 continue
             self._wait_total += fired - self._running[0].submitted
             self._sizes[len(self._running)] += 1
-            left = len(self._pending)
             try:
                 if self._between_batches is not None:
                     await self._between_batches()
@@ -144,7 +143,7 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
                 results = await self._call_process([r.item for r in self._running])
                 service = time.monotonic() - started
                 self._service_total += service
-                self.policy.served(len(self._running), service, left)
+                self.policy.served(len(self._running), service)
                 if len(results) != len(self._running):
                     raise RuntimeError(
                         f"process returned {len(results)} results for {len(self._running)} items"
@@ -161,17 +160,18 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
             self._busy_total += time.monotonic() - fired
 
     async def _wait_for_batch(self) -> None:
-        """Return once ``b_max`` requests are pending or the first one's deadline has passed
+        """Return once ``fire_at`` requests are pending or the first one's deadline has passed
         (both asked of the policy now that a first request is pending, and again as more
-        arrive)."""
+        arrive); the batch then takes up to the policy's ``b_max``."""
         while not self._pending:
             self._wake.clear()
             await self._wake.wait()
         while True:
-            self._b_max, t_max_s = self.policy.limits(len(self._pending), time.monotonic())
-            if len(self._pending) >= self._b_max:
+            limits = self.policy.limits(len(self._pending), time.monotonic())
+            self._b_max = limits.b_max
+            if len(self._pending) >= limits.fire_at:
                 return
-            remaining = self._pending[0].submitted + t_max_s - time.monotonic()
+            remaining = self._pending[0].submitted + limits.t_max_s - time.monotonic()
             if remaining <= 0:
                 return
             self._wake.clear()

@@ -13,6 +13,7 @@ from rlvla3.batch_policy import (
     AdaptiveConfig,
     CostFit,
     FixedBatching,
+    Limits,
     make_batch_policy,
 )
 from rlvla3.batcher import DynamicBatcher
@@ -25,7 +26,7 @@ def trained(policy: AdaptiveBatching, sizes=(1, 4, 8, 16, 32), rounds: int = 4) 
     """Batches of several sizes with service times exactly A + B x size."""
     for _ in range(rounds):
         for size in sizes:
-            policy.served(size, A + B * size, left=0)
+            policy.served(size, A + B * size)
 
 
 def arrivals(policy: AdaptiveBatching, rate: float, n: int, start: float = 0.0) -> float:
@@ -54,50 +55,37 @@ def test_cost_fit_without_spread_takes_the_whole_cost_per_call():
 
 def test_no_measurement_fires_at_once_with_the_limit():
     policy = AdaptiveBatching(AdaptiveConfig(b_limit=128))
-    assert policy.limits(pending=1, now=0.0) == (128, 0.0)
+    assert policy.limits(pending=1, now=0.0) == Limits(1, 0.0, 128)
 
 
-def test_cap_is_headroom_times_the_batch_that_keeps_up():
+def test_fires_at_headroom_times_the_batch_that_keeps_up():
     policy = AdaptiveBatching(AdaptiveConfig(b_limit=256, headroom=1.5))
     trained(policy)
     now = arrivals(policy, rate=80.0, n=200)
     need = 80.0 * A / (1 - 80.0 * B)  # 6.5: the smallest batch that keeps up
-    cap, wait = policy.limits(pending=1, now=now)
-    assert cap == math.ceil(1.5 * need) == 10
+    limits = policy.limits(pending=1, now=now)
+    assert limits.fire_at == math.ceil(1.5 * need) == 10
+    assert limits.b_max == 256  # whatever is pending is taken: none is left behind
     # one pending: wait for the missing ones at the measured rate, at most half a call
-    assert wait == pytest.approx(min((need - 1) / 80.0, 0.5 * A))
-    cap, wait = policy.limits(pending=7, now=now)  # enough already: fire at once
-    assert (cap, wait) == (10, 0.0)
+    assert limits.t_max_s == pytest.approx(min(9 / 80.0, 0.5 * A))
+    assert policy.limits(pending=10, now=now).t_max_s == 0.0  # enough already: fire at once
     state = policy.state()
     assert state["per_call_ms"] == pytest.approx(36.0) and state["b_need"] == pytest.approx(need)
 
 
-def test_light_load_fires_at_once_with_small_batches():
+def test_light_load_fires_at_once():
     policy = AdaptiveBatching(AdaptiveConfig(b_limit=256))
     trained(policy)
     now = arrivals(policy, rate=5.0, n=100)
-    cap, wait = policy.limits(pending=1, now=now)
-    assert cap == 1 and wait == 0.0  # 5/s x 43 ms: one request per call keeps up
+    limits = policy.limits(pending=1, now=now)
+    assert limits.fire_at == 1 and limits.t_max_s == 0.0  # 5/s x 43 ms: one per call keeps up
 
 
-def test_overload_takes_the_largest_batch():
+def test_overload_fires_at_once_with_the_largest_batch():
     policy = AdaptiveBatching(AdaptiveConfig(b_limit=200))
     trained(policy)
     now = arrivals(policy, rate=1.0 / B + 10, n=300)  # beyond 1/b: no batch keeps up
-    assert policy.limits(pending=50, now=now) == (200, 0.0)
-
-
-def test_a_full_batch_that_leaves_requests_behind_means_saturation():
-    policy = AdaptiveBatching(AdaptiveConfig(b_limit=200))
-    trained(policy)
-    now = arrivals(policy, rate=80.0, n=200)
-    cap, _ = policy.limits(pending=1, now=now)
-    policy.served(cap, A + B * cap, left=7)  # full, and 7 still waiting
-    assert policy.saturated
-    assert policy.limits(pending=7, now=now)[0] == 200
-    policy.served(60, A + B * 60, left=0)  # a batch below the cap: it keeps up again
-    assert not policy.saturated
-    assert policy.limits(pending=1, now=now)[0] == 10
+    assert policy.limits(pending=50, now=now) == Limits(1, 0.0, 200)
 
 
 def test_latency_bound_caps_the_batch():
@@ -105,7 +93,7 @@ def test_latency_bound_caps_the_batch():
     trained(policy)
     now = arrivals(policy, rate=1000.0, n=300)  # overload: it would take 256
     # 203 simulated ms x dilation 2 = 0.406 s of service: (0.406 - a) / b requests
-    assert policy.limits(pending=300, now=now)[0] == math.floor((0.406 - A) / B) == 52
+    assert policy.limits(pending=300, now=now).b_max == math.floor((0.406 - A) / B) == 52
 
 
 def test_rate_decays_when_arrivals_stop():
@@ -118,7 +106,7 @@ def test_rate_decays_when_arrivals_stop():
 def test_fixed_policy_and_time_dilation():
     fixed = make_batch_policy(Named("fixed"), b_max=32, t_max_ms=5.0, time_scale=4.0)
     assert isinstance(fixed, FixedBatching)
-    assert fixed.limits(1, 0.0) == (32, pytest.approx(0.02))
+    assert fixed.limits(1, 0.0) == Limits(32, pytest.approx(0.02), 32)
     assert isinstance(make_batch_policy(Named("adaptive", {"b_limit": 64}), 8, 2.0),
                       AdaptiveBatching)
 
@@ -129,19 +117,19 @@ class Spy(FixedBatching):
     def __init__(self):
         super().__init__(b_max=3, t_max_s=0.0)
         self.asked_with: list[int] = []
-        self.served_sizes: list[tuple[int, int]] = []
+        self.served_sizes: list[int] = []
 
-    def limits(self, pending: int, now: float) -> tuple[int, float]:
+    def limits(self, pending: int, now: float) -> Limits:
         self.asked_with.append(pending)
         return super().limits(pending, now)
 
-    def served(self, size: int, service_s: float, left: int) -> None:
-        self.served_sizes.append((size, left))
+    def served(self, size: int, service_s: float) -> None:
+        self.served_sizes.append(size)
 
 
 def test_batcher_asks_its_policy_only_while_a_batch_is_forming():
     """No timer before the first request: limits are asked only with >= 1 request pending;
-    every batch is reported with how many were left waiting."""
+    every batch is reported to the policy."""
     async def main():
         spy = Spy()
         batcher = DynamicBatcher(lambda items: [i * 2 for i in items], spy)
@@ -155,6 +143,5 @@ def test_batcher_asks_its_policy_only_while_a_batch_is_forming():
     spy, results, stats = asyncio.run(main())
     assert results == [i * 2 for i in range(7)]
     assert spy.asked_with and min(spy.asked_with) >= 1
-    assert [size for size, _ in spy.served_sizes] == [3, 3, 1]
-    assert [left for _, left in spy.served_sizes] == [4, 1, 0]
+    assert spy.served_sizes == [3, 3, 1]
     assert stats.policy == {"b_max": 3, "t_max_ms": 0.0}
