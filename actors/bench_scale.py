@@ -42,6 +42,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -74,11 +76,19 @@ def cpu_times() -> tuple[float, float]:
 
 
 def start_cluster(gpus: int, sim_cpus: int):
-    """A head (no CPUs), ``gpus / 8`` GPU nodes and one simulator node; connects to it."""
+    """A head (no CPUs), ``gpus / 8`` GPU nodes and one simulator node; connects to it.
+
+    The cluster keeps its session files and its address file in a temp dir of its own
+    (``RAY_TMPDIR``, set for this process and the nodes it starts): the address file that
+    every Ray driver writes would otherwise make a plain ``ray.init()`` elsewhere on this
+    machine join this cluster."""
     from ray.cluster_utils import Cluster
 
     from actors.run_status import NAMESPACE
 
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rlvla3-", dir="/tmp")
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")  # a busy machine starts slowly
+    os.environ.pop("RAY_ADDRESS", None)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
                                                             "include_dashboard": False})
     for _ in range(math.ceil(gpus / GPUS_PER_NODE)):
@@ -344,6 +354,7 @@ def measure(args: argparse.Namespace) -> dict:
         finally:
             ray.shutdown()
             cluster.shutdown()
+            shutil.rmtree(os.environ.pop("RAY_TMPDIR"), ignore_errors=True)
     return {**bench.summary(), "wall_s": round(time.monotonic() - start, 1)}
 
 
