@@ -283,7 +283,8 @@ class Bench:
                        "trained_env_steps_per_s": r["trained_env_steps_per_s"],
                        "mean_batch_size": r["mean_batch_size"], "env_slots": r["env_slots"],
                        "dilation": r["dilation"]} for m, r in modes.items()}
-            syncs = [m for m in SYNC_MODES if m in modes]
+            syncs = [m for m in SYNC_MODES if m in modes
+                     and modes[m]["trained_env_steps_per_s"] > 0]
             if "full" in modes and syncs:
                 best = max(syncs, key=lambda m: modes[m]["trained_env_steps_per_s"])
                 row["sync_baseline"] = best
