@@ -51,7 +51,7 @@ from pathlib import Path
 
 import ray
 
-from actors.bench_async import run_mode
+from actors.bench_async import env_stage_alone, run_mode
 from actors.jsonout import json_main
 
 GPUS_PER_NODE = 8
@@ -66,6 +66,28 @@ WORKLOAD = [
     "watchdog_s=0",
 ]
 REFERENCE = {"rl_vla3_full_vs_sync_rlinf_32_gpus_libero_pi05": 1.59}
+
+
+class LoadSampler:
+    """This machine's load average, sampled every ``every_s`` while a run goes on."""
+
+    def __init__(self, every_s: float = 10.0):
+        import threading
+
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        samples = self.samples or [os.getloadavg()[0]]
+        return {"mean": round(sum(samples) / len(samples), 1), "max": round(max(samples), 1)}
 
 
 def cpu_times() -> tuple[float, float]:
@@ -88,6 +110,9 @@ def start_cluster(gpus: int, sim_cpus: int):
 
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rlvla3-", dir="/tmp")
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")  # a busy machine starts slowly
+    # every simulated node sees this whole machine's memory, other users' included: Ray's
+    # memory monitor would kill this cluster's actors for memory they do not use
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     os.environ.pop("RAY_ADDRESS", None)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
                                                             "include_dashboard": False})
@@ -211,12 +236,14 @@ class Bench:
         self.say(f"{name}: {slots} slots, dilation {dilation:g}, {sim_seconds:.0f} simulated s "
                  f"({sim_seconds * dilation / 60:.1f} min) ...")
         busy0, total0 = cpu_times()
+        load = LoadSampler()
         result = run_mode(mode, overrides, sim_seconds * dilation, a.warmup * dilation,
                           self.root, name, inspect_costs)
         busy1, total1 = cpu_times()
         out = {"gpus": gpus, "mode": mode, "env_slots": slots, "dilation": dilation, **extra,
                **to_simulated(result, dilation)}
         out["overhead"]["machine_cpu_busy"] = round((busy1 - busy0) / (total1 - total0), 3)
+        out["overhead"]["machine_load_average"] = load.stop()
         del out["episode_lengths"]
         self.say(f"  {mode}: {out['env_steps_per_s']} env steps/s (trained "
                  f"{out['trained_env_steps_per_s']}), mean batch {out['mean_batch_size']}, "
@@ -239,6 +266,32 @@ class Bench:
             else:
                 self.run(gpus, mode, colocated_layout(gpus, max_slots, a.slots_per_worker),
                          dilation, max_slots, {})
+        if a.env_alone:
+            self.env_loop(gpus, max_slots, dilation)
+
+    def env_loop(self, gpus: int, slots: int, dilation: float) -> None:
+        """The env slots alone, actions answered at once: the env steps/s their latencies
+        allow against what this machine's env workers, Ray calls and queue delivered. The
+        shortfall is the machine's own overhead on the env loop (at this load)."""
+        from actors.controller import check_components
+        from envs.latency_replay import summarize_latency
+        from rlvla3.run_config import load_run_config
+
+        a = self.args
+        cfg = load_run_config("default", overrides=WORKLOAD + [
+            f"env.options.time_scale={dilation}",
+            f"env_workers.num_workers={slots // a.slots_per_worker}",
+            f"env_workers.slots_per_worker={a.slots_per_worker}"])
+        self.say(f"env loop alone at {slots} slots, dilation {dilation:g} ...")
+        measured = env_stage_alone(cfg, check_components(cfg), a.seconds * dilation,
+                                   a.warmup * dilation) * dilation
+        allowed = slots * summarize_latency({})["slot_steps_per_s"]
+        self.results.setdefault("env_loop", {})[str(gpus)] = {
+            "env_slots": slots, "dilation": dilation,
+            "env_steps_per_s": round(measured, 1),
+            "latencies_allow_env_steps_per_s": round(allowed, 1),
+            "overhead_fraction": round(1.0 - measured / allowed, 3)}
+        self.say(f"  env loop: {measured:.0f} of {allowed:.0f} env steps/s the latencies allow")
 
     def full(self, gpus: int, plan, dilation: float, sweep: bool = False) -> dict:
         b = plan.best
@@ -334,6 +387,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-rollout-gpus", default="",
                    help="instead of the modes: full runs at the first --gpus with these "
                         "rollout GPU counts (the planner's among them)")
+    p.add_argument("--env-alone", action="store_true",
+                   help="also run every scale's env slots alone (instant actions): the "
+                        "machine's overhead on the env loop")
     p.add_argument("--out", help="also write the results here after every run")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
     return p.parse_args(argv)
