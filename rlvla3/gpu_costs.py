@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -270,7 +270,3 @@ class TrainingCost:
     def step_ms(self) -> float:
         return self.costs.train_per_step_ms
 
-
-def figures(costs: GpuCosts) -> Mapping[str, float]:
-    """The figures of ``costs`` as a plain mapping (for JSON output)."""
-    return {f.name: getattr(costs, f.name) for f in fields(GpuCosts) if f.name != "source"}

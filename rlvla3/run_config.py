@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rlvla3.algos import AlgoConfig
+from rlvla3.batch_policy import batch_policy_config
 from rlvla3.config import Named, build, deep_merge, load_mapping, require
 from rlvla3.gpu_costs import REAL, check_costs, resolve_costs
 
@@ -193,8 +194,6 @@ class RolloutConfig:
         require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
         require(self.lanes >= 1, "lanes", "must be >= 1")
         require(self.weights_every >= 1, "weights_every", "must be >= 1")
-        from rlvla3.batch_policy import batch_policy_config
-
         batch_policy_config(self.batching, "batching")
         costs = resolve_costs(self.cost_model, "cost_model")
         check_costs(costs, ("infer_per_call_ms", "infer_per_sample_ms"), "cost_model")
