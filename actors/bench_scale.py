@@ -245,6 +245,9 @@ class Bench:
         out["overhead"]["machine_cpu_busy"] = round((busy1 - busy0) / (total1 - total0), 3)
         out["overhead"]["machine_load_average"] = load.stop()
         del out["episode_lengths"]
+        if "predicted_trained_env_steps_per_s" in extra:
+            out["prediction_error"] = round(out["trained_env_steps_per_s"]
+                                            / extra["predicted_trained_env_steps_per_s"] - 1.0, 3)
         self.say(f"  {mode}: {out['env_steps_per_s']} env steps/s (trained "
                  f"{out['trained_env_steps_per_s']}), mean batch {out['mean_batch_size']}, "
                  f"overhead {out['overhead']['rollout']['real_over_simulated']}/"
@@ -299,15 +302,13 @@ class Bench:
         extra = {"split": planned["split"], "global_batch": b.global_batch,
                  "planned": {k: planned[k] for k in ("batching", "weights_every", "pacing")},
                  "predicted_env_steps_per_s": round(b.env_steps_per_s, 1),
+                 "predicted_trained_env_steps_per_s": round(b.trained_env_steps_per_s, 1),
                  "predicted_bottleneck": b.bottleneck}
         if sweep:
             extra["planner_split"] = self.plan(gpus).best.rollout_gpus == b.rollout_gpus
-        out = self.run(gpus, "full", planned_layout(plan, self.args.slots_per_worker,
-                                                    self.granularity(gpus)),
-                       dilation, b.env_slots, extra)
-        out["prediction_error"] = round(out["trained_env_steps_per_s"]
-                                        / b.trained_env_steps_per_s - 1.0, 3)
-        return out
+        return self.run(gpus, "full", planned_layout(plan, self.args.slots_per_worker,
+                                                     self.granularity(gpus)),
+                        dilation, b.env_slots, extra)
 
     def sweep(self, gpus: int, rollout_gpus: list[int]) -> None:
         """Full runs at ``gpus`` with only the split changed (the planner's slots, batching,
