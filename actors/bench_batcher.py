@@ -98,7 +98,8 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = {}
     grid = [(b, t) for b in args.b_max for t in args.t_max_ms]
     for b, t in grid + list(DEFAULTS.values()):
-        out.setdefault(f"fixed_{b}_{t:g}ms", FixedBatching(b, t / 1000.0 * args.dilation))
+        out.setdefault(f"fixed_{b}_{t:g}ms", FixedBatching(b, t / 1000.0 * args.dilation,
+                                                           args.dilation))
     out["adaptive"] = AdaptiveBatching(AdaptiveConfig(b_limit=max(args.b_max)), args.dilation)
     return out
 

@@ -79,9 +79,10 @@ class FixedBatching:
 
     name = "fixed"
 
-    def __init__(self, b_max: int, t_max_s: float):
+    def __init__(self, b_max: int, t_max_s: float, time_scale: float = 1.0):
         self.b_max = b_max
         self.t_max_s = t_max_s
+        self.time_scale = time_scale
 
     def limits(self, pending: int, now: float) -> Limits:
         return Limits(self.b_max, self.t_max_s, self.b_max)
@@ -93,7 +94,7 @@ class FixedBatching:
         pass
 
     def state(self) -> dict[str, float]:
-        return {"b_max": self.b_max, "t_max_ms": 1000.0 * self.t_max_s}
+        return {"b_max": self.b_max, "t_max_ms": 1000.0 * self.t_max_s / self.time_scale}
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,7 @@ class AdaptiveBatching:
 
     def __init__(self, config: AdaptiveConfig, time_scale: float = 1.0):
         self.config = config
+        self.time_scale = time_scale
         self.max_latency_s = config.max_latency_ms / 1000.0 * time_scale
         self.fit = CostFit(config.decay)
         self._arrivals: deque[float] = deque(maxlen=config.arrivals_window)
@@ -207,11 +209,12 @@ class AdaptiveBatching:
         return limits
 
     def state(self) -> dict[str, float]:
+        """The current limits and estimates, in simulated ms and per simulated second."""
         a, b = self.fit.coefficients()
+        ms = 1000.0 / self.time_scale
         return {"b_max": self._last.b_max, "fire_at": self._last.fire_at,
-                "t_max_ms": 1000.0 * self._last.t_max_s,
-                "per_call_ms": 1000.0 * a, "per_sample_ms": 1000.0 * b,
-                "arrival_rate": self._rate,
+                "t_max_ms": ms * self._last.t_max_s, "per_call_ms": ms * a,
+                "per_sample_ms": ms * b, "arrival_rate": self._rate * self.time_scale,
                 "b_need": self._need if math.isfinite(self._need) else -1.0}
 
 
@@ -236,6 +239,6 @@ def make_batch_policy(choice: Named, b_max: int, t_max_ms: float,
     """The policy ``choice`` names; times in simulated ms become real seconds x ``time_scale``."""
     adaptive = batch_policy_config(choice, "rollout.batching")
     if adaptive is None:
-        return FixedBatching(b_max, t_max_ms / 1000.0 * time_scale)
+        return FixedBatching(b_max, t_max_ms / 1000.0 * time_scale, time_scale)
     return AdaptiveBatching(adaptive, time_scale)
 

@@ -71,6 +71,7 @@ def test_fires_at_headroom_times_the_batch_that_keeps_up():
     assert policy.limits(pending=10, now=now).t_max_s == 0.0  # enough already: fire at once
     state = policy.state()
     assert state["per_call_ms"] == pytest.approx(36.0) and state["b_need"] == pytest.approx(need)
+    assert state["arrival_rate"] == pytest.approx(80.0, rel=0.01)
 
 
 def test_light_load_fires_at_once():
@@ -107,6 +108,7 @@ def test_fixed_policy_and_time_dilation():
     fixed = make_batch_policy(Named("fixed"), b_max=32, t_max_ms=5.0, time_scale=4.0)
     assert isinstance(fixed, FixedBatching)
     assert fixed.limits(1, 0.0) == Limits(32, pytest.approx(0.02), 32)
+    assert fixed.state()["t_max_ms"] == pytest.approx(5.0)  # reported in simulated ms
     assert isinstance(make_batch_policy(Named("adaptive", {"b_limit": 64}), 8, 2.0),
                       AdaptiveBatching)
 
