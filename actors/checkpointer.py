@@ -6,29 +6,45 @@ that ``restore_samplers`` lets a resumed run continue its episode sequence: each
 its initial states and the task shares go on where they stood, instead of starting again from
 the seed and repeating the scenes the run has already trained on. A worker that does not answer
 within ``SAMPLER_TIMEOUT_S`` (lost with its node) is saved as None and resumes on a new sequence.
-Episodes in flight at the save are not run again on resume.
+Episodes in flight at the save are not run again on resume. Checkpoints go to the run's storage
+(a local path or URI) from whichever node holds learner 0.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import statistics
+from collections.abc import Callable
 
 import ray
+
+from rlvla3.checkpoint import SavedCheckpoint
 
 SAMPLER_TIMEOUT_S = 10.0
 
 
 class Checkpointer:
     """Saves learner 0's state every ``every`` versions and on demand; never twice for the same
-    version and counters (the final eval's snapshot is the final checkpoint)."""
+    version and counters (the final eval's snapshot is the final checkpoint).
 
-    def __init__(self, learner0, workers: list, run_dir: Path, every: int, version: int):
+    A periodic save runs in the background: the learner pauses only to copy its state, and
+    writes (uploads) the copy while it trains on; the run does not wait for it. The next save
+    is not started while one is still being written (it is tried at the next tick), and a
+    forced save (the final one, one an evaluation needs) waits for both. A background save that
+    fails (storage unreachable) is reported and the run goes on; ``latest`` still names the
+    last complete checkpoint."""
+
+    def __init__(self, learner0, workers: list, run_dir: str, every: int, version: int,
+                 log: Callable[[str], None] = print):
         self.learner0 = learner0
         self.workers = workers
         self.run_dir = run_dir
         self.every = every
+        self.log = log
         self._last_version = version
         self._saved: tuple[int, dict, str] | None = None
+        self._pending: tuple[int, dict, ray.ObjectRef] | None = None
+        self.written: list[SavedCheckpoint] = []
+        self.failed: list[str] = []
 
     def rolled_back(self, learner0, version: int) -> None:
         """The group was rebuilt from the checkpoint at ``version``: count from there, with the
@@ -38,16 +54,60 @@ class Checkpointer:
         self._saved = None
 
     def save(self, counters: dict, force: bool = False) -> str | None:
+        """Start a save when one is due (``force``: now, and wait for it); returns the
+        checkpoint's location once written, else None."""
         version = ray.get(self.learner0.version.remote())
         if self._saved and self._saved[:2] == (version, counters):
             return self._saved[2]
-        if force or (self.every and version - self._last_version >= self.every):
-            path = ray.get(self.learner0.save.remote(str(self.run_dir), dict(counters),
-                                                     sampler_states(self.workers)))
-            self._last_version = version
-            self._saved = (version, dict(counters), path)
-            return path
-        return None
+        self._collect(wait=force)
+        if not (force or (self.every and version - self._last_version >= self.every)):
+            return None
+        if self._pending is not None:  # still writing the previous one: try at the next tick
+            return None
+        ref = self.learner0.save.remote(self.run_dir, dict(counters),
+                                        sampler_states(self.workers))
+        self._last_version = version
+        self._pending = (version, dict(counters), ref)
+        if not force:
+            return None
+        self._collect(wait=True, strict=True)
+        return self._saved[2]
+
+    def _collect(self, wait: bool, strict: bool = False) -> None:
+        """Take the result of the save being written, if it is done (``wait``: wait for it;
+        ``strict``: a failed save raises, else it is reported)."""
+        if self._pending is None:
+            return
+        version, counters, ref = self._pending
+        if not wait and not ray.wait([ref], timeout=0)[0]:
+            return
+        self._pending = None
+        try:
+            saved: SavedCheckpoint = ray.get(ref)
+        except (ray.exceptions.RayError, OSError) as exc:
+            self.failed.append(f"v{version}: {str(exc).splitlines()[0][:200]}")
+            self.log(f"warning: the checkpoint at v{version} was not written "
+                     f"({self.failed[-1]}); the last complete one stays the latest")
+            if strict:
+                raise
+            return
+        self._saved = (version, counters, saved.path)
+        self.written.append(saved)
+        self.log(f"checkpoint v{saved.version}: {saved.path} ({saved.bytes / 2**20:.1f} MB; "
+                 f"learner paused {saved.pause_s * 1000:.0f} ms, written in "
+                 f"{saved.write_s:.2f}s while it trained)")
+
+    def summary(self) -> dict:
+        """Checkpoints written this leg, and what they cost."""
+        self._collect(wait=True)
+        pauses = [c.pause_s for c in self.written]
+        writes = [c.write_s for c in self.written]
+        return {"written": len(self.written), "failed": self.failed,
+                "latest": self._saved[2] if self._saved else None,
+                "mb": round(self.written[-1].bytes / 2**20, 2) if self.written else None,
+                "pause_s_median": round(statistics.median(pauses), 4) if pauses else None,
+                "pause_s_max": round(max(pauses), 4) if pauses else None,
+                "write_s_median": round(statistics.median(writes), 3) if writes else None}
 
 
 def sampler_states(workers: list) -> list[dict | None]:

@@ -73,14 +73,18 @@ def alive_nodes() -> list[NodeInfo]:
 
 
 def can_add_nodes(wait_s: float = 20.0) -> bool:
-    """Whether an autoscaler can add nodes. Every head's monitor writes its first status report a
-    few seconds after the head starts; until it has, the answer is unknown, so this waits up to
-    ``wait_s`` for that report rather than read its absence as "no autoscaler"."""
+    """Whether an autoscaler can add nodes. Every head's monitor first writes a status holding
+    only the load metrics, then, a few seconds later (longer on a loaded head), the autoscaler's
+    report that names the node types; until that report exists the answer is unknown, so this
+    waits up to ``wait_s`` for it rather than read its absence as "no autoscaler"."""
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
 
+    def reported() -> bool:
+        raw = _internal_kv_get("__autoscaling_status")
+        return bool(raw) and json.loads(raw).get("autoscaler_report") is not None
+
     deadline = time.monotonic() + wait_s
-    while (_internal_kv_initialized() and not _internal_kv_get("__autoscaling_status")
-           and time.monotonic() < deadline):
+    while _internal_kv_initialized() and not reported() and time.monotonic() < deadline:
         time.sleep(0.5)
     return autoscaler() is not None
 

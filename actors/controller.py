@@ -10,10 +10,12 @@ It validates the run config against the env and policy registries, and runs the 
 (``actors.checkpointer``) and ``PeriodicEval`` (``actors.periodic_eval``). Its own loop only
 sequences them.
 
-Run directory: ``config.yaml`` (resolved config), ``metrics.jsonl``, ``tb/`` (TensorBoard),
-``checkpoints/`` and ``summary.json``. Resuming from a run directory restores weights, optimizer
-state, policy version, counters and the env workers' episode samplers, and continues towards
-the same ``total_env_steps``. A resumed run's summary counts the whole run (env steps,
+Run directory (a local path or URI, ``rlvla3.storage``): ``config.yaml`` (resolved config),
+``metrics.jsonl``, ``tb/`` (TensorBoard), ``checkpoints/`` (written by learner rank 0 wherever it
+runs) and ``summary.json``; files that grow are written to a working copy here and copied to a
+remote storage every ``storage.sync_every_s`` and at the end. Resuming from a run directory
+restores weights, optimizer state, policy version, counters and the env workers' episode
+samplers, and continues towards the same ``total_env_steps``. A resumed run's summary counts the whole run (env steps,
 episodes, trained env steps, decisions) and gives this leg's own figures in ``this_leg``;
 its rates and accounting are this leg's.
 """
@@ -40,12 +42,13 @@ from actors.runtime import init_ray
 from actors.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.topology import Topology, build_topology
 from envs import dilate_env, env_spec
-from rlvla3.checkpoint import check_init_from, read_meta, resolve_checkpoint
+from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.cluster_plan import actor_specs, check_placement, place
 from rlvla3.config import require, to_dict
 from rlvla3.memory_plan import MemoryPlan, estimate, model_facts
 from rlvla3.policies import build_policy
 from rlvla3.run_config import RunConfig, check_resources
+from rlvla3.storage import Mirror, basename, check_reach, join
 from rlvla3.types import EnvSpec
 
 
@@ -81,7 +84,8 @@ def ensure_ray(cfg: RunConfig, log_to_driver: bool = True) -> float:
     if not ray.is_initialized():
         address = cfg.ray.address or os.environ.get("RAY_ADDRESS", "")
         if address:
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=log_to_driver)
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=log_to_driver,
+                     configure_logging=False)  # an error before the run is one line
         else:
             check_resources(cfg, physical, learners_only=True)
             need = (cfg.learner.num_learners * cfg.learner.num_cpus
@@ -89,8 +93,7 @@ def ensure_ray(cfg: RunConfig, log_to_driver: bool = True) -> float:
                     + cfg.env_workers.num_workers * cfg.env_workers.num_cpus)
             cpus = cfg.ray.num_cpus or max(int(physical), int(need + 0.999))
             init_ray(num_cpus=cpus, resources=local_resources(cfg), namespace=NAMESPACE,
-                     include_dashboard=False, log_to_driver=log_to_driver,
-                     configure_logging=False)
+                     log_to_driver=log_to_driver, configure_logging=False)
     return float(ray.cluster_resources().get("CPU", physical))
 
 
@@ -111,7 +114,10 @@ class Controller:
     def __init__(self, cfg: RunConfig, run_dir: str | Path, resume: bool = False,
                  quiet: bool = False):
         self.cfg = cfg
-        self.run_dir = Path(run_dir)
+        self.files = Mirror(str(run_dir), keep=("metrics.jsonl",) if resume else (),
+                            every_s=cfg.storage.sync_every_s)
+        self.run_dir = self.files.local
+        """The run directory's working copy on this machine (itself, for a local storage)."""
         self.resume = resume
         self.quiet = quiet
         self.spec = check_components(cfg)
@@ -143,8 +149,9 @@ class Controller:
     def build(self) -> Topology:
         cfg = self.cfg
         ensure_ray(cfg)
+        self.check_storage()
         self.memory_plan = self._preflight()
-        self.topology = build_topology(cfg, self.spec, str(self.run_dir), self.run_dir.name,
+        self.topology = build_topology(cfg, self.spec, self.files.uri, basename(self.files.uri),
                                        self.training.concurrent)
         self.monitor = RunMonitor(self.topology, self.run_dir)
         demands = {a.role: dict(a.resources) for a in actor_specs(cfg)}
@@ -153,6 +160,14 @@ class Controller:
                                       wait_s=cfg.ray.node_wait_s)
         self._sync_initial_weights()
         return self.topology
+
+    def check_storage(self) -> None:
+        """Before any actor starts: a local storage path is refused on a cluster of more than
+        one node unless declared shared (``rlvla3.storage.check_reach``)."""
+        from actors.cluster_state import alive_nodes, autoscaler
+
+        check_reach(self.files.uri, self.cfg.storage.shared, len(alive_nodes()),
+                    autoscaler() is not None, "storage.root")
 
     def _preflight(self) -> MemoryPlan:
         """Before any actor starts: every role must fit a node (or wait for one an autoscaler
@@ -182,7 +197,7 @@ class Controller:
     def _sync_initial_weights(self) -> None:
         topo = self.topology
         if self.resume:
-            ckpt = str(resolve_checkpoint(self.run_dir))
+            ckpt = locate_checkpoint(self.files.uri)
             ray.get([lr.restore.remote(ckpt) for lr in topo.learners])
             meta = read_meta(ckpt)
             self.counters.update(meta.counters)
@@ -197,7 +212,7 @@ class Controller:
                       + ("" if self.samplers_continued == len(topo.workers) else
                          ", the others start a new one (no saved sampler state)"))
         elif self.cfg.init_from:
-            ckpt = str(resolve_checkpoint(self.cfg.init_from))
+            ckpt = locate_checkpoint(self.cfg.init_from)
             ray.get([lr.load_weights.remote(ckpt) for lr in topo.learners])
         message = ray.get(topo.learners[0].weights_message.remote())
         ref = ray.put(message)
@@ -207,18 +222,19 @@ class Controller:
 
     # ---- running -------------------------------------------------------------------------
     def run(self) -> dict:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
+        self.check_storage()
+        self.files.write_text("config.yaml", yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
         topo = self.topology or self.build()
         self._log(f"rlvla3 rl: mode={self.cfg.pipeline.mode} strategies={self.strategies} "
-                  f"env={self.cfg.env.name} policy={self.cfg.policy.name} run_dir={self.run_dir}")
+                  f"env={self.cfg.env.name} policy={self.cfg.policy.name} "
+                  f"run_dir={self.files.uri}")
         self._log(self._budget_line())
         self._warn_staleness_bound()
         self._start = time.monotonic()
         self._base = dict(self.counters)
-        self.checkpoints = Checkpointer(self.learners[0], topo.workers, self.run_dir,
+        self.checkpoints = Checkpointer(self.learners[0], topo.workers, self.files.uri,
                                         self.cfg.checkpoint_every,
-                                        ray.get(self.learners[0].version.remote()))
+                                        ray.get(self.learners[0].version.remote()), self._log)
         watchdog = threading.Thread(target=self._watchdog, daemon=True, name="watchdog")
         watchdog.start()
         self.capacity.start()
@@ -259,8 +275,9 @@ class Controller:
         summary = self._tick(final=True)
         summary["stopped_by"] = self.stopped_by
         summary["target_reached"] = self.target_reached
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        self._log(f"stopped by {self.stopped_by}; summary: {self.run_dir / 'summary.json'}")
+        self.files.write_text("summary.json", json.dumps(summary, indent=2))
+        self.files.push("metrics.jsonl", "tb")
+        self._log(f"stopped by {self.stopped_by}; summary: {join(self.files.uri, 'summary.json')}")
         return summary
 
     def _warn_staleness_bound(self) -> None:
@@ -439,6 +456,10 @@ class Controller:
         self.checkpoints.save(self.counters, force=final)
         topo.extra["status"].update.remote(row, "finished" if final else "running")
         monitor.write(row, history)
+        try:
+            self.files.sync("metrics.jsonl", "tb")
+        except OSError as exc:  # retried at the next tick: a storage blip never stops a run
+            self._log(f"warning: copying metrics to {self.files.uri} failed: {exc}")
         self._log(monitor.line(row, elapsed))
         if not self.cfg.eval_every and row["success_window"] >= self.cfg.target_window:
             self._check_target("training", row["success_rate"], row["success_window"],
@@ -489,7 +510,8 @@ class Controller:
             "this_leg": {"time_s": row["time_s"],
                          **{k: row[k] - self._base.get(k, 0) for k in RUN_COUNTERS}},
             **({"counts_from_this_leg": self.partial_counters} if self.partial_counters else {}),
-            "run_dir": str(self.run_dir),
+            "checkpoints": self.checkpoints.summary(),
+            "run_dir": self.files.uri,
         }
 
     def _memory(self, snap: dict) -> dict:
@@ -563,3 +585,11 @@ class Controller:
             self.topology = None
         if self.monitor is not None:
             self.monitor.close()
+            self.monitor = None
+            try:
+                self.files.push("metrics.jsonl", "tb")
+            except OSError as exc:
+                self._log(f"warning: metrics and TensorBoard events were not copied to "
+                          f"{self.files.uri} ({exc}); they stay in {self.files.local}")
+                return
+        self.files.close()

@@ -27,8 +27,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pyarrow.fs import FileType
+
 from rlvla3.fingerprint import fingerprint_differences
 from rlvla3.stats import compare_paired, holm, wilson
+from rlvla3.storage import Storage, basename, parent
 
 
 def legacy_fields(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
@@ -43,13 +46,14 @@ def legacy_fields(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]
 
 
 def load_results(path: str | Path) -> dict[str, Any] | None:
-    """The ``results.json`` at ``path`` (the file, or an eval output directory); None when
-    ``path`` is not an evaluation's output (then it should be a checkpoint)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "results.json"
-    if path.is_file() and path.suffix == ".json":
-        return json.loads(path.read_text())
+    """The ``results.json`` at ``path`` (the file, or an eval output directory; a path or a
+    storage URI); None when ``path`` is not an evaluation's output (then it should be a
+    checkpoint)."""
+    store = Storage(path)
+    if store.kind() == FileType.Directory:
+        store = store.child("results.json")
+    if store.kind() == FileType.File and basename(store.uri).endswith(".json"):
+        return json.loads(Storage(parent(store.uri)).read_text(basename(store.uri)))
     return None
 
 

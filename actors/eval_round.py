@@ -9,12 +9,16 @@ this module:
 - ``protocol_jobs(num_tasks, init_ids)``: the (env task, initial state) episodes, state-major
   (every task's state 0, then every task's state 1, ...), so a partial evaluation covers all
   tasks evenly.
-- ``make_eval_workers(env, n, seed, placements=...)``: ``EvalWorker`` actors on
-  ``protocol_env(env, placements)``.
+- ``make_eval_workers(env, n, seed, placements=..., numerics=...)``: ``EvalWorker`` actors on
+  ``protocol_env(env, placements)``, their processes started with the environment of
+  ``numerics`` (``pinned`` by default: the policy's arithmetic does not depend on the host CPU,
+  ``rlvla3.numerics``).
 - ``EvalRound(workers, jobs, checkpoint)``: hands each free worker its next episode and never
   blocks: ``poll(timeout_s)`` returns the episodes finished since the last call, ``done``
-  says when all have. A worker that dies costs its episode (recorded with ``fault``), not the
-  round. A worker stays on the task it just ran while that task's next episode is at most
+  says when all have. A worker that is lost (killed for memory, crashed, its node gone) costs
+  no episode: it is replaced (when the round can spawn workers) and its episode runs again,
+  up to ``retries`` times, before the episode is recorded with ``fault``; an episode's
+  outcome is never decided by the infrastructure while it can still run. A worker stays on the task it just ran while that task's next episode is at most
   ``lead_states`` initial states ahead of the queue (``next_job``): changing task builds
   another simulator (a reset takes 5.2 s here instead of 2.8 s), and state-major order would
   otherwise change task at every episode.
@@ -29,7 +33,7 @@ their *suite* task id, so results of different runs pair up for ``rlvla3 eval --
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actors.eval_worker import ActionSource, EpisodeOutcome, EvalWorker
@@ -70,16 +74,19 @@ def next_job(queue: Sequence[Job], last_task: int | None, lead: int,
 
 def make_eval_workers(
     env: Named, n: int, seed: int = 0, num_cpus: float = 1.0, source: ActionSource | None = None,
-    placements: str = "bundled",
+    placements: str = "bundled", numerics: str = "pinned",
 ) -> list[Any]:
     """``n`` ``EvalWorker`` actors on ``protocol_env(env, placements)`` (simulators start in
-    the actors)."""
+    the actors), in processes started for ``numerics``."""
     import ray
 
-    remote = ray.remote(num_cpus=num_cpus)(EvalWorker)
+    from rlvla3.numerics import env_vars
+
+    remote = ray.remote(num_cpus=num_cpus)(EvalWorker).options(
+        runtime_env={"env_vars": env_vars(numerics)})
     source = source or ActionSource("random")
     scenes = protocol_env(env, placements)
-    return [remote.remote(scenes, source, seed + w) for w in range(n)]
+    return [remote.remote(scenes, source, seed + w, numerics=numerics) for w in range(n)]
 
 
 class EvalRound:
@@ -92,10 +99,21 @@ class EvalRound:
         checkpoint: str | None = None,
         record: frozenset[Job] | set[Job] = frozenset(),
         lead_states: int = 4,
+        spawn: Callable[[], Any] | None = None,
+        retries: int = 2,
     ):
         """``lead_states``: how many initial states a worker may run ahead of the queue on the
-        task it is on (0: strictly in ``jobs`` order)."""
+        task it is on (0: strictly in ``jobs`` order). ``spawn``: makes a worker to replace one
+        that was lost (killed for memory, crashed, its node gone); ``retries``: how often an
+        episode whose worker was lost runs again before it is recorded as a fault."""
         self.queue = list(jobs)
+        self._spawn = spawn
+        self._retries = retries
+        self._lost: dict[Job, int] = {}
+        """Times each episode's worker was lost under it."""
+        self.replaced = 0
+        """Workers spawned to replace lost ones."""
+        self._source = None if checkpoint is None else ActionSource("checkpoint", checkpoint)
         self._lead = lead_states
         self._rank = {state: i for i, state in enumerate(dict.fromkeys(k for _, k in jobs))}
         self._last_task: dict[Any, int] = {}
@@ -106,11 +124,33 @@ class EvalRound:
         self._pending: dict[Any, tuple[Any, Job]] = {}
         self.workers = list(workers)
         self._swaps: dict[Any, Any] = {}
-        if checkpoint is not None:  # actor calls run in order: the swap precedes the episodes
-            source = ActionSource("checkpoint", checkpoint)
-            self._swaps = {worker: worker.set_source.remote(source) for worker in self.workers}
         for worker in self.workers:
-            self._submit(worker)
+            self._start(worker)
+
+    def _start(self, worker: Any) -> None:
+        if self._source is not None:  # actor calls run in order: the swap precedes episodes
+            self._swaps[worker] = worker.set_source.remote(self._source)
+        self._submit(worker)
+
+    def _lose(self, worker: Any, job: Job, exc: Exception) -> EpisodeOutcome | None:
+        """``worker`` is gone: replace it when a spawner is given, and run ``job`` again
+        (None) until it has lost ``retries`` workers, then record it as a fault."""
+        self.workers.remove(worker)
+        self._swaps.pop(worker, None)
+        lost = self._lost[job] = self._lost.get(job, 0) + 1
+        if lost <= self._retries:
+            self.queue.insert(0, job)
+        if self._spawn is not None and self.replaced < 2 * self.total + 2:
+            self.replaced += 1
+            replacement = self._spawn()
+            self.workers.append(replacement)
+            self._start(replacement)
+        busy = {w for w, _ in self._pending.values()}
+        for idle in [w for w in self.workers if w not in busy]:
+            self._submit(idle)
+        if lost <= self._retries:
+            return None
+        return _fault(*job, f"eval worker lost {lost} times: {type(exc).__name__}")
 
     def _submit(self, worker: Any) -> None:
         if self.queue:
@@ -134,29 +174,29 @@ class EvalRound:
         if not self._pending:
             return []
         ready, _ = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=timeout_s)
+        lost_kinds = (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError,
+                      ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError)
         finished = []
         for ref in ready:
             worker, (task_id, init_id) = self._pending.pop(ref)
-            alive = True
             if worker in self._swaps:  # it ran before the episode: a bad checkpoint raises here
                 try:
                     ray.get(self._swaps.pop(worker))
-                except ray.exceptions.RayActorError:
-                    pass  # the episode's own result says the worker died
+                except lost_kinds:
+                    pass  # the episode's own result says the worker was lost
             try:
-                outcome: EpisodeOutcome = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
-                alive = False
-                outcome = _fault(task_id, init_id, f"eval worker died: {type(exc).__name__}")
+                outcome: EpisodeOutcome | None = ray.get(ref)
+            except lost_kinds as exc:
+                outcome = self._lose(worker, (task_id, init_id), exc)
+                if outcome is not None:
+                    finished.append(outcome)
+                continue
             except ray.exceptions.RayTaskError as exc:  # e.g. a reset that kept failing
                 outcome = _fault(task_id, init_id, str(exc).strip().splitlines()[-1])
             finished.append(outcome)
-            if before_next is not None and alive:
+            if before_next is not None:
                 before_next(worker, outcome)
-            if alive:
-                self._submit(worker)
-            else:
-                self.workers.remove(worker)
+            self._submit(worker)
         if not self.workers and self.queue:
             finished += [_fault(t, k, "no eval worker left") for t, k in self.queue]
             self.queue.clear()
@@ -189,6 +229,8 @@ def episode_row(outcome: EpisodeOutcome, suite_task: int) -> dict[str, Any]:
     }
     if outcome.fault:
         row["fault"] = outcome.fault
+    if outcome.digest:
+        row["digest"] = outcome.digest
     return row
 
 
@@ -202,7 +244,7 @@ def summarise_rows(rows: Sequence[dict[str, Any]], tasks: Sequence[int]) -> dict
             "instruction": next((r["instruction"] for r in mine if r["instruction"]), ""),
             **rate(wins, len(mine)),
             "by_init_state": [
-                {k: r[k] for k in ("init_state", "success", "steps", "fault") if k in r}
+                {k: r[k] for k in ("init_state", "success", "steps", "fault", "digest") if k in r}
                 for r in mine
             ],
         }

@@ -5,7 +5,8 @@ Role: the unit of parallelism of ``python -m rlvla3 eval``. ``EvalWorker`` is a 
 registry (for LIBERO that puts the simulator in its own process, so a simulator crash costs one
 episode, reported in ``EpisodeOutcome.fault``) and one policy:
 
-- ``ActionSource("random")``: uniform random action chunks in [-1, 1];
+- ``ActionSource("random")``: uniform random action chunks in [-1, 1], drawn from a generator
+  seeded per episode (the source's seed, the task and the initial state);
 - ``ActionSource("checkpoint", path)``: the policy saved in a run directory, loaded with
   ``rlvla3.checkpoint.load_policy`` on CPU and run deterministically (its mode: the flow ODE
   from zero noise);
@@ -24,6 +25,13 @@ workers for every checkpoint); ``describe`` reports what the episodes run on (pa
 versions in this process, the env's renderer and control rate, a sampled policy's float
 options as they take effect) for the results' fingerprint.
 
+Invariant: an episode is a function of (policy, task, initial state, seeds, settings) alone,
+never of which worker runs it, what ran before it or how many workers share the evaluation:
+the env seeds each scene from its key, every random draw is seeded per episode, and the
+policy's arithmetic is pinned (``rlvla3.numerics``: the worker process starts with the pinned
+environment and ``numerics`` says so) so that it does not depend on the host CPU either.
+``EpisodeOutcome.digest`` (a hash of every action executed) makes that checkable bit for bit.
+
 Outputs: one ``EpisodeOutcome`` per episode; when asked, the frames of the episode (agentview and
 wrist side by side, one per decision) travel back with it so that the driver writes the video
 wherever it runs, whichever node the worker ran on.
@@ -31,6 +39,7 @@ wherever it runs, whichever node the worker ran on.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
@@ -126,6 +135,9 @@ class EpisodeOutcome:
     instruction: str
     fault: str = ""
     """Non-empty when a simulator fault ended the episode."""
+    digest: str = ""
+    """sha256 (16 hex digits) of every action executed, as float32: equal digests mean the
+    same trajectory, bit for bit."""
     frames: np.ndarray | None = None
     """uint8 ``[T, H, W_total, 3]`` when the episode was recorded."""
 
@@ -137,16 +149,21 @@ def _frame(obs: Observation) -> np.ndarray:
 class EvalWorker:
     """Runs episodes one at a time; see the module docstring."""
 
-    def __init__(self, env: Named, source: ActionSource, seed: int = 0, torch_threads: int = 1):
+    def __init__(self, env: Named, source: ActionSource, seed: int = 0, torch_threads: int = 1,
+                 numerics: str = "native"):
+        """``numerics``: ``rlvla3.numerics`` mode of the policy's arithmetic; ``pinned`` needs
+        this process to have started with ``rlvla3.numerics.env_vars("pinned")``."""
         from envs import make_env
+        from rlvla3 import numerics as numerics_mod
 
+        self.numerics = numerics_mod.apply(numerics, torch_threads)
         self.env = make_env(env, seed=seed)
         self._suite_tasks = tuple(env.options.get("task_ids") or ())
         """Env task id ``i`` is suite task ``_suite_tasks[i]`` (empty: the same number)."""
         self.spec: EnvSpec = self.env.spec
         self.source = source
         self.rng = np.random.default_rng(seed)
-        self.torch_threads = torch_threads
+        """Random actions; reseeded at each episode's start (``episode_seed``)."""
         self.policy: Any = None
         self.set_source(source)
 
@@ -155,11 +172,8 @@ class EvalWorker:
         the previous one in place)."""
         policy = None
         if source.kind == "checkpoint":
-            import torch
-
             from rlvla3.checkpoint import load_policy
 
-            torch.set_num_threads(self.torch_threads)
             policy, _ = load_policy(source.path)
             policy.eval()
             apply_sampling_options(policy, source.sampling or ())
@@ -170,11 +184,14 @@ class EvalWorker:
         self.source, self.policy = source, policy
 
     def describe(self) -> dict[str, Any]:
-        """Package versions here, and the env's own description (renderer, control rate)."""
+        """Package versions here, the policy's arithmetic and the host CPU, and the env's own
+        description (renderer, control rate)."""
         from rlvla3.fingerprint import package_versions
+        from rlvla3.numerics import host
 
         describe = getattr(self.env, "describe", None)
-        out = {"packages": package_versions(), **(describe() if describe is not None else {})}
+        out = {"packages": package_versions(), "numerics": self.numerics, "host": host(),
+               **(describe() if describe is not None else {})}
         if self.policy is not None and self.source.sampling is not None:
             out["sampling"] = float_options(self.policy.cfg)  # what the episodes sample with
         return out
@@ -189,14 +206,20 @@ class EvalWorker:
 
     def run_episode(self, task_id: int, init_state_id: int, record: bool = False) -> EpisodeOutcome:
         t0 = time.perf_counter()
-        if self.policy is not None and self.source.sampling is not None:
-            task = self._suite_tasks[task_id] if self._suite_tasks else task_id
-            self.policy.seed_sampling(episode_seed(self.source.seed, task, init_state_id))
+        task = self._suite_tasks[task_id] if self._suite_tasks else task_id
+        seed = episode_seed(self.source.seed, task, init_state_id)
+        if self.policy is None:
+            self.rng = np.random.default_rng(seed)
+        elif self.source.sampling is not None:
+            self.policy.seed_sampling(seed)
         obs = self.env.reset(task_id, init_state_id)
         frames = [_frame(obs)] if record else []
         steps = decisions = 0
+        digest = hashlib.sha256()
         while True:
-            result = self.env.step(self._act(obs, task_id))
+            action = self._act(obs, task_id)
+            digest.update(np.asarray(action, dtype=np.float32).tobytes())
+            result = self.env.step(action)
             obs = result.obs
             steps += result.steps
             decisions += 1
@@ -214,6 +237,7 @@ class EvalWorker:
             instruction=obs.instruction,
             fault=result.fault,
             frames=np.stack(frames) if record else None,
+            digest=digest.hexdigest()[:16],
         )
 
     def stats(self) -> Mapping[str, int]:

@@ -19,8 +19,9 @@ episode's noise seeded by ``--seed``, the task and the initial state. ``--langua
 ablation that shows whether the instruction steers it (``results.json`` records what it was
 told; ``--compare`` pairs it with the same checkpoint told its own).
 
-Outputs, in ``--output-dir`` (written as each episode ends, so an interrupted evaluation
-loses nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
+Outputs, in ``--output-dir`` (a path or a storage URI such as ``s3://bucket/evals/x``,
+``rlvla3.storage``; written as each episode ends, so an interrupted evaluation loses
+nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
 instruction, episodes, successes, success_rate, Wilson 95% ``ci95``, ``by_init_state``; the
 same for the suite; ``fingerprint``: package versions, renderer, image size, fast render,
 control frequency, chunk length, seeds, initial states, the checkpoint's sha256;
@@ -59,6 +60,7 @@ from actors.eval_compare import (
     load_results,
 )
 from actors.eval_media import write_chart, write_video
+from actors.eval_recheck import recheck, recheck_line
 from actors.eval_round import (
     EvalRound,
     episode_row,
@@ -69,14 +71,15 @@ from actors.eval_round import (
 from actors.eval_worker import LANGUAGE_MODES, ActionSource, given_instructions
 from envs.libero import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
 from rlvla3.config import Named, build
-from rlvla3.fingerprint import fingerprint, fingerprint_differences
+from rlvla3.fingerprint import PLAN_FIELDS, fingerprint, fingerprint_differences
+from rlvla3.numerics import NUMERICS
+from rlvla3.storage import Mirror, join
 
 IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "cameras",
-                 "image_size", "chunk_len", "max_steps", "fast_render", "seed", "language")
+                 "image_size", "chunk_len", "max_steps", "fast_render", "seed", "language",
+                 "numerics")
 """What an output directory's episodes depend on: a resume must match all of them."""
 
-PLAN_FIELDS = ("init_state_ids", "tasks")
-"""Fingerprint fields that say which episodes are planned (a resume may extend them)."""
 
 
 def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
@@ -158,14 +161,20 @@ class EvalOutput:
             self._save_header()
         self.base_seconds = float(self.stored.get("seconds", 0.0))
         """Wall time of the invocations before this one."""
-        self.rows: list[dict[str, Any]] = []
+        self._rows: dict[tuple[int, int], dict[str, Any]] = {}
+        """(task, state) -> its episode; a later line replaces an earlier one (a rerun)."""
         if self.log.is_file():
             for line in self.log.read_text().splitlines():
                 try:
-                    self.rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError:  # a line cut short by a crash: that episode reruns
                     continue
+                self._rows[(row["task"], row["init_state"])] = row
         self._file = self.log.open("a")
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return list(self._rows.values())
 
     def _save_header(self) -> None:
         tmp = self.header.with_suffix(".tmp")
@@ -173,12 +182,13 @@ class EvalOutput:
         tmp.replace(self.header)
 
     def done(self) -> set[tuple[int, int]]:
-        return {(r["task"], r["init_state"]) for r in self.rows}
+        """Episodes with an outcome; one a fault ended runs again on a resume."""
+        return {key for key, row in self._rows.items() if not row.get("fault")}
 
     def add(self, row: dict[str, Any], seconds_here: float) -> None:
         """Append one episode. ``seconds_here``: wall time of this invocation so far, stored
         with every episode, so an interrupted evaluation keeps the time it ran."""
-        self.rows.append(row)
+        self._rows[(row["task"], row["init_state"])] = row
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         self.set_seconds(seconds_here)
@@ -206,7 +216,10 @@ class EvalOutput:
 def planned(fp: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     """``fp`` naming the episodes planned now (a finished directory re-summarised for fewer
     states keeps the fingerprint of its first, larger plan)."""
-    return {**fp, **{k: settings[k] for k in PLAN_FIELDS}} if fp else fp
+    if not fp:
+        return fp
+    return {**{k: v for k, v in fp.items() if k not in PLAN_FIELDS},
+            **{k: settings[k] for k in PLAN_FIELDS if k in settings}}
 
 
 def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
@@ -230,6 +243,7 @@ def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
         "acting": acting(args),
         "seed": args.seed if not args.checkpoint or args.sampled else None,
         "language": args.language,
+        "numerics": args.numerics,
     }
 
 
@@ -257,7 +271,24 @@ def told_instructions(suite: str, tasks: Sequence[int], mode: str) -> tuple[str,
 
 
 def init_ids(args: argparse.Namespace) -> list[int]:
+    if args.episodes:
+        return sorted({k for _, k in args.episodes})
     return list(args.init_ids) if args.init_ids else list(range(args.episodes_per_task))
+
+
+def eval_tasks(args: argparse.Namespace) -> list[int]:
+    """The suite task ids evaluated: ``--task-ids``, the tasks of ``--episodes``, or all."""
+    if args.episodes:
+        return sorted({t for t, _ in args.episodes})
+    return list(args.task_ids) if args.task_ids else list(range(SUITE_NUM_TASKS[args.suite]))
+
+
+def episode_pair(text: str) -> tuple[int, int]:
+    """``TASK:STATE`` -> ``(suite task, initial state)``."""
+    task, sep, state = text.partition(":")
+    if not sep or not task.isdigit() or not state.isdigit():
+        raise argparse.ArgumentTypeError(f"expected TASK:STATE (e.g. 2:31), got {text!r}")
+    return int(task), int(state)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -268,8 +299,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from envs import require_extra
 
     require_extra(Named("libero"))  # before anything is written or started
-    tasks = list(args.task_ids) if args.task_ids else list(range(SUITE_NUM_TASKS[args.suite]))
-    out = Path(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}")
+    tasks = eval_tasks(args)
+    files = Mirror(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}",
+                   keep=("eval.json", "episodes.jsonl"))
+    out = files.local  # the output directory, or its working copy when it is remote
     options = env_options(args, tasks)
     libero_spec(options, "--task-ids/--image-size/--max-steps")  # fail before Ray starts
     ids = init_ids(args)
@@ -279,9 +312,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     told = told_instructions(args.suite, tasks, args.language)
     source = (
         ActionSource("checkpoint", args.checkpoint, sampling_options(args), args.seed, told)
-        if args.checkpoint else ActionSource("random")
+        if args.checkpoint else ActionSource("random", seed=args.seed)
     )
-    jobs = protocol_jobs(len(tasks), ids)
+    jobs = ([(tasks.index(t), k) for t, k in dict.fromkeys(args.episodes)] if args.episodes
+            else protocol_jobs(len(tasks), ids))
     finished = output.done()
     todo = [(t, k) for t, k in jobs if (tasks[t], k) not in finished]
     record = set(jobs[: args.videos])
@@ -298,6 +332,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "language": args.language,
         "init_state_ids": ids,
         "tasks": tasks,
+        **({"episodes": [list(p) for p in dict.fromkeys(args.episodes)]} if args.episodes
+           else {}),
+        "numerics": args.numerics,
     }
     overlap: list[str] = []
     if args.checkpoint:
@@ -318,6 +355,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         info = ray.get(worker.describe.remote())
         fp = fingerprint(
             {**settings, "control_freq": info.get("control_freq"),
+             "numerics": info["numerics"], "host": info["host"],
              **({"sampling": info["sampling"]} if "sampling" in info else {})},
             renderer=info.get("renderer"),
             packages=info.get("packages"),
@@ -351,8 +389,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "training_overlap": overlap,
             "fingerprint": planned(state.get("fingerprint") or output.stored.get("fingerprint", {}),
                                    settings),
-            "output_dir": str(out),
-            "videos": sorted(p.name for p in out.glob("*.mp4")),
+            "output_dir": files.uri,
+            "videos": sorted(n for n in files.storage.listdir() if n.endswith(".mp4")),
         }
         if state["fingerprint_changes"]:
             summary["fingerprint_changed_on_resume"] = state["fingerprint_changes"]
@@ -371,15 +409,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             init_ray(args.address or "", num_cpus=max(args.workers, os.cpu_count() or 1),
                      include_dashboard=False, log_to_driver=False)
-        workers = make_eval_workers(env, min(args.workers, len(todo)), args.seed, source=source,
-                                    placements=args.placements)
+        spawn_args = dict(seed=args.seed, source=source, placements=args.placements,
+                          numerics=args.numerics)
+        workers = make_eval_workers(env, min(args.workers, len(todo)), **spawn_args)
         columns = ("[progress.description]{task.description}", BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn())
+        round_ = None
         try:
             with Progress(*columns, console=console, transient=False) as progress:
                 bar = progress.add_task(f"eval {args.suite}", total=len(jobs),
                                         completed=len(jobs) - len(todo))
-                round_ = EvalRound(workers, todo, record=record)
+                round_ = EvalRound(workers, todo, record=record,
+                                   spawn=lambda: make_eval_workers(env, 1, **spawn_args)[0])
                 while not round_.done:
                     for outcome in round_.poll(timeout_s=1.0, before_next=note_fingerprint):
                         task = tasks[outcome.task_id]
@@ -388,7 +429,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             kind = "success" if outcome.success else "fail"
                             name = f"task{task}_init{outcome.init_state_id}_{kind}.mp4"
                             write_video(out / name, outcome.frames, fps=max(1, round(20 / chunk)))
+                            files.push(name)
                         write_results(summary_now(complete=False))
+                        files.push()
                         wins = sum(r["success"] for r in output.rows)
                         progress.update(bar, advance=1,
                                         description=f"eval {args.suite} ({wins} successes)")
@@ -396,7 +439,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 s["restarts"] for s in ray.get([w.stats.remote() for w in round_.workers]))
             ray.get([w.close.remote() for w in round_.workers])
         finally:
-            for worker in workers:
+            for worker in {*workers, *(round_.workers if round_ is not None else ())}:
                 ray.kill(worker)
             if started_ray:
                 ray.shutdown()
@@ -405,6 +448,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     output.close()
     write_results(summary)
     write_chart(out / "success_by_task.png", args.suite, summary["tasks"], summary["success_rate"])
+    files.push()
+    files.close()
     console.print(_table(summary))
     return summary
 
@@ -414,13 +459,13 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     """``--compare A B [C ...]``: read or produce every results, then the paired comparison of
     B against A (with more, each against A and a Holm-adjusted summary)."""
     console = _console()
-    base = Path(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    base = Mirror(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     results = []
     for label, target in zip(string.ascii_lowercase, args.compare, strict=False):
         loaded = load_results(target)
         if loaded is None:
             sub = argparse.Namespace(**{**vars(args), "checkpoint": target, "policy": None,
-                                        "output_dir": str(base / label), "compare": None})
+                                        "output_dir": join(base.uri, label), "compare": None})
             loaded = run(sub)
         results.append(loaded)
     names = _labels(args.compare)
@@ -439,11 +484,12 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     if len(results) > 2:
         markdown.insert(0, family_markdown(family))
         console.print(markdown[0])
-    base.mkdir(parents=True, exist_ok=True)
     out = family["comparisons"][names[1]] if len(results) == 2 else family
-    (base / "comparison.json").write_text(json.dumps(out, indent=2) + "\n")
-    (base / "comparison.md").write_text("\n".join(markdown))
-    console.print(f"wrote {base / 'comparison.json'} and {base / 'comparison.md'}")
+    base.write_text("comparison.json", json.dumps(out, indent=2) + "\n")
+    base.write_text("comparison.md", "\n".join(markdown))
+    base.close()
+    console.print(f"wrote {join(base.uri, 'comparison.json')} and "
+                  f"{join(base.uri, 'comparison.md')}")
     return out
 
 
@@ -456,7 +502,7 @@ def _labels(targets: Sequence[str]) -> list[str]:
 def _label(target: str) -> str:
     """A short column name for a compared path: an eval output directory's name (also for
     its ``results.json``), another JSON file's stem, a checkpoint directory's name."""
-    path = Path(target)
+    path = Path(target.partition("?")[0])  # a URI's query options are not its name
     if path.name == "results.json":
         path = path.parent
     return (path.stem if path.suffix == ".json" else path.name) or str(target)
@@ -469,8 +515,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--episodes-per-task", type=int, default=NUM_INIT_STATES,
                         help="initial states 0..N-1 of each task (default: all 50)")
     parser.add_argument("--init-ids", type=int, nargs="+", help="explicit initial states")
-    who = parser.add_mutually_exclusive_group(required=True)
-    who.add_argument("--checkpoint", metavar="RUN_DIR", help="run or checkpoint directory")
+    parser.add_argument("--episodes", type=episode_pair, nargs="+", metavar="TASK:STATE",
+                        help="exactly these episodes (suite task:initial state), instead of "
+                        "--task-ids x --init-ids")
+    who = parser.add_mutually_exclusive_group()
+    who.add_argument("--checkpoint", metavar="RUN_DIR", help="run or checkpoint directory, a "
+                     "path or URI (with --recheck: where the evaluated checkpoint is now)")
     who.add_argument("--policy", choices=["random"], help="a built-in policy instead")
     who.add_argument("--compare", nargs="+", metavar="A B",
                      help="checkpoints or results.json files: paired comparison of B - A; "
@@ -502,8 +552,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="what the policy is told: each task's own instruction (the "
                         "protocol), none, or the next task's (an ablation)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--numerics", choices=NUMERICS, default="pinned",
+                        help="the policy's CPU arithmetic: pinned (the same episodes on every "
+                        "x86-64 CPU) or native (the host's fastest kernels; episodes then "
+                        "depend on the CPU model)")
+    parser.add_argument("--recheck", metavar="EVAL_DIR",
+                        help="run --sample episodes of a finished evaluation again with its "
+                        "settings and report any that differ (exit status 1)")
+    parser.add_argument("--sample", type=int, default=20, help="with --recheck: episodes")
+    parser.add_argument("--sample-seed", type=int, default=0,
+                        help="with --recheck: which episodes are drawn")
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     args = parser.parse_args(argv)
+    if args.recheck:
+        if args.policy or args.compare:
+            parser.error("--recheck takes its policy from the evaluation it re-checks "
+                         "(--checkpoint only where that checkpoint is now)")
+        if args.sample < 1:
+            parser.error("--sample must be >= 1")
+    elif not (args.checkpoint or args.policy or args.compare):
+        parser.error("one of --checkpoint, --policy, --compare or --recheck is required")
+    if args.episodes and (args.task_ids or args.init_ids):
+        parser.error("--episodes names the episodes: drop --task-ids and --init-ids")
+    if args.episodes:
+        bad = [t for t, _ in args.episodes if t >= SUITE_NUM_TASKS[args.suite]]
+        if bad:
+            parser.error(f"--episodes: {args.suite} has tasks 0..{SUITE_NUM_TASKS[args.suite] - 1}"
+                         f", got {bad[0]}")
     limit = NUM_INIT_STATES if args.placements == "bundled" else LiberoConfig().fresh_states
     ids = init_ids(args)
     if not ids or min(ids) < 0 or max(ids) >= limit:
@@ -524,12 +599,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(argv)
     try:
-        summary = compare(args) if args.compare else run(args)
-    except (ConfigError, FileNotFoundError) as exc:  # user errors: one line, exit status 2
+        if args.recheck:
+            summary = recheck(args, run)
+        else:
+            summary = compare(args) if args.compare else run(args)
+    except (ConfigError, OSError) as exc:  # user errors, storage unreachable: one line, exit 2
         print(f"rlvla3 eval: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(summary))
+    if args.recheck:
+        _console().print(recheck_line(summary))
+        return 0 if summary["matching"] == summary["checked"] else 1
     return 0
 
 

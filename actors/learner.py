@@ -24,7 +24,6 @@ group cannot take a new member (``actors.learner_group`` rebuilds it).
 
 from __future__ import annotations
 
-import copy
 import os
 import socket
 import threading
@@ -42,11 +41,13 @@ from actors.runtime import lookup, was_restarted
 from rlvla3.algos import AlgoConfig
 from rlvla3.checkpoint import (
     CheckpointMeta,
-    StateSnapshot,
+    SavedCheckpoint,
+    listed_files,
     load_optimizer_state,
     load_rng_state,
-    resolve_checkpoint,
+    locate_checkpoint,
     save_run_checkpoint,
+    snapshot,
 )
 from rlvla3.config import Named
 from rlvla3.gpu_costs import TrainingCost
@@ -54,6 +55,7 @@ from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats
 from rlvla3.policies import build_policy
 from rlvla3.protocols import Evaluation
 from rlvla3.run_config import LearnerConfig
+from rlvla3.storage import basename
 from rlvla3.types import EnvSpec, WeightsMessage
 
 
@@ -95,6 +97,8 @@ class Learner:
         self._stepping = threading.RLock()
         """Held through every optimizer step and weight load: what reads the weights from
         another call (a checkpoint, a restarted server's pull) sees one whole version."""
+        self._saving = threading.Lock()
+        self._snapshot = None  # the last checkpoint's copy, reused as the next one's buffers
         self._started = time.monotonic()
         self.wait_s = 0.0
         self.lost_segments = 0
@@ -107,7 +111,7 @@ class Learner:
         if run_dir and was_restarted():
             # Ray restarted this actor after a crash: continue from the last checkpoint.
             try:
-                self.restored_from = resolve_checkpoint(run_dir).name
+                self.restored_from = basename(locate_checkpoint(run_dir))
             except FileNotFoundError:
                 self.restored_from = "initial weights (no checkpoint yet)"
                 if init_from:
@@ -329,17 +333,24 @@ class Learner:
         return self.core.version
 
     # ---- checkpoints and reporting --------------------------------------------------------
-    def save(self, run_dir: str, counters: dict, samplers: list | None = None) -> str:
+    def save(self, run_dir: str, counters: dict, samplers: list | None = None
+             ) -> SavedCheckpoint:
         """Copy weights, optimizer state and version between two optimizer steps, then write
-        them while training goes on (with the env workers' sampler states, if given)."""
-        with self._stepping:
-            meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version, counters,
-                                  list(samplers or []))
-            weights = StateSnapshot({k: v.detach().clone()
-                                     for k, v in self.policy.state_dict().items()})
-            optimizer = StateSnapshot(copy.deepcopy(self.core.optimizer.state_dict()))
-            rng = torch.get_rng_state()
-        return str(save_run_checkpoint(run_dir, weights, meta, optimizer, rng=rng))
+        them to the run's storage (a path or URI) while training goes on (with the env
+        workers' sampler states, if given)."""
+        with self._saving:  # one save at a time: the next copies into this one's buffers
+            start = time.perf_counter()
+            with self._stepping:
+                meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version, counters,
+                                      list(samplers or []))
+                weights, optimizer, rng = snapshot(self.policy, self.core.optimizer,
+                                                   self._snapshot)
+            paused = time.perf_counter()
+            path = save_run_checkpoint(run_dir, weights, meta, optimizer, rng=rng)
+            written = time.perf_counter() - paused
+            self._snapshot = (weights, optimizer)
+        size = sum(f["size"] for f in listed_files(path).values())
+        return SavedCheckpoint(path, meta.version, paused - start, written, size)
 
     def version(self) -> int:
         return self.core.version

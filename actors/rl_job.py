@@ -6,13 +6,17 @@ Examples::
     python -m rlvla3 rl --preset smoke                   # under a minute
     python -m rlvla3 rl --config my.yaml --set pipeline.mode=sync --set learner.lr=1e-4
     python -m rlvla3 rl --resume runs/20261129-101500    # continue a run
+    python -m rlvla3 rl --storage s3://bucket/runs       # keep everything in a bucket
+    python -m rlvla3 rl --resume s3://bucket/runs/NAME   # continue it, on any machine
     python -m rlvla3 rl --print-plan                     # placement + memory estimate, then exit
     python -m rlvla3 rl --plan --plan-gpus 16 --plan-sim-cpus 256 --plan-cost-model pi05_h200
 
 The config is validated (including env and policy options, the env's optional extra when its
 workers run on this machine, the cluster's resources and the memory pre-flight) before any
 actor starts; an error is one line on stderr that names the field, and the job exits with
-status 2.
+status 2. On a cluster of more than one node, a run whose storage is a local path is refused
+that way (``storage.root``): use a URI every node reaches, or declare a shared mount with
+``storage.shared=true`` (``rlvla3.storage``).
 
 SIGTERM (``ray job stop``, a scheduler's preemption) or Ctrl-C ends the run as its budget would:
 the current step finishes, a checkpoint and ``summary.json`` are written (``stopped_by`` names
@@ -29,12 +33,12 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 import yaml
 
 from rlvla3.config import ConfigError, build, preset_names
-from rlvla3.run_config import RunConfig, load_run_config
+from rlvla3.run_config import RunConfig, load_run_config, upgrade
+from rlvla3.storage import Storage, join
 
 
 def parser() -> argparse.ArgumentParser:
@@ -45,8 +49,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML file merged over the preset")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE",
                    help="override one field (repeatable)")
-    p.add_argument("--run-dir", help="run directory (default: <run_root>/<name or timestamp>)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    p.add_argument("--storage", metavar="URI",
+                   help="where runs keep their files (storage.root): a local path or a URI, "
+                        "s3://bucket/runs, gs://..., hdfs://...; default: runs")
+    p.add_argument("--run-dir", help="run directory, a path or URI (default: <storage.root>/"
+                                     "<name or timestamp>)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR (a path or URI)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--print-plan", action="store_true",
                    help="print where the roles would land and each node's estimated memory, "
@@ -69,31 +78,32 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve(args: argparse.Namespace) -> tuple[RunConfig, Path]:
-    """The run config and run directory the arguments describe."""
+def resolve(args: argparse.Namespace) -> tuple[RunConfig, str]:
+    """The run config and run directory (a path or URI) the arguments describe."""
+    storage = [f"storage.root={json.dumps(args.storage)}"] if args.storage else []
     if args.resume:
-        run_dir = Path(args.resume)
-        saved = run_dir / "config.yaml"
-        if not saved.is_file():
-            raise ConfigError("--resume", f"{run_dir} has no config.yaml (not a run directory)")
-        data = yaml.safe_load(saved.read_text())
+        run = Storage(args.resume)
+        try:
+            data = upgrade(yaml.safe_load(run.read_text("config.yaml")))
+        except FileNotFoundError:
+            raise ConfigError("--resume", f"{run.uri} has no config.yaml (not a run directory)"
+                              ) from None
         from rlvla3.config import deep_merge, parse_override
 
-        for item in args.overrides:
+        for item in args.overrides + storage:
             data = deep_merge(data, parse_override(item))
-        return build(RunConfig, data), run_dir
+        return build(RunConfig, data), run.uri
     cfg = load_run_config(args.preset or ("default" if not args.config else None),
-                          args.config, args.overrides)
+                          args.config, args.overrides + storage)
     if args.run_dir:
-        return cfg, Path(args.run_dir)
-    name = cfg.name or time.strftime("%Y%m%d-%H%M%S")
-    return cfg, Path(cfg.run_root) / name
+        return cfg, args.run_dir
+    return cfg, join(cfg.storage.root, cfg.name or time.strftime("%Y%m%d-%H%M%S"))
 
 
-def refuse_a_used_run_dir(run_dir: Path) -> None:
+def refuse_a_used_run_dir(run_dir: str) -> None:
     """A new run never starts in a directory holding another run's checkpoints: its saves would
     mix with theirs (and ``latest`` names the newest version there, which may be theirs)."""
-    if (run_dir / "checkpoints" / "latest").is_file():
+    if Storage(run_dir).is_file("checkpoints/latest"):
         raise ConfigError("--run-dir", f"{run_dir} already holds a run's checkpoints: continue it "
                           f"with --resume {run_dir}, or start this run in another directory")
 
@@ -159,9 +169,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # ConfigError, or a component rejecting a value it was given
         print(f"rlvla3 rl: invalid config: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the storage cannot be read (no such bucket, no endpoint)
+        print(f"rlvla3 rl: storage: {exc}", file=sys.stderr)
+        return 2
     previous: dict = {}
     try:
         ensure_ray(cfg)  # starting, Ray sets a SIGTERM handler that exits at once: ours replaces it
+        try:
+            controller.check_storage()  # every node must reach it, before any actor starts
+        except ConfigError as exc:
+            print(f"rlvla3 rl: invalid config: {exc}", file=sys.stderr)
+            return 2
         previous = _stop_on_signals(controller)
         summary = controller.run()
     finally:

@@ -7,13 +7,16 @@
   deprecation warning that Ray's own property prints on every call).
 - ``init_ray(address, **kwargs)``: join the cluster at ``address`` (or ``RAY_ADDRESS``, as under
   ``ray job submit``), else start a new local one, never a stray ``ray start`` cluster of the
-  machine; a new local cluster keeps token authentication on, without Ray's warning about it.
+  machine; a new local cluster keeps token authentication on, without Ray's warning about it,
+  and runs the Ray dashboard when it is installed (``ray[default]``; ``include_dashboard``
+  decides otherwise). The dashboard's URL is printed once, on stderr.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 
 import ray
@@ -39,10 +42,22 @@ def init_ray(address: str = "", **kwargs) -> None:
     if address:
         for key in ("num_cpus", "num_gpus", "resources", "include_dashboard"):
             kwargs.pop(key, None)
-        ray.init(address=address, **kwargs)
-        return
-    quiet_token_notice()
-    ray.init(address="local", **kwargs)
+        context = ray.init(address=address, **kwargs)
+    else:
+        quiet_token_notice()
+        kwargs.setdefault("include_dashboard", dashboard_installed())
+        context = ray.init(address="local", **kwargs)
+    if context.dashboard_url:
+        print(f"Ray dashboard: http://{context.dashboard_url}", file=sys.stderr, flush=True)
+
+
+def dashboard_installed() -> bool:
+    """Whether the Ray dashboard's dependencies (``ray[default]``) are importable."""
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401 - Ray's own test for them
+    except ImportError:
+        return False
+    return True
 
 
 class _TokenNotice(logging.Filter):

@@ -8,6 +8,7 @@ from typing import Literal
 
 from datalake.pipeline import LakeConfig
 from rlvla3.config import Named, require
+from rlvla3.storage import check_no_secret
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,8 @@ class SFTConfig:
     """When set, the policy is built for this env's spec (so eval and RL can use it directly)
     and the lake's cameras, image size and chunk length follow the spec."""
     run_dir: str = "runs/sft"
+    """A local path or a storage URI (``s3://bucket/runs/sft``, ``rlvla3.storage``): checkpoints,
+    ``config.json``, ``metrics.jsonl`` and Ray Train's own files (``ray/``) go there."""
     init_from: str = ""
     """Start from the weights of this checkpoint or run directory (an earlier SFT or RL run, a
     base model saved in this layout): its policy options (model size, state bins, action scale)
@@ -48,6 +51,8 @@ class SFTConfig:
     """Closed-loop eval hook, e.g. ``python -m rlvla3 eval --suite libero_spatial --task-ids 0
     --checkpoint {checkpoint} --output-dir {run_dir}/eval/{step} --json``."""
     log_every: int = 10
+    sync_every_s: float = 30.0
+    """How often ``metrics.jsonl`` is copied to a remote ``run_dir`` (and at the end)."""
     torch_threads: int = 1
     seed: int = 0
 
@@ -58,6 +63,7 @@ class SFTConfig:
         require(self.lr > 0, "lr", "must be > 0")
         require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+        check_no_secret(self.run_dir, "run_dir")
 
 
 def lr_at(cfg: SFTConfig, step: int) -> float:

@@ -27,16 +27,16 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from actors.sft_config import SFTConfig
 from actors.sft_worker import train_loop
 from datalake.format import DatasetError, resolve_filesystem
 from datalake.pipeline import Lake, LakeError
-from rlvla3.checkpoint import check_init_from, resolve_checkpoint
+from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.config import ConfigError, Named, build, deep_merge, parse_override, to_dict
 from rlvla3.run_config import adopt_init_policy
+from rlvla3.storage import Mirror, Storage, join
 from rlvla3.types import EnvSpec
 
 
@@ -87,12 +87,11 @@ def with_dataset_stats(cfg: SFTConfig, lake: Lake) -> SFTConfig:
     return dataclasses.replace(cfg, policy=Named(cfg.policy.name, options))
 
 
-def _resume_epoch(run_dir: Path) -> int:
+def _resume_epoch(run_dir: str) -> int:
     """The epoch a resumed run continues in (its episode order is that epoch's plan)."""
-    if not (run_dir / "checkpoints" / "latest").is_file():
+    if not Storage(run_dir).is_file("checkpoints/latest"):
         return 0
-    meta = json.loads((resolve_checkpoint(run_dir) / "meta.json").read_text())
-    return int(meta["counters"].get("epoch", 0))
+    return int(read_meta(run_dir).counters.get("epoch", 0))
 
 
 @dataclass(frozen=True)
@@ -146,7 +145,7 @@ def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
     the env (and its optional extra) and the policy resolve, and with ``verify`` the data
     decodes (``verify_data``). Raises ``ConfigError``, ``DatasetError`` or ``LakeError``."""
     _check_datasets_exist(cfg.lake.datasets)
-    cfg = dataclasses.replace(cfg, run_dir=str(Path(cfg.run_dir).resolve()))
+    cfg = dataclasses.replace(cfg, run_dir=Storage(cfg.run_dir).uri)  # local: absolute
     lake = Lake(cfg.lake)
     spec = spec_for(cfg, lake)
     if cfg.env is not None:
@@ -165,8 +164,8 @@ def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
     # What every worker builds; on GPUs the driver keeps off the devices.
     policy = None if cfg.use_gpu else build_policy(cfg.policy, spec)
     if cfg.init_from:
-        ckpt = check_init_from(cfg.init_from, cfg.policy, spec, policy)
-        cfg = dataclasses.replace(cfg, init_from=str(ckpt.resolve()))
+        cfg = dataclasses.replace(cfg, init_from=check_init_from(cfg.init_from, cfg.policy, spec,
+                                                                 policy))
     if verify:
         verify_data(lake, cfg.lake.max_skip_fraction)
     return SFTJob(cfg, lake, spec)
@@ -181,11 +180,9 @@ def connect(cfg: SFTConfig) -> None:
     if not ray.is_initialized():
         from actors.runtime import init_ray
 
-        # Ray Train's placement-group cleaner asks the state API (served by the dashboard)
-        # whether the train controller lives: without the dashboard it logs a warning every
-        # few seconds and could not free the workers' placement group after a crash.
-        init_ray(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), include_dashboard=True,
-                 configure_logging=False)
+        # With the dashboard when it is installed (``init_ray``): Ray Train's placement-group
+        # cleaner asks the state API it serves whether the train controller lives.
+        init_ray(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), configure_logging=False)
     have = ray.cluster_resources().get("CPU", 0.0)
     if need > have:
         raise ConfigError(
@@ -207,9 +204,10 @@ def train(job: SFTJob) -> dict[str, Any]:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     cfg, lake, spec = job.cfg, job.lake, job.spec
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    files = Mirror(cfg.run_dir)
+    files.write_text("config.json", json.dumps(to_dict(cfg), indent=2))
+    # Ray Train keeps its own files beside ours, on the same storage
+    train_fs, train_path = resolve_filesystem(join(cfg.run_dir, "ray"))
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={
@@ -222,17 +220,18 @@ def train(job: SFTJob) -> dict[str, Any]:
         scaling_config=ScalingConfig(
             num_workers=cfg.workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": 1}
         ),
-        datasets={"train": lake.samples(_resume_epoch(run_dir))},
-        run_config=RunConfig(name="sft", storage_path=str(run_dir / "ray")),
+        datasets={"train": lake.samples(_resume_epoch(cfg.run_dir))},
+        run_config=RunConfig(name="sft", storage_path=train_path, storage_filesystem=train_fs),
     )
     trainer.fit()
-    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in files.storage.read_text("metrics.jsonl").splitlines()]
+    files.close()
     return {
-        "run_dir": str(run_dir),
+        "run_dir": cfg.run_dir,
         "steps": logged[-1]["step"],
         "first_loss": logged[0]["loss"],
         "last_loss": logged[-1]["loss"],
-        "checkpoint": str(resolve_checkpoint(run_dir)),
+        "checkpoint": locate_checkpoint(cfg.run_dir),
         "init_from": cfg.init_from or None,
         "metrics": logged[-1],
     }
@@ -255,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--env", default=None, help="build the policy for this env's spec (e.g. libero)"
     )
-    parser.add_argument("--run-dir", default="runs/sft")
+    parser.add_argument("--run-dir", default="runs/sft",
+                        help="a path or a storage URI (s3://bucket/runs/sft, gs://..., ...)")
     parser.add_argument(
         "--init-from", default="", metavar="CHECKPOINT",
         help="start from these weights (a checkpoint or run directory) with a fresh step, "

@@ -22,11 +22,13 @@ the checkpoint just written, in the background; the job waits for the hooks befo
 
 Checkpoints: whatever the strategy, rank 0 writes the whole model and optimizer state (FSDP
 gathers them on all ranks first) with ``rlvla3.checkpoint.save_run_checkpoint`` into
-``run_dir`` (the layout the RL job and eval load), plus the counters to resume from; the
-optimizer state keeps ``Optimizer.state_dict``'s layout, so a run can resume under either
-strategy. An existing ``run_dir/checkpoints/latest`` is resumed; otherwise ``init_from``'s weights,
-if set, are the start (and nothing else of that run). Metrics (loss, samples/s, real
-tokens/s, data-wait fraction) go to ``run_dir/metrics.jsonl`` and to stdout as progress lines.
+``run_dir`` (the layout the RL job and eval load; a path or a storage URI, ``rlvla3.storage``),
+plus the counters to resume from; the optimizer state keeps ``Optimizer.state_dict``'s layout,
+so a run can resume under either strategy. An existing ``run_dir/checkpoints/latest`` is
+resumed, on whichever node the workers run; otherwise ``init_from``'s weights, if set, are the
+start (and nothing else of that run). Metrics (loss, samples/s, real tokens/s, data-wait
+fraction) go to ``run_dir/metrics.jsonl`` (copied to a remote storage every
+``storage.sync_every_s`` and at the end) and to stdout as progress lines.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from rlvla3.checkpoint import (
     save_run_checkpoint,
 )
 from rlvla3.config import build
+from rlvla3.storage import Mirror, Storage
 from rlvla3.types import EnvSpec
 
 
@@ -219,8 +222,8 @@ def train_loop(config: dict[str, Any]) -> None:
     torch.manual_seed(cfg.seed)
     policy = build_policy(cfg.policy, spec)
     step, samples_done, epoch = 0, 0, 0
-    latest = Path(cfg.run_dir) / "checkpoints" / "latest"
-    ckpt = resolve_checkpoint(cfg.run_dir) if latest.is_file() else None
+    resumed = Storage(cfg.run_dir).is_file("checkpoints/latest")
+    ckpt = resolve_checkpoint(cfg.run_dir) if resumed else None  # a local copy
     if ckpt is not None:
         from safetensors.torch import load_file
 
@@ -231,7 +234,8 @@ def train_loop(config: dict[str, Any]) -> None:
     elif cfg.init_from:  # checked by the job (same policy, names and shapes) before it started
         from safetensors.torch import load_file
 
-        policy.load_state_dict(load_file(str(Path(cfg.init_from) / "policy.safetensors")))
+        policy.load_state_dict(load_file(str(resolve_checkpoint(cfg.init_from)
+                                             / "policy.safetensors")))
         if rank == 0:
             print(f"[sft] starting from the weights of {cfg.init_from} (step, optimizer, "
                   "schedule and data order start fresh)", file=sys.__stdout__, flush=True)
@@ -247,7 +251,9 @@ def train_loop(config: dict[str, Any]) -> None:
     token_counts = getattr(policy, "token_counts", None)
     length_fn = (lambda obs, mask: token_counts(obs)) if token_counts else estimate_tokens
     shard = ray.train.get_dataset_shard("train")
-    log_path = Path(cfg.run_dir) / "metrics.jsonl"
+    files = Mirror(cfg.run_dir, keep=("metrics.jsonl",) if rank == 0 else (),
+                   every_s=cfg.sync_every_s)
+    log_path = files.local / "metrics.jsonl"
     hooks: list[subprocess.Popen] = []
     window = {"loss": [], "samples": 0, "tokens": 0, "wait": 0.0, "t0": time.perf_counter()}
     while step < cfg.max_steps:
@@ -310,6 +316,7 @@ def train_loop(config: dict[str, Any]) -> None:
                     )
                     with log_path.open("a") as f:
                         f.write(json.dumps(metrics) + "\n")
+                    files.sync("metrics.jsonl")
                 window = {
                     "loss": [],
                     "samples": 0,
@@ -327,23 +334,28 @@ def train_loop(config: dict[str, Any]) -> None:
                         cfg.run_dir, StateSnapshot(weights), meta, StateSnapshot(optim_state)
                     )
                     if cfg.eval_every and cfg.eval_command and step % cfg.eval_every == 0:
-                        hooks.append(start_eval(cfg, step, path))
+                        hooks.append(start_eval(cfg, step, path, files.local))
         epoch += 1
         # Each pass over the shard re-executes the pipeline: the same episode plan (that of the
         # epoch the run started in), with the local shuffle seed moved on by the epoch.
     for hook in hooks:
         hook.wait()
+    if rank == 0:
+        files.push("metrics.jsonl", "eval")
+    files.close()
     ray.train.report({"step": step})
 
 
-def start_eval(cfg: SFTConfig, step: int, checkpoint: Path) -> subprocess.Popen:
+def start_eval(cfg: SFTConfig, step: int, checkpoint: str, run_files: Path
+               ) -> subprocess.Popen:
     """Launch ``eval_command`` on a saved checkpoint in the background (training goes on).
 
     ``{checkpoint}``, ``{step}`` and ``{run_dir}`` in the command are filled in; its output
-    goes to ``run_dir/eval/step-<step>.log``."""
-    fields = {"checkpoint": str(checkpoint), "step": step, "run_dir": cfg.run_dir}
+    goes to ``run_dir/eval/step-<step>.log`` (``run_files``: the run directory's working copy
+    here)."""
+    fields = {"checkpoint": checkpoint, "step": step, "run_dir": cfg.run_dir}
     argv = [arg.format(**fields) for arg in cfg.eval_command]
-    log = Path(cfg.run_dir) / "eval" / f"step-{step:08d}.log"
+    log = run_files / "eval" / f"step-{step:08d}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)

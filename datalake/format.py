@@ -35,6 +35,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from rlvla3.storage import resolve_filesystem
+
 CODEBASE_VERSION = "v3.0"
 INFO_PATH = "meta/info.json"
 STATS_PATH = "meta/stats.json"
@@ -59,23 +61,6 @@ CAMERA_PREFIX = "observation.images."
 
 class DatasetError(RuntimeError):
     """A dataset (or one of its files) cannot be read; the message names the file."""
-
-
-def resolve_filesystem(uri: str | Path) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow filesystem and the path inside it for a local path or any filesystem URI.
-
-    pyarrow's own schemes (file, s3, gs, hdfs, ...) are used directly; other fsspec protocols
-    (memory://, az://, ...) are wrapped with ``FSSpecHandler`` so the same code reads both."""
-    text = str(uri)
-    if "://" not in text:
-        return pafs.LocalFileSystem(), str(Path(text).resolve())
-    try:
-        return pafs.FileSystem.from_uri(text)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        import fsspec
-
-        fs, path = fsspec.core.url_to_fs(text)
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,10 @@ published LIBERO evaluations run it (openpi's ``examples/libero``):
 - ``reset(task_id, init_state_id)``: hard reset of the task's MuJoCo model into the scene
   ``init_state_id`` names, then ``settle_steps`` no-op steps (gripper open, cameras not
   rendered) while the objects settle; those steps do not count toward the episode limit.
+  An episode is a function of its key alone: the hard reset rebuilds the model, robot,
+  controller and renderer state, the scene is seeded per key, and NumPy's global generator
+  (the one robosuite and LIBERO draw from) is reseeded per key for the episode, so a kept
+  simulator, the episodes a process ran before and its seed change nothing.
   ``placements`` chooses the scenes (``envs.libero_scenes``): ``bundled``, the task's 50
   bundled initial states (what published evaluations start from; ``rlvla3 eval`` uses them),
   or ``fresh`` (the default, for training), object placements sampled from the task's own
@@ -68,6 +72,7 @@ from envs.libero_scenes import (
     BundledScenes,
     FreshScenes,
     SceneError,
+    episode_seed,
     max_object_speed,
     object_poses,
     scene_problems,
@@ -466,6 +471,8 @@ class LiberoEnv:
                 f"{self.cfg.suite} task {suite_task} scene {init_state_id}: no valid placement "
                 f"in {self.placement_attempts} draws ({' | '.join(self.rejected)})"
             )
+        np.random.seed(episode_seed(self.cfg.placement_seed, self.cfg.suite, suite_task,
+                                    init_state_id))
         self._t = 0
         self._done = False
         self._last_obs = self.observe()

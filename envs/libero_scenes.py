@@ -133,6 +133,17 @@ def draw_seed(seed: int, suite: str, suite_task: int, init_state_id: int, attemp
     return int(np.random.SeedSequence(words).generate_state(1)[0])
 
 
+EPISODE_WORD = 2**32 - 1
+"""The last word of ``episode_seed``'s key where a draw has its attempt (never a real one)."""
+
+
+def episode_seed(seed: int, suite: str, suite_task: int, init_state_id: int) -> int:
+    """The seed of NumPy's global generator for the whole episode ``(suite_task,
+    init_state_id)``: whatever the simulator draws while it runs is a function of the episode,
+    not of what its process ran before."""
+    return draw_seed(seed, suite, suite_task, init_state_id, EPISODE_WORD)
+
+
 def seeded_hard_reset(sim: Any, seed: int) -> None:
     """Hard reset (the model is rebuilt and every placement sampled) with the global NumPy
     generator LIBERO's samplers use seeded by ``seed``, and restored afterwards."""

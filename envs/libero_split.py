@@ -23,6 +23,8 @@ from typing import Any
 from envs.libero import SUITE_NUM_TASKS, LiberoConfig
 from envs.libero_scenes import NUM_BUNDLED_STATES, RECORD_SIDECAR
 from rlvla3.config import ConfigError, Named, build, to_dict
+from rlvla3.storage import Storage, basename
+from rlvla3.storage import parent as parent_of
 
 
 def _libero_options(env: Named) -> dict[str, Any]:
@@ -121,15 +123,16 @@ def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None,
     import yaml
 
     seen = _seen if _seen is not None else set()
-    path = Path(checkpoint).resolve()
-    run = path.parent.parent if path.parent.name == "checkpoints" else path
-    if str(run) in seen:
+    path = Storage(checkpoint).uri  # a path or a storage URI
+    run = parent_of(parent_of(path)) if basename(parent_of(path)) == "checkpoints" else path
+    if run in seen:
         return []
-    seen.add(str(run))
+    seen.add(run)
+    files = Storage(run)
     reasons: list[str] = []
     config: dict[str, Any] = {}
-    if (run / "config.yaml").is_file():
-        config = yaml.safe_load((run / "config.yaml").read_text()) or {}
+    if files.is_file("config.yaml"):
+        config = yaml.safe_load(files.read_text("config.yaml")) or {}
         env = config.get("env") or {}
         if isinstance(env, Mapping) and env.get("name") == "libero":
             ids = (config.get("env_workers") or {}).get("init_state_ids") or []
@@ -139,12 +142,12 @@ def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None,
                 reasons.append(f"RL run {run} trained on bundled states {_ranges(overlap)}")
             if fresh is not None:
                 reasons += _rl_fresh_overlap(run, libero, config, fresh)
-    elif (run / "config.json").is_file():
-        config = json.loads((run / "config.json").read_text())
+    elif files.is_file("config.json"):
+        config = json.loads(files.read_text("config.json"))
         for root in (config.get("lake") or {}).get("datasets") or []:
-            sidecar = Path(str(root)) / RECORD_SIDECAR
-            if sidecar.is_file():
-                record = json.loads(sidecar.read_text())
+            dataset = Storage(str(root))
+            if dataset.is_file(RECORD_SIDECAR):
+                record = json.loads(dataset.read_text(RECORD_SIDECAR))
                 note = record.get("split") or {}
                 if note.get("eval_overlap"):
                     ids = _ranges(note.get("overlapping_init_states") or [])
@@ -163,7 +166,7 @@ def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None,
     return reasons
 
 
-def _rl_fresh_overlap(run: Path, env: Named, config: Mapping[str, Any],
+def _rl_fresh_overlap(run: str, env: Named, config: Mapping[str, Any],
                       fresh: FreshEval) -> list[str]:
     options = _libero_options(env)
     if options["placements"] != "fresh":

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("actors.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),
     "sft": ("actors.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
     "datalake": ("datalake.cli", "inspect LeRobot datasets; record expert demonstrations"),
+    "export": ("rlvla3.model.export", "write a checkpoint as a LeRobot pi05 policy directory"),
 }
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
@@ -32,6 +33,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "env": ("envs.bench_env", "LIBERO step/reset latency and env steps/s per process count"),
     "lake": ("datalake.bench", "data lake samples/s and data-wait vs a per-sample loader"),
     "soak": ("actors.bench_soak", "long run with periodic kills: recovery time, memory over time"),
+    "storage": ("actors.bench_storage", "checkpoint save/restore on a run's storage vs a local disk"),
 }
 
 

@@ -1,4 +1,5 @@
-"""Checkpoints: safetensors weights, a weights-only optimizer state, and JSON metadata.
+"""Checkpoints: safetensors weights, a weights-only optimizer state, and JSON metadata, kept at a
+local path or any storage URI (``rlvla3.storage``: ``s3://``, ``gs://``, ``hdfs://``, ...).
 
 Layout of one checkpoint directory::
 
@@ -6,20 +7,36 @@ Layout of one checkpoint directory::
     optimizer.pt         optimizer state dict (loaded with ``weights_only=True``; optional)
     rng.safetensors      torch RNG state of the learner (optional)
     meta.json            policy choice (name + options), env spec, policy version, counters,
-                         env workers' episode sampler states (RL runs)
+                         env workers' episode sampler states (RL runs), and ``files``: the size
+                         and sha256 of every other file. Written last.
 
-A run directory keeps checkpoints in ``checkpoints/step-<version>/`` and points at the newest
-with ``checkpoints/latest`` (a one-line text file, so it works on filesystems without symlinks).
-Nothing here unpickles arbitrary objects: an untrusted checkpoint can at worst fail to load.
+Atomic without a rename (object stores have none): the files are written first and
+``meta.json``, which lists them, last, so a directory without ``meta.json`` is a write that did
+not finish, and no reader takes it. A run directory keeps checkpoints in
+``checkpoints/step-<version>/`` (a version saved again goes to ``step-<version>-<k>``, never over
+a checkpoint ``latest`` may name) and points at the newest complete one with
+``checkpoints/latest``, a one-line text file written after the checkpoint it names is complete:
+a crash, a lost node or a storage server that dies mid-upload leaves ``latest`` on the previous
+complete checkpoint.
+
+Reading: ``locate_checkpoint`` says where a checkpoint is (itself, or a run directory's
+``latest``); ``resolve_checkpoint`` gives a local directory holding it (a remote one is
+downloaded into this node's scratch cache, every file checked against the sizes and sha256 in
+``meta.json``; a local one is checked for sizes). Nothing here unpickles arbitrary objects: an
+untrusted checkpoint can at worst fail to load.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
 import json
-import os
+import re
 import shutil
+import struct
 import threading
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +46,7 @@ from safetensors.torch import load_file, save_file
 
 from rlvla3.config import ConfigError, Named, require
 from rlvla3.protocols import Policy
+from rlvla3.storage import Storage, cache_name, join, scratch_dir
 from rlvla3.types import EnvSpec
 
 
@@ -62,9 +80,91 @@ class StateSnapshot:
         return self.state
 
 
+class CheckpointError(FileNotFoundError):
+    """A checkpoint is missing, incomplete or does not match its own ``meta.json``."""
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """What one save wrote, and what it cost the trainer."""
+
+    path: str
+    """The checkpoint directory (a local path or URI)."""
+    version: int
+    pause_s: float
+    """How long the trainer stopped to copy its state (``snapshot``)."""
+    write_s: float
+    """Writing (and uploading) that copy, while the trainer went on."""
+    bytes: int
+    """Size of the files written (weights, optimizer state, RNG state)."""
+
+
+def snapshot(policy: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+             reuse: tuple[StateSnapshot, StateSnapshot | None] | None = None
+             ) -> tuple[StateSnapshot, StateSnapshot | None, torch.Tensor]:
+    """Copies of the weights, the optimizer state and the RNG state, taken at one moment (the
+    trainer's pause per checkpoint); ``save_checkpoint`` writes them while training goes on.
+
+    ``reuse``: an earlier snapshot whose write has finished; its tensors are copied into where
+    shapes and dtypes match, instead of allocating (and page-faulting) new memory each time,
+    which on a large model is most of the pause."""
+    old_weights, old_state = reuse or (None, None)
+    weights = StateSnapshot(_copy_into(policy.state_dict(), old_weights and old_weights.state))
+    state = None if optimizer is None else StateSnapshot(
+        _copy_into(optimizer.state_dict(), old_state and old_state.state))
+    return weights, state, torch.get_rng_state()
+
+
+def _copy_into(value: Any, into: Any) -> Any:
+    """A copy of ``value`` (nested dicts and lists of tensors), written into the tensors of
+    ``into`` (the same structure, from an earlier copy) where they fit."""
+    if isinstance(value, torch.Tensor):
+        if (isinstance(into, torch.Tensor) and into.shape == value.shape
+                and into.dtype == value.dtype and into.device == torch.device("cpu")):
+            return into.copy_(value.detach())
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        into = into if isinstance(into, dict) else {}
+        return {k: _copy_into(v, into.get(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        if not (isinstance(into, (list, tuple)) and len(into) == len(value)):
+            into = [None] * len(value)
+        return type(value)(_copy_into(v, i) for v, i in zip(value, into, strict=True))
+    return copy.deepcopy(value)
+
+
 _WRITING = threading.RLock()
 """Saves in one process are serialised: two threads saving the same version would otherwise
-share its temporary directory."""
+pick the same new directory."""
+_STEP = re.compile(r"^step-(\d+)(?:-(\d+))?$")
+
+
+def _step_key(name: str) -> tuple[int, int] | None:
+    """``step-<version>[-<k>]`` -> (version, k); None for other names."""
+    match = _STEP.match(name)
+    return None if match is None else (int(match[1]), int(match[2] or 0))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_files(stage: Path, policy: Policy, optimizer: Any, rng: torch.Tensor | None
+                 ) -> list[str]:
+    state = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
+    save_file(state, str(stage / "policy.safetensors"))
+    names = ["policy.safetensors"]
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), stage / "optimizer.pt")
+        names.append("optimizer.pt")
+    if rng is not None:
+        save_file({"torch": rng.contiguous()}, str(stage / "rng.safetensors"))
+        names.append("rng.safetensors")
+    return names
 
 
 def save_checkpoint(
@@ -73,67 +173,135 @@ def save_checkpoint(
     meta: CheckpointMeta,
     optimizer: torch.optim.Optimizer | None = None,
     rng: torch.Tensor | None = None,
-) -> Path:
-    """Write a checkpoint atomically (a temporary directory renamed into place)."""
-    directory = Path(directory)
+) -> str:
+    """Write a checkpoint into ``directory`` (a local path or URI), ``meta.json`` last (see the
+    module docstring). A checkpoint already there stops being one (its ``meta.json`` goes)
+    before its files are overwritten. A remote checkpoint is staged in this node's scratch
+    directory and uploaded. Returns the directory's location."""
+    store = Storage(directory)
     with _WRITING:
-        tmp = directory.with_name(directory.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        state = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
-        save_file(state, str(tmp / "policy.safetensors"))
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        if rng is not None:
-            save_file({"torch": rng.contiguous()}, str(tmp / "rng.safetensors"))
+        store.delete("meta.json")
+        stage = Path(store.root) if store.local else scratch_dir() / "staging" / uuid.uuid4().hex
+        stage.mkdir(parents=True, exist_ok=True)
+        files = {}
+        try:
+            for name in _write_files(stage, policy, optimizer, rng):
+                if store.local:
+                    files[name] = {"size": (stage / name).stat().st_size,
+                                   "sha256": _sha256(stage / name)}
+                else:
+                    moved = store.upload(stage / name, name)
+                    files[name] = {"size": moved.size, "sha256": moved.sha256}
+        finally:
+            if not store.local:
+                shutil.rmtree(stage, ignore_errors=True)
         payload = {
             "policy": {"name": meta.policy.name, "options": dict(meta.policy.options)},
             "spec": dataclasses.asdict(meta.spec),
             "version": meta.version,
             "counters": meta.counters,
             "samplers": meta.samplers,
+            "files": files,
         }
-        (tmp / "meta.json").write_text(json.dumps(payload, indent=2))
-        shutil.rmtree(directory, ignore_errors=True)
-        os.replace(tmp, directory)
-        return directory
+        store.write_text("meta.json", json.dumps(payload, indent=2))
+    return store.uri
 
 
 def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMeta,
                         optimizer: torch.optim.Optimizer | None = None, keep: int = 2,
-                        rng: torch.Tensor | None = None) -> Path:
-    """Save ``checkpoints/step-<version>`` in a run directory, point ``latest`` at the newest
-    version there and prune all but the newest ``keep``. ``latest`` never moves back: a save of
-    an older version arriving after a newer one (two calls into one learner, in either order)
-    is written and then pruned, so ``latest`` never names a pruned checkpoint."""
-    root = Path(run_dir) / "checkpoints"
+                        rng: torch.Tensor | None = None) -> str:
+    """Save ``checkpoints/step-<version>`` in a run directory (a local path or URI), point
+    ``latest`` at the newest complete checkpoint there and prune all but the newest ``keep``
+    versions. ``latest`` never moves back: a save of an older version arriving after a newer
+    one (two calls into one learner, in either order) is written and then pruned, so ``latest``
+    never names a pruned checkpoint. Returns the new checkpoint's location."""
+    root = Storage(join(run_dir, "checkpoints"))
     with _WRITING:
-        path = save_checkpoint(root / f"step-{meta.version:08d}", policy, meta, optimizer, rng)
-        steps = sorted(p for p in root.glob("step-*") if not p.name.endswith(".tmp"))
-        (root / "latest.tmp").write_text(steps[-1].name + "\n")
-        os.replace(root / "latest.tmp", root / "latest")
-        for old in steps[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        taken = {key for key in map(_step_key, root.listdir()) if key is not None}
+        k = 1 + max((k for v, k in taken if v == meta.version), default=-1)
+        name = f"step-{meta.version:08d}" + (f"-{k}" if k else "")
+        path = save_checkpoint(join(root.uri, name), policy, meta, optimizer, rng)
+        complete = sorted((n for n in _complete(root)), key=_step_key)
+        root.write_text("latest", complete[-1] + "\n")
+        newest_copy = {_step_key(n)[0]: n for n in complete}  # sorted: the last copy wins
+        kept = {newest_copy[v] for v in sorted(newest_copy)[-keep:]}
+        for old in root.listdir():
+            key = _step_key(old)
+            if key is not None and old not in kept and key < _step_key(complete[-1]):
+                root.delete(old)
     return path
 
 
+def _complete(root: Storage) -> list[str]:
+    """The checkpoint directories under ``root`` whose ``meta.json`` was written."""
+    return [name.split("/")[0] for name in root.sizes()
+            if name.endswith("/meta.json") and name.count("/") == 1
+            and _step_key(name.split("/")[0]) is not None]
+
+
+def locate_checkpoint(path: str | Path) -> str:
+    """Where the checkpoint at ``path`` is: ``path`` itself, or the checkpoint a run directory's
+    ``checkpoints/latest`` names (a local path or URI, nothing downloaded)."""
+    store = Storage(path)
+    if store.is_file("meta.json"):
+        return store.uri
+    try:
+        name = store.read_text("checkpoints/latest").strip()
+    except FileNotFoundError:
+        raise CheckpointError(f"no checkpoint at {store.uri} (expected meta.json or "
+                              "checkpoints/latest)") from None
+    ckpt = join(store.uri, "checkpoints", name)
+    if not Storage(ckpt).is_file("meta.json"):
+        raise CheckpointError(f"{store.uri}: checkpoints/latest names {name}, which holds no "
+                              "complete checkpoint (no meta.json)")
+    return ckpt
+
+
+_FETCHED: dict[tuple[str, str], Path] = {}
+"""Checkpoints this process has checked: (location, sha256 of meta.json) -> local directory."""
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from either itself or a run directory (its latest checkpoint)."""
-    path = Path(path)
-    if (path / "meta.json").is_file():
-        return path
-    latest = path / "checkpoints" / "latest"
-    if latest.is_file():
-        ckpt = path / "checkpoints" / latest.read_text().strip()
-        if (ckpt / "meta.json").is_file():
-            return ckpt
-    raise FileNotFoundError(f"no checkpoint at {path} (expected meta.json or checkpoints/latest)")
+    """A local directory holding the checkpoint at ``path`` (a checkpoint or run directory, a
+    local path or URI): a local one as it is, a remote one downloaded into this node's scratch
+    cache once. Every file ``meta.json`` lists must have its size (a local checkpoint) or its
+    size and sha256 (a downloaded one), else ``CheckpointError``."""
+    ckpt = locate_checkpoint(path)
+    store = Storage(ckpt)
+    raw = store.read_bytes("meta.json")
+    key = (ckpt, hashlib.sha256(raw).hexdigest())
+    if key in _FETCHED:
+        return _FETCHED[key]
+    files = json.loads(raw).get("files")
+    if store.local:
+        local = Path(store.root)
+        for name, want in (files or {}).items():
+            size = (local / name).stat().st_size if (local / name).is_file() else None
+            if size != want["size"]:
+                raise CheckpointError(f"{ckpt}: {name} holds {size} bytes, meta.json lists "
+                                      f"{want['size']}")
+    else:
+        local = scratch_dir() / "checkpoints" / f"{cache_name(ckpt)}-{key[1][:8]}"
+        if not (local / "meta.json").is_file():  # written last: a complete, checked copy
+            listed = files or {n: {"size": s} for n, s in store.sizes().items()
+                               if n != "meta.json"}
+            for name, want in listed.items():
+                try:
+                    moved = store.download(name, local / name)
+                except FileNotFoundError:
+                    raise CheckpointError(f"{ckpt}: {name}, listed in meta.json, is missing"
+                                          ) from None
+                if moved.size != want["size"] or want.get("sha256", moved.sha256) != moved.sha256:
+                    raise CheckpointError(f"{ckpt}: {name} does not match meta.json (size "
+                                          f"{moved.size} vs {want['size']}, or its sha256)")
+            (local / "meta.json").write_bytes(raw)
+    _FETCHED[key] = local
+    return local
 
 
 def read_meta(path: str | Path) -> CheckpointMeta:
-    """Metadata of the checkpoint at ``path`` (a checkpoint or run directory)."""
-    ckpt = resolve_checkpoint(path)
-    raw = json.loads((ckpt / "meta.json").read_text())
+    """Metadata of the checkpoint at ``path`` (a checkpoint or run directory, path or URI)."""
+    raw = json.loads(Storage(locate_checkpoint(path)).read_text("meta.json"))
     return CheckpointMeta(
         policy=Named(raw["policy"]["name"], raw["policy"].get("options", {})),
         spec=EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw["spec"].items()}),
@@ -143,16 +311,31 @@ def read_meta(path: str | Path) -> CheckpointMeta:
     )
 
 
+def listed_files(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The files a checkpoint's ``meta.json`` lists (name -> size, sha256); empty for a
+    checkpoint written before they were listed."""
+    return json.loads(Storage(locate_checkpoint(path)).read_text("meta.json")).get("files", {})
+
+
+def safetensors_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of a checkpoint's weights, from the safetensors header alone (two
+    ranged reads; nothing downloaded)."""
+    store = Storage(locate_checkpoint(path))
+    (length,) = struct.unpack("<Q", store.read_range("policy.safetensors", 0, 8))
+    header = json.loads(store.read_range("policy.safetensors", 8, length))
+    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
 def check_init_from(path: str | Path, policy: Named, spec: EnvSpec,
-                    built: torch.nn.Module | None = None) -> Path:
-    """The checkpoint a run's ``init_from`` names (a checkpoint or run directory), checked
-    against the run that starts from it; raises ``ConfigError("init_from", ...)`` when it is
-    missing, holds another policy, was trained for another env (action size, cameras) or, given
-    the ``built`` policy, holds weights of other names or shapes (read from the safetensors
-    header, no weights loaded). Returns the checkpoint directory."""
+                    built: torch.nn.Module | None = None) -> str:
+    """The checkpoint a run's ``init_from`` names (a checkpoint or run directory, a path or
+    URI), checked against the run that starts from it; raises ``ConfigError("init_from", ...)``
+    when it is missing, holds another policy, was trained for another env (action size,
+    cameras) or, given the ``built`` policy, holds weights of other names or shapes (read from
+    the safetensors header, no weights loaded). Returns the checkpoint's location."""
     try:
-        ckpt = resolve_checkpoint(path)
-    except FileNotFoundError as exc:
+        ckpt = locate_checkpoint(path)
+    except (FileNotFoundError, OSError) as exc:
         raise ConfigError("init_from", str(exc)) from None
     meta = read_meta(ckpt)
     require(meta.policy.name == policy.name, "init_from",
@@ -160,10 +343,7 @@ def check_init_from(path: str | Path, policy: Named, spec: EnvSpec,
     require(meta.spec.action_dim == spec.action_dim and meta.spec.cameras == spec.cameras,
             "init_from", f"the checkpoint was trained for {meta.spec}, this env is {spec}")
     if built is not None:
-        from safetensors import safe_open
-
-        with safe_open(str(ckpt / "policy.safetensors"), "pt") as f:
-            saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        saved = safetensors_shapes(ckpt)
         own = {k: tuple(v.shape) for k, v in built.state_dict().items()}
         differ = sorted(k for k in own.keys() & saved.keys() if own[k] != saved[k])
         if differ:
@@ -183,9 +363,10 @@ def load_policy(path: str | Path) -> tuple[Policy, CheckpointMeta]:
     """Rebuild the policy a checkpoint was saved from and load its weights (strictly)."""
     from rlvla3.policies import build_policy
 
-    meta = read_meta(path)
+    local = resolve_checkpoint(path)
+    meta = read_meta(local)
     policy = build_policy(meta.policy, meta.spec)
-    policy.load_state_dict(load_file(str(resolve_checkpoint(path) / "policy.safetensors")))
+    policy.load_state_dict(load_file(str(local / "policy.safetensors")))
     return policy, meta
 
 

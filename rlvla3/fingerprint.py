@@ -10,8 +10,11 @@ the renderer strings the env process reports (EGL vendor and version, GL rendere
 llvmpipe or an NVIDIA driver), the eval settings and the checkpoint's weights file.
 Output: a plain JSON-able dict.
 
-Invariant: fields that name *which* policy or run it was (``checkpoint``, ``policy``) are not
-differences; ``fingerprint_differences`` compares the rest.
+``numerics`` (``rlvla3.numerics``) says how the policy's arithmetic was done: pinned (the same on
+every x86-64 CPU) or native (then it names the host CPU, on which the episodes depend).
+
+Invariant: fields that name *which* policy or run it was (``checkpoint``, ``policy``) and where
+it ran (``host``) are not differences; ``fingerprint_differences`` compares the rest.
 """
 
 from __future__ import annotations
@@ -34,8 +37,13 @@ PACKAGES: dict[str, tuple[str, ...]] = {
 }
 """Fingerprint key -> distributions that may provide it (the first installed one counts)."""
 
-IDENTITY_FIELDS = ("checkpoint", "policy")
-"""Fields that say which policy was evaluated; they are expected to differ in a comparison."""
+IDENTITY_FIELDS = ("checkpoint", "policy", "host")
+"""Fields that say which policy was evaluated, and where: they are expected to differ in a
+comparison (the host CPU matters only with native numerics, whose fingerprint names it)."""
+
+PLAN_FIELDS = ("init_state_ids", "tasks", "episodes")
+"""Fields that say which episodes were planned (a resume may extend them, a re-check samples
+fewer)."""
 
 
 def package_versions() -> dict[str, str]:
@@ -64,14 +72,16 @@ def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
 
 
 def checkpoint_identity(path: str | Path) -> dict[str, Any]:
-    """Which weights a checkpoint or run directory holds: resolved path, version, sha256."""
-    from rlvla3.checkpoint import read_meta, resolve_checkpoint
+    """Which weights a checkpoint or run directory holds: its location, version, sha256 (as
+    ``meta.json`` lists it; hashed from the file for a checkpoint that lists no files)."""
+    from rlvla3.checkpoint import listed_files, locate_checkpoint, read_meta, resolve_checkpoint
 
-    ckpt = resolve_checkpoint(path)
+    ckpt = locate_checkpoint(path)
+    sha = listed_files(ckpt).get("policy.safetensors", {}).get("sha256")
     return {
-        "path": str(ckpt),
+        "path": ckpt,
         "version": read_meta(ckpt).version,
-        "sha256": sha256_file(ckpt / "policy.safetensors"),
+        "sha256": sha or sha256_file(resolve_checkpoint(ckpt) / "policy.safetensors"),
     }
 
 

@@ -21,6 +21,7 @@ from rlvla3.algos import AlgoConfig
 from rlvla3.batch_policy import batch_policy_config
 from rlvla3.config import Named, build, deep_merge, load_mapping, require
 from rlvla3.gpu_costs import REAL, check_costs, resolve_costs
+from rlvla3.storage import StorageConfig
 
 Placement = Literal["colocated", "disaggregated"]
 RolloutStrategyName = Literal["lockstep", "pipelined", "autoreset", "async"]
@@ -337,9 +338,10 @@ class RunConfig:
     the window. ``summary.json`` records when it was reached (``target_reached``)."""
     target_window: int = 200
     """Training episodes (at least) the success rate of ``target_success`` is read over."""
-    run_root: str = "runs"
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    """Where the run keeps its files (``storage.root``: a local path or URI)."""
     name: str = ""
-    """Run directory name under run_root (empty: a timestamp)."""
+    """Run directory name under ``storage.root`` (empty: a timestamp)."""
     log_every_s: float = 2.0
     watchdog_s: float = 120.0
     """A run with no env step and no optimizer step for this long prints which role it is
@@ -430,7 +432,18 @@ def check_resources(cfg: RunConfig, cpus_available: float, learners_only: bool =
 def load_run_config(preset: str | None = "default", config_file: str | None = None,
                     overrides: Sequence[str] = ()) -> RunConfig:
     """Preset + file + overrides -> a validated ``RunConfig``."""
-    return build(RunConfig, adopt_init_policy(load_mapping(preset, config_file, overrides)))
+    return build(RunConfig, adopt_init_policy(upgrade(load_mapping(preset, config_file,
+                                                                   overrides))))
+
+
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """A config written before ``storage`` named its local root ``run_root``: the same
+    setting (a ``storage.root`` also given wins)."""
+    if "run_root" not in data:
+        return data
+    data = dict(data)
+    root = data.pop("run_root")
+    return deep_merge({"storage": {"root": root}}, data)
 
 
 def adopt_init_policy(data: dict[str, Any]) -> dict[str, Any]:

@@ -23,12 +23,15 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +43,7 @@ SHAPE = {  # node -> (CPUs, custom resources): cluster.yaml's node types, scaled
     "sim1": (1, {"sim": 1}),
 }
 TINY = [
+    "storage.shared=true",  # the simulated nodes share this machine's disk
     "env.options.image_size=16", "env_workers.num_workers=2", "env_workers.slots_per_worker=2",
     "learner.global_batch=32", "learner.micro_batch=16", "policy.options.channels=8",
     "policy.options.hidden=32", "log_every_s=1.0", "checkpoint_every=0", "ray.node_wait_s=15",
@@ -395,11 +399,19 @@ def main(out_path: str) -> int:
     tmp = Path(out_path).parent
     cluster, nodes, started_s = start_cluster()
     facts.put("cluster_start_s", started_s)
+    run_scenarios(facts, (scenario_placement, scenario_sim_node_loss, scenario_rollout_node_loss),
+                  cluster, nodes, tmp)
+    return 0
+
+
+def run_scenarios(facts: Facts, scenarios, cluster, *args) -> None:
+    """Each scenario in turn (one that fails is reported, the next still runs), its duration in
+    the facts; then the cluster is shut down."""
     try:
-        for scenario in (scenario_placement, scenario_sim_node_loss, scenario_rollout_node_loss):
+        for scenario in scenarios:
             start = time.monotonic()
             try:
-                scenario(facts, cluster, nodes, tmp)
+                scenario(facts, cluster, *args)
             except Exception:  # noqa: BLE001 - the next scenarios still run
                 facts.put(f"{scenario.__name__}_error", traceback.format_exc())
             facts.put(f"{scenario.__name__}_s", round(time.monotonic() - start, 1))
@@ -408,7 +420,33 @@ def main(out_path: str) -> int:
 
         ray.shutdown()
         cluster.shutdown()
-    return 0
+
+
+def scenario_result(facts: dict, name: str) -> dict:
+    """One scenario's facts; a scenario that failed fails the test with its traceback."""
+    assert name in facts, facts.get(f"scenario_{name}_error") or facts["_log"]
+    return facts[name]
+
+
+def scenario_facts(script: Path, out: Path, timeout_s: float, show: Callable[[str], bool]
+                   ) -> dict:
+    """Run a scenario script in a subprocess marked for cleanup (``scenario_env``), kill what
+    is left of it, and return its facts (``_log``: the end of its output); prints the facts
+    ``show`` picks (``pytest -s`` shows them)."""
+    marker = str(out)
+    env = scenario_env(marker)
+    try:
+        proc = subprocess.run([sys.executable, str(script), str(out / "facts.json")], env=env,
+                              cwd=REPO, text=True, capture_output=True, timeout=timeout_s)
+    finally:
+        kill_marked(marker)
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+    data = json.loads((out / "facts.json").read_text()) if (out / "facts.json").is_file() else {}
+    data["_log"] = (proc.stdout + proc.stderr)[-4000:]
+    for key, value in data.items():
+        if key != "_log" and show(key):
+            print(f"{key}: {json.dumps(value, default=str)[:3000]}")
+    return data
 
 
 def main_autoscaling(out_path: str) -> int:

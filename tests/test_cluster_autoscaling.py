@@ -44,3 +44,27 @@ def test_sim_nodes_scale_up_for_waiting_slots_and_down_when_idle(tmp_path):
     assert out["first_sim_node_s"] <= out["all_sim_nodes_s"] <= out["all_slots_running_s"]
     assert len(set(out["env_nodes"])) == 3  # one env worker on each new node
     assert out["released_after_run_s"] < 120
+
+
+def test_a_fresh_head_without_an_autoscaler_is_read_only_after_its_first_report(tmp_path):
+    """Right after ``ray.init`` the monitor's status holds only load metrics; the answer waits
+    for the autoscaler's report (which names every node's type) instead of reading its absence."""
+    marker = str(tmp_path)
+    env = scenario_env(marker)
+    script = (
+        "import json, ray\n"
+        "from ray.experimental.internal_kv import _internal_kv_get\n"
+        "from actors.cluster_state import can_add_nodes\n"
+        "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+        "answer = can_add_nodes(wait_s=60)\n"
+        "status = json.loads(_internal_kv_get('__autoscaling_status'))\n"
+        "print(json.dumps({'can_add': answer, 'report': status.get('autoscaler_report') is not None}))\n"
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, text=True,
+                              capture_output=True, timeout=180)
+    finally:
+        kill_marked(marker)
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"can_add": False, "report": True}

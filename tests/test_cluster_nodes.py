@@ -7,41 +7,21 @@ so it never meets this session's own Ray; its facts come back as JSON.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from cluster_scenarios import kill_marked, scenario_env
+from cluster_scenarios import scenario_facts
+from cluster_scenarios import scenario_result as _scenario
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("nodes")
-    marker = str(out)
-    env = scenario_env(marker)
-    try:
-        proc = subprocess.run([sys.executable, str(REPO / "tests" / "cluster_scenarios.py"),
-                               str(out / "facts.json")], env=env, cwd=REPO, text=True,
-                              capture_output=True, timeout=600)
-    finally:
-        kill_marked(marker)
-        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
-    data = json.loads((out / "facts.json").read_text()) if (out / "facts.json").is_file() else {}
-    data["_log"] = (proc.stdout + proc.stderr)[-4000:]
-    for key, value in data.items():  # the figures the test reports (-s shows them)
-        if key.endswith("_s") or key in ("sim_node_loss", "rollout_node_loss"):
-            print(f"{key}: {json.dumps(value, default=str)[:600]}")
-    return data
-
-
-def _scenario(facts: dict, name: str) -> dict:
-    assert name in facts, facts.get(f"scenario_{name}_error") or facts["_log"]
-    return facts[name]
+    return scenario_facts(REPO / "tests" / "cluster_scenarios.py",
+                          tmp_path_factory.mktemp("nodes"), 600,
+                          lambda key: key.endswith("_s") or key in ("sim_node_loss",
+                                                                    "rollout_node_loss"))
 
 
 @pytest.mark.slow

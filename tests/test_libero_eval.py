@@ -44,7 +44,10 @@ def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
         assert row["episodes"] == 1 and row["successes"] == 0
         assert row["ci95"] == [0.0, 0.7935]  # Wilson 95% for 0 of 1
         assert "black bowl" in row["instruction"]
-        assert row["by_init_state"] == [{"init_state": 0, "success": False, "steps": 10}]
+        (episode,) = row["by_init_state"]
+        assert len(episode["digest"]) == 16  # the actions' hash
+        assert {k: v for k, v in episode.items() if k != "digest"} == {
+            "init_state": 0, "success": False, "steps": 10}
     assert summary["episodes"] == 2 and summary["faults"] == 0 and summary["env_steps"] == 20
     assert summary["success_rate"] == 0.0 and summary["ci95"] == [0.0, 0.6576]
     assert summary["complete"] and summary["episodes_per_s"] > 0
@@ -56,6 +59,9 @@ def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
     assert "error" not in fp["renderer"], fp["renderer"]
     assert fp["image_size"] == [32, 32] and fp["fast_render"] is True and fp["chunk_len"] == 5
     assert fp["control_freq"] == 20.0 and fp["seeds"] == {"eval": 0, "placement": 0}
+    assert fp["numerics"] == {"mode": "pinned", "torch_cpu_capability": "DEFAULT",
+                              "mkl_cbwr": "COMPATIBLE", "mkldnn": False, "threads": 1}
+    assert fp["host"]["arch"] and "host" not in fp["numerics"]
     assert fp["init_state_ids"] == [0] and fp["tasks"] == [3, 7] and fp["max_steps"] == 10
     stored = json.loads((out / "results.json").read_text())
     assert stored["tasks"] == summary["tasks"] and stored["fingerprint"] == fp

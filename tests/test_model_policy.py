@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -247,7 +249,9 @@ def test_saves_from_several_threads_of_one_process_all_land(tmp_path):
     assert not errors, errors
     assert read_meta(tmp_path).version == 6
     kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert kept == ["latest", "step-00000005", "step-00000006"]
+    # a version saved again goes to a new directory, never over one `latest` may name; the
+    # newest copy of each of the two newest versions is kept
+    assert kept == ["latest", "step-00000005-1", "step-00000006-2"]
     loaded, _ = load_policy(tmp_path)
     for k, v in policy.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[k], v, msg=k)
@@ -320,19 +324,25 @@ def test_options_are_validated_with_the_field_named():
         build_vla_policy(SPEC, {"colour": "red"}, "policy.options")
 
 
+def _one(state):
+    """One observation with ``state`` (the processor's text encoding reads state and text)."""
+    obs, _ = _obs(n=1)
+    return dataclasses.replace(obs, state=state)
+
+
 def test_state_range_sets_the_bins_and_travels_with_the_checkpoint(tmp_path):
     dim = SPEC.state_dim
     low, high = [0.5] * dim, [1.5] * dim
     options = {"preset": "tiny", "state_low": low, "state_high": high}
     policy = build_vla_policy(SPEC, options)
     state = np.full((1, dim), 1.2, np.float32)  # beyond the default [-1, 1]: one clipped bin
-    inside = policy.processor.state_tokens(state)
-    default = build_vla_policy(SPEC, {"preset": "tiny"}).processor.state_tokens(state)
+    inside = policy.processor.encode_text(_one(state))[0][1]
+    default = build_vla_policy(SPEC, {"preset": "tiny"}).processor.encode_text(_one(state))[0][1]
     base = 256  # state bin b is token 256 + b (after the 256 byte tokens)
-    assert (default == base + 255).all() and (inside == base + int(0.7 * 256)).all()
+    assert default == [base + 255] * dim and inside == [base + int(0.7 * 256)] * dim
     save_checkpoint(tmp_path / "ck", policy, CheckpointMeta(Named("vla", options), SPEC, 1))
     loaded, _ = load_policy(tmp_path / "ck")
-    np.testing.assert_array_equal(loaded.processor.state_tokens(state), inside)
+    assert loaded.processor.encode_text(_one(state))[0][1] == inside
     with pytest.raises(ConfigError, match="policy.options.state_high"):
         build_vla_policy(SPEC, {"state_low": low, "state_high": high[:-1]}, "policy.options")
     with pytest.raises(ConfigError, match="policy.options.state_high"):

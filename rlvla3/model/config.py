@@ -7,7 +7,16 @@ chosen preset.
 Invariants: the action expert shares depth, head count, KV-head count and head size with the
 backbone (every layer attends jointly over prefix keys and action keys, as in pi0/pi0.5);
 preset ``pi05`` has the shapes of PaliGemma-2B (SigLIP So400m/14 at 224 px + Gemma-2B) plus the
-Gemma-300M action expert, so that an openpi/LeRobot pi0.5 checkpoint loads onto it.
+Gemma-300M action expert, so that an openpi/LeRobot pi0.5 checkpoint loads onto it; ``pi05_tiny``
+has the same structure at a size that runs on a CPU in seconds (the parity fixtures, CPU smokes).
+
+Every option that changes how the policy acts defaults to the behaviour of the checkpoints trained
+here before it existed (a checkpoint's ``meta.json`` records only the options it was given):
+the chain in the env's action dims, deterministic acting from zero noise, mean/std action
+normalisation, the byte tokenizer, stretched frames. The pi0.5 reference behaviour is chosen
+per option (``chain: padded``, ``noise_start: seeded``, ``normalization: quantile``,
+``tokenizer: PATH``, ``image_resize: pad``, ``denoise_steps: 10``); a LeRobot ``pi05``
+directory given as ``checkpoint`` supplies them (see ``rlvla3.model.lerobot``).
 """
 
 from __future__ import annotations
@@ -71,6 +80,11 @@ PRESETS: dict[str, ModelShapes] = {
         vision_mlp=4304, width=2048, depth=18, heads=8, kv_heads=1, head_dim=256, mlp=16384,
         vocab=257152, expert_width=1024, expert_mlp=4096, max_action_dim=32,
     ),
+    "pi05_tiny": ModelShapes(  # pi05's structure at a CPU size; vocabulary reduced to 1024 rows
+        image_size=56, patch=14, vision_width=32, vision_depth=2, vision_heads=2, vision_mlp=64,
+        width=64, depth=2, heads=8, kv_heads=1, head_dim=16, mlp=128, vocab=1024,
+        expert_width=32, expert_mlp=64, max_action_dim=32,
+    ),
 }
 
 
@@ -78,7 +92,7 @@ PRESETS: dict[str, ModelShapes] = {
 class VLAConfig:
     """Options of the ``vla`` policy (``policy.options`` in a run config)."""
 
-    preset: Literal["tiny", "small", "pi05"] = "tiny"
+    preset: Literal["tiny", "small", "pi05", "pi05_tiny"] = "tiny"
     """Model size; ``pi05`` is only built on a CUDA device."""
     attention: Literal["auto", "flash", "torch_varlen", "per_segment", "padded"] = "auto"
     """Attention backend; ``auto`` picks flash > torch_varlen on CUDA, per_segment on CPU."""
@@ -100,17 +114,51 @@ class VLAConfig:
     the noise on the action chunk (standardised units: 0.1 is a tenth of each action
     dimension's spread in the demonstrations)."""
     init_noise: float = 1.0
-    """Scale of the chain's starting noise when sampling (deterministic acting starts at 0,
-    the noise distribution's mean). Below 1 the behaviour policy stays nearer the mode that
+    """Scale of the chain's starting noise when sampling (deterministic acting starts as
+    ``noise_start`` says). Below 1 the behaviour policy stays nearer the mode that
     evaluation runs; 0 leaves the SDE steps (or the noise head) as the only randomness. The
     chain's log-probability is the same at any scale: the starting point's density does not
     depend on the weights."""
+    chain: Literal["action", "padded"] = "action"
+    """Width the denoising chain runs in: ``action``, the env's action dims (the model's padding
+    dims are zero at every step); ``padded``, all ``max_action_dim`` dims are integrated from
+    noise and the env's dims are sliced off at the end (pi0.5/LeRobot ``sample_actions``)."""
+    noise_start: Literal["zero", "seeded"] = "zero"
+    """Start of the chain under deterministic acting (evaluation): ``zero``, the noise
+    distribution's mean; ``seeded``, one standard-normal draw ``[chunk_len, width]`` from a
+    generator seeded ``eval_noise_seed``, the same for every observation (pi0.5 samples its
+    initial noise; a fixed seed keeps acting a function of the observation)."""
+    eval_noise_seed: int = 0
+    """Seed of the deterministic initial noise under ``noise_start: seeded``."""
     noise_min: float = 0.05
     """Flow-Noise: smallest std the learned noise head may output."""
     noise_max: float = 0.5
     """Flow-Noise: largest std the learned noise head may output."""
     max_text_tokens: int = 64
-    """Instructions are truncated to this many tokens by the processor."""
+    """Instructions (the whole prompt, under ``tokenizer``) are truncated to this many tokens."""
+    tokenizer: str = ""
+    """Path of a SentencePiece model (PaliGemma's ``paligemma_tokenizer.model`` for pi0.5):
+    the instruction becomes the pi0.5 prompt, ``Task: ..., State: ...;\\nAction: `` (see
+    ``prompt_state``). Empty: the built-in byte tokenizer with the state as separate tokens."""
+    prompt_state: bool = True
+    """Under ``tokenizer``: the discretised state goes into the prompt (LeRobot's pi05); False:
+    openpi's state-free format, the instruction and a newline (openpi's ``pi05_libero``)."""
+    normalization: Literal["mean_std", "quantile"] = "mean_std"
+    """``mean_std``: actions standardised by ``action_mean``/``action_std``, the state binned
+    over ``state_low``..``state_high``; ``quantile``: state and actions mapped to [-1, 1] by
+    their 1% and 99% quantiles (``state_q01``... ``action_q99``; pi0.5/LeRobot ``QUANTILES``)."""
+    state_q01: tuple[float, ...] = ()
+    """Per-dimension 1% quantile of the state under ``quantile`` (empty: -1 everywhere, and
+    99% quantiles +1, the identity map)."""
+    state_q99: tuple[float, ...] = ()
+    action_q01: tuple[float, ...] = ()
+    action_q99: tuple[float, ...] = ()
+    image_resize: Literal["stretch", "pad"] = "stretch"
+    """Frames of another size than the model's: ``stretch`` to the square, or ``pad``: resize
+    keeping the aspect ratio and pad with black (openpi/LeRobot ``resize_with_pad``)."""
+    camera_keys: Mapping[str, str] = field(default_factory=dict)
+    """Env camera -> LeRobot image feature (default ``observation.images.<camera>``): how a
+    LeRobot checkpoint's cameras are matched to the env's, and the names an export writes."""
     state_bins: int = 256
     """Discretisation of each state dimension over [state_low, state_high]."""
     state_low: tuple[float, ...] = ()
@@ -132,8 +180,9 @@ class VLAConfig:
     seed: int = 0
     """Seed of the weight initialisation."""
     checkpoint: str = ""
-    """Local pi0.5 checkpoint (LeRobot/openpi safetensors) to load after building; nothing is
-    downloaded."""
+    """Local pi0.5 checkpoint to load after building: a LeRobot ``pi05`` policy directory (its
+    ``config.json`` and statistics supply the defaults of the reference options) or an
+    openpi/LeRobot ``.safetensors`` file; nothing is downloaded."""
 
     def validate(self) -> None:
         require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")
@@ -149,6 +198,17 @@ class VLAConfig:
         require(len(self.action_mean) == len(self.action_std), "action_std",
                 f"has {len(self.action_std)} values but action_mean has {len(self.action_mean)}")
         require(all(sd > 0 for sd in self.action_std), "action_std", "every value must be > 0")
+        for kind in ("state", "action"):
+            lo, hi = getattr(self, f"{kind}_q01"), getattr(self, f"{kind}_q99")
+            require(len(lo) == len(hi), f"{kind}_q99",
+                    f"has {len(hi)} values but {kind}_q01 has {len(lo)}")
+            require(all(a <= b for a, b in zip(lo, hi, strict=True)), f"{kind}_q99",
+                    f"every dimension needs {kind}_q01 <= {kind}_q99")
+            require(self.normalization == "quantile" or not lo, f"{kind}_q01",
+                    "quantiles are used only with normalization: quantile")
+        require(self.normalization == "mean_std" or not (self.action_mean or self.state_low),
+                "normalization", "'quantile' takes state_q01.. action_q99, not state_low/high "
+                "or action_mean/std")
         names = {f.name for f in fields(ModelShapes)} - {"image_size"}
         for key, value in self.shapes.items():
             require(key in names, f"shapes.{key}",
@@ -157,6 +217,8 @@ class VLAConfig:
             require(isinstance(value, int) and value >= least,
                     f"shapes.{key}", f"must be an integer >= {least}, got {value!r}")
         shapes = shapes_for(self)
+        require(self.chain == "action" or shapes.max_action_dim > 0, "chain",
+                "'padded' needs a model with max_action_dim > 0 (shapes.max_action_dim)")
         require(shapes.vision_width % shapes.vision_heads == 0, "shapes.vision_width",
                 f"{shapes.vision_width} is not divisible by vision_heads {shapes.vision_heads}")
         require(not shapes.conv_stem or shapes.patch == 2 ** shapes.conv_stem,

@@ -4,13 +4,20 @@ Input: a ``.safetensors`` file (or a directory holding ``model.safetensors``) wh
 openpi's PyTorch port as used by LeRobot (``paligemma_with_expert.paligemma.model.
 vision_tower.vision_model...``, ``...language_model.layers.N...``, ``paligemma_with_expert.
 gemma_expert.model.layers.N...``, ``action_in_proj``, ``time_mlp_in``...), optionally all under
-a ``model.`` prefix. Output: the network's parameters overwritten in place.
+a ``model.`` prefix, in any float dtype (bfloat16 files are converted to the model's dtype).
+Output: the network's parameters overwritten in place.
+
+What users' files differ in, and how it is read:
+- the Hub's and openpi-converted files carry the tied ``paligemma.lm_head.weight`` and no
+  ``language_model.embed_tokens.weight``: the head is the embedding (as LeRobot copies it);
+  when a file has both, the embedding's own entry is used;
+- older files name the time MLP ``action_time_mlp_in/out``: read as ``time_mlp_in/out``.
 
 Invariants: every checkpoint key maps to exactly one network parameter and vice versa, except
 the explicitly listed ones (the unused LM heads in the file; the RL value/noise heads in the
 network, which pi0.5 does not have and keep their initialisation). Any other missing or extra
-key, or any shape mismatch, is a ``CheckpointLayoutError`` that lists them. Nothing is
-downloaded.
+key, or any shape mismatch, is a ``CheckpointLayoutError`` that lists them, and nothing is
+loaded. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ UNUSED_CHECKPOINT_KEYS = (
     r"paligemma_with_expert\.(paligemma|gemma_expert)\.lm_head\.weight",
     re.escape(EXPERT) + r"(layers\.\d+\.(input|post_attention)_layernorm|norm)\.weight",
 )
+LM_HEAD = "paligemma_with_expert.paligemma.lm_head.weight"
+EMBED_TOKENS = PALI + "language_model.embed_tokens.weight"
+EXPERT_LM_HEAD = "paligemma_with_expert.gemma_expert.lm_head.weight"
+OLD_NAMES = (("action_time_mlp_in.", "time_mlp_in."), ("action_time_mlp_out.", "time_mlp_out."))
 # Network parameters pi0.5 has no counterpart for (RL heads, freshly initialised).
 FRESH_PREFIXES = ("value_head.", "noise_head.")
 
@@ -87,9 +98,16 @@ def _read(path: str | Path) -> dict[str, torch.Tensor]:
         path = path / "model.safetensors"
     if not path.is_file():
         raise FileNotFoundError(f"no pi0.5 checkpoint at {path} (nothing is downloaded)")
-    state = load_file(str(path))
+    try:
+        state = load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for a corrupt header
+        raise CheckpointLayoutError(f"{path} is not a readable safetensors file: {exc}") from None
     if state and all(k.startswith("model.") for k in state):
         state = {k[len("model."):]: v for k, v in state.items()}
+    for old, new in OLD_NAMES:
+        state = {(new + k[len(old):] if k.startswith(old) else k): v for k, v in state.items()}
+    if EMBED_TOKENS not in state and LM_HEAD in state:  # tied: the Hub's layout
+        state[EMBED_TOKENS] = state[LM_HEAD]
     return state
 
 

@@ -1,23 +1,31 @@
 """``VLAPolicy``: the packed VLA network behind the ``rlvla3.protocols.Policy`` protocol.
 
 Inputs: ``ObsBatch`` (processed by ``Processor``), action chunks ``[n, chunk_len, action_dim]``
-(env units; the flow works on them standardised by ``action_mean/action_std``) and, for
-``evaluate``, the denoising chains recorded by ``act`` as ``latents`` (standardised units)
-(float32 ``[n, K + 1, chunk_len, action_dim]``, fixed shape per policy).
-Outputs: ``act`` -> numpy ``PolicyOutput``; ``evaluate`` -> differentiable ``Evaluation``;
-``sft_loss`` -> scalar flow-matching loss.
+(env units; the flow works on them normalised by ``rlvla3.model.normalize``) and, for
+``evaluate``, the denoising chains recorded by ``act`` as ``latents`` (normalised units)
+(float32 ``[n, K + 1, chunk_len, W]``, fixed shape per policy; ``W`` is the chain's width:
+the env's ``action_dim``, or the model's ``max_action_dim`` under ``chain: padded``).
+Outputs: ``act`` -> numpy ``PolicyOutput``; ``predict_chunk`` -> the reference's actions from
+a given initial noise; ``evaluate`` -> differentiable ``Evaluation``; ``sft_loss`` -> scalar
+flow-matching loss.
 
-Invariant: ``evaluate`` recomputes the chain log-probability with the same step function that
+Invariants: ``evaluate`` recomputes the chain log-probability with the same step function that
 ``act`` sampled with (batched over the K steps instead of sequential), so for the same weights
-it returns the behaviour log-probability up to float rounding.
+it returns the behaviour log-probability up to float rounding. Deterministic acting follows the
+ODE from a start that depends on the config only (``noise_start``), so it is a fixed function of
+the observation, whatever the batch; under ``noise_start: seeded`` it equals ``predict_chunk``
+from that seeded noise, which is what pi0.5 (LeRobot ``predict_action_chunk``) returns for it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import asdict
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rlvla3.config import ConfigError
@@ -26,7 +34,9 @@ from rlvla3.model.attention import select_backend
 from rlvla3.model.config import VLAConfig, shapes_for
 from rlvla3.model.fp8 import select_fp8
 from rlvla3.model.network import PrefixCache, SuffixLayout, VLANetwork
+from rlvla3.model.normalize import make_normalizer
 from rlvla3.model.processor import PrefixBatch, Processor
+from rlvla3.model.tokenizer import ByteTokenizer, PaliGemmaTokenizer
 from rlvla3.packing import pack_best_fit
 from rlvla3.protocols import Evaluation
 from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput
@@ -37,26 +47,42 @@ log = logging.getLogger(__name__)
 class VLAPolicy(nn.Module):
     """pi0.5-style policy: processor + network + flow-matching head with RL log-probs."""
 
-    def __init__(self, spec: EnvSpec, cfg: VLAConfig, device: torch.device | str = "cpu"):
+    def __init__(self, spec: EnvSpec, cfg: VLAConfig, device: torch.device | str = "cpu",
+                 cameras: Sequence[str] | None = None):
+        """``cameras``: the env's cameras in the order the model sees them (a pi0.5
+        checkpoint's feature order; default the env's order)."""
         super().__init__()
         device = torch.device(device)
         self.spec, self.cfg = spec, cfg
         self.shapes = shapes_for(cfg)
-        if cfg.state_low and len(cfg.state_low) != spec.state_dim:
-            raise ConfigError("policy.options.state_low", f"has {len(cfg.state_low)} values, the "
-                              f"env's state has {spec.state_dim} dimensions")
-        if cfg.action_mean and len(cfg.action_mean) != spec.action_dim:
-            raise ConfigError("policy.options.action_mean", f"has {len(cfg.action_mean)} values, "
-                              f"the env's actions have {spec.action_dim} dimensions")
-        self._action_mean = torch.tensor(cfg.action_mean or [0.0] * spec.action_dim)
-        self._action_std = torch.tensor(cfg.action_std or [1.0] * spec.action_dim)
-        bounds = [np.asarray(b, np.float32) if b else None for b in (cfg.state_low, cfg.state_high)]
-        self.processor = Processor(self.shapes, spec.cameras, spec.state_dim, cfg.max_text_tokens,
-                                   cfg.state_bins, *bounds)
+        for name, dim, what in (("state_low", spec.state_dim, "state"),
+                                ("state_q01", spec.state_dim, "state"),
+                                ("action_mean", spec.action_dim, "actions"),
+                                ("action_q01", spec.action_dim, "actions")):
+            if getattr(cfg, name) and len(getattr(cfg, name)) != dim:
+                raise ConfigError(f"policy.options.{name}", f"has {len(getattr(cfg, name))} "
+                                  f"values, the env's {what} have {dim} dimensions")
+        self.normalizer = make_normalizer(cfg.normalization, spec.state_dim, spec.action_dim,
+                                          cfg.state_bins, asdict(cfg))
+        try:
+            tokenizer = (PaliGemmaTokenizer(cfg.tokenizer, cfg.max_text_tokens, cfg.prompt_state)
+                         if cfg.tokenizer else
+                         ByteTokenizer(cfg.max_text_tokens, spec.state_dim, cfg.state_bins))
+        except (OSError, ValueError) as exc:
+            raise ConfigError("policy.options.tokenizer", str(exc)) from None
+        if tokenizer.vocab_size > self.shapes.vocab:
+            name = cfg.tokenizer or "the byte tokenizer"
+            raise ConfigError("policy.options.tokenizer", f"{name} has {tokenizer.vocab_size} "
+                              f"tokens, the model's embedding {self.shapes.vocab} rows")
+        self.processor = Processor(self.shapes, cameras or spec.cameras, spec.state_dim,
+                                   tokenizer, self.normalizer, cfg.image_resize)
         with torch.random.fork_rng(devices=[]), device:  # seeded init, caller's RNG untouched
             torch.manual_seed(cfg.seed)
             self.net = VLANetwork(self.shapes, spec.action_dim, spec.chunk_len,
                                   flow_noise=cfg.logprob == "flow_noise")
+        self.chain_width = self.net.action_width if cfg.chain == "padded" else spec.action_dim
+        start = torch.Generator().manual_seed(cfg.eval_noise_seed)
+        self._eval_noise = torch.randn((spec.chunk_len, self.chain_width), generator=start)
         self.set_attention(cfg.attention)
         self.fp8_backend = select_fp8(cfg.fp8_backend, device) if cfg.fp8 else None
         self.net.set_fp8(self.fp8_backend)
@@ -83,7 +109,7 @@ class VLAPolicy(nn.Module):
 
     @property
     def latent_shape(self) -> tuple[int, ...]:
-        return (self.cfg.denoise_steps + 1, self.spec.chunk_len, self.spec.action_dim)
+        return (self.cfg.denoise_steps + 1, self.spec.chunk_len, self.chain_width)
 
     def set_attention(self, name: str) -> None:
         """Switch the attention backend (``auto`` picks the best for the current device)."""
@@ -121,19 +147,31 @@ class VLAPolicy(nn.Module):
         return step
 
     # -- Policy protocol -------------------------------------------------------------------
+    def initial_noise(self, n: int, deterministic: bool) -> torch.Tensor:
+        """The chain's start ``[n, chunk_len, W]``: under deterministic acting ``noise_start``'s
+        (zeros, or the seeded draw repeated per row), else ``init_noise`` times a draw from the
+        sampling stream (zeros when ``init_noise`` is 0)."""
+        shape = (n, self.spec.chunk_len, self.chain_width)
+        if deterministic and self.cfg.noise_start == "seeded":
+            return self._eval_noise.to(self.device).expand(shape).contiguous()
+        if deterministic or self.cfg.init_noise == 0:  # the noise distribution's mean
+            return torch.zeros(shape, device=self.device)
+        x0 = torch.randn(shape, generator=self._generator, device=self.device)
+        return x0 * self.cfg.init_noise
+
+    def _actions(self, chain_end: torch.Tensor) -> np.ndarray:
+        """The chain's last state ``[n, H, W]`` as env actions ``[n, H, action_dim]``."""
+        x = chain_end[..., : self.spec.action_dim]
+        return self.normalizer.to_env(x).numpy().astype(np.float32)
+
     @torch.no_grad()
     def act(self, obs: ObsBatch, deterministic: bool = False) -> PolicyOutput:
         """Sample the denoising chain; its last state is the action chunk. ``deterministic``:
-        the ODE from zero noise, a fixed function of the observation (evaluation)."""
+        the ODE from ``initial_noise``, a fixed function of the observation (evaluation)."""
         pb, cache = self._prefix(obs)
         value = self.net.value(cache, pb)
         layout = self.net.suffix_layout(pb, reps=1)
-        shape = (len(obs), self.spec.chunk_len, self.spec.action_dim)
-        if deterministic or self.cfg.init_noise == 0:  # the noise distribution's mean
-            x0 = torch.zeros(shape, device=self.device)
-        else:
-            x0 = torch.randn(shape, generator=self._generator, device=self.device)
-            x0 = x0 * self.cfg.init_noise
+        x0 = self.initial_noise(len(obs), deterministic)
         step = self._step_fn(cache, layout)
         if self.cfg.logprob == "ode_gaussian":
             chain, dist = flow.ode_action_distribution(step, x0, self.cfg.denoise_steps,
@@ -145,13 +183,26 @@ class VLAPolicy(nn.Module):
         else:
             chain, logp = flow.sample_chain(step, x0, self.cfg.denoise_steps, deterministic,
                                             self._generator)
-        actions = chain[:, -1].cpu() * self._action_std + self._action_mean
         return PolicyOutput(
-            actions=actions.numpy().astype(np.float32),
+            actions=self._actions(chain[:, -1]),
             log_prob=logp.cpu().numpy().astype(np.float32),
             value=value.cpu().numpy().astype(np.float32),
             latents=chain.cpu().numpy().astype(np.float32),
         )
+
+    @torch.no_grad()
+    def predict_chunk(self, obs: ObsBatch, noise: torch.Tensor | None = None) -> np.ndarray:
+        """Env actions ``[n, chunk_len, action_dim]`` of the ODE (K Euler steps) from ``noise``
+        ``[n, chunk_len, W]``, drawn from the sampling stream when None: what a pi0.5 reference
+        (LeRobot's ``predict_action_chunk`` and post-processor) returns for that noise."""
+        pb, cache = self._prefix(obs)
+        if noise is None:
+            noise = torch.randn((len(obs), self.spec.chunk_len, self.chain_width),
+                                generator=self._generator, device=self.device)
+        step = self._step_fn(cache, self.net.suffix_layout(pb, reps=1))
+        chain, _ = flow.ode_action_distribution(step, noise.to(self.device, torch.float32),
+                                                self.cfg.denoise_steps, 1.0)
+        return self._actions(chain[:, -1])
 
     def evaluate(self, obs: ObsBatch, actions: torch.Tensor, latents: torch.Tensor) -> Evaluation:
         """Log-prob of the recorded chains (all K steps batched; under ``ode_gaussian`` the
@@ -172,14 +223,18 @@ class VLAPolicy(nn.Module):
 
     def flow_losses(self, obs: ObsBatch, actions: torch.Tensor, noise: torch.Tensor,
                     t: torch.Tensor, action_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-sample flow-matching loss ``[n]``: masked squared error summed over the chunk."""
+        """Per-sample flow-matching loss ``[n]``: masked squared error summed over the chunk and
+        the env's action dims (``noise`` is ``[n, H, W]``; under ``chain: padded`` the actions
+        are zero-padded to ``W`` and the padding dims' error is left out, as LeRobot does)."""
         pb, cache = self._prefix(obs)
         layout = self.net.suffix_layout(pb, reps=1)
-        actions = actions.to(self.device, torch.float32)
-        actions = (actions - self._action_mean.to(actions)) / self._action_std.to(actions)
+        actions = self.normalizer.to_model(actions.to(self.device, torch.float32))
+        a = actions.shape[-1]
+        if self.chain_width > a:
+            actions = F.pad(actions, (0, self.chain_width - a))
         x_t, target = flow.flow_matching_target(actions, noise.to(actions), t.to(actions))
         v, _ = self.net.velocity(cache, layout, x_t, t.to(actions))
-        err = (v - target).pow(2)
+        err = (v - target)[..., :a].pow(2)
         if action_mask is not None:
             m = action_mask.to(self.device, err.dtype)
             err = err * (m[..., None] if m.dim() == 2 else m)
@@ -189,7 +244,7 @@ class VLAPolicy(nn.Module):
                  action_mask: torch.Tensor) -> torch.Tensor:
         """Flow-matching loss, mean over valid action elements (``action_mask [n, chunk]``)."""
         actions = torch.as_tensor(actions, dtype=torch.float32, device=self.device)
-        noise = torch.randn(actions.shape, device=self.device)
+        noise = torch.randn((*actions.shape[:-1], self.chain_width), device=self.device)
         t = flow.sample_time(len(actions), self.device)
         mask = torch.as_tensor(action_mask, device=self.device)
         per = self.flow_losses(obs, actions, noise, t, mask)

@@ -2,9 +2,11 @@
 
 Tokenisation and normalisation live here, outside the model. Inputs: an ``ObsBatch`` (uint8
 images per camera + ``image_mask``, float32 state, instruction strings). Output: a
-``PrefixBatch`` holding pixels of the *present* images only, byte-level instruction token ids
-(not padded), discretised state token ids, and the index that lays them out as one packed
-prefix stream ``[sample 0: images, text, state | sample 1: ... ]`` with ``cu_seqlens``.
+``PrefixBatch`` holding pixels of the *present* images only, instruction token ids (not
+padded), the state's separate token ids (byte tokenizer only), and the index that lays them
+out as one packed prefix stream ``[sample 0: images, text, state | sample 1: ... ]`` with
+``cu_seqlens``. The state reaches the tokenizer as bins (``rlvla3.model.normalize``); the
+tokenizer (``rlvla3.model.tokenizer``) puts them into the text or beside it.
 
 Invariants:
 - packed mode: an absent camera contributes zero tokens and zero pixels; an instruction
@@ -13,9 +15,13 @@ Invariants:
   instructions are padded to the batch maximum; such tokens are flagged in ``key_valid`` and
   excluded from attention and pooling, so outputs on real tokens equal the packed ones.
 - RoPE positions count real tokens only (``cumsum(valid) - 1`` per sample).
+- cameras are encoded in the processor's camera order (a pi0.5 checkpoint's feature order);
+  each camera's frames are transformed on their own, so cameras may differ in size.
 
-Vocabulary of the built-in byte tokenizer: ids 0..255 are UTF-8 bytes, ``256 + b`` is state bin
-``b``, ``BOS`` opens every instruction.
+Image transforms (``VLAConfig.image_resize``): ``stretch`` resizes to the model's square
+(bilinear) and maps ``[0, 255]`` to ``[-1, 1]`` as ``x / 127.5 - 1``; ``pad`` is openpi's and
+LeRobot's ``resize_with_pad`` (``x / 255``, bilinear resize keeping the aspect ratio, clamp to
+``[0, 1]``, centred black padding, ``2 x - 1``).
 """
 
 from __future__ import annotations
@@ -28,18 +34,37 @@ import torch
 import torch.nn.functional as F
 
 from rlvla3.model.config import ModelShapes
+from rlvla3.model.normalize import Normalizer
+from rlvla3.model.tokenizer import BOS, PAD, STATE_OFFSET, Tokenizer, tokenize
 from rlvla3.packing import cu_seqlens
 from rlvla3.types import ObsBatch
 
-STATE_OFFSET = 256
-BOS = 512
-PAD = 513
+__all__ = ["BOS", "PAD", "STATE_OFFSET", "PrefixBatch", "Processor", "sample_token_count",
+           "tokenize"]
 
 
-def tokenize(text: str, max_tokens: int) -> list[int]:
-    """Normalise (lower case, single spaces) and byte-encode; ``BOS`` first; truncated."""
-    norm = " ".join(text.lower().split())
-    return [BOS, *norm.encode("utf-8")][:max_tokens]
+def stretch_images(frames: torch.Tensor, side: int) -> torch.Tensor:
+    """uint8 ``[m, 3, H, W]`` -> float ``[m, 3, side, side]`` in [-1, 1], stretched."""
+    x = frames.float()
+    if x.shape[-2:] != (side, side) and len(x):
+        x = F.interpolate(x, size=(side, side), mode="bilinear", align_corners=False)
+    return x / 127.5 - 1.0
+
+
+def pad_images(frames: torch.Tensor, side: int) -> torch.Tensor:
+    """uint8 ``[m, 3, H, W]`` -> float ``[m, 3, side, side]`` in [-1, 1], resized with pad."""
+    x = frames.float() / 255.0
+    h, w = x.shape[-2:]
+    if (h, w) != (side, side) and len(x):
+        ratio = max(w / side, h / side)
+        rh, rw = int(h / ratio), int(w / ratio)
+        x = F.interpolate(x, size=(rh, rw), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
+        top, left = (side - rh) // 2, (side - rw) // 2
+        x = F.pad(x, (left, side - rw - left, top, side - rh - top), value=0.0)
+    return x * 2.0 - 1.0
+
+
+IMAGE_TRANSFORMS = {"stretch": stretch_images, "pad": pad_images}
 
 
 def sample_token_count(shapes: ModelShapes, cameras_present: int, instruction: str,
@@ -61,7 +86,8 @@ class PrefixBatch:
     text_ids: torch.Tensor
     """int64 ``[T_text]``: instruction tokens of all samples, concatenated."""
     state_ids: torch.Tensor
-    """int64 ``[n * state_dim]``: discretised state tokens."""
+    """int64 ``[n * k]``: separate state tokens (``k = state_dim`` for the byte tokenizer, 0 when
+    the state is part of the prompt)."""
     prefix_index: torch.Tensor
     """int64 ``[T_prefix]``: stream position -> row of ``cat(image tokens, text, state)``."""
     cu_prefix: torch.Tensor
@@ -80,32 +106,26 @@ class PrefixBatch:
 class Processor:
     """Turns observations into a ``PrefixBatch`` for one model's shapes."""
 
-    def __init__(
-        self,
-        shapes: ModelShapes,
-        cameras: Sequence[str],
-        state_dim: int,
-        max_text_tokens: int,
-        state_bins: int = 256,
-        state_low: np.ndarray | None = None,
-        state_high: np.ndarray | None = None,
-    ):
+    def __init__(self, shapes: ModelShapes, cameras: Sequence[str], state_dim: int,
+                 tokenizer: Tokenizer, normalizer: Normalizer, image_resize: str = "stretch"):
         self.shapes = shapes
         self.cameras = tuple(cameras)
         self.state_dim = state_dim
-        self.max_text_tokens = max_text_tokens
-        self.state_bins = state_bins
-        self.state_low = np.full(state_dim, -1.0, np.float32) if state_low is None else state_low
-        self.state_high = np.full(state_dim, 1.0, np.float32) if state_high is None else state_high
+        self.tokenizer, self.normalizer = tokenizer, normalizer
+        self.transform = IMAGE_TRANSFORMS[image_resize]
 
     # -- token accounting (used by the data lake to pack) ---------------------------------
+    def encode_text(self, obs: ObsBatch) -> list[tuple[list[int], list[int]]]:
+        """Per sample: instruction token ids and separate state token ids."""
+        bins = self.normalizer.state_bins(np.asarray(obs.state, np.float32))
+        return [self.tokenizer.encode(text, b)
+                for text, b in zip(obs.instruction, bins, strict=True)]
+
     def prefix_token_counts(self, obs: ObsBatch) -> np.ndarray:
         """Real prefix tokens per sample: present images, instruction, state."""
         cams = self._present(obs).sum(1)
-        return np.array([
-            sample_token_count(self.shapes, int(c), text, self.state_dim, 0, self.max_text_tokens)
-            for c, text in zip(cams, obs.instruction, strict=True)
-        ], dtype=np.int64)
+        lens = [len(t) + len(s) for t, s in self.encode_text(obs)]
+        return (cams * self.shapes.image_tokens + np.asarray(lens, np.int64)).astype(np.int64)
 
     def _present(self, obs: ObsBatch) -> np.ndarray:
         unknown = set(obs.images) - set(self.cameras)
@@ -119,45 +139,51 @@ class Processor:
         return np.stack(cols, 1) if cols else np.zeros((n, 0), bool)
 
     # -- conversion -----------------------------------------------------------------------
-    def _pixels(self, images: np.ndarray, device: torch.device) -> torch.Tensor:
-        x = torch.from_numpy(np.ascontiguousarray(images)).to(device).permute(0, 3, 1, 2).float()
+    def _pixels(self, obs: ObsBatch, present: np.ndarray, slots: np.ndarray,
+                img_row: np.ndarray, device: torch.device) -> torch.Tensor:
+        """Encoded images ``[M, 3, S, S]``, sample-major: image (i, c) at ``img_row[i, c]``."""
         side = self.shapes.image_size
-        if x.shape[-2:] != (side, side) and len(x):
-            x = F.interpolate(x, size=(side, side), mode="bilinear", align_corners=False)
-        return x / 127.5 - 1.0
-
-    def state_tokens(self, state: np.ndarray) -> np.ndarray:
-        """Normalise each dimension to [-1, 1] by the processor's bounds, then bin it."""
-        unit = (state - self.state_low) / np.maximum(self.state_high - self.state_low, 1e-8)
-        bins = np.clip(np.floor(unit * self.state_bins), 0, self.state_bins - 1).astype(np.int64)
-        return bins + STATE_OFFSET
+        # Channels-last, the layout of frames that arrive as [m, H, W, 3]: the vision stem's
+        # convolution rounds differently on another layout (checkpoints act as they did).
+        pixels = torch.empty((int(slots.sum()), 3, side, side), device=device,
+                             memory_format=torch.channels_last)
+        for c, cam in enumerate(self.cameras):
+            rows = np.flatnonzero(slots[:, c])
+            if not len(rows):
+                continue
+            if cam in obs.images:
+                frames = np.asarray(obs.images[cam])[rows]
+                # padded mode encodes absent slots as blank frames
+                frames = frames * present[rows, c, None, None, None].astype(np.uint8)
+            else:
+                shape = next((v.shape[1:] for v in obs.images.values()), (side, side, 3))
+                frames = np.zeros((len(rows), *shape), np.uint8)
+            x = torch.from_numpy(np.ascontiguousarray(frames)).to(device).permute(0, 3, 1, 2)
+            pixels[torch.from_numpy(img_row[rows, c]).to(device)] = self.transform(x, side)
+        return pixels
 
     def __call__(self, obs: ObsBatch, device: torch.device | str = "cpu",
                  padded: bool = False) -> PrefixBatch:
         device = torch.device(device)
-        n, p, sd = len(obs), self.shapes.image_tokens, self.state_dim
+        n, p = len(obs), self.shapes.image_tokens
         present = self._present(obs)
         slots = np.ones_like(present) if padded else present
         # Encoded images, sample-major: image j of sample i sits at img_row[i, c].
         img_row = np.full(present.shape, -1, np.int64)
         order = np.argwhere(slots)  # rows sorted by sample, then camera
         img_row[order[:, 0], order[:, 1]] = np.arange(len(order))
-        shape = next((v.shape[1:] for v in obs.images.values()),
-                     (self.shapes.image_size, self.shapes.image_size, 3))
-        blank = np.zeros(shape, np.uint8)  # padded mode encodes absent slots as blank frames
-        frames = [obs.images[self.cameras[c]][i] if present[i, c] else blank for i, c in order]
-        stack = np.stack(frames) if frames else blank[None][:0]
-        pixels = self._pixels(stack, device)
+        pixels = self._pixels(obs, present, slots, img_row, device)
 
-        texts = [tokenize(t, self.max_text_tokens) for t in obs.instruction]
+        encoded = self.encode_text(obs)
+        texts = [t for t, _ in encoded]
+        sd = self.tokenizer.state_tokens
         lens = np.array([len(t) for t in texts], np.int64)
         width = int(lens.max()) if padded and n else 0
         if padded:
-            texts = [t + [PAD] * (width - len(t)) for t in texts]
+            texts = [t + [self.tokenizer.pad_id] * (width - len(t)) for t in texts]
         text_ids = np.array([tok for t in texts for tok in t], np.int64)
         text_start = cu_seqlens([len(t) for t in texts])
-        state_ids = self.state_tokens(np.asarray(obs.state, np.float32)).reshape(-1)
-
+        state_ids = np.array([tok for _, s in encoded for tok in s], np.int64)
         text_base, state_base = len(order) * p, len(order) * p + len(text_ids)
         index, valid, seg_lens = [], [], []
         for i in range(n):

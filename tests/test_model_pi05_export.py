@@ -1,0 +1,98 @@
+"""``rlvla3 export --format lerobot``: LeRobot loads what we write and acts as we do.
+
+LeRobot's side was run by hand (``tests/data/check_pi05_export.py``) on the export of
+``rlvla3.model.parity.round_trip_checkpoint``; its actions and the digest of the weights it
+loaded are in the fixture's ``export_reference.safetensors``. Here the same export is made
+again with rlvla3 only, its digest checked, and our actions compared with LeRobot's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
+from rlvla3.config import Named
+from rlvla3.model import build_vla_policy, export, parity
+from rlvla3.model.synthetic import libero_like_spec
+
+FIXTURE = parity.fixture_path()
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_lerobot_acts_on_our_export_as_we_do(tmp_path):
+    if not (FIXTURE / parity.EXPORT_REFERENCE).is_file():
+        pytest.skip(f"{FIXTURE} has no LeRobot export reference")
+    stages = parity.compare_export(FIXTURE, tmp_path)
+    checked = [s for s in stages if "must differ" not in s.name]
+    assert len(checked) == 4
+    assert all(s.max_abs_diff <= parity.TOLERANCE for s in checked), checked
+    moved = next(s for s in stages if "must differ" in s.name)
+    assert moved.max_abs_diff > 1e-2  # the export carries the trained weights, not the base
+
+
+def test_export_writes_a_lerobot_pi05_directory_and_lists_what_it_leaves_out(tmp_path):
+    ckpt = parity.round_trip_checkpoint(FIXTURE, tmp_path / "ck")
+    out = tmp_path / "export"
+    done = subprocess.run([sys.executable, "-m", "rlvla3", "export", "--checkpoint", str(ckpt),
+                           "--format", "lerobot", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["left_out"] == ["value_head.0.bias", "value_head.0.weight",
+                                   "value_head.2.bias", "value_head.2.weight"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["type"] == "pi05" and config["num_inference_steps"] == 10
+    assert list(config["input_features"]) == ["observation.images.image",
+                                              "observation.images.image2", "observation.state"]
+    assert config["chunk_size"] == 10 and config["max_action_dim"] == 32
+    weights = load_file(str(out / "model.safetensors"))
+    assert all(k.startswith("model.") for k in weights)
+    assert "model.paligemma_with_expert.paligemma.lm_head.weight" in weights
+    assert not any("value_head" in k or "embed_tokens" in k for k in weights)
+    stats = load_file(str(out / export.NORMALIZER_FILE))
+    source = load_file(str(FIXTURE / export.NORMALIZER_FILE))
+    for key in ("observation.state.q01", "observation.state.q99", "action.q01", "action.q99"):
+        torch.testing.assert_close(stats[key], source[key], rtol=0, atol=0)
+    manifest = json.loads((out / "rlvla3_export.json").read_text())
+    assert manifest["left_out"] == summary["left_out"] and manifest["version"] == 7
+    # An existing, non-empty directory is kept unless --force.
+    assert export.main(["--checkpoint", str(ckpt), "--format", "lerobot",
+                        "--out", str(out)]) == 2
+    assert export.main(["--checkpoint", str(ckpt), "--format", "lerobot",
+                        "--out", str(out), "--force"]) == 0
+
+
+def test_checkpoints_that_do_not_act_as_pi05_are_refused_with_every_reason(tmp_path, capsys):
+    spec = libero_like_spec(image_size=32, chunk_len=4)
+    options = {"preset": "tiny", "shapes": {"conv_stem": 3}}
+    policy = build_vla_policy(spec, options)
+    save_checkpoint(tmp_path / "tiny", policy, CheckpointMeta(Named("vla", options), spec, 3))
+    assert export.main(["--checkpoint", str(tmp_path / "tiny"), "--format", "lerobot",
+                        "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    for field in ("chain", "normalization", "tokenizer", "image_resize", "conv_stem"):
+        assert field in err
+    assert not (tmp_path / "o").exists()
+    assert export.main(["--checkpoint", "s3://bucket/run", "--format", "lerobot",
+                        "--out", str(tmp_path / "o")]) == 2
+    assert export.main(["--checkpoint", str(tmp_path / "absent"), "--format", "lerobot",
+                        "--out", str(tmp_path / "o")]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_a_flow_noise_head_is_left_out_too(tmp_path):
+    meta, t = parity.load_fixture(FIXTURE)
+    base = parity.fixture_policy(FIXTURE, meta, t)
+    options = {"preset": "pi05_tiny", "checkpoint": str(FIXTURE), "logprob": "flow_noise",
+               "tokenizer": str(FIXTURE / "tokenizer.model"), "camera_keys": base.cfg.camera_keys}
+    policy = build_vla_policy(base.spec, options)
+    manifest = export.export_lerobot(policy, tmp_path / "e", {"source": "test", "version": 0})
+    assert {"noise_head.weight", "noise_head.bias"} <= set(manifest["left_out"])
