@@ -64,6 +64,7 @@ WORKLOAD = [
     "queue.capacity=512",
     "ray.check_memory=false",  # every simulated node reports this machine's memory
     "watchdog_s=0",
+    "storage.shared=true",  # every simulated node is this machine: one filesystem
 ]
 REFERENCE = {"rl_vla3_full_vs_sync_rlinf_32_gpus_libero_pi05": 1.59}
 
