@@ -219,6 +219,9 @@ class AdaptiveBatching:
 
 
 BATCH_POLICIES = ("fixed", "adaptive")
+OPTIONS: dict[str, str] = {"adaptive": "rlvla3.batch_policy:AdaptiveConfig"}
+"""The dataclass a batching policy's ``options`` build into (``fixed`` takes none); the docs'
+config reference renders it."""
 
 
 def batch_policy_config(choice: Named, path: str) -> AdaptiveConfig | None:

@@ -52,7 +52,8 @@ FIGURES = ("infer_per_call_ms", "infer_per_sample_ms", "train_per_sample_ms",
 
 @dataclass(frozen=True)
 class GpuCosts:
-    """What each GPU stage costs, in simulated milliseconds, per GPU."""
+    """What each GPU stage costs, in simulated milliseconds, per GPU: the options of a
+    ``custom`` cost model, and the figures a calibration's options override."""
 
     infer_per_call_ms: float = 0.0
     """Fixed cost of one rollout forward (launches, the VLM prefix at batch 1, CUDA graph replay)."""
@@ -140,6 +141,11 @@ CALIBRATIONS: dict[str, GpuCosts] = {
                                 source="pi0.5 on A100, eager PyTorch: lerobot #828 (200 ms at "
                                 "B=1), FLOP slope 22 ms/sample, OpenTau PR #176"),
 }
+
+
+OPTIONS: dict[str, str] = {CUSTOM: "rlvla3.gpu_costs:GpuCosts"}
+"""The dataclass a cost model's ``options`` build into (a calibration's too; ``real`` takes
+none); the docs' config reference renders it."""
 
 
 def resolve_costs(choice: Named, path: str) -> GpuCosts | None:
