@@ -4,7 +4,7 @@ Runs synchronous and fully asynchronous training (any pipeline modes) on the sam
 task, seeds and env-step budget, and reports per mode and seed the success rate against env
 steps and against wall time, the time and env steps to reach each threshold (default 0.5, 0.75,
 0.9), and the full/sync ratios paired by seed with their spread. A PNG chart (success vs env
-steps and vs wall time) and the JSON go to ``--out``.
+steps and vs wall time) and the JSON go to ``--output-dir``.
 
 Tasks:
 - ``reach``: ColorReach from pixels. On a 2-core machine env, inference and learner share the
@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.jsonout import json_main
+from rlvla3.cli_options import add_output_dir
 
 TASKS: dict[str, list[str]] = {
     "reach": ["env.name=reach"],
@@ -184,8 +185,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--thresholds", default="0.5,0.75,0.9")
     p.add_argument("--log-every", type=float, default=2.0, help="seconds between curve points")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE")
-    p.add_argument("--out", help="directory for learning.json and learning.png "
-                                 "(default: a temporary one, charts discarded)")
+    add_output_dir(p, "directory for learning.json and learning.png (default: a temporary "
+                   "one, charts discarded)")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
     return p.parse_args(argv)
 
@@ -202,7 +203,7 @@ def measure(args: argparse.Namespace) -> dict:
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
     runs: dict[str, dict[int, dict]] = {m: {} for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
-        out_dir = Path(args.out) if args.out else Path(tmp)
+        out_dir = Path(args.output_dir) if args.output_dir else Path(tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
         for seed in seeds:  # seeds outermost: a drifting machine load hits every mode alike
             for mode in modes:
@@ -240,7 +241,7 @@ def measure(args: argparse.Namespace) -> dict:
                             for ref in references(modes) for m in modes
                             if m != ref and m not in references(modes)},
         }
-        if args.out:
+        if args.output_dir:
             (out_dir / "learning.json").write_text(json.dumps(
                 {**out, "curves": {m: {str(s): r["curve"] for s, r in by_seed.items()}
                                    for m, by_seed in runs.items()}}, indent=1))

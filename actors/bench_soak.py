@@ -1,6 +1,6 @@
 """``rlvla3 bench soak``: a long run with periodic kills, to show recovery and flat memory.
 
-Runs the full pipeline for ``--minutes`` (30 for the figures in README; never in CI); every
+Runs the full pipeline for ``--minutes`` (30 for the figures in docs/results/throughput.md; never in CI); every
 ``--kill-every`` seconds it kills one role, in turn an env worker (a random one), the rollout
 server and the learner; Ray restarts each (the env worker's running episodes are counted as
 lost, the learner restores its last checkpoint). It samples env steps, the learner's version,

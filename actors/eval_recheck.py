@@ -133,7 +133,7 @@ def rerun_args(
             "placement_seed": identity["placement_seed"],
             "checkpoint": checkpoint,
             "policy": None if checkpoint else "random",
-            "image_size": identity["image_size"][0],
+            "image_size": tuple(identity["image_size"]),
             "max_steps": identity["max_steps"],
             "no_fast_render": not identity["fast_render"],
             "seed": identity["seed"] if identity["seed"] is not None else 0,

@@ -70,6 +70,7 @@ from actors.eval_round import (
 )
 from actors.eval_worker import LANGUAGE_MODES, ActionSource, given_instructions
 from envs.libero import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
+from rlvla3.cli_options import add_image_size
 from rlvla3.config import Named, build
 from rlvla3.fingerprint import PLAN_FIELDS, fingerprint, fingerprint_differences
 from rlvla3.numerics import NUMERICS
@@ -87,7 +88,7 @@ def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any
     options: dict[str, Any] = {
         "suite": args.suite,
         "task_ids": list(tasks),
-        "image_size": [args.image_size, args.image_size],
+        "image_size": list(args.image_size),
         "fast_render": not args.no_fast_render,
         "max_steps": args.max_steps,
         "placements": args.placements,
@@ -534,7 +535,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "one continues where it stopped")
     parser.add_argument("--workers", type=int, default=2, help="parallel env workers")
     parser.add_argument("--videos", type=int, default=4, help="episodes to save as MP4")
-    parser.add_argument("--image-size", type=int, default=128, help="camera size (no checkpoint)")
+    add_image_size(parser, 128, help="camera size (no checkpoint)")
     parser.add_argument("--max-steps", type=int, default=0, help="episode limit; 0: the suite's")
     parser.add_argument("--no-fast-render", action="store_true", help="render as upstream does")
     parser.add_argument("--address", help="Ray cluster address (default: start Ray locally)")

@@ -36,26 +36,27 @@ import time
 
 import yaml
 
+from rlvla3.cli_options import add_run_dir
 from rlvla3.config import ConfigError, build, preset_names
 from rlvla3.run_config import RunConfig, load_run_config, upgrade
 from rlvla3.storage import Storage, join
+
+PRESETS = "rlvla3.presets"
+"""The package whose YAML files are the ``--preset`` choices of ``rlvla3 rl``."""
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvla3 rl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default=None,
-                   help=f"shipped preset (default: 'default'); one of {', '.join(preset_names())}")
+    p.add_argument("--preset", default=None, help="shipped preset (default: 'default'); one of "
+                   f"{', '.join(preset_names(PRESETS))}")
     p.add_argument("--config", help="YAML file merged over the preset")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE",
                    help="override one field (repeatable)")
     p.add_argument("--storage", metavar="URI",
                    help="where runs keep their files (storage.root): a local path or a URI, "
                         "s3://bucket/runs, gs://..., hdfs://...; default: runs")
-    p.add_argument("--run-dir", help="run directory, a path or URI (default: <storage.root>/"
-                                     "<name or timestamp>)")
-    p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR (a path or URI)")
+    add_run_dir(p, "<storage.root>/<name or timestamp>")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--print-plan", action="store_true",
                    help="print where the roles would land and each node's estimated memory, "
@@ -82,6 +83,9 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, str]:
     """The run config and run directory (a path or URI) the arguments describe."""
     storage = [f"storage.root={json.dumps(args.storage)}"] if args.storage else []
     if args.resume:
+        if args.preset or args.config or args.run_dir:
+            raise ConfigError("--resume", "continues the run with its saved config: drop "
+                              "--preset, --config and --run-dir (--set still applies)")
         run = Storage(args.resume)
         try:
             data = upgrade(yaml.safe_load(run.read_text("config.yaml")))
@@ -98,6 +102,11 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, str]:
     if args.run_dir:
         return cfg, args.run_dir
     return cfg, join(cfg.storage.root, cfg.name or time.strftime("%Y%m%d-%H%M%S"))
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The run config the arguments describe (what ``--print-config`` prints)."""
+    return resolve(args)[0]
 
 
 def refuse_a_used_run_dir(run_dir: str) -> None:

@@ -22,15 +22,21 @@ class SFTConfig:
     and the lake's cameras, image size and chunk length follow the spec."""
     run_dir: str = "runs/sft"
     """A local path or a storage URI (``s3://bucket/runs/sft``, ``rlvla3.storage``): checkpoints,
-    ``config.json``, ``metrics.jsonl`` and Ray Train's own files (``ray/``) go there."""
+    ``config.json``, ``metrics.jsonl`` and Ray Train's own files (``ray/``) go there
+    (``rlvla3 sft``: ``--run-dir``, default ``runs/sft-<timestamp>``; ``--resume`` continues the
+    run in it)."""
     init_from: str = ""
     """Start from the weights of this checkpoint or run directory (an earlier SFT or RL run, a
     base model saved in this layout): its policy options (model size, state bins, action scale)
     are the defaults under the config's own; step, optimizer, schedule and data order start
     fresh. Once ``run_dir`` has a checkpoint of its own the run resumes from that instead."""
     workers: int = 1
+    """Ray Train workers (data-parallel ranks), one CPU each."""
     use_gpu: bool = False
+    """One GPU per worker, NCCL between them (``--gpu``); otherwise CPU and gloo."""
     strategy: Literal["ddp", "fsdp"] = "ddp"
+    """``ddp``: every worker holds the whole model; ``fsdp``: FSDP2 shards it (``fully_shard``
+    per transformer block, then the root)."""
     lr: float = 3e-4
     """Peak learning rate."""
     lr_schedule: Literal["constant", "cosine"] = "cosine"
@@ -39,22 +45,30 @@ class SFTConfig:
     warmup_steps: int = 0
     """Linear warm-up from ``lr / warmup_steps`` to ``lr`` over this many steps."""
     min_lr_ratio: float = 0.0
+    """Where the cosine ends, as a fraction of ``lr``."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     grad_clip: float = 1.0
+    """Clip the gradient's global norm to this (0: no clipping)."""
     grad_accum: int = 1
     """Packed rows per optimizer step (per worker)."""
     max_steps: int = 200
+    """Optimizer steps of the run (a resumed run trains on to this many)."""
     checkpoint_every: int = 50
+    """Save a checkpoint every this many optimizer steps (and at the end)."""
     eval_every: int = 0
     """Run ``eval_command`` on every ``eval_every``-th checkpoint step (0: never)."""
     eval_command: tuple[str, ...] = ()
     """Closed-loop eval hook, e.g. ``python -m rlvla3 eval --suite libero_spatial --task-ids 0
     --checkpoint {checkpoint} --output-dir {run_dir}/eval/{step} --json``."""
     log_every: int = 10
+    """Write a metrics row every this many optimizer steps."""
     sync_every_s: float = 30.0
     """How often ``metrics.jsonl`` is copied to a remote ``run_dir`` (and at the end)."""
     torch_threads: int = 1
+    """torch intra-op threads per worker."""
     seed: int = 0
+    """Seed of torch (weight initialisation; the data order has ``lake.seed``)."""
 
     def validate(self) -> None:
         require(self.workers >= 1, "workers", "must be >= 1")

@@ -1,8 +1,15 @@
 """``rlvla3 sft``: supervised fine-tuning of any registered policy on LeRobot v3.0 datasets.
 
-    rlvla3 sft --dataset PATH [--dataset PATH2 --weights 3 1] [--policy vla] [--env libero]
-               [--run-dir runs/sft] [--init-from CHECKPOINT] [--workers N] [--max-steps S]
-               [--grad-accum K] [--gpu] [--verify-data] [--set section.field=value ...]
+    rlvla3 sft [--preset NAME] [--config FILE] --dataset PATH [--dataset PATH2 --weights 3 1]
+               [--policy vla] [--env libero] [--run-dir DIR | --resume RUN_DIR]
+               [--init-from CHECKPOINT] [--workers N] [--max-steps S] [--grad-accum K] [--gpu]
+               [--verify-data] [--set section.field=value ...] [--print-config]
+
+The config is the preset (``rlvla3/presets/sft/*.yaml``; ``default`` unless named), then the
+``--config`` file, then the flags, then ``--set`` overrides. As with ``rlvla3 rl``, a new run
+refuses a ``--run-dir`` that holds another run's checkpoints; ``--resume RUN_DIR`` continues a
+run from its latest checkpoint with its saved ``config.json`` (flags and ``--set`` apply on
+top, e.g. ``--max-steps`` to train on).
 
 Checks (``prepare`` and ``connect``, before any actor starts): the config, that every dataset
 path exists and at least one dataset opens, the env (with its optional extra) and the policy,
@@ -26,18 +33,35 @@ import json
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
+from actors.rl_job import refuse_a_used_run_dir
 from actors.sft_config import SFTConfig
 from actors.sft_worker import train_loop
 from datalake.format import DatasetError, resolve_filesystem
 from datalake.pipeline import Lake, LakeError
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
-from rlvla3.config import ConfigError, Named, build, deep_merge, parse_override, to_dict
+from rlvla3.cli_options import add_run_dir
+from rlvla3.config import (
+    ConfigError,
+    Named,
+    build,
+    deep_merge,
+    load_mapping,
+    parse_override,
+    preset_names,
+    to_dict,
+)
 from rlvla3.run_config import adopt_init_policy
 from rlvla3.storage import Mirror, Storage, join
 from rlvla3.types import EnvSpec
+
+PRESETS = "rlvla3.presets.sft"
+"""The package whose YAML files are the ``--preset`` choices of ``rlvla3 sft``."""
 
 
 def spec_for(cfg: SFTConfig, lake: Lake) -> EnvSpec:
@@ -244,57 +268,113 @@ def run(cfg: SFTConfig, verify: bool = False) -> dict[str, Any]:
     return train(job)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlvla3 sft", description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--dataset", action="append", required=True, help="dataset root (repeatable)"
-    )
-    parser.add_argument("--weights", type=float, nargs="+", default=[])
-    parser.add_argument("--policy", default="vla")
-    parser.add_argument(
-        "--env", default=None, help="build the policy for this env's spec (e.g. libero)"
-    )
-    parser.add_argument("--run-dir", default="runs/sft",
-                        help="a path or a storage URI (s3://bucket/runs/sft, gs://..., ...)")
-    parser.add_argument(
-        "--init-from", default="", metavar="CHECKPOINT",
+FLAGS: dict[str, str] = {
+    "dataset": "lake.datasets",
+    "weights": "lake.weights",
+    "policy": "policy.name",
+    "env": "env.name",
+    "init_from": "init_from",
+    "workers": "workers",
+    "max_steps": "max_steps",
+    "grad_accum": "grad_accum",
+    "lr": "lr",
+    "gpu": "use_gpu",
+}
+"""Each convenience flag and the config field it sets (over the preset and ``--config``,
+under ``--set``)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlvla3 sft", description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default=None,
+                   help="shipped SFT preset (default: 'default'); one of "
+                   f"{', '.join(preset_names(PRESETS))}")
+    p.add_argument("--config", help="YAML file merged over the preset")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="A.B=VALUE", help="override one field (repeatable)")
+    add_run_dir(p, "runs/sft-<timestamp>")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config and exit (nothing is read or started)")
+    p.add_argument("--dataset", action="append", help="dataset root (repeatable)")
+    p.add_argument("--weights", type=float, nargs="+", help="sampling weight per dataset")
+    p.add_argument("--policy", help="policy name (default: vla, the tiny preset)")
+    p.add_argument("--env", help="build the policy for this env's spec (e.g. libero)")
+    p.add_argument(
+        "--init-from", metavar="CHECKPOINT",
         help="start from these weights (a checkpoint or run directory) with a fresh step, "
         "optimizer and schedule; the policy options default to the checkpoint's",
     )
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--max-steps", type=int, default=200)
-    parser.add_argument("--grad-accum", type=int, default=1)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--gpu", action="store_true")
-    parser.add_argument(
+    p.add_argument("--workers", type=int, help="Ray Train workers (default: 1)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps of the run (default: 200)")
+    p.add_argument("--grad-accum", type=int, help="packed rows per optimizer step per worker")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: 3e-4)")
+    p.add_argument("--gpu", action="store_true", default=None, help="one GPU per worker")
+    p.add_argument(
         "--verify-data", action="store_true",
         help="before starting, decode every video through the last frame its episodes need and "
         "read every parquet row group (as `datalake inspect --verify`); stop if more frames are "
         "unreadable than lake.max_skip_fraction",
     )
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
-    args = parser.parse_args(argv)
-    mapping: dict[str, Any] = {
-        "lake": {"datasets": args.dataset, "weights": args.weights, "normalize": "none"},
-        "policy": {
-            "name": args.policy,
-            # Without init_from a VLA is the tiny preset; with it, the checkpoint's model.
-            "options": {"preset": "tiny"} if args.policy == "vla" and not args.init_from else {},
-        },
-        "run_dir": args.run_dir,
-        "init_from": args.init_from,
-        "workers": args.workers,
-        "max_steps": args.max_steps,
-        "grad_accum": args.grad_accum,
-        "lr": args.lr,
-        "use_gpu": args.gpu,
-    }
-    if args.env:
-        mapping["env"] = {"name": args.env}
+    return p
+
+
+def config_mapping(args: argparse.Namespace) -> dict[str, Any]:
+    """The mapping ``SFTConfig`` is built from: a new run's preset, ``--config`` file, flags and
+    ``--set`` overrides in that order, or with ``--resume`` the run's saved ``config.json`` with
+    the flags and overrides on top."""
+    if args.resume:
+        if args.preset or args.config or args.run_dir:
+            raise ConfigError("--resume", "continues the run with its saved config: drop "
+                              "--preset, --config and --run-dir (flags and --set still apply)")
+        try:
+            mapping = json.loads(Storage(args.resume).read_text("config.json"))
+        except FileNotFoundError:
+            raise ConfigError("--resume", f"{args.resume} has no config.json (not an SFT run "
+                              "directory)") from None
+        mapping["run_dir"] = args.resume
+    else:
+        mapping = load_mapping(args.preset or "default", args.config, package=PRESETS)
+        if args.run_dir:
+            mapping["run_dir"] = args.run_dir
+        mapping.setdefault("run_dir", time.strftime("runs/sft-%Y%m%d-%H%M%S"))
+    for flag, field_path in FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            mapping = deep_merge(mapping, _nested(field_path, value))
+    for item in args.overrides:
+        mapping = deep_merge(mapping, parse_override(item))
+    if not (mapping.get("lake") or {}).get("datasets"):
+        raise ConfigError("lake.datasets", "no dataset: give --dataset PATH (repeatable)")
+    policy = mapping.setdefault("policy", {"name": "vla"})
+    if isinstance(policy, str):
+        policy = mapping["policy"] = {"name": policy}
+    if policy.get("name", "vla") == "vla" and not mapping.get("init_from"):
+        # Without init_from a VLA is the tiny preset; with it, the checkpoint's model.
+        policy["options"] = {"preset": "tiny", **(policy.get("options") or {})}
+    return mapping
+
+
+def config_from_args(args: argparse.Namespace) -> SFTConfig:
+    """The run config the arguments describe (what ``--print-config`` prints)."""
+    return build(SFTConfig, config_mapping(args))
+
+
+def _nested(dotted: str, value: Any) -> dict[str, Any]:
+    for key in reversed(dotted.split(".")):
+        value = {key: value}
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:  # every user error: one line, exit status 2, before any actor starts
-        for item in args.set:
-            mapping = deep_merge(mapping, parse_override(item))
-        job = prepare(build(SFTConfig, mapping), verify=args.verify_data)
+        cfg = config_from_args(args)
+        if args.print_config:
+            print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            return 0
+        if not args.resume:
+            refuse_a_used_run_dir(cfg.run_dir)
+        job = prepare(cfg, verify=args.verify_data)
         connect(job.cfg)
     except (ValueError, DatasetError, LakeError) as exc:  # ValueError: ConfigError and kin
         print(f"rlvla3 sft: {exc}", file=sys.stderr)

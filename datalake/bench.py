@@ -46,6 +46,7 @@ from datalake.pipeline import FrameDecoder, Lake, LakeConfig, PackedBatch, Packe
 from datalake.samples import episode_samples
 from datalake.video import CODECS
 from datalake.writer import WriterConfig, write_dataset
+from rlvla3.cli_options import add_image_size, deprecated_alias
 
 
 class SampleDataset(Dataset):
@@ -218,10 +219,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rlvla3.types import EnvSpec
 
     workdir = Path(args.dir or tempfile.mkdtemp(prefix="bench-lake-"))
-    root = workdir / f"bench-{args.codec}-{args.episodes}x{args.length}-{args.size}"
+    root = workdir / f"bench-{args.codec}-{args.episodes}x{args.length}-{args.image_size[0]}"
     if not (root / "meta/info.json").exists():
         eps = synthetic.episodes(
-            args.episodes, args.length, args.length, size=(args.size, args.size)
+            args.episodes, args.length, args.length, size=tuple(args.image_size)
         )
         write_dataset(root, eps, WriterConfig(fps=10, codec=args.codec, episodes_per_file=10))
     cfg = LakeConfig(
@@ -263,7 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "episodes": args.episodes,
             "frames": args.episodes * args.length,
             "cameras": 2,
-            "size": args.size,
+            "size": args.image_size[0],
             "codec": args.codec,
             "path": str(root),
         },
@@ -291,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--episodes", type=int, default=40)
     parser.add_argument("--length", type=int, default=50, help="frames per episode")
-    parser.add_argument("--size", type=int, default=128, help="stored camera resolution (square)")
+    add_image_size(parser, 128, square=True, help="stored camera resolution")
+    deprecated_alias(parser, "--size", "--image-size", "image_size", type=int,
+                     convert=lambda n: (n, n))
     parser.add_argument("--codec", choices=sorted(CODECS), default="av1")
     parser.add_argument("--model-size", type=int, default=64,
                         help="output resolution: frames are resized to the model's image side")

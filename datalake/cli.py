@@ -1,8 +1,8 @@
 """``rlvla3 datalake``: inspect LeRobot v3.0 datasets and record expert demonstrations.
 
     datalake inspect PATH [--json] [--verify [--workers N]]
-    datalake record --suite libero_spatial --task-ids 0 1 --episodes N --out PATH
-                    [--workers W] [--image-size H W] [--codec av1] [--fps 20]
+    datalake record --suite libero_spatial --task-ids 0 1 --episodes N --output-dir PATH
+                    [--workers W] [--image-size N | H W] [--codec av1] [--fps 20]
                     [--placements fresh|bundled] [--placement-seed S] [--allow-eval-overlap]
 
 ``inspect`` exits 1 when it finds problems (the report lists them), 2 when there is nothing at
@@ -26,6 +26,7 @@ import sys
 import pyarrow.fs as pafs
 
 from datalake.video import CODECS
+from rlvla3.cli_options import add_image_size, add_output_dir, require_output_dir
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -94,7 +95,7 @@ def _record(args: argparse.Namespace) -> int:
             spec = read_meta(args.policy).spec
             if tuple(spec.image_size) != tuple(args.image_size):
                 raise ConfigError("--policy", f"trained on {list(spec.image_size)} images, "
-                                  f"--image-size is {args.image_size}")
+                                  f"--image-size is {list(args.image_size)}")
     except (ConfigError, FileNotFoundError) as exc:
         print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
         return 2
@@ -115,7 +116,7 @@ def _record(args: argparse.Namespace) -> int:
         "codec": args.codec, "fps": args.fps, "workers": args.workers,
     }
     try:
-        result = record_dataset(args.out, make_env, expert, jobs, args.workers, config,
+        result = record_dataset(args.output_dir, make_env, expert, jobs, args.workers, config,
                                 provenance)
     except ValueError as exc:  # an unfinished recording with other settings
         print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         "--action-noise", type=float, default=0.3,
         help="std of the perturbation of executed translations (action units) in takes > 0",
     )
-    r.add_argument("--out", required=True)
+    add_output_dir(r, "dataset root to write (an unfinished recording there continues)",
+                   required=True)
     r.add_argument("--workers", type=int, default=2)
     r.add_argument(
         "--policy", default="",
@@ -181,11 +183,13 @@ def main(argv: list[str] | None = None) -> int:
         "--allow-eval-overlap", action="store_true",
         help="allow --placements bundled on states evaluation uses (the dataset says so)",
     )
-    r.add_argument("--image-size", type=int, nargs=2, default=[128, 128], metavar=("H", "W"))
+    add_image_size(r, 128)
     r.add_argument("--codec", choices=sorted(CODECS), default="av1")
     r.add_argument("--fps", type=int, default=20)
     r.set_defaults(fn=_record)
     args = parser.parse_args(argv)
+    if args.command == "record":
+        require_output_dir(r, args)
     return int(args.fn(args))
 
 

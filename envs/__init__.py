@@ -36,6 +36,14 @@ SPECS: dict[str, str] = {
     "isaaclab": "envs.isaaclab:isaaclab_spec",
 }
 
+OPTIONS: dict[str, str] = {
+    "reach": "envs.reach:ReachConfig",
+    "latency_replay": "envs.latency_replay:LatencyReplayConfig",
+    "libero": "envs.libero:LiberoConfig",
+    "isaaclab": "envs.isaaclab:IsaacLabConfig",
+}
+"""The dataclass each env's ``env.options`` build into (the docs' config reference)."""
+
 
 @dataclass(frozen=True)
 class Extra:

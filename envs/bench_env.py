@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from envs.libero import SUITE_NUM_TASKS, make_libero_env
+from rlvla3.cli_options import add_image_size, deprecated_alias
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -199,7 +200,8 @@ def measure_throughput(suite: str, procs: int, seconds: float, image: int, seed:
 def _command(args: argparse.Namespace) -> str:
     parts = ["python -m rlvla3 bench env", f"--suite {args.suite}"]
     parts.append("--task-ids " + " ".join(str(t) for t in args.task_ids))
-    parts += [f"--episodes {args.episodes}", f"--steps {args.steps}", f"--image {args.image}"]
+    parts += [f"--episodes {args.episodes}", f"--steps {args.steps}",
+              f"--image-size {args.image_size[0]}"]
     parts += ["--procs 0 --no-default-render", f"--write-latency {args.write_latency}"]
     return " ".join(parts)
 
@@ -210,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task-ids", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=2, help="timed resets per task")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per episode")
-    parser.add_argument("--image", type=int, default=128, help="camera height and width")
+    add_image_size(parser, 128, square=True)
+    deprecated_alias(parser, "--image", "--image-size", "image_size", type=int,
+                     convert=lambda n: (n, n))
     parser.add_argument(
         "--procs",
         type=int,
@@ -229,11 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args(argv)
+    image = args.image_size[0]
 
     report: dict[str, Any] = {
         "suite": args.suite,
         "task_ids": args.task_ids,
-        "image_size": [args.image, args.image],
+        "image_size": [image, image],
         "cameras": ["agentview", "wrist"],
         "cpus": os.cpu_count(),
         "load_average_at_start": round(os.getloadavg()[0], 2),
@@ -244,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     renders = [True] if args.no_default_render else [True, False]
     for fast in renders:
         raw = measure_latency(
-            args.suite, args.task_ids, args.episodes, args.steps, args.image, fast, args.seed
+            args.suite, args.task_ids, args.episodes, args.steps, image, fast, args.seed
         )
         samples["fast_render" if fast else "default"] = raw
         all_steps = [ms for group in raw["step_ms"].values() for ms in group]
@@ -261,10 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.chunks:
         report["chunk_ms"] = measure_chunks(
-            args.suite, args.task_ids, args.chunks, args.image, args.seed
+            args.suite, args.task_ids, args.chunks, image, args.seed
         )
     report["throughput"] = {
-        str(n): measure_throughput(args.suite, n, args.seconds, args.image, args.seed)
+        str(n): measure_throughput(args.suite, n, args.seconds, image, args.seed)
         for n in args.procs
         if n > 0
     }
@@ -274,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             "description": (
                 f"LIBERO {args.suite} measured on {os.cpu_count()} CPU cores (load average "
                 f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; MuJoCo EGL on Mesa "
-                f"llvmpipe, fast_render on, agentview + wrist at {args.image}x{args.image}, one "
+                f"llvmpipe, fast_render on, agentview + wrist at {image}x{image}, one "
                 "env process): step_ms holds the latency of one low-level env step per suite task "
                 "id, reset_ms of one reset (hard reset, initial state, settle steps; the first "
                 "reset of a task, which also builds the model, is excluded)."

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from envs.libero import SUITE_NUM_TASKS, LiberoConfig, LiberoEnv
+from rlvla3.cli_options import add_image_size, deprecated_alias
 
 MAX_CENTER_GRASP = 0.065
 """Widest object side (m) pinched across its centre; wider objects are grasped at the rim."""
@@ -413,12 +414,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", default="libero_spatial", choices=sorted(SUITE_NUM_TASKS))
     parser.add_argument("--task-ids", type=int, nargs="*", help="suite task ids (default: all)")
     parser.add_argument("--episodes", type=int, default=5, help="initial states per task")
-    parser.add_argument("--image", type=int, default=64, help="camera size (rendering cost)")
+    add_image_size(parser, 64, help="camera size (rendering cost)")
+    deprecated_alias(parser, "--image", "--image-size", "image_size", type=int,
+                     convert=lambda n: (n, n))
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args(argv)
     tasks = args.task_ids if args.task_ids else list(range(SUITE_NUM_TASKS[args.suite]))
     cfg = LiberoConfig(
-        suite=args.suite, task_ids=tuple(tasks), image_size=(args.image, args.image), process=False
+        suite=args.suite, task_ids=tuple(tasks), image_size=tuple(args.image_size), process=False
     )
     env = LiberoEnv(cfg)
     report: dict[str, Any] = {"suite": args.suite, "episodes_per_task": args.episodes, "tasks": {}}

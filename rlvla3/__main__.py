@@ -4,12 +4,20 @@ This module is only a table from command names to the modules that implement the
 module exposes ``main(argv: list[str]) -> int`` and also runs as ``python -m <module>``. The
 table names modules by string so that ``rlvla3`` (the Ray-free core) never imports the actor,
 env or data-lake packages: a command's module is loaded only when that command runs.
+
+The table is also how tools find a command's argparse parser (``command_parser``: the docs'
+generated CLI reference, the test that parses every command in the docs), so a command added
+here is documented and checked with no other change. A command whose ``--set`` addresses a
+config dataclass also exposes ``config_from_args(args) -> ThatConfig``.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
+from collections.abc import Sequence
+from types import ModuleType
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "rl": ("actors.rl_job", "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
@@ -35,6 +43,43 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "soak": ("actors.bench_soak", "long run with periodic kills: recovery time, memory over time"),
     "storage": ("actors.bench_storage", "checkpoint save/restore on a run's storage vs a local disk"),
 }
+
+
+def command_names() -> list[tuple[str, ...]]:
+    """Every command as the words that name it: ``("rl",)``, ..., ``("bench", "async")``, ..."""
+    return [(name,) for name in COMMANDS] + [("bench", name) for name in BENCHMARKS]
+
+
+def command_module(words: Sequence[str]) -> ModuleType:
+    """The module that implements ``rlvla3 WORDS`` (imported, nothing run)."""
+    table, name = (BENCHMARKS, words[1]) if words[0] == "bench" else (COMMANDS, words[0])
+    return importlib.import_module(table[name][0])
+
+
+class _Built(Exception):
+    def __init__(self, parser: argparse.ArgumentParser):
+        super().__init__(parser.prog)
+        self.parser = parser
+
+
+def command_parser(words: Sequence[str]) -> argparse.ArgumentParser:
+    """The argparse parser of ``rlvla3 WORDS``, as its ``main`` builds it: ``main`` runs until
+    it parses its arguments (every command parses them first) and stops there, so the parser
+    is the real one whichever way the module builds it."""
+    module = command_module(words)
+    original = argparse.ArgumentParser.parse_args
+
+    def stop(self, args=None, namespace=None):
+        raise _Built(self)
+
+    argparse.ArgumentParser.parse_args = stop  # type: ignore[method-assign]
+    try:
+        module.main([])
+    except _Built as built:
+        return built.parser
+    finally:
+        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+    raise RuntimeError(f"rlvla3 {' '.join(words)}: main() returned without parsing arguments")
 
 
 def _usage() -> str:

@@ -49,12 +49,14 @@ def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("errors")
     commands = {
         "rl_libero": ["rl", "--set", "env.name=libero", "--run-dir", str(tmp / "rl")],
-        "record_libero": ["datalake", "record", "--out", str(tmp / "rec"), "--episodes", "1"],
+        "record_libero": ["datalake", "record", "--output-dir", str(tmp / "rec"), "--episodes", "1"],
         "sft_missing": ["sft", "--dataset", str(tmp / "nonexistent"), "--run-dir", str(tmp / "s")],
         "sft_not_a_dataset": ["sft", "--dataset", str(tmp), "--run-dir", str(tmp / "s")],
         "inspect_missing": ["datalake", "inspect", str(tmp / "nonexistent")],
         "rl_missing_checkpoint": ["rl", "--set", f"init_from={tmp / 'nockpt'}"],
         "rl_used_run_dir": ["rl", "--preset", "smoke", "--run-dir", str(tmp / "used")],
+        "sft_used_run_dir": ["sft", "--dataset", str(tmp), "--run-dir", str(tmp / "used")],
+        "rl_resume_with_preset": ["rl", "--resume", str(tmp / "used"), "--preset", "smoke"],
     }
     (tmp / "used" / "checkpoints").mkdir(parents=True)
     (tmp / "used" / "checkpoints" / "latest").write_text("step-00000007\n")
@@ -97,8 +99,12 @@ def test_missing_datasets_and_checkpoints_are_named(results):
 
 def test_a_new_run_refuses_a_directory_holding_another_runs_checkpoints(results):
     out, tmp = results
-    line = _one_line_exit_2(out["rl_used_run_dir"])
-    assert "'--run-dir'" in line and f"--resume {tmp / 'used'}" in line
+    for command in ("rl", "sft"):  # the same refusal, the same way out
+        line = _one_line_exit_2(out[f"{command}_used_run_dir"])
+        assert line.startswith(f"rlvla3 {command}:")
+        assert "'--run-dir'" in line and f"--resume {tmp / 'used'}" in line
+    line = _one_line_exit_2(out["rl_resume_with_preset"])
+    assert "'--resume'" in line and "drop --preset" in line
 
 
 def test_require_extra_checks_the_module_without_importing_it(monkeypatch):

@@ -60,6 +60,7 @@ def _config(dataset, run_dir, steps):
     )
 
 
+@pytest.mark.slow
 def test_sft_lowers_loss_checkpoints_and_resumes(ray_cluster, tmp_path):
     data = tmp_path / "demos"
     write_dataset(
@@ -115,6 +116,7 @@ def test_lr_schedule_warms_up_then_follows_the_cosine():
         cfg(min_lr_ratio=2.0)
 
 
+@pytest.mark.slow
 def test_sft_fsdp_resumes_shards_and_checkpoints_the_whole_vla_on_cpu(ray_cluster, tmp_path):
     from datalake.pipeline import Lake
 

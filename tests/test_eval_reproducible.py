@@ -200,7 +200,7 @@ def test_recheck_refuses_a_checkpoint_with_other_weights(tmp_path):
     )
     assert rerun.checkpoint == rl18 and rerun.episodes == [(2, 7)]
     assert rerun.numerics == "native"  # it was evaluated before numerics were pinned
-    assert not rerun.sampled and rerun.max_steps == 220 and rerun.image_size == 64
+    assert not rerun.sampled and rerun.max_steps == 220 and rerun.image_size == (64, 64)
     assert isinstance(rerun, argparse.Namespace)
 
 

@@ -45,7 +45,8 @@ def test_record_cli_refuses_bundled_states_before_starting_anything(tmp_path, ca
     from datalake import cli
 
     out = tmp_path / "demos"
-    code = cli.main(["record", "--placements", "bundled", "--episodes", "3", "--out", str(out)])
+    code = cli.main(["record", "--placements", "bundled", "--episodes", "3", "--output-dir",
+                     str(out)])
     assert code == 2 and not out.exists()
     err = capsys.readouterr().err
     assert "--init-ids/--placements" in err and "0-2" in err and "allow_eval_overlap" in err

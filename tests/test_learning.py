@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from actors.controller import Controller
 from rlvla3.run_config import load_run_config
 
 
+@pytest.mark.slow
 def test_full_mode_learns_colorreach(ray_cluster, tmp_path):
     cfg = load_run_config("learn_check", overrides=["env_workers.task_weighting=informative"])
     controller = Controller(cfg, tmp_path / "learn", quiet=True)

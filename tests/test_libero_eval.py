@@ -19,6 +19,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.slow
 def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
     ray_cluster, tmp_path, capsys
 ):

@@ -42,7 +42,7 @@ def test_export_writes_a_lerobot_pi05_directory_and_lists_what_it_leaves_out(tmp
     ckpt = parity.round_trip_checkpoint(FIXTURE, tmp_path / "ck")
     out = tmp_path / "export"
     done = subprocess.run([sys.executable, "-m", "rlvla3", "export", "--checkpoint", str(ckpt),
-                           "--format", "lerobot", "--out", str(out)],
+                           "--format", "lerobot", "--output-dir", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
@@ -65,9 +65,9 @@ def test_export_writes_a_lerobot_pi05_directory_and_lists_what_it_leaves_out(tmp
     assert manifest["left_out"] == summary["left_out"] and manifest["version"] == 7
     # An existing, non-empty directory is kept unless --force.
     assert export.main(["--checkpoint", str(ckpt), "--format", "lerobot",
-                        "--out", str(out)]) == 2
+                        "--output-dir", str(out)]) == 2
     assert export.main(["--checkpoint", str(ckpt), "--format", "lerobot",
-                        "--out", str(out), "--force"]) == 0
+                        "--output-dir", str(out), "--force"]) == 0
 
 
 def test_checkpoints_that_do_not_act_as_pi05_are_refused_with_every_reason(tmp_path, capsys):
@@ -76,15 +76,15 @@ def test_checkpoints_that_do_not_act_as_pi05_are_refused_with_every_reason(tmp_p
     policy = build_vla_policy(spec, options)
     save_checkpoint(tmp_path / "tiny", policy, CheckpointMeta(Named("vla", options), spec, 3))
     assert export.main(["--checkpoint", str(tmp_path / "tiny"), "--format", "lerobot",
-                        "--out", str(tmp_path / "o")]) == 2
+                        "--output-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     for field in ("chain", "normalization", "tokenizer", "image_resize", "conv_stem"):
         assert field in err
     assert not (tmp_path / "o").exists()
     assert export.main(["--checkpoint", "s3://bucket/run", "--format", "lerobot",
-                        "--out", str(tmp_path / "o")]) == 2
+                        "--output-dir", str(tmp_path / "o")]) == 2
     assert export.main(["--checkpoint", str(tmp_path / "absent"), "--format", "lerobot",
-                        "--out", str(tmp_path / "o")]) == 2
+                        "--output-dir", str(tmp_path / "o")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
 
 

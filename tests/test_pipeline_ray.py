@@ -28,6 +28,7 @@ def run(tmp_path, name: str, overrides: list[str], resume: bool = False) -> tupl
     return summary, controller
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "sync_autoreset", "disaggregated", "train_async",
                                   "rollout_async", "full"])
 def test_every_mode_runs_end_to_end(ray_cluster, tmp_path, mode):
@@ -62,6 +63,7 @@ def test_every_mode_runs_end_to_end(ray_cluster, tmp_path, mode):
         assert summary["dropped_stale"] == 0
 
 
+@pytest.mark.slow
 def test_resume_continues_version_counters_and_episode_sequence(ray_cluster, tmp_path):
     first, controller = run(tmp_path, "r", ["total_env_steps=300"])
     workers = controller.cfg.env_workers.num_workers
@@ -88,6 +90,7 @@ def test_resume_continues_version_counters_and_episode_sequence(ray_cluster, tmp
         "decisions"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "full"])
 @pytest.mark.parametrize("epochs", [1, 2])
 def test_two_learners_stay_in_lockstep(ray_cluster, tmp_path, mode, epochs):
@@ -112,6 +115,7 @@ def test_two_learners_stay_in_lockstep(ray_cluster, tmp_path, mode, epochs):
     assert summary["accounting"]["unaccounted"] == 0
 
 
+@pytest.mark.slow
 def test_init_from_starts_with_the_checkpoint_weights(ray_cluster, tmp_path):
     run(tmp_path, "first", ["total_env_steps=300"])
     policy, _ = load_policy(tmp_path / "first")
@@ -171,6 +175,7 @@ def test_more_slots_than_the_queue_holds(ray_cluster, tmp_path, mode):
     assert summary["accounting"]["unaccounted"] == 0
 
 
+@pytest.mark.slow
 def test_pacing_keeps_staleness_bounded_without_discarding(ray_cluster, tmp_path):
     """On this CPU the envs produce far faster than the learner trains. Without pacing the
     backlog ages past a tight staleness bound and decisions are discarded; with pacing the
@@ -211,6 +216,7 @@ def test_autoreset_rounds_step_every_slot(ray_cluster, tmp_path):
     assert all(s["inflight_decisions"] <= 4 * s["slots"] for s in stats)
 
 
+@pytest.mark.slow
 def test_grpo_with_two_learners_never_splits_a_group(ray_cluster, tmp_path):
     cfg = load_run_config("smoke", overrides=SMALL + [
         "pipeline.mode=full", "total_env_steps=800", "learner.num_learners=2",
@@ -228,6 +234,7 @@ def test_grpo_with_two_learners_never_splits_a_group(ray_cluster, tmp_path):
     assert summary["accounting"]["unaccounted"] == 0
 
 
+@pytest.mark.slow
 def test_two_learners_stop_together_whenever_asked(ray_cluster, tmp_path):
     """Stop requests land at arbitrary points of a step, while data keeps arriving unevenly:
     both ranks always leave ``run()`` at the same version, none left in an all-reduce alone."""

@@ -259,18 +259,18 @@ def test_sft_keeps_its_run_in_a_bucket_and_resumes_from_it(s3, tmp_path):
     env = {**os.environ, **s3.env, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
            "RLVLA3_SCRATCH": str(tmp_path / "scratch")}
 
-    def sft(steps: int) -> dict:
-        argv = ["--dataset", data, "--policy", "small", "--run-dir", run, "--workers", "1",
+    def sft(steps: int, where: str) -> dict:
+        argv = ["--dataset", data, "--policy", "small", where, run, "--workers", "1",
                 "--max-steps", str(steps), *sum((["--set", o] for o in options), [])]
         proc = subprocess.run([sys.executable, "-m", "rlvla3", "sft", *argv], env=env,
                               cwd=tmp_path, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout[proc.stdout.index("{"):])
 
-    first = sft(8)
+    first = sft(8, "--run-dir")
     assert first["run_dir"] == run and first["steps"] == 8
     assert first["checkpoint"] == join(run, "checkpoints", "step-00000008")
-    second = sft(12)
+    second = sft(12, "--resume")
     assert read_meta(run).version == 12 and second["steps"] == 12
     rows = [json.loads(x) for x in Storage(run).read_text("metrics.jsonl").splitlines()]
     assert [r["step"] for r in rows] == [4, 8, 12]  # one history over both runs

@@ -1,6 +1,6 @@
 """``rlvla3 bench gpu``: the GPU check. One command that measures every GPU path of the VLA
 against its reference on a machine with one NVIDIA GPU, prepared to work the first time such a
-machine is lent (README, "GPU check").
+machine is lent (docs/guides/gpu-check.md).
 
 Entries (``rlvla3.model.gpu_checks``): packed varlen attention vs the exact per-segment path;
 packed vs padded bf16 training step at pi0.5 shapes; FP8 block-scaled linears (torchao) vs bf16;

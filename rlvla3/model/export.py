@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from rlvla3.cli_options import add_output_dir, require_output_dir
 from rlvla3.model.lerobot import ACTION, POSTPROCESSOR, PREPROCESSOR, STATE, feature_key
 from rlvla3.model.loader import EMBED_TOKENS, EXPERT_LM_HEAD, LM_HEAD, to_openpi_state_dict
 from rlvla3.model.policy import VLAPolicy
@@ -186,16 +187,18 @@ def parser() -> argparse.ArgumentParser:
                    help="checkpoint or run directory (a path or a storage URI)")
     p.add_argument("--format", required=True, choices=["lerobot"],
                    help="output format: a LeRobot pi05 policy directory")
-    p.add_argument("--out", required=True, type=Path, help="directory to write")
-    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    add_output_dir(p, "directory to write", required=True)
+    p.add_argument("--force", action="store_true", help="overwrite a non-empty --output-dir")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    require_output_dir(cli, args)
     from rlvla3.checkpoint import load_policy, resolve_checkpoint
 
-    out: Path = args.out
+    out = Path(args.output_dir)
     if out.exists() and any(out.iterdir()) and not args.force:
         print(f"rlvla3 export: {out} exists and is not empty (--force overwrites)",
               file=sys.stderr)

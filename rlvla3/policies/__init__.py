@@ -17,6 +17,13 @@ POLICIES: dict[str, str] = {
     "vla": "rlvla3.model:build_vla_policy",
 }
 
+OPTIONS: dict[str, str] = {
+    "small": "rlvla3.policies.small:SmallPolicyConfig",
+    "vla": "rlvla3.model.config:VLAConfig",
+}
+"""The dataclass each policy's ``policy.options`` build into (checked without building the
+model, e.g. a ``pi05`` config on a machine without a GPU; the docs' config reference)."""
+
 
 def build_policy(choice: Named, spec: EnvSpec, path: str = "policy") -> Policy:
     """Build the policy named by ``choice`` for an env with ``spec``."""
