@@ -9,7 +9,8 @@
 - the config dataclass each command's ``--set`` addresses (the return type of its module's
   ``config_from_args``), walked recursively, with each field's type, default and docstring
   (the string literal under the field in the source);
-- the options dataclass of every env and policy, named by the registries (``envs.OPTIONS``,
+- the options dataclass of every env, policy, batching policy and cost model, named by the
+  registries (``envs.OPTIONS``, ``rlvla3.batch_policy.OPTIONS``, ``rlvla3.gpu_costs.OPTIONS``,
   ``rlvla3.policies.OPTIONS``), and the presets each job ships (its module's ``PRESETS``).
 
 Nothing here is written by hand, so the reference cannot drift from the code; a command or
