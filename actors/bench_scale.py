@@ -254,8 +254,8 @@ class Bench:
                  f"overhead {out['overhead']['rollout']['real_over_simulated']}/"
                  f"{out['overhead']['learner']['real_over_simulated']}")
         self.results["runs"].append(out)
-        if a.out:
-            Path(a.out).write_text(json.dumps(self.results, indent=1))
+        if a.results_file:
+            Path(a.results_file).write_text(json.dumps(self.results, indent=1))
         return out
 
     def scale(self, gpus: int) -> None:
@@ -392,7 +392,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--env-alone", action="store_true",
                    help="also run every scale's env slots alone (instant actions): the "
                         "machine's overhead on the env loop")
-    p.add_argument("--out", help="also write the results here after every run")
+    p.add_argument("--results-file", metavar="FILE",
+                   help="also write the results (JSON) to FILE after every run")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
     return p.parse_args(argv)
 
