@@ -186,7 +186,7 @@ def training_stage_alone(cfg, spec, segments, seconds: float) -> float:
                        cfg.learner.micro_batch, cfg.learner.lr, LEARNER_STRATEGIES["streaming"]())
     start = time.monotonic()
     while time.monotonic() - start < seconds:
-        core.add_segments(segments)
+        core.add_groups([s] for s in segments)
         core.run_available()
     return core.samples_trained / (time.monotonic() - start) * cfg.learner.num_learners
 

@@ -33,6 +33,7 @@ import psutil
 import ray
 
 from actors.jsonout import json_main
+from rlvla3.run_config import RunConfig, load_run_config
 
 WINDOW_S = 10.0
 RECOVERY_WINDOW_S = 3.0
@@ -100,14 +101,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The run config the soak runs: ``--preset`` and ``--set``, for ``--minutes``."""
+    return load_run_config(args.preset, overrides=[
+        *args.overrides, f"max_minutes={args.minutes}", "total_env_steps=1000000000",
+        "log_every_s=1.0"])
+
+
 def measure(args: argparse.Namespace) -> dict:
     """Run the benchmark; return the JSON-able result."""
     from actors.controller import Controller, ensure_ray
-    from rlvla3.run_config import load_run_config
 
-    cfg = load_run_config(args.preset, overrides=[
-        *args.overrides, f"max_minutes={args.minutes}", "total_env_steps=1000000000",
-        "log_every_s=1.0"])
+    cfg = config_from_args(args)
     ensure_ray(cfg, log_to_driver=not args.json)
     session = ray._private.worker.global_worker.node.session_name
     rng = random.Random(args.seed)
@@ -194,6 +199,8 @@ def measure(args: argparse.Namespace) -> dict:
         "rss_slope_mb_per_hour": round(slope_per_hour(steady, 1), 1),
         "object_store_slope_mb_per_hour": round(slope_per_hour(steady, 2), 1),
         "accounting": summary.get("accounting"),
+        "groups": summary.get("groups"),
+        "stop": summary.get("stop"),
         "discarded_decision_fraction": summary.get("discarded_decision_fraction"),
         "policy_version": summary.get("policy_version"),
         "memory_timeline": [{"t_s": round(t, 1), "rss_mb": round(r, 1), "object_store_mb": o}

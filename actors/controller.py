@@ -7,13 +7,16 @@ It validates the run config against the env and policy registries, and runs the 
 (rebuilt when a rank is lost, ``actors.learner_group``), the strategies that drive them
 (``actors.strategies``), the ``RunMonitor`` (progress rows, accounting, ``actors.monitor``), the
 ``CapacityWatch`` (actors that lost their node, ``actors.capacity``), the ``Checkpointer``
-(``actors.checkpointer``) and ``PeriodicEval`` (``actors.periodic_eval``). Its own loop only
-sequences them.
+(``actors.checkpointer``), ``PeriodicEval`` (``actors.periodic_eval``), ``LearnerFailures``
+(whether a learner error rebuilds the group or ends the run, ``actors.failures``), the
+``StepLog`` (per-step objective figures, ``actors.step_log``) and the stop sequence of an
+asynchronous run (``actors.stop``). Its own loop only sequences them.
 
 Run directory (a local path or URI, ``rlvla3.storage``): ``config.yaml`` (resolved config),
-``metrics.jsonl``, ``tb/`` (TensorBoard), ``checkpoints/`` (written by learner rank 0 wherever it
-runs) and ``summary.json``; files that grow are written to a working copy here and copied to a
-remote storage every ``storage.sync_every_s`` and at the end. Resuming from a run directory
+``metrics.jsonl``, ``steps.jsonl`` (one line per optimizer step), ``tb/`` (TensorBoard),
+``checkpoints/`` (written by learner rank 0 wherever it runs) and ``summary.json``; files that
+grow are written to a working copy here and copied to a remote storage every
+``storage.sync_every_s`` and at the end. Resuming from a run directory
 restores weights, optimizer state, policy version, counters and the env workers' episode
 samplers, and continues towards the same ``total_env_steps``. A resumed run's summary counts the whole run (env steps,
 episodes, trained env steps, decisions) and gives this leg's own figures in ``this_leg``;
@@ -33,12 +36,15 @@ import yaml
 
 from actors.capacity import CapacityWatch
 from actors.checkpointer import Checkpointer, restore_samplers
+from actors.failures import LOSS_GRACE_S, LearnerFailures
 from actors.learner_group import LOSS_ERRORS
 from actors.memory import ProcessMemory
 from actors.monitor import RUN_COUNTERS, RunMonitor, WaitingForActors, say, waiting_on
 from actors.periodic_eval import PeriodicEval
 from actors.run_status import NAMESPACE
 from actors.runtime import init_ray
+from actors.step_log import StepLog
+from actors.stop import stop_async_run
 from actors.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.topology import Topology, build_topology
 from envs import dilate_env, env_spec
@@ -114,7 +120,7 @@ class Controller:
     def __init__(self, cfg: RunConfig, run_dir: str | Path, resume: bool = False,
                  quiet: bool = False):
         self.cfg = cfg
-        self.files = Mirror(str(run_dir), keep=("metrics.jsonl",) if resume else (),
+        self.files = Mirror(str(run_dir), keep=("metrics.jsonl", "steps.jsonl") if resume else (),
                             every_s=cfg.storage.sync_every_s)
         self.run_dir = self.files.local
         """The run directory's working copy on this machine (itself, for a local storage)."""
@@ -140,6 +146,8 @@ class Controller:
         self._stop_asked: str | None = None  # why a stop was asked for (None: it was not)
         self.stopped_by: str | None = None  # the limit that ended the run
         self.target_reached: dict | None = None  # when the run reached cfg.target_success
+        self.failures = LearnerFailures(cfg.learner.max_rebuilds, cfg.learner.rebuild_window_s)
+        self.stop_record: dict | None = None  # how an asynchronous run's stop went
 
     @property
     def evals(self) -> list[dict]:
@@ -232,6 +240,7 @@ class Controller:
         self._warn_staleness_bound()
         self._start = time.monotonic()
         self._base = dict(self.counters)
+        self.steps = StepLog(self.run_dir, self._log)
         self.checkpoints = Checkpointer(self.learners[0], topo.workers, self.files.uri,
                                         self.cfg.checkpoint_every,
                                         ray.get(self.learners[0].version.remote()), self._log)
@@ -249,9 +258,8 @@ class Controller:
                     if time.monotonic() >= next_log:
                         self._tick()
                         next_log = time.monotonic() + self.cfg.log_every_s
-                self.training.stop(self.learners)
-                ray.get(topo.queue.close.remote())
-                self.rollout.stop(topo.workers)
+                self.stop_record = stop_async_run(topo, self.training, self.rollout,
+                                                  self.cfg.learner.stop_timeout_s, self._log)
             else:
                 max_item = self.spec.max_decisions * (
                     self.cfg.algo.group_size if self.cfg.algo.name == "grpo" else 1)
@@ -261,11 +269,7 @@ class Controller:
                         self.training.after_round(self.learners, topo.queue,
                                                   self.cfg.learner.global_batch, max_item)
                     except LOSS_ERRORS as exc:
-                        if self.capacity.fatal is not None:
-                            raise self.capacity.fatal from exc
-                        if not (topo.group.elastic and self._learner_lost()):
-                            raise
-                        self._rebuild_learners(exc)
+                        self._on_learner_error(exc)
                     if time.monotonic() >= next_log:
                         self._tick()
                         next_log = time.monotonic() + self.cfg.log_every_s
@@ -276,7 +280,7 @@ class Controller:
         summary["stopped_by"] = self.stopped_by
         summary["target_reached"] = self.target_reached
         self.files.write_text("summary.json", json.dumps(summary, indent=2))
-        self.files.push("metrics.jsonl", "tb")
+        self.files.push("metrics.jsonl", "steps.jsonl", "tb")
         self._log(f"stopped by {self.stopped_by}; summary: {join(self.files.uri, 'summary.json')}")
         return summary
 
@@ -338,24 +342,29 @@ class Controller:
         if getattr(self.rollout, "errors", None):
             raise self.rollout.errors[0]
         if self.capacity.rebuild_requested.is_set():
-            self._rebuild_learners("a learner rank has not run for ray.node_wait_s")
+            cause = "a learner rank has not run for ray.node_wait_s"
+            self.failures.check(cause, [cause])
+            self._rebuild_learners(cause)
         ready, _ = ray.wait(self.training.refs, timeout=0)
         for ref in ready:  # a rank that ended early ended by an exception
             try:
                 ray.get(ref)
             except LOSS_ERRORS as exc:
-                if not self.topology.group.elastic:
-                    raise
-                self._rebuild_learners(exc)
+                self._on_learner_error(exc)
                 break
         ready, _ = ray.wait(getattr(self.rollout, "refs", []), timeout=0)
         for ref in ready:
             ray.get(ref)  # a role that ended early ended by an exception: raise it here
 
-    def _learner_lost(self) -> bool:
-        from actors.cluster_state import actor_state
-
-        return any(actor_state(lr) != "ALIVE" for lr in self.learners)
+    def _on_learner_error(self, exc: BaseException) -> None:
+        """Rebuild the group if a rank is really gone and the rebuild budget allows; otherwise
+        end the run with the error (``actors.failures``). Called inside the ``except``."""
+        if self.capacity.fatal is not None:
+            raise self.capacity.fatal from exc
+        if not self.topology.group.elastic:
+            raise exc
+        self.failures.check(exc, self.topology.group.lost(LOSS_GRACE_S))
+        self._rebuild_learners(exc)
 
     def _rebuild_learners(self, cause: BaseException | str) -> None:
         """A rank was lost: every rank restarts from the last checkpoint and the group forms
@@ -447,17 +456,20 @@ class Controller:
             self._log(f"waiting: {exc}")
             return None
         self._release_lost_workers()
-        history = ray.get(self.learners[0].take_history.remote())
+        killed = self.stop_record is not None and self.stop_record["learners"] == "killed"
+        history = [] if killed else ray.get(self.learners[0].take_history.remote())
         elapsed = time.monotonic() - self._start
         row = monitor.row(snap, elapsed, self._base)
+        row["objective"] = self.steps.add(history)
         self.counters.update({k: row[k] for k in RUN_COUNTERS},
                              wall_s=self._base["wall_s"] + elapsed)
         # before anything slow, so a run stopped by a signal with a short grace keeps its last step
-        self.checkpoints.save(self.counters, force=final)
+        if not killed:
+            self.checkpoints.save(self.counters, force=final)
         topo.extra["status"].update.remote(row, "finished" if final else "running")
         monitor.write(row, history)
         try:
-            self.files.sync("metrics.jsonl", "tb")
+            self.files.sync("metrics.jsonl", "steps.jsonl", "tb")
         except OSError as exc:  # retried at the next tick: a storage blip never stops a run
             self._log(f"warning: copying metrics to {self.files.uri} failed: {exc}")
         self._log(monitor.line(row, elapsed))
@@ -468,7 +480,7 @@ class Controller:
             self._collect_eval()
             self._maybe_start_eval(row["policy_version"])
             return row
-        if self._stop_asked is not None:  # asked to stop now: no final evaluation
+        if self._stop_asked is not None or killed:  # stop now: no final evaluation
             self.evaluator.cancel()
         else:
             self._collect_eval(wait_s=600.0)
@@ -503,6 +515,10 @@ class Controller:
             "evals": self.evals,
             "nodes": topo.nodes(),
             "learner_group": {"ranks": len(self.learners), "rebuilds": topo.group.rebuilds},
+            "objective": self.steps.summary(),
+            "stop": self._stop_summary(killed),
+            "weights_moved": None if killed or not self.cfg.init_from else round(ray.get(
+                self.learners[0].distance_from.remote(self.cfg.init_from)), 7),
             "outages": [e for e in self.capacity.outages() if e["kind"] == "outage"],
             "start_waits": [e for e in self.capacity.outages() if e["kind"] == "start"],
             "memory": self._memory(snap),
@@ -513,6 +529,16 @@ class Controller:
             "checkpoints": self.checkpoints.summary(),
             "run_dir": self.files.uri,
         }
+
+    def _stop_summary(self, killed: bool) -> dict | None:
+        """How the stop went; after a killed group, the checkpoint the run ends at."""
+        if self.stop_record is None or not killed:
+            return self.stop_record
+        try:
+            last = locate_checkpoint(self.files.uri)
+        except FileNotFoundError:  # CheckpointError included
+            last = "none: the run ends with no checkpoint of its own"
+        return {**self.stop_record, "final_checkpoint": last}
 
     def _memory(self, snap: dict) -> dict:
         """The pre-flight estimate next to the peak RSS each role measured (MB; own process
@@ -534,7 +560,9 @@ class Controller:
         episode will use: release them, so pacing does not wait for them."""
         down = set(self.monitor.workers.down)
         for w in down - self._down_workers:
-            self.topology.queue.reset_worker.remote(w)
+            incarnation = self.monitor.workers.incarnation(w)
+            if incarnation is not None:
+                self.topology.queue.retire.remote(w, incarnation)
         self._down_workers = down
 
     def _split_note(self) -> dict:
@@ -587,7 +615,7 @@ class Controller:
             self.monitor.close()
             self.monitor = None
             try:
-                self.files.push("metrics.jsonl", "tb")
+                self.files.push("metrics.jsonl", "steps.jsonl", "tb")
             except OSError as exc:
                 self._log(f"warning: metrics and TensorBoard events were not copied to "
                           f"{self.files.uri} ({exc}); they stay in {self.files.local}")

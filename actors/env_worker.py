@@ -14,9 +14,13 @@ Two ways to drive the slots, chosen by the controller's rollout strategy:
   fixed number of steps per round, a finished episode resetting in place in the background
   while the other slots go on stepping (autoreset rollout).
 
-An episode cut by a simulator fault is dropped and counted, never shipped: its last transition
-is not a real one (the queue is told, so a GRPO group does not wait for it). A restarted worker
-tells the queue that its predecessor's admitted episodes are gone.
+An episode cut by a simulator fault (a step that timed out, crashed its process or raised) is
+dropped and counted, never shipped: its last transition is not a real one (the queue is told,
+so a GRPO group does not wait for it). Admissions belong to this worker's incarnation: a
+restarted worker tells the queue its new incarnation, which releases its predecessor's
+admitted episodes and refuses the admissions its predecessor still waited for; a slot whose
+admission is refused (admissions closed at the end of a run, or this incarnation replaced)
+ends its loop.
 
 Accounting: ``decisions`` (produced) = decisions of running episodes (``inflight_decisions``) +
 ``dropped_decisions`` (faults) + ``shipped_decisions``.
@@ -95,7 +99,7 @@ class EnvWorker:
         self.recent: deque[tuple[float, bool, int]] = deque(maxlen=RECENT_EPISODES)
         self._reported_restarts = 0
         if was_restarted():
-            self.queue.reset_worker.remote(worker_id)
+            self.queue.reset_worker.remote(worker_id, self.incarnation)
             self.sampler.restore(None, salt=int(self.incarnation[:8], 16))
 
     # ---- env calls (threaded, with a timeout) -------------------------------------------
@@ -128,6 +132,9 @@ class EnvWorker:
         except asyncio.TimeoutError:
             result = StepResult(self._obs[slot], 0.0, False, True, False, 0,
                                 fault=f"step timed out after {self.cfg.step_timeout_s}s")
+        except Exception as exc:  # noqa: BLE001 - an in-process simulator raised: a fault
+            result = StepResult(self._obs[slot], 0.0, False, True, False, 0,
+                                fault=f"step raised {type(exc).__name__}: {exc}"[:300])
         rec = self._recorders[slot]
         rec.record(self._obs[slot], chunk, result)
         self.counts["env_steps"] += result.steps
@@ -198,8 +205,11 @@ class EnvWorker:
             key = self.sampler.next(self._slot_tasks[slot])
             start = time.monotonic()
             self._phases[slot] = "admit"
-            ticket = await self.queue.admit.remote(self.worker_id, key)
+            ticket = await self.queue.admit.remote(self.worker_id, key, self.incarnation)
             self.counts["admit_wait_s"] += time.monotonic() - start
+            if ticket is None:  # admissions closed, or this incarnation was replaced
+                self._phases[slot] = "idle"
+                break
             if self._stop:
                 await self.queue.cancel.remote(ticket)
                 break

@@ -11,8 +11,9 @@ and compares each episode's outcome, step count and, where both have one, its ac
 
 Inputs: ``DIR`` and, when the checkpoint moved since, ``--checkpoint`` (its weights must hash
 to the sha256 ``DIR`` names). Output: a JSON-able report (``matching``, ``outcome_flips``,
-``step_differences``, ``digest_differences``, the mismatched episodes, the fingerprint fields
-that differ); ``rlvla3 eval`` exits 1 when an episode differs.
+``step_differences``, ``digest_differences``, the mismatched episodes, the episodes that could
+not be re-run (``faults``), the fingerprint fields that differ); ``rlvla3 eval`` exits 1 when
+an episode differs and 3 when none differs but some could not be re-run.
 """
 
 from __future__ import annotations
@@ -51,10 +52,17 @@ def sample_episodes(episodes: Sequence[Episode], n: int, seed: int) -> list[Epis
 def compare_rows(
     stored: Mapping[Episode, Mapping[str, Any]], now: Mapping[Episode, Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """Episode by episode: outcome, steps and (when both have one) action digest."""
-    mismatches, flips, steps, digests, digest_checked = [], 0, 0, 0, 0
+    """Episode by episode: outcome, steps and (when both have one) action digest. An episode
+    that did not run to its end on either side (a ``fault`` row: a lost worker, a crashed
+    simulator) is not compared but listed in ``faults``: it says nothing about reproducibility,
+    and re-running the same command runs it again."""
+    mismatches, faults, flips, steps, digests, digest_checked = [], [], 0, 0, 0, 0
     for key in sorted(now):
         a, b = stored[key], now[key]
+        if a.get("fault") or b.get("fault"):
+            faults.append({"task": key[0], "init_state": key[1],
+                           "fault": b.get("fault") or f"stored: {a.get('fault')}"})
+            continue
         flip = bool(a["success"]) != bool(b["success"])
         step = a["steps"] != b["steps"]
         both = "digest" in a and "digest" in b
@@ -70,15 +78,25 @@ def compare_rows(
                     "now": {k: b.get(k) for k in ("success", "steps", "digest")},
                 }
             )
+    compared = len(now) - len(faults)
     return {
-        "checked": len(now),
-        "matching": len(now) - len(mismatches),
+        "checked": compared,
+        "matching": compared - len(mismatches),
         "outcome_flips": flips,
         "step_differences": steps,
         "digest_checked": digest_checked,
         "digest_differences": digests,
         "mismatches": mismatches,
+        "faults": faults,
     }
+
+
+def recheck_status(report: Mapping[str, Any]) -> int:
+    """``rlvla3 eval --recheck``'s exit status: 0 every episode identical, 1 an episode differs,
+    3 none differs but some could not be re-run (run the same command again)."""
+    if report["mismatches"]:
+        return 1
+    return 3 if report["faults"] else 0
 
 
 def _acting(acting: str) -> dict[str, Any]:
@@ -194,6 +212,11 @@ def recheck_line(report: Mapping[str, Any]) -> str:
         line += (
             f"; {report['outcome_flips']} outcomes flipped, {report['step_differences']} "
             f"step counts and {report['digest_differences']} action digests differ"
+        )
+    if report["faults"]:
+        line += (
+            f"; {len(report['faults'])} not re-run ({report['faults'][0]['fault']}): the same "
+            "command runs them again"
         )
     for diff in report["fingerprint_differences"]:
         line += f"\n  fingerprint: {diff}"

@@ -60,7 +60,7 @@ from actors.eval_compare import (
     load_results,
 )
 from actors.eval_media import write_chart, write_video
-from actors.eval_recheck import recheck, recheck_line
+from actors.eval_recheck import recheck, recheck_line, recheck_status
 from actors.eval_round import (
     EvalRound,
     episode_row,
@@ -611,7 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(summary))
     if args.recheck:
         _console().print(recheck_line(summary))
-        return 0 if summary["matching"] == summary["checked"] else 1
+        return recheck_status(summary)
     return 0
 
 

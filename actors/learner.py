@@ -8,9 +8,13 @@ untrained (the backlog that paces the env slots). On GPU clusters the same messa
 tensors and the weights travel by a collective broadcast instead (``broadcast_weights``).
 
 Two ways to drive it, chosen by the training strategy:
-- ``run()``: pull from the queue and train until ``stop()`` (asynchronous training); several
-  ranks leave together, after the optimizer step at which they agreed to (one all-reduced
-  flag per step), so none is left waiting in a collective.
+- ``run()``: pull from the queue and train until ``stop()`` (asynchronous training). Each pull
+  asks for the decisions this rank still needs for its batch (a decision budget), so no rank
+  hoards what another waits for. Several ranks leave together, after the optimizer step at
+  which they agreed to (the step agreement of ``LearnerCore``), so none is left waiting in a
+  collective; a rank asked to stop that gets no data for ``FLUSH_AFTER_S`` abandons the step
+  under way on every rank (``LearnerCore.flush``) instead of leaving the others in its
+  all-reduce.
 - ``train_available()``: drain what the queue holds now, train every full batch, return
   (synchronous training: rollout, then train, then sync weights).
 The learner strategy (batch or streaming) decides when a micro-batch may start.
@@ -58,6 +62,9 @@ from rlvla3.run_config import LearnerConfig
 from rlvla3.storage import basename
 from rlvla3.types import EnvSpec, WeightsMessage
 
+FLUSH_AFTER_S = 2.0
+"""A rank asked to stop that made no progress for this long abandons the step under way."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -93,7 +100,6 @@ class Learner:
         self.incarnation = uuid.uuid4().hex
         self._channel = None
         self._stop = threading.Event()
-        self._stop_agreed = False
         self._stepping = threading.RLock()
         """Held through every optimizer step and weight load: what reads the weights from
         another call (a checkpoint, a restarted server's pull) sees one whole version."""
@@ -179,7 +185,7 @@ class Learner:
         with self._stepping:
             self.policy.load_state_dict(policy.state_dict())
             if self.core.proximal is not None:
-                self.core.proximal.sync()
+                self.core.proximal.sync(self.core.version)
             return self.core.version
 
     def restore(self, path: str) -> int:
@@ -191,13 +197,13 @@ class Learner:
         rng = load_rng_state(path)
         with self._stepping:
             self.policy.load_state_dict(policy.state_dict())
-            if self.core.proximal is not None:
-                self.core.proximal.sync()
             if state is not None:
                 self.core.optimizer.load_state_dict(state)
             if rng is not None:
                 torch.set_rng_state(rng)
             self.core.version = meta.version
+            if self.core.proximal is not None:
+                self.core.proximal.sync(meta.version)
         return meta.version
 
     # ---- training ----------------------------------------------------------------------
@@ -207,14 +213,7 @@ class Learner:
         self.metrics.inc("samples_trained", stats.samples)
         self.metrics.set("loss", stats.loss)
         self.metrics.set("policy_version", stats.version)
-        self.history.append({"version": stats.version, "loss": stats.loss,
-                             "policy_loss": stats.policy_loss, "value_loss": stats.value_loss,
-                             "entropy": stats.entropy, "approx_kl": stats.approx_kl,
-                             "clip_fraction": stats.clip_fraction,
-                             "staleness": stats.mean_staleness, "grad_norm": stats.grad_norm,
-                             "behaviour_weight": stats.behaviour_weight,
-                             "truncated_fraction": stats.truncated_fraction,
-                             "epoch": stats.epoch})
+        self.history.append(stats.as_row())
         self._report_buffered()
         if self.rank == 0:
             self._broadcast_to_servers()
@@ -243,55 +242,58 @@ class Learner:
         with self._stepping:
             return WeightsMessage(self.core.version, self.core.weights())
 
-    def _pull(self, max_items: int, timeout_s: float) -> int:
+    def _pull(self, max_items: int, timeout_s: float, max_decisions: int | None = None) -> int:
+        """Take up to ``max_items`` queue items (fewer once they hold ``max_decisions``)."""
         start = time.monotonic()
-        items = ray.get(self.queue.get.remote(max_items, timeout_s))
-        segments = []
-        for item in items:  # one episode, or one whole GRPO group
+        items = ray.get(self.queue.get.remote(max_items, timeout_s, max_decisions))
+        groups = []
+        for item in items:  # one episode, or one whole GRPO group: its boundaries are kept
+            group = []
             for info, refs in item:
                 try:
-                    segments.append(ray.get(refs[0]))
+                    group.append(ray.get(refs[0]))
                 except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError):
                     # its payload died with its producer or node: counted, not fatal
                     self.lost_segments += 1
                     self.lost_decisions += info.decisions
+            groups.append(group)
         self.wait_s += time.monotonic() - start
-        self.core.add_segments(segments)
+        self.core.add_groups(groups)
         self._report_buffered()
         return len(items)
 
     def run(self) -> dict:
         """Asynchronous training: pull and train until ``stop()``.
 
-        One rank stops at once. Several ranks stop only together, at the end of an optimizer
-        step where they agreed to (``_agree_on_stop``): a rank that stopped on its own could
-        leave another waiting in that step's all-reduce forever, and any version picked from
-        outside can be overtaken by a step already under way.
+        One rank stops at once (a partial accumulation stays untrained, ``in_step``). Several
+        ranks stop only together, at the step agreement before an optimizer step: a rank that
+        stopped on its own could leave another waiting in that step's all-reduce forever, and
+        any version picked from outside can be overtaken by a step already under way. A rank
+        asked to stop that gets no data for ``FLUSH_AFTER_S`` (the rollout has stopped) flushes:
+        the step under way is abandoned on every rank and its decisions go back to the buffers.
         """
         self._stop.clear()
-        self._stop_agreed = False
-        while not self._stopped():
-            # pull only what this rank needs, so no rank hoards the data (none while a batch's
-            # later epochs run: their data is at hand)
-            if self.core.epoch == 0 and self.core.buffered < self.core.local_batch:
-                self._pull(max_items=8, timeout_s=0.2)
-            # one step per call, so that the agreement after it is seen before the next
+        core = self.core
+        core.stop_requested = core.stop_agreed = False
+        progress = time.monotonic()
+        while not (core.stop_agreed if self.world_size > 1 else self._stop.is_set()):
+            budget = core.pull_budget()
+            if budget:
+                self._pull(max_items=64, timeout_s=0.2, max_decisions=budget)
+            # one step per call, so that the agreement before it is seen before the next
             with self._stepping:
-                stepped = self.core.run_available(self._publish,
-                                                  until_version=self.core.version + 1)
-            if stepped:
-                self._agree_on_stop()
+                before = core.micro_steps
+                core.run_available(self._publish, until_version=core.version + 1)
+            if core.micro_steps != before:
+                progress = time.monotonic()
+            elif (self._stop.is_set() and self.world_size > 1 and not core.stop_agreed
+                  and time.monotonic() - progress > FLUSH_AFTER_S):
+                with self._stepping:
+                    if not core.flush():
+                        raise RuntimeError(f"learner {self.rank}: asked to stop partway through "
+                                           f"a step with no sample to join the other ranks")
+                self._report_buffered()
         return self.stats()
-
-    def _stopped(self) -> bool:
-        return self._stop_agreed if self.world_size > 1 else self._stop.is_set()
-
-    def _agree_on_stop(self) -> None:
-        """After every optimizer step of ``run()``, all ranks in lockstep: stop if any rank was
-        asked to."""
-        if self.world_size > 1:
-            flag = np.array([1.0 if self._stop.is_set() else 0.0])
-            self._stop_agreed = bool(self._all_reduce(flag)[0] > 0)
 
     def train_available(self) -> dict:
         """Synchronous training (one rank): take everything queued now, train every full batch."""
@@ -307,20 +309,21 @@ class Learner:
         every rank takes the same number of steps."""
         epochs = self.core.algo.update_epochs  # optimizer steps per batch
         target = self.core.version + steps * epochs + (epochs - self.core.epoch) % epochs
-        need = steps * self.core.local_batch - self.core.micro_done
+        need = steps * self.core.local_batch - self.core.in_step
         deadline = time.monotonic() + timeout_s
         while self.core.buffered < need:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"learner {self.rank}: no data for {steps} steps")
-            self._pull(max_items=1, timeout_s=0.5)
+            self._pull(max_items=64, timeout_s=0.5, max_decisions=need - self.core.buffered)
         with self._stepping:
             self.core.run_available(self._publish, until_version=target)
         return self.stats()
 
     def stop(self) -> None:
-        """Leave ``run()``: at once with one rank; with several, after the next optimizer step,
+        """Leave ``run()``: at once with one rank; with several, at the next step agreement,
         which every rank takes (see ``run``)."""
         self._stop.set()
+        self.core.stop_requested = True
 
     def buffered(self) -> int:
         return self.core.buffered
@@ -363,6 +366,16 @@ class Learner:
         with self._stepping:
             return self.core.version, parameter_sum(self.policy)
 
+    def distance_from(self, path: str) -> float:
+        """How far the weights moved from the checkpoint at ``path`` (e.g. ``init_from``):
+        ``||theta - theta_0|| / ||theta_0||`` over all floating-point tensors."""
+        from rlvla3.checkpoint import load_policy
+        from rlvla3.weight_sync import relative_change
+
+        reference, _ = load_policy(path)
+        with self._stepping:
+            return relative_change(reference.state_dict(), self.policy.state_dict())
+
     def stats(self) -> dict:
         elapsed = max(time.monotonic() - self._started, 1e-9)
         self.metrics.set("busy_fraction", min(self.core.busy_s / elapsed, 1.0))
@@ -372,6 +385,7 @@ class Learner:
             "samples_trained": self.core.samples_trained,
             **self.core.counts,
             "buffered": self.core.buffered,
+            "in_step": self.core.in_step,
             "busy_fraction": min(self.core.busy_s / elapsed, 1.0),
             "busy_s": self.core.busy_s,
             "data_wait_fraction": min(self.wait_s / elapsed, 1.0),
@@ -389,7 +403,8 @@ class Learner:
             out["cost"] = self.core.clock.stats.as_dict()
         if self.last is not None:
             out.update(loss=self.last.loss, entropy=self.last.entropy,
-                       approx_kl=self.last.approx_kl, staleness=self.last.mean_staleness)
+                       kl_per_decision=self.last.kl_per_decision,
+                       clip_fraction=self.last.clip_fraction, staleness=self.last.mean_staleness)
         return out
 
     def take_history(self) -> list[dict]:
@@ -410,7 +425,7 @@ class _EvaluateModule(torch.nn.Module):
 
     def forward(self, obs, actions, latents):
         ev = self.policy.evaluate(obs, actions, latents)
-        return ev.log_prob, ev.value, ev.entropy
+        return ev.log_prob, ev.value, ev.entropy, ev.log_prob_elements
 
 
 class _DDPEvaluate:

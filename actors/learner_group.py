@@ -93,6 +93,20 @@ class LearnerGroup:
         self.rebuilds.append(record)
         return record
 
+    def lost(self, grace_s: float) -> list[str]:
+        """The ranks that are really gone: not alive, or alive as a new incarnation (Ray
+        restarted them). A survivor's collective fails as soon as its peer dies, possibly
+        before Ray notices the death, so a group that looks whole is watched for ``grace_s``
+        before the answer is "none"."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            gone = [self.names[self.handles.index(lr)] for lr in self.active
+                    if actor_state(lr) != "ALIVE" or not self._answers_with(
+                        lr, self._incarnations.get(self.handles.index(lr)))]
+            if gone or time.monotonic() >= deadline:
+                return gone
+            time.sleep(0.5)
+
     @staticmethod
     def _answers_with(lr, incarnation: str | None) -> bool:
         try:

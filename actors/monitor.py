@@ -26,8 +26,9 @@ actor counts as lost: its last report, plus what only the queue saw it do afterw
 ``accounting["unaccounted"]`` is ``produced`` minus the sum of all of them:
 running in a slot | dropped by a simulator fault | discarded at stop | queued | held for its
 GRPO group | dropped stale by the queue | expired with its group | skipped with a uniform GRPO
-group (``algo.skip_uniform_groups``) | lost with its payload | trained | discarded stale by a
-learner | buffered in a learner.
+group (``algo.skip_uniform_groups``) | lost with its payload | trained (in an optimizer step
+taken) | discarded stale by a learner | buffered in a learner | taken into a learner's step
+under way (``in_step``: not trained until the step is taken).
 """
 
 from __future__ import annotations
@@ -176,6 +177,11 @@ class RoleStats:
                                         if k in carry}, "state": "ALIVE"}
         return [answered[i] if i in answered else self._as_down(i) for i in range(len(refs))]
 
+    def incarnation(self, i: int) -> str | None:
+        """The incarnation actor ``i`` last answered as (None: never seen)."""
+        seen = self._seen.get(i)
+        return None if seen is None else seen["incarnation"]
+
     def _went_down(self, i: int, state: str) -> None:
         self.down[i] = state
         seen = self._seen.get(i)
@@ -209,7 +215,7 @@ class RoleStats:
             template = _zeroed(next(iter(self._seen.values()))["last"])
             seen = {"last": {**template, "slots": template.get("slots", 0)}, "carry": {}}
         last = seen["last"]
-        zero = {"inflight_decisions": 0, "buffered": 0, "busy_fraction": 0.0,
+        zero = {"inflight_decisions": 0, "buffered": 0, "in_step": 0, "busy_fraction": 0.0,
                 "data_wait_fraction": 0.0, "recent_episodes": 0, "phases": {}}
         return {**last, **{k: v for k, v in zero.items() if k in last},
                 **{k: seen["carry"][k] for k in self.carried if k in seen["carry"]},
@@ -221,7 +227,8 @@ class RoleStats:
             self.lost["episodes"] = self.lost.get("episodes", 0) + last["slots"]
             self.lost["decisions"] = self.lost.get("decisions", 0) + last["inflight_decisions"]
         elif self.role == "learner":
-            self.lost["decisions"] = self.lost.get("decisions", 0) + last["buffered"]
+            self.lost["decisions"] = (self.lost.get("decisions", 0) + last["buffered"]
+                                      + last.get("in_step", 0))
 
 
 class RunMonitor:
@@ -309,6 +316,14 @@ class RunMonitor:
             "in_flight_episodes": queue["in_flight_episodes"],
             "dropped_stale": queue["dropped_stale"],
             "uniform_groups_skipped": queue["uniform_groups"],
+            "groups": {  # queue items (an episode, or a GRPO group) and what became of them
+                "received": sum(lr.get("received_groups", 0) for lr in learners),
+                "short": sum(lr.get("short_groups", 0) for lr in learners),
+                "singleton": sum(lr.get("singleton_groups", 0) for lr in learners),
+                "discarded_stale": sum(lr.get("discarded_groups", 0) for lr in learners)
+                + queue["dropped_stale_items"],
+                "expired": queue["expired_groups"],
+                "uniform_skipped": queue["uniform_groups"]},
             "dropped_faults": sum(w["dropped_faults"] for w in workers),
             "lost_segments": sum(lr["lost_segments"] for lr in learners),
             "restarts": sum(w["restarts"] for w in workers) + sum(
@@ -349,6 +364,7 @@ class RunMonitor:
             "trained": sum(lr["samples_trained"] for lr in learners),
             "discarded_stale_learner": sum(lr["discarded_decisions"] for lr in learners),
             "buffered": sum(lr["buffered"] for lr in learners),
+            "in_step": sum(lr.get("in_step", 0) for lr in learners),
         }
         produced = sum(w["decisions"] for w in workers)
         lost = {"with_env_worker": self.workers.lost.get("decisions", 0),

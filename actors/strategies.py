@@ -180,8 +180,8 @@ class SyncTraining:
         steps = _full_steps(queue, learners, global_batch, max_item)
         _get_all_or_first_error([lr.train_steps.remote(steps) for lr in learners])
 
-    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> None:
-        pass
+    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> bool:
+        return True
 
 
 def _get_all_or_first_error(refs: list) -> None:
@@ -217,12 +217,14 @@ class AsyncTraining:
     def after_round(self, learners: Sequence, queue, global_batch: int, max_item: int) -> None:
         pass
 
-    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> None:
-        """Ask every rank to stop; several ranks finish one more optimizer step together, so
-        rollout must go on until this returns."""
+    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> bool:
+        """Ask every rank to stop and wait up to ``timeout_s``; returns whether every rank
+        left ``run()``. Ranks leave together at their next step agreement (or abandon the step
+        under way together), so rollout must go on until this returns."""
         for lr in learners:
             lr.stop.remote()
-        ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
+        return len(ready) == len(self.refs)
 
 
 TRAINING_STRATEGIES = {"sync": SyncTraining, "async": AsyncTraining}

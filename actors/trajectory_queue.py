@@ -6,10 +6,12 @@ group of episodes of the same (task, initial state), so a group is never split a
 ranks.
 
 Pacing (asynchronous rollout): before a slot starts an episode it asks ``admit``. The queue
-estimates how many optimizer steps will happen before that episode's first decision is trained,
+estimates how many policy versions will pass before that episode's first decision is trained,
 
-    lag = (backlog + (in_flight + 1) * mean_episode_decisions) / global_batch
+    lag = (backlog + (in_flight + 1) * mean_episode_decisions) * update_epochs / global_batch
 
+(each batch of ``global_batch`` decisions is ``update_epochs`` optimizer steps, each a version:
+the staleness bound counts versions, so pacing does too)
 where ``backlog`` is what is shipped but not yet trained (queued here plus buffered in the
 learners) and ``in_flight`` the episodes already admitted and unfinished, and admits the slot
 only while ``lag <= pace_lag`` (``QueueConfig.pace_target``) and the backlog is at most
@@ -20,18 +22,28 @@ slots wait instead of producing data that only ages, and when the envs are, ever
 Pacing never starves the learners (while less than one global batch of work is ahead of them,
 slots are admitted whatever the target), one episode is always admitted when none is in flight,
 in-flight episodes always finish, and GRPO episodes held for their group do not count, so
-pacing cannot deadlock.
-(Learners pull only what their next batch needs, so no rank hoards data another rank waits
-for.)
+pacing cannot deadlock. Pacing admits GRPO groups rather than episodes: once a member of a group
+is running or held, the group's other members are admitted at once (holding them back only
+ages the members already done, until the group expires). (Learners pull only what their next
+batch needs, ``get``'s ``max_decisions``, so no rank hoards data another rank waits for.)
+
+Admission tickets belong to one incarnation of an env worker. A restarted worker announces its
+new incarnation (``reset_worker``); the controller retires the incarnation of a worker that
+stopped running (``retire``). The tickets of a replaced or retired incarnation are released at
+once, and an ``admit`` of such an incarnation still waiting (its caller died while it waited)
+is refused when it wakes, so the in-flight count returns to the episodes really running.
+``close_admissions`` (the first act of a run's stop) refuses every admission from then on.
 
 Invariants:
 - At most ``capacity`` items are queued; ``put`` waits while the queue is full (backpressure).
-- ``get`` drops, and counts, items none of whose decisions is within ``max_staleness`` versions
-  of the learner's version (the learners drop stale decisions one by one; this only saves
-  fetching payloads that are wholly stale).
+- Staleness is judged per item by its oldest decision, as the learners judge it: ``get`` drops,
+  and counts, items whose oldest decision is more than ``max_staleness`` versions behind the
+  learner (whole: a GRPO group is never split).
 - GRPO: an episode waits in ``held`` until its group has ``group_size`` members, minus members
-  that can never arrive (a simulator fault, a lost env worker: ``drop``/``reset_worker``). A held
-  group whose newest decision is more than ``max_staleness`` versions old expires, counted.
+  that can never arrive (a simulator fault, a lost env worker: ``drop``/``reset_worker``), and
+  leaves as one item that keeps the group's boundaries: two groups of one key are never pooled.
+  A held group whose oldest decision is more than ``max_staleness`` versions old expires,
+  counted.
   With ``skip_uniform`` a complete group whose members all have the same return (every
   advantage 0) is skipped, counted, instead of queued.
 - Items leave in arrival order; none is returned twice.
@@ -80,10 +92,6 @@ class SegmentInfo:
     max_version: int = -1
     """Newest policy version that acted in the segment (-1: same as ``min_version``)."""
 
-    @property
-    def newest(self) -> int:
-        return self.max_version if self.max_version >= 0 else self.min_version
-
 
 def _uniform(members: list) -> bool:
     """Whether a group's episodes all have the same return (every GRPO advantage 0)."""
@@ -104,27 +112,34 @@ class TrajectoryQueue:
     """Bounded FIFO of items (lists of (SegmentInfo, [ObjectRef])) with pacing and staleness."""
 
     def __init__(self, cfg: QueueConfig, group_size: int = 1, global_batch: int = 1,
-                 initial_decisions: float = 1.0, skip_uniform: bool = False):
+                 initial_decisions: float = 1.0, skip_uniform: bool = False,
+                 update_epochs: int = 1):
         self.cfg = cfg
         self.group_size = group_size
         self.skip_uniform = skip_uniform
         self.global_batch = global_batch
+        self.update_epochs = update_epochs
         self._items: deque[list] = deque()
         self._version = 0
         self._cond: asyncio.Condition | None = None
         self.metrics = RoleMetrics("queue", "queue-0")
         self.counts = {"put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
-                       "dropped_stale": 0, "dropped_stale_decisions": 0,
+                       "dropped_stale": 0, "dropped_stale_decisions": 0, "dropped_stale_items": 0,
                        "expired": 0, "expired_decisions": 0, "expired_groups": 0,
                        "uniform": 0, "uniform_decisions": 0, "uniform_groups": 0,
                        "discarded_at_stop": 0, "discarded_decisions": 0,
                        "producer_wait_s": 0.0, "admit_wait_s": 0.0, "admitted": 0,
-                       "dropped_by_producer": 0}
+                       "dropped_by_producer": 0, "refused_admissions": 0,
+                       "released_tickets": 0}
         self._closed = False
+        self._admitting = True
+        self._current: dict[int, str] = {}
+        """Env worker -> its live incarnation (first seen, or announced by ``reset_worker``)."""
+        self._retired: set[str] = set()
         self.staleness: dict[int, int] = {}
         self._held: dict[EpisodeKey, _Group] = defaultdict(_Group)
         self._credits: dict[EpisodeKey, int] = defaultdict(int)
-        self._tickets: dict[int, tuple[int, EpisodeKey]] = {}
+        self._tickets: dict[int, tuple[int, str, EpisodeKey]] = {}
         self._serial = itertools.count()
         self._learner_buffered: dict[int, int] = {}
         self._recent_lengths: deque[int] = deque(maxlen=64)
@@ -145,20 +160,29 @@ class TrajectoryQueue:
         """Decisions shipped but not yet trained: queued here plus buffered in learners."""
         return self.queued_decisions() + sum(self._learner_buffered.values())
 
-    def expected_lag(self, extra: int = 1) -> float:
-        """Optimizer steps before a newly admitted episode's first decision is trained."""
-        ahead = self.backlog() + (len(self._tickets) + extra) * self._mean_decisions()
-        return ahead / self.global_batch
+    def _ahead(self, extra: int) -> float:
+        """Decisions the learners will train before a newly admitted episode's first one."""
+        return self.backlog() + (len(self._tickets) + extra) * self._mean_decisions()
 
-    def _may_admit(self) -> bool:
+    def expected_lag(self, extra: int = 1) -> float:
+        """Policy versions before a newly admitted episode's first decision is trained."""
+        return self._ahead(extra) * self.update_epochs / self.global_batch
+
+    def _may_admit(self, key: EpisodeKey | None = None) -> bool:
         """Within the pace targets, or with less than one batch of work ahead of the learners
-        (holding slots back then would only idle them)."""
+        (holding slots back then would only idle them), or (GRPO) for a member of a group that
+        has started: its first members age while it waits, and expire if it waits too long."""
         target, backlog = self.cfg.pace_target, self.cfg.pace_backlog
         if (self._closed or target <= 0 or not self._tickets  # closing, pacing off, none running
-                or self.expected_lag(extra=0) < 1.0):
+                or self._ahead(extra=0) < self.global_batch or self._group_started(key)):
             return True
         return (self.expected_lag() <= target
                 and (backlog <= 0 or self.backlog() <= self.backlog_limit()))
+
+    def _group_started(self, key: EpisodeKey | None) -> bool:
+        if self.group_size == 1 or key is None:
+            return False
+        return key in self._held or any(k == key for _, _, k in self._tickets.values())
 
     def backlog_limit(self) -> float:
         """Decisions the backlog may hold: ``pace_backlog`` global batches, but never less than
@@ -167,17 +191,35 @@ class TrajectoryQueue:
         item = self.group_size * self._mean_decisions()
         return max(self.cfg.pace_backlog * self.global_batch, item)
 
-    async def admit(self, worker_id: int, key: EpisodeKey) -> int:
-        """Wait until a new episode of ``key`` may start (see pacing); returns its ticket."""
+    def _live(self, worker_id: int, incarnation: str) -> bool:
+        """Whether ``incarnation`` is ``worker_id``'s live one (the first one seen is)."""
+        if not self._admitting or incarnation in self._retired:
+            return False
+        return self._current.setdefault(worker_id, incarnation) == incarnation
+
+    async def admit(self, worker_id: int, key: EpisodeKey, incarnation: str = "") -> int | None:
+        """Wait until a new episode of ``key`` may start (see pacing); returns its ticket, or
+        None when this worker incarnation was replaced or retired, or admissions closed,
+        meanwhile (the caller must not start the episode)."""
         cond = self._condition()
         start = time.monotonic()
         async with cond:
-            await cond.wait_for(self._may_admit)
+            await cond.wait_for(lambda: self._may_admit(key) or not self._live(worker_id,
+                                                                              incarnation))
+            if not self._live(worker_id, incarnation):
+                self.counts["refused_admissions"] += 1
+                return None
             ticket = next(self._serial)
-            self._tickets[ticket] = (worker_id, key)
+            self._tickets[ticket] = (worker_id, incarnation, key)
             self.counts["admitted"] += 1
         self.counts["admit_wait_s"] += time.monotonic() - start
         return ticket
+
+    async def close_admissions(self) -> None:
+        """No new episode starts from now on (waiting and later ``admit`` calls get None);
+        episodes already admitted run to their end and are shipped."""
+        self._admitting = False
+        await self._notify()
 
     async def drop(self, key: EpisodeKey, decisions: int, ticket: int | None = None) -> None:
         """An admitted or running episode that will never be shipped (simulator fault)."""
@@ -191,16 +233,32 @@ class TrajectoryQueue:
         self._tickets.pop(ticket, None)
         await self._notify()
 
-    async def reset_worker(self, worker_id: int) -> int:
-        """A restarted env worker: its predecessor's admitted episodes died with it. Returns
-        how many tickets were released."""
-        lost = [t for t, (w, _) in self._tickets.items() if w == worker_id]
-        keys = [self._tickets.pop(t)[1] for t in lost]
+    async def reset_worker(self, worker_id: int, incarnation: str) -> int:
+        """A restarted env worker announces its ``incarnation``: its predecessors' admitted
+        episodes died with them, and their waiting admissions are refused. Returns how many
+        tickets were released."""
+        old = self._current.get(worker_id)
+        if old is not None and old != incarnation:
+            self._retired.add(old)
+        self._current[worker_id] = incarnation
+        return await self._release(lambda w, inc: w == worker_id and inc != incarnation)
+
+    async def retire(self, worker_id: int, incarnation: str) -> int:
+        """An env worker incarnation that stopped running (its node was lost): release its
+        tickets and refuse its waiting admissions. Returns how many tickets were released."""
+        self._retired.add(incarnation)
+        if self._current.get(worker_id) == incarnation:
+            del self._current[worker_id]
+        return await self._release(lambda w, inc: inc == incarnation)
+
+    async def _release(self, which) -> int:
+        lost = [t for t, (w, inc, _) in self._tickets.items() if which(w, inc)]
+        keys = [self._tickets.pop(t)[2] for t in lost]
+        self.counts["released_tickets"] += len(keys)
         for key in keys:
             await self._missing(key, 1)
-        if not keys:
-            await self._notify()
-        return len(lost)
+        await self._notify()
+        return len(keys)
 
     async def _missing(self, key: EpisodeKey, n: int) -> None:
         if self.group_size > 1:
@@ -270,8 +328,8 @@ class TrajectoryQueue:
 
     def _expire_held(self) -> None:
         """Held groups that can no longer be trained fresh: drop and count them."""
-        for key in [k for k, g in self._held.items() if g.members and self._lag(
-                max(i.newest for i, _ in g.members)) > self.cfg.max_staleness]:
+        for key in [k for k, g in self._held.items()
+                    if g.members and self._stale([i for i, _ in g.members])]:
             self._discard_group("expired", self._held.pop(key))
 
     def _discard_group(self, why: str, group: _Group) -> None:
@@ -284,10 +342,15 @@ class TrajectoryQueue:
     def _lag(self, version: int) -> int:
         return self._version - version
 
-    async def get(self, max_items: int, timeout_s: float) -> list:
+    def _stale(self, infos: list[SegmentInfo]) -> bool:
+        """An item (or held group) whose oldest decision is beyond the staleness bound."""
+        return self._lag(min(i.min_version for i in infos)) > self.cfg.max_staleness
+
+    async def get(self, max_items: int, timeout_s: float, max_decisions: int | None = None) -> list:
         """Up to ``max_items`` items (each a list of (SegmentInfo, [ObjectRef]); one episode,
-        or one whole GRPO group), dropping wholly stale ones; waits up to ``timeout_s`` for the
-        first."""
+        or one whole GRPO group), dropping stale ones; waits up to ``timeout_s`` for the first.
+        ``max_decisions``: stop once the items taken hold that many decisions (a learner's
+        budget: what its batch still needs; at least one item)."""
         cond = self._condition()
         out = []
         async with cond:
@@ -295,10 +358,13 @@ class TrajectoryQueue:
                 await asyncio.wait_for(cond.wait_for(lambda: len(self._items) > 0), timeout_s)
             except asyncio.TimeoutError:
                 return out
-            while self._items and len(out) < max_items:
+            taken = 0
+            while self._items and len(out) < max_items and (
+                    max_decisions is None or taken < max_decisions):
                 item = self._items.popleft()
-                if all(self._lag(info.newest) > self.cfg.max_staleness for info, _ in item):
+                if self._stale([info for info, _ in item]):
                     self.counts["dropped_stale"] += len(item)
+                    self.counts["dropped_stale_items"] += 1
                     self.counts["dropped_stale_decisions"] += sum(i.decisions for i, _ in item)
                     self.metrics.inc("episodes_dropped", len(item))
                     continue
@@ -307,6 +373,7 @@ class TrajectoryQueue:
                     self.staleness[lag] = self.staleness.get(lag, 0) + 1
                     self.metrics.observe("staleness", lag)
                 out.append(item)
+                taken += sum(info.decisions for info, _ in item)
             self.counts["got"] += sum(len(item) for item in out)
             self.counts["got_decisions"] += sum(i.decisions for item in out for i, _ in item)
             cond.notify_all()

@@ -110,6 +110,10 @@ class ReachConfig:
     e.g. ``data/libero_latency.json``), ``synthetic``, or empty for none."""
     latency_scale: float = 1.0
     """Multiplies every simulated latency."""
+    fault_rate: float = 0.0
+    """Probability that a step raises ``SimulatorFault`` instead of stepping (fault injection:
+    a simulator that crashes mid-episode, for the fault-tolerance tests and benchmarks); 0:
+    never."""
 
     def validate(self) -> None:
         require(
@@ -124,6 +128,8 @@ class ReachConfig:
             f"got {self.num_objects}",
         )
         require(self.image_size >= 8, "image_size", f"must be >= 8, got {self.image_size}")
+        require(0.0 <= self.fault_rate < 1.0, "fault_rate",
+                f"must be in [0, 1), got {self.fault_rate}")
         require(self.chunk_len >= 1, "chunk_len", f"must be >= 1, got {self.chunk_len}")
         require(self.max_decisions >= 1, "max_decisions", f"must be >= 1, got {self.max_decisions}")
         require(
@@ -225,11 +231,16 @@ def _paint(image: np.ndarray, center: tuple[int, int], mask: np.ndarray, rgb: np
     image[r0:r1, c0:c1][sub] = rgb
 
 
+class SimulatorFault(RuntimeError):
+    """An injected simulator crash (``ReachConfig.fault_rate``)."""
+
+
 class ReachEnv:
     """The ColorReach env; satisfies ``rlvla3.protocols.Env``."""
 
     def __init__(self, config: ReachConfig, seed: int = 0):
         self.config = config
+        self._faults = np.random.default_rng([seed, 7919]) if config.fault_rate else None
         self._latency = None
         if config.latency:
             from envs.latency_replay import LatencyReplayConfig, make_latency_model
@@ -282,6 +293,9 @@ class ReachEnv:
         if self._done:
             raise RuntimeError("step() after the episode ended; call reset() first")
         cfg = self.config
+        if self._faults is not None and self._faults.random() < cfg.fault_rate:
+            self._done = True
+            raise SimulatorFault(f"injected simulator fault (fault_rate={cfg.fault_rate:g})")
         deltas = (np.clip(actions, -1.0, 1.0) * cfg.step_size).tolist()
         x, y, tx, ty = self._x, self._y, self._tx, self._ty
         dist = math.hypot(x - tx, y - ty)

@@ -16,6 +16,12 @@ Invariants:
   rollout's share of staleness) is corrected by a truncated importance weight. So a decision
   acted many versions ago is reweighted instead of losing its gradient to a clip around its
   behaviour policy, and the updates of the last few steps still have a trust region.
+- The trust region has the scale of one Gaussian, not of one decision (``algo.ratio``). A
+  flow-matching action expert's decision is a product of many Gaussians (denoising step x chunk
+  step x action dimension: 35 for an ``ode_gaussian`` chunk of 5 x 7, about 350 for a Flow-SDE
+  chain); a ratio of the whole product leaves ``[1 - eps, 1 + eps]`` after changes that are
+  tiny for each Gaussian, so most samples lose their gradient to the clip. The behaviour weight
+  is taken on the same scale as the ratio.
 - Losses are means over the samples they receive; the learner scales them when it accumulates
   micro-batches into a global batch.
 - ``AlgoConfig`` validates its ranges; every error names the dotted field (``algo.clip_eps``).
@@ -23,7 +29,7 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -55,9 +61,15 @@ class AlgoConfig:
     ent_coef: float = 0.0
     """Weight of the entropy bonus."""
     normalize_advantages: bool = True
-    """Standardise PPO advantages over optimizer batches (all micro-batches and ranks; see
-    ``rlvla3.learner.AdvantageNormalizer``). GRPO advantages are standardised within their group
-    already and are left as they are."""
+    """Standardise PPO advantages with statistics of recent optimizer batches (all micro-batches
+    and ranks; see ``rlvla3.learner.AdvantageNormalizer``). GRPO advantages are standardised
+    within their group already and are left as they are."""
+    advantage_ema: float = 0.9
+    """PPO advantage standardisation: the mean and standard deviation come from an exponential
+    moving average over the previous optimizer batches, each batch's moments decayed by this
+    factor per step (0.9: about the last 10 batches); 0: the previous batch alone. A batch of a
+    few episodes with one rare success gives a previous-batch mean that puts nearly every
+    advantage of the next batch below zero; the average over several batches does not."""
     proximal: Literal["window", "step", "behaviour"] = "window"
     """Centre of the clip. Decoupled PPO, behaviour data reweighted by
     ``min(pi_prox / pi_behav, behaviour_weight_cap)``, with the proximal policy being
@@ -67,12 +79,30 @@ class AlgoConfig:
     binds: no trust region at all). ``behaviour``: classic PPO, the ratio against the behaviour
     policy itself (no reweighting; a stale decision whose ratio left the clip range gives no
     gradient)."""
+    ratio: Literal["element", "normalised", "decision"] = "element"
+    """Scale of the trust region. ``element``: one ratio per Gaussian (the policy's
+    ``Evaluation.log_prob_elements``), each clipped, the surrogate averaged over them (needs the
+    proximal policy's per-element log-probabilities: ``proximal`` window or step).
+    ``normalised``: the decision's log-ratio divided by the number ``E`` of Gaussians behind
+    it, i.e. the geometric mean of the per-Gaussian ratios, clipped per decision.
+    ``decision``: the ratio of the whole product (about ``E`` times the log-ratio of
+    ``normalised``). The behaviour weight ``pi_prox / pi_behav`` is taken per Gaussian (its
+    log divided by ``E``) except under ``decision``. A policy that reports no per-element
+    log-probabilities has ``E = 1`` (all three coincide). ``element`` is the default because
+    it bounds what each Gaussian may move: on the 10-task LIBERO VLA at learning rate 2e-5
+    (``docs/rl_at_vla_scale.md``) it held the KL per Gaussian to a median of 0.012 nats a step
+    (p90 0.047), while ``normalised``, whose per-decision mean lets per-Gaussian log-ratios of
+    both signs cancel, let it reach 0.079 (p90 2.9) at the same learning rate."""
     proximal_window: int = 8
     """``proximal: window``: optimizer steps between refreshes of the proximal copy (about the
     steps a synchronous round spans: then the trust region covers what one round would)."""
     behaviour_weight_cap: float | None = 2.0
-    """Truncation of the importance weight ``pi_prox / pi_behav`` (as V-trace truncates
-    ``rho``): bounds the variance one very off-policy decision can add; None: no truncation."""
+    """Cap of the importance weight ``pi_prox / pi_behav`` (as V-trace truncates ``rho``):
+    bounds the variance one very off-policy decision can add; None: no cap."""
+    behaviour_weight_mode: Literal["truncate", "mask"] = "truncate"
+    """What a weight above ``behaviour_weight_cap`` does. ``truncate``: it counts as the cap
+    (biased toward the behaviour data, bounded variance). ``mask``: the decision gets no
+    gradient at all (counted), for data so far off-policy that any weight would mislead."""
     group_size: int = 4
     """GRPO: episodes per group (same task and initial state)."""
     skip_uniform_groups: bool = False
@@ -115,6 +145,16 @@ class AlgoConfig:
         require(self.proximal in ("window", "step", "behaviour"), "proximal",
                 f"{self.proximal!r} is not one of window, step, behaviour")
         require(self.proximal_window >= 1, "proximal_window", "must be >= 1")
+        require(self.ratio in ("normalised", "element", "decision"), "ratio",
+                f"{self.ratio!r} is not one of normalised, element, decision")
+        require(self.ratio != "element" or self.proximal != "behaviour", "ratio",
+                "per-element ratios need the proximal policy's per-element log-probabilities: "
+                "use proximal window or step (the behaviour policy records only a decision's), "
+                "or ratio normalised")
+        require(self.behaviour_weight_mode in ("truncate", "mask"), "behaviour_weight_mode",
+                f"{self.behaviour_weight_mode!r} is not one of truncate, mask")
+        require(0.0 <= self.advantage_ema < 1.0, "advantage_ema",
+                f"must be in [0, 1), got {self.advantage_ema}")
         require(
             self.behaviour_weight_cap is None or self.behaviour_weight_cap >= 1.0,
             "behaviour_weight_cap",
@@ -164,8 +204,9 @@ def grpo_advantages(returns_by_episode: np.ndarray, eps: float = 1e-6) -> np.nda
         A_i = (R_i - mean_j R_j) / (std_j R_j + eps)
 
     with the population standard deviation (``ddof=0``), so a group whose episodes all scored
-    the same gets zero advantages rather than a division by zero. The per-step advantage of
-    episode ``i`` is ``A_i`` at every one of its steps. Returns float32 ``[G]``.
+    the same gets zero advantages rather than a division by zero, and so does a group of one
+    episode (a group shortened by faults: nothing to compare it with). The per-step advantage
+    of episode ``i`` is ``A_i`` at every one of its steps. Returns float32 ``[G]``.
     """
     returns = np.asarray(returns_by_episode, dtype=np.float64)
     return ((returns - returns.mean()) / (returns.std() + eps)).astype(np.float32)
@@ -176,25 +217,44 @@ class PolicyLossStats:
     """Diagnostics of one policy-loss evaluation (plain floats, for logging)."""
 
     clip_fraction: float
-    """Fraction of samples whose gradient the clip removed (``A>0, r>1+eps`` or ``A<0, r<1-eps``)."""
+    """Fraction of ratios whose gradient the clip removed (``A>0, r>1+eps`` or ``A<0,
+    r<1-eps``), counted per ratio: per Gaussian under ``ratio: element``, else per decision."""
     dual_clip_fraction: float
-    """Fraction of samples bounded by the dual clip (``A<0`` and ``r > dual_clip``)."""
-    approx_kl: float
-    """``mean((r - 1) - log r)``, a non-negative estimate of the KL behind the clipped ratio."""
+    """Fraction of ratios bounded by the dual clip (``A<0`` and ``r > dual_clip``)."""
+    no_grad_fraction: float
+    """Fraction of decisions that give no gradient at all: every ratio clipped, a masked
+    behaviour weight, or an advantage of exactly 0 (a uniform GRPO group, a group of one)."""
     ratio_mean: float
-    """Mean of the clipped ratio ``r`` (see ``ppo_loss``)."""
+    """Mean of the ratio ``r`` (see ``ppo_loss``)."""
     ratio_max: float
     """Max of ``r``."""
     behaviour_weight_mean: float
-    """Mean of the (truncated) weight ``pi_prox / pi_behav`` (1 when no proximal policy)."""
+    """Mean of the weight ``pi_prox / pi_behav`` after the cap (1 when no proximal policy)."""
     truncated_fraction: float
-    """Fraction of samples whose weight the truncation ``weight_cap`` lowered."""
+    """Fraction of decisions whose weight was above ``weight_cap`` (truncated or masked)."""
+    behaviour_weights: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32),
+                                          repr=False, compare=False)
+    """float32 ``[N]``: each decision's weight before the cap (for quantiles over a step)."""
 
 
 MAX_LOG_RATIO = 20.0
 """Log-ratios (policy and behaviour weight) are capped here before ``exp``: ``e^20`` is far
 outside any clip range, and ``exp`` of a log-ratio above about 88 is inf in float32, whose
-gradient through the clipped branch is NaN."""
+gradient through the clipped branch is NaN. The cap bounds the value only: the ratio's gradient
+goes on above it (``capped_exp``)."""
+
+
+def capped_exp(log_ratio: torch.Tensor) -> torch.Tensor:
+    """``exp(min(x, MAX_LOG_RATIO))`` in value, with gradient ``exp(min(x, MAX)) * dx`` everywhere.
+
+    A plain ``exp(x.clamp(max=MAX))`` has zero gradient above the cap: without the dual clip,
+    exactly the negative-advantage decisions whose probability rose most would stop being pushed
+    down. Here the value stays finite and the gradient keeps its direction (its size is bounded
+    by the cap and then by the gradient-norm clip)."""
+    import torch
+
+    return torch.exp(log_ratio.detach().clamp(max=MAX_LOG_RATIO)) * torch.exp(
+        log_ratio - log_ratio.detach())
 
 
 def ppo_loss(
@@ -205,76 +265,120 @@ def ppo_loss(
     dual_clip: float | None,
     prox_log_prob: torch.Tensor | None = None,
     weight_cap: float | None = None,
+    scale: float = 1.0,
+    mask_above_cap: bool = False,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
-    """Decoupled, dual-clipped PPO policy loss; all tensors ``[N]``, the loss a scalar.
+    """Decoupled, dual-clipped PPO policy loss over ``N`` decisions; the loss a scalar.
+
+    ``behaviour_log_prob`` and ``advantages`` are ``[N]``. ``new_log_prob`` (and
+    ``prox_log_prob``) are either ``[N]``, one log-probability per decision, or ``[N, E]``, one
+    per Gaussian of the decision (then each Gaussian gets its own ratio).
 
     Without a proximal policy (``prox_log_prob is None``) the ratio is taken against the
     behaviour policy that sampled the actions, and the behaviour weight is 1:
 
-        r_t = pi_theta(a_t|s_t) / pi_behav(a_t|s_t) = exp(new_log_prob - behaviour_log_prob)
+        r_t = exp((log pi_theta(a_t|s_t) - log pi_behav(a_t|s_t)) / scale)
         w_t = 1
 
     With a proximal policy (decoupled PPO, Hilton et al. 2021, "Batch size-invariance for policy
     optimization"): the trust region is centred on ``pi_prox`` (for example the learner's
     weights at the start of this optimizer step), and off-policyness of the behaviour data is
     corrected by the importance weight ``pi_prox / pi_behav``, which carries no gradient and is
-    truncated at ``weight_cap`` (``c``; no truncation when None):
+    capped at ``weight_cap`` (``c``; truncated to ``c``, or the decision masked to weight 0 with
+    ``mask_above_cap``; no cap when None):
 
-        r_t = exp(new_log_prob - prox_log_prob)
-        w_t = min(exp(prox_log_prob - behaviour_log_prob), c)      (detached)
+        r_t = exp((log pi_theta - log pi_prox) / scale)
+        w_t = min(exp((log pi_prox - log pi_behav) / scale), c)      (detached)
+
+    ``scale``: the number ``E`` of Gaussians behind a decision's log-probability, so that ``r``
+    and ``w`` are geometric means over them (1: the ratio of the whole decision). With
+    ``[N, E]`` log-probabilities each Gaussian has its own ratio and the weight is the
+    per-Gaussian one of the decision's totals:
+
+        r_te = exp(log pi_theta,e - log pi_prox,e),   w_t = exp((sum_e log pi_prox,e - log pi_behav) / E)
 
     When ``pi_prox`` are the very parameters being differentiated (one optimizer step per
-    batch), ``r_t = 1`` in value and ``grad r_t = grad log pi_theta``, so the update is the
-    truncated importance-weighted policy gradient ``-mean(w_t * A_t * grad log pi)``.
+    batch), ``r_t = 1`` in value and ``grad r_t = grad log pi_theta / scale``, so the update is
+    the capped importance-weighted policy gradient.
 
-    Clipped surrogate, then the dual clip (Ye et al. 2020) for negative advantages only, which
-    bounds how much a single very large ratio can push the loss when ``A_t < 0``:
+    Clipped surrogate per ratio, then the dual clip (Ye et al. 2020) for negative advantages
+    only, which bounds how much a single very large ratio can push the loss when ``A_t < 0``:
 
-        s_t   = min(r_t * A_t, clip(r_t, 1 - clip_eps, 1 + clip_eps) * A_t)
-        s_t   = max(s_t, dual_clip * A_t)                  if A_t < 0 and dual_clip is not None
-        loss  = -mean_t(w_t * s_t)
+        s   = min(r * A_t, clip(r, 1 - clip_eps, 1 + clip_eps) * A_t)
+        s   = max(s, dual_clip * A_t)                  if A_t < 0 and dual_clip is not None
+        loss = -mean_t(w_t * mean_e s_te)              (mean_e: only with per-Gaussian ratios)
 
     With ``pi_prox = pi_behav`` both forms coincide.
     """
     import torch
 
     advantages = advantages.detach()
+    per_element = new_log_prob.dim() == 2
+    if per_element:
+        scale = float(new_log_prob.shape[1])
     truncated = torch.zeros_like(advantages, dtype=torch.bool)
+    weight = torch.ones_like(advantages)
+    raw_weight = weight
     if prox_log_prob is None:
-        log_ratio = new_log_prob - behaviour_log_prob.detach()
-        weight = torch.ones_like(advantages)
+        log_ratio = (new_log_prob - behaviour_log_prob.detach()) / scale
     else:
-        log_ratio = new_log_prob - prox_log_prob.detach()
-        weight = torch.exp((prox_log_prob - behaviour_log_prob).detach().clamp(max=MAX_LOG_RATIO))
+        prox = prox_log_prob.detach()
+        log_ratio = (new_log_prob - prox) / (1.0 if per_element else scale)
+        prox_total = prox.sum(-1) if per_element else prox
+        log_weight = (prox_total - behaviour_log_prob.detach()) / scale
+        raw_weight = torch.exp(log_weight.clamp(max=MAX_LOG_RATIO))
+        weight = raw_weight
         if weight_cap is not None:
             truncated = weight > weight_cap
-            weight = weight.clamp(max=weight_cap)
-    # A chain of many narrow Gaussians (a small Flow-SDE noise) has log-probabilities of
-    # hundreds, so a small weight change can move the ratio past what exp() holds: capped, the
-    # ratio stays finite, and where the cap binds it is far outside the clip range anyway.
-    ratio = torch.exp(log_ratio.clamp(max=MAX_LOG_RATIO))
-    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
-    dual_clipped = torch.zeros_like(advantages, dtype=torch.bool)
+            weight = torch.where(truncated, 0.0, weight) if mask_above_cap \
+                else weight.clamp(max=weight_cap)
+    adv = advantages[:, None] if per_element else advantages
+    ratio = capped_exp(log_ratio)
+    surrogate = torch.min(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    dual_clipped = torch.zeros_like(ratio, dtype=torch.bool)
     if dual_clip is not None:
-        bound = dual_clip * advantages
-        dual_clipped = (advantages < 0) & (surrogate < bound)
+        bound = dual_clip * adv
+        dual_clipped = (adv < 0) & (surrogate < bound)
         surrogate = torch.where(dual_clipped, bound, surrogate)
-    loss = -(weight * surrogate).mean()
+    per_decision = surrogate.mean(-1) if per_element else surrogate
+    loss = -(weight * per_decision).mean()
 
     with torch.no_grad():
-        clipped = ((advantages > 0) & (ratio > 1 + clip_eps)) | (
-            (advantages < 0) & (ratio < 1 - clip_eps)
-        )
+        clipped = ((adv > 0) & (ratio > 1 + clip_eps)) | ((adv < 0) & (ratio < 1 - clip_eps))
+        silent = clipped | dual_clipped | (adv == 0)
+        silent = silent.all(-1) if per_element else silent
+        no_grad = silent | (weight == 0)
         stats = PolicyLossStats(
             clip_fraction=clipped.float().mean().item(),
             dual_clip_fraction=dual_clipped.float().mean().item(),
-            approx_kl=((ratio - 1) - log_ratio).mean().item(),
+            no_grad_fraction=no_grad.float().mean().item(),
             ratio_mean=ratio.mean().item(),
             ratio_max=ratio.max().item(),
             behaviour_weight_mean=weight.mean().item(),
             truncated_fraction=truncated.float().mean().item(),
+            behaviour_weights=raw_weight.float().cpu().numpy(),
         )
     return loss, stats
+
+
+def approx_kl(new_log_prob: torch.Tensor, prox_log_prob: torch.Tensor,
+              elements: int) -> tuple[float, float]:
+    """``(per element, per decision)`` estimates of ``KL(pi_prox || pi_theta)``, no gradient.
+
+    With per-Gaussian log-probabilities (both ``[N, E]``) each Gaussian's
+    ``k3 = (r - 1) - log r`` is summed over the decision (the KL of a product of Gaussians is
+    the sum of theirs: low variance); with totals ``[N]``, ``k3`` of the decision's ratio (also
+    unbiased, but its variance grows with the log-ratio). Per element is per decision over ``E``.
+    Log-ratios are capped at ``MAX_LOG_RATIO`` so the estimate stays finite.
+    """
+    import torch
+
+    with torch.no_grad():
+        log_ratio = (new_log_prob - prox_log_prob).clamp(max=MAX_LOG_RATIO)
+        k3 = torch.expm1(log_ratio) - log_ratio
+        per_decision = k3.sum(-1) if k3.dim() == 2 else k3
+        kl = per_decision.mean().item()
+    return kl / elements, kl
 
 
 def value_loss(
@@ -311,12 +415,17 @@ class ObjectiveStats:
     policy_loss: float
     value_loss: float
     entropy: float
+    kl_per_element: float
+    """Approximate ``KL(pi_prox || pi_theta)`` per Gaussian (see ``approx_kl``)."""
+    kl_per_decision: float
+    """The same per decision (``E`` Gaussians)."""
     policy: PolicyLossStats
 
     def as_dict(self) -> dict[str, float]:
         """Flat ``name -> value`` for metric writers (policy stats prefixed ``policy/``)."""
         out = {k: v for k, v in asdict(self).items() if k != "policy"}
-        out.update({f"policy/{k}": v for k, v in asdict(self.policy).items()})
+        out.update({f"policy/{k}": v for k, v in asdict(self.policy).items()
+                    if k != "behaviour_weights"})
         return out
 
 
@@ -333,32 +442,55 @@ def objective(
 
         L = L_policy (ppo_loss) + vf_coef * L_value (value_loss, PPO only) - ent_coef * mean(H)
 
-    The proximal log-probabilities: ``cfg.proximal == "window"`` takes ``prox_log_prob`` as
-    the caller computed it (the learner, with its proximal copy). With ``"step"`` the
-    proximal policy is the parameters being evaluated, without gradient: the learner never
-    steps the optimizer inside an accumulated batch, so for every micro-batch of a step these
-    are the parameters at the start of that step, and ``evaluation.log_prob.detach()`` equals a
-    separate no-grad forward pass at no extra cost. ``"behaviour"`` takes the classic PPO ratio.
-    GRPO has no critic, so its value term is zero whatever ``vf_coef`` says.
+    The proximal log-probabilities (``[N]``, or ``[N, E]`` per Gaussian): ``cfg.proximal ==
+    "window"`` takes ``prox_log_prob`` as the caller computed it (the learner, with its proximal
+    copy). With ``"step"`` the proximal policy is the parameters being evaluated, without
+    gradient: the learner never steps the optimizer inside an accumulated batch, so for every
+    micro-batch of a step these are the parameters at the start of that step, and the detached
+    evaluation equals a separate no-grad forward pass at no extra cost. ``"behaviour"`` takes the
+    classic PPO ratio. ``cfg.ratio`` picks the scale of the ratio (``ppo_loss``): ``E`` is the
+    width of ``evaluation.log_prob_elements`` (1 when the policy gives none). GRPO has no critic,
+    so its value term is zero whatever ``vf_coef`` says.
     """
     import torch
 
+    elements = evaluation.log_prob_elements
+    if elements is None:  # one Gaussian, as far as the trust region can tell
+        elements = evaluation.log_prob[:, None]
+    count = int(elements.shape[1])
     if cfg.proximal == "step":
-        prox_log_prob = evaluation.log_prob.detach()
+        prox_log_prob = elements.detach()
     elif cfg.proximal == "behaviour":
         prox_log_prob = None
     elif prox_log_prob is None:
         raise ValueError("proximal 'window' needs the proximal log-probabilities "
                          "(prox_log_prob) of the learner's proximal copy")
+    if prox_log_prob is not None and prox_log_prob.dim() == 1:
+        prox_log_prob = prox_log_prob[:, None]
+    per_element = prox_log_prob is not None and prox_log_prob.shape[1] == count
+    ratio = cfg.ratio
+    if ratio == "element" and not per_element:
+        if count > 1:
+            raise ValueError("algo.ratio=element needs the proximal policy's log-probability "
+                             f"of each of the {count} Gaussians of a decision (proximal window "
+                             "or step), or use algo.ratio=normalised")
+        ratio = "decision"  # one Gaussian: the same ratio
+    prox_total = None if prox_log_prob is None else prox_log_prob.sum(-1)
+    new, prox = ((elements, prox_log_prob) if ratio == "element"
+                 else (evaluation.log_prob, prox_total))
     policy, policy_stats = ppo_loss(
-        evaluation.log_prob,
+        new,
         behaviour_log_prob,
         advantages,
         cfg.clip_eps,
         cfg.dual_clip,
-        prox_log_prob,
+        prox,
         cfg.behaviour_weight_cap,
+        scale=count if ratio == "normalised" else 1.0,
+        mask_above_cap=cfg.behaviour_weight_mode == "mask",
     )
+    kl = approx_kl(elements, prox_log_prob, count) if per_element else approx_kl(
+        evaluation.log_prob, behaviour_log_prob if prox_total is None else prox_total, count)
     if cfg.name == "ppo":
         critic = value_loss(evaluation.value, old_values, returns, cfg.vf_clip)
     else:
@@ -370,6 +502,8 @@ def objective(
         policy_loss=policy.item(),
         value_loss=critic.item(),
         entropy=entropy.item(),
+        kl_per_element=kl[0],
+        kl_per_decision=kl[1],
         policy=policy_stats,
     )
     return loss, stats

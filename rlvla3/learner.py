@@ -1,30 +1,35 @@
-"""The learner core: consumes trajectory segments, runs micro-batches, steps the optimizer.
+"""The learner core: consumes queue items, runs micro-batches, steps the optimizer.
 
-Inputs: ``TrajectorySegment``s (turned into per-decision samples with advantages on arrival;
-GRPO segments arrive as whole groups). Outputs: optimizer steps; after each, the policy version
-increases by one and ``weights()`` gives the new parameters.
+Inputs: the ``TrajectorySegment``s of queue items (one episode, or one whole GRPO group each;
+turned into per-decision samples with advantages on arrival). Outputs: optimizer steps; after
+each, the policy version increases by one and ``weights()`` gives the new parameters.
 
 Invariants:
 - One optimizer step consumes exactly ``local_batch`` samples (``global_batch / world_size``),
-  split into micro-batches of ``micro_batch``; a segment may straddle two steps, no sample is
+  split into micro-batches of ``micro_batch``; a queue item may straddle two steps, no sample is
   used in two batches. With ``algo.update_epochs = E`` a batch gets E consecutive optimizer
   steps (E versions): the first as it streams in, the others on its stored micro-batches, with
   the advantages and proximal log-probs of the first; only the first counts as trained. Each
   micro-batch's loss is scaled by its share of ``local_batch``, so the accumulated gradient
   equals that of one full-batch step on the same samples.
-- Staleness is bounded per decision: a buffered sample whose behaviour version is more than
-  ``max_staleness`` versions behind the learner is discarded and counted (a last resort: the
-  rollout side paces itself so that this stays rare). Only the stale decisions of an episode are
-  dropped, never the fresh rest, so long episodes are not the ones that lose.
+- A decision counts as trained when the optimizer step it went into is taken: the decisions
+  taken for the step under way are ``in_step``, and those of a step
+  abandoned at a stop (``flush``) go back to the buffer, untrained.
+- Staleness is bounded per queue item, by its oldest decision: an item not yet started whose
+  oldest decision is more than ``max_staleness`` versions behind the learner is discarded
+  whole and counted (a last resort: the rollout side paces itself so that this stays rare); a
+  started item is finished (``rlvla3.group_buffer``). A GRPO group is never split.
 - PPO advantages are standardised with constants that are fixed for a whole optimizer step and
   shared by every micro-batch and every rank (``AdvantageNormalizer``), so splitting a batch
   into micro-batches or streaming it in does not change the update.
 - Under DDP, gradients are all-reduced only on the last micro-batch of a step (``no_sync``
-  elsewhere); every rank runs the same number of micro-batches per step.
+  elsewhere); every rank runs the same number of micro-batches per step. Before each optimizer
+  step the ranks agree (one small all-reduce, ``reduce``) on whether every rank finished its
+  batch and whether any was asked to stop: a step some rank abandoned is abandoned by all.
 - The learner strategy decides only *when* a micro-batch may start: ``StreamingStart`` as soon
   as one is full, ``BatchStart`` once the whole local batch has arrived. The update is the same.
-- Every decision handed to ``add_segments`` ends up in exactly one of ``trained_decisions``,
-  ``discarded_decisions`` or ``buffered``.
+- Every decision handed to ``add_groups`` ends up in exactly one of ``trained_decisions``,
+  ``discarded_decisions``, ``in_step`` or ``buffered``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -41,6 +46,7 @@ from torch import nn
 
 from rlvla3.algos import AlgoConfig, objective
 from rlvla3.gpu_costs import TrainingCost
+from rlvla3.group_buffer import GroupBuffer
 from rlvla3.protocols import Policy
 from rlvla3.samples import Samples, prepare_samples
 from rlvla3.types import TrajectorySegment
@@ -75,25 +81,32 @@ class AdvantageNormalizer:
 
         A_hat = (A - mu) / (sigma + 1e-8)
 
-    ``mu`` and ``sigma`` are the mean and standard deviation of the advantages of the previous
-    optimizer batch, summed over all ranks; the first step waits for its whole local batch and
+    ``mu`` and ``sigma`` come from the moments (count, sum, sum of squares) of the advantages
+    of the previous optimizer batches, summed over all ranks and averaged with ``decay``:
+
+        M_k = decay * M_{k-1} + m_k,    mu = S / N,    sigma = sqrt(S2 / N - mu^2)
+
+    (``decay`` 0: the previous batch alone). The first step waits for its whole local batch and
     uses that batch's own statistics. A streaming learner starts a step before its batch is
-    complete, so the batch's own statistics cannot be known in time; taking them from a whole
-    batch (never from a queue pull or a micro-batch) is what keeps a single good or bad episode
-    from being normalised to mean zero, and makes the update independent of how the batch
-    arrived or was split.
+    complete, so the batch's own statistics cannot be known in time; taking them from whole
+    batches (never from a queue pull or a micro-batch) keeps a single good or bad episode from
+    being normalised to mean zero and makes the update independent of how the batch arrived or
+    was split; averaging over several batches keeps one rare success in a small batch from
+    setting the next batch's mean (and so the sign of nearly all its advantages).
     """
 
-    def __init__(self, enabled: bool, reduce: Reduce):
+    def __init__(self, enabled: bool, reduce: Reduce, decay: float = 0.0):
         self.enabled = enabled
         self.reduce = reduce
+        self.decay = decay
         self.mu, self.sigma = 0.0, 1.0
         self.ready = not enabled
         self._step = np.zeros(3)
+        self._average: np.ndarray | None = None
 
     def seed(self, advantages: np.ndarray) -> None:
         """Constants for the first step, from its own batch (all ranks)."""
-        self._set(self._moments(advantages))
+        self._set(self.reduce(self._moments(advantages)))
         self.ready = True
 
     def apply(self, advantages: np.ndarray) -> np.ndarray:
@@ -103,10 +116,17 @@ class AdvantageNormalizer:
         return ((advantages - self.mu) / (self.sigma + 1e-8)).astype(np.float32)
 
     def end_step(self) -> None:
-        """The step's batch is complete: its statistics become the next step's constants."""
+        """The step's batch is complete: its statistics join the average for the next step."""
         if self.enabled:
-            self._set(self._step)
-            self._step = np.zeros(3)
+            moments, self._step = self.reduce(self._step), np.zeros(3)
+            if np.isfinite(moments).all():  # a batch with a NaN sets nothing
+                self._average = moments if self._average is None \
+                    else self.decay * self._average + moments
+                self._set(self._average)
+
+    def abort_step(self) -> None:
+        """The step was abandoned: its micro-batches will be standardised again."""
+        self._step = np.zeros(3)
 
     @staticmethod
     def _moments(a: np.ndarray) -> np.ndarray:
@@ -114,8 +134,8 @@ class AdvantageNormalizer:
         return np.array([len(a), a.sum(), np.square(a).sum()])
 
     def _set(self, moments: np.ndarray) -> None:
-        n, s, s2 = self.reduce(moments)
-        if n > 0 and np.isfinite(s) and np.isfinite(s2):  # a batch with a NaN sets nothing
+        n, s, s2 = moments
+        if n > 0 and np.isfinite(s) and np.isfinite(s2):
             self.mu = s / n
             self.sigma = float(np.sqrt(max(s2 / n - self.mu**2, 0.0)))
 
@@ -130,25 +150,30 @@ class ProximalWindow:
         self.policy = policy
         self.every = every
         self.copy = copy.deepcopy(policy).requires_grad_(False)
+        self.synced_at = 0
+        """Learner version whose parameters the copy holds."""
 
     @torch.no_grad()
     def log_probs(self, batch: Samples) -> np.ndarray:
+        """``[n]``, or ``[n, E]`` per Gaussian when the policy reports them."""
         ev = self.copy.evaluate(batch.obs, torch.from_numpy(batch.actions),
                                 torch.from_numpy(batch.latents))
-        return ev.log_prob.float().cpu().numpy()
+        log_prob = ev.log_prob if ev.log_prob_elements is None else ev.log_prob_elements
+        return log_prob.float().cpu().numpy()
 
     def after_step(self, version: int) -> None:
         if version % self.every == 0:
-            self.sync()
+            self.sync(version)
 
-    def sync(self) -> None:
+    def sync(self, version: int) -> None:
         """Take the learner's current parameters (after a step, a restore or ``init_from``)."""
         self.copy.load_state_dict(self.policy.state_dict())
+        self.synced_at = version
 
 
 @dataclass(frozen=True, slots=True)
 class StepStats:
-    """What one optimizer step reports."""
+    """What one optimizer step reports (means over its samples unless said otherwise)."""
 
     version: int
     samples: int
@@ -157,16 +182,38 @@ class StepStats:
     value_loss: float
     entropy: float
     clip_fraction: float
-    approx_kl: float
+    """Ratios whose gradient the clip removed (per Gaussian under ``ratio: element``)."""
+    kl_per_element: float
+    """Approximate ``KL(pi_prox || pi_theta)`` per Gaussian."""
+    kl_per_decision: float
+    """The same per decision."""
+    no_grad_fraction: float
+    """Decisions that gave no gradient at all (clipped, masked, or advantage 0)."""
     grad_norm: float
     mean_staleness: float
     behaviour_weight: float
-    """Mean truncated importance weight ``pi_prox / pi_behav`` of the step's samples."""
+    """Mean importance weight ``pi_prox / pi_behav`` after the cap."""
+    weight_quantiles: tuple[float, float, float]
+    """The 5%, 50% and 95% quantiles of the weight before the cap, over the step's samples."""
     truncated_fraction: float
-    """Fraction of the step's samples whose importance weight was truncated."""
+    """Fraction of the step's samples whose importance weight was above the cap."""
+    skipped: bool = False
+    """The gradient was not finite: the weights were left as they were."""
     epoch: int = 0
     """Which of the batch's ``update_epochs`` steps this was (0: the batch's first; a later
     epoch reports ``samples`` 0, as it trains no new sample)."""
+
+    def as_row(self) -> dict:
+        """One ``steps.jsonl`` line (plain JSON values)."""
+        row = {k: getattr(self, k) for k in self.__slots__ if k != "weight_quantiles"}
+        row.update(zip(("weight_p05", "weight_p50", "weight_p95"), self.weight_quantiles,
+                       strict=True))
+        return row
+
+
+_AVERAGED = ("loss", "policy_loss", "value_loss", "entropy", "clip_fraction", "kl_per_element",
+             "kl_per_decision", "no_grad_fraction", "staleness", "behaviour_weight",
+             "truncated_fraction")
 
 
 class LearnerCore:
@@ -187,18 +234,33 @@ class LearnerCore:
         self.micro_batch = micro_batch
         self.strategy = strategy
         self.max_staleness = max_staleness
+        self.reduce = reduce or (lambda x: x)
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr, eps=1e-5)
         self.normalizer = AdvantageNormalizer(algo.normalize_advantages and algo.name == "ppo",
-                                              reduce or (lambda x: x))
+                                              self.reduce, algo.advantage_ema)
         self.version = 0
-        self._pending: deque[Samples] = deque()
-        self.buffered = 0
+        self.buffer = GroupBuffer()
         self._done_in_step = 0
         self._acc: list[dict[str, float]] = []
+        self._weights: list[np.ndarray] = []
+        self._step_raw: list[Samples] = []
+        """The step's new micro-batches as taken (epoch 0): what an abandoned step puts back."""
+        self._step_lags: list[np.ndarray] = []
+        self._last_micro: Samples | None = None
+        """The latest micro-batch trained: ``flush``'s stand-in."""
+        self.micro_steps = 0
+        """Micro-batches run so far (progress, for a rank that waits on data)."""
+        self.stop_requested = False
+        """Set (from another thread) when this rank is asked to stop: the next step agreement
+        tells every rank."""
+        self.stop_agreed = False
+        """Some rank was asked to stop, as of the last step agreement."""
         self.busy_s = 0.0
         self.samples_trained = 0
-        self.counts = {"received_decisions": 0, "received_episodes": 0, "trained_env_steps": 0,
-                       "discarded_decisions": 0, "discarded_env_steps": 0, "skipped_steps": 0}
+        self.counts = {"received_decisions": 0, "received_episodes": 0, "received_groups": 0,
+                       "short_groups": 0, "singleton_groups": 0, "trained_env_steps": 0,
+                       "discarded_decisions": 0, "discarded_env_steps": 0, "discarded_groups": 0,
+                       "skipped_steps": 0, "abandoned_steps": 0}
         self.proximal = ProximalWindow(policy, algo.proximal_window) \
             if algo.proximal == "window" else None
         self.epoch = 0
@@ -212,70 +274,55 @@ class LearnerCore:
         """Decisions per episode received (the episodes that reached training)."""
 
     @property
-    def micro_done(self) -> int:
-        """New samples already consumed toward the current batch (0 in its later epochs)."""
-        return 0 if self.epoch else self._done_in_step
+    def buffered(self) -> int:
+        """Decisions received and not yet taken into a step."""
+        return self.buffer.size
 
-    def add_segments(self, segments: Iterable[TrajectorySegment]) -> None:
-        """Turn segments into samples (advantages computed here) and buffer them. GRPO segments
-        must come as whole groups (the trajectory queue releases them so)."""
-        segments = list(segments)
-        if not segments:
-            return
-        for s in segments:
-            self.length_hist[len(s)] = self.length_hist.get(len(s), 0) + 1
-        samples = prepare_samples(segments, self.algo)
-        self.counts["received_decisions"] += len(samples)
-        self.counts["received_episodes"] += len(segments)
-        self._pending.append(samples)
-        self.buffered += len(samples)
+    @property
+    def in_step(self) -> int:
+        """Decisions taken from the buffer for the step under way, its micro-batch running now
+        included (0 in a batch's later epochs): not trained until the step is taken."""
+        return sum(len(raw) for raw in self._step_raw)
+
+    def pull_budget(self) -> int:
+        """Decisions this rank still needs for its current batch (0 in a batch's later epochs:
+        their data is at hand)."""
+        return 0 if self.epoch else max(0, self.local_batch - self.in_step - self.buffered)
+
+    def add_groups(self, groups: Iterable[Sequence[TrajectorySegment]]) -> None:
+        """Turn queue items (an episode, or one whole GRPO group of any size each) into samples
+        (advantages computed here, per item) and buffer them."""
+        for group in groups:
+            group = list(group)
+            if not group:
+                continue
+            for s in group:
+                self.length_hist[len(s)] = self.length_hist.get(len(s), 0) + 1
+            samples = prepare_samples(group, self.algo)
+            self.counts["received_decisions"] += len(samples)
+            self.counts["received_episodes"] += len(group)
+            self.counts["received_groups"] += 1
+            if self.algo.name == "grpo":
+                self.counts["short_groups"] += len(group) < self.algo.group_size
+                self.counts["singleton_groups"] += len(group) == 1
+            self.buffer.add(samples)
         self._discard_stale()
 
     def _discard_stale(self) -> None:
-        """Drop buffered decisions more than ``max_staleness`` versions behind (counted)."""
+        """Drop whole unstarted items whose oldest decision is more than ``max_staleness``
+        versions behind (counted)."""
         if self.max_staleness is None:
             return
-        floor = self.version - self.max_staleness
-        kept: deque[Samples] = deque()
-        for part in self._pending:
-            fresh = part.policy_versions >= floor
-            if fresh.all():
-                kept.append(part)
-                continue
-            self.counts["discarded_decisions"] += int((~fresh).sum())
-            self.counts["discarded_env_steps"] += int(part.env_steps[~fresh].sum())
-            self.buffered -= int((~fresh).sum())
-            if fresh.any():
-                kept.append(part.select(np.flatnonzero(fresh)))
-        self._pending = kept
-
-    def _take(self, n: int) -> Samples:
-        parts, need = [], n
-        while need > 0:
-            head = self._pending[0]
-            if len(head) <= need:
-                parts.append(self._pending.popleft())
-                need -= len(head)
-            else:
-                parts.append(head.select(np.arange(need)))
-                self._pending[0] = head.select(np.arange(need, len(head)))
-                need = 0
-        self.buffered -= n
-        return parts[0] if len(parts) == 1 else Samples.concat(parts)
-
-    def _peek_advantages(self, n: int) -> np.ndarray:
-        out, need = [], n
-        for part in self._pending:
-            out.append(part.advantages[:need])
-            need -= len(out[-1])
-            if need <= 0:
-                break
-        return np.concatenate(out)
+        for part in self.buffer.discard_stale(self.version - self.max_staleness):
+            self.counts["discarded_decisions"] += len(part)
+            self.counts["discarded_env_steps"] += int(part.env_steps.sum())
+            self.counts["discarded_groups"] += 1
 
     def run_available(self, on_step: Callable[[StepStats], None] | None = None,
                       until_version: int | None = None) -> int:
         """Run every micro-batch the strategy allows now (and, if given, until the version
-        reaches ``until_version``); return how many optimizer steps ran."""
+        reaches ``until_version``); return how many optimizer steps ran. Stops early when the
+        ranks abandon a step (another rank flushed)."""
         steps = 0
         while until_version is None or self.version < until_version:
             if self._replay:  # a later epoch: its micro-batches are at hand
@@ -286,20 +333,24 @@ class LearnerCore:
                 if not self.normalizer.ready:
                     if self.buffered < self.local_batch:
                         return steps
-                    self.normalizer.seed(self._peek_advantages(self.local_batch))
+                    self.normalizer.seed(self.buffer.peek_advantages(self.local_batch))
                 if not self.strategy.may_start(self.buffered, remaining, self.micro_batch):
                     return steps
-                self._micro_step(self._standardise(self._take(size)))
+                raw = self.buffer.take(size)
+                self._step_raw.append(raw)
+                self._micro_step(self._standardise(raw))
             if self._done_in_step == self.local_batch:
                 stats = self._optimizer_step()
+                if stats is None:  # abandoned by the ranks' agreement
+                    return steps
                 steps += 1
                 if on_step is not None:
                     on_step(stats)
         return steps
 
-    def loss(self, batch: Samples) -> tuple[torch.Tensor, dict[str, float]]:
-        """The PPO/GRPO objective on one micro-batch (mean over its samples); advantages are
-        taken as given (standardise them first, as ``_micro_step`` does)."""
+    def loss(self, batch: Samples) -> tuple[torch.Tensor, dict]:
+        """The PPO/GRPO objective on one micro-batch (mean over its samples); advantages
+        and proximal log-probs taken as given (``with_proximal`` adds those of the window)."""
         ev = self.model.evaluate(batch.obs, torch.from_numpy(batch.actions),
                                  torch.from_numpy(batch.latents))
 
@@ -308,12 +359,16 @@ class LearnerCore:
 
         total, stats = objective(self.algo, ev, t(batch.log_probs), t(batch.advantages),
                                  t(batch.returns), t(batch.values), t(batch.prox_log_probs))
+        policy = stats.policy
         return total, {"loss": stats.loss, "policy_loss": stats.policy_loss,
                        "value_loss": stats.value_loss, "entropy": stats.entropy,
-                       "clip_fraction": stats.policy.clip_fraction,
-                       "approx_kl": stats.policy.approx_kl,
-                       "behaviour_weight": stats.policy.behaviour_weight_mean,
-                       "truncated_fraction": stats.policy.truncated_fraction,
+                       "clip_fraction": policy.clip_fraction,
+                       "kl_per_element": stats.kl_per_element,
+                       "kl_per_decision": stats.kl_per_decision,
+                       "no_grad_fraction": policy.no_grad_fraction,
+                       "behaviour_weight": policy.behaviour_weight_mean,
+                       "truncated_fraction": policy.truncated_fraction,
+                       "weights": policy.behaviour_weights,
                        "staleness": float(self.version - batch.policy_versions.mean())}
 
     def _standardise(self, batch: Samples) -> Samples:
@@ -321,48 +376,86 @@ class LearnerCore:
         proximal window, the proximal log-probs (kept for the later epochs)."""
         start = time.perf_counter()
         batch = replace(batch, advantages=self.normalizer.apply(batch.advantages))
-        if self.proximal is not None:
-            batch = replace(batch, prox_log_probs=self.proximal.log_probs(batch))
+        batch = self.with_proximal(batch)
         if self.algo.update_epochs > 1:
             self._epoch_batches.append(batch)
         self.busy_s += time.perf_counter() - start
         return batch
 
+    def with_proximal(self, batch: Samples) -> Samples:
+        """``batch`` with the proximal copy's log-probs (per Gaussian where the policy reports
+        them); as it is without a proximal window."""
+        if self.proximal is None:
+            return batch
+        return replace(batch, prox_log_probs=self.proximal.log_probs(batch))
+
+    def _backward(self, batch: Samples, sync: bool, scale: float) -> dict:
+        """Forward and backward of one micro-batch, its loss scaled by ``scale``; with ``sync``
+        DDP all-reduces the accumulated gradients (the step's last micro-batch)."""
+        context = contextlib.nullcontext() if sync or not hasattr(self.model, "no_sync") \
+            else self.model.no_sync()
+        with context:
+            loss, info = self.loss(batch)
+            (loss * scale).backward()
+        return info
+
     def _micro_step(self, batch: Samples) -> None:
         start = time.perf_counter()
         begun = self.clock.now() if self.clock is not None else 0.0
         last = self._done_in_step + len(batch) == self.local_batch
-        sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
-            else self.model.no_sync()
-        with sync:
-            loss, info = self.loss(batch)
-            (loss * (len(batch) / self.local_batch)).backward()
+        info = self._backward(batch, last, len(batch) / self.local_batch)
+        self._weights.append(info.pop("weights"))
         info["n"] = len(batch)
         self._acc.append(info)
         self._done_in_step += len(batch)
+        self.micro_steps += 1
+        self._last_micro = batch
         if self.epoch == 0:  # a later epoch trains no new decision
-            self.samples_trained += len(batch)
-            self.counts["trained_env_steps"] += int(batch.env_steps.sum())
-            lags, counts = np.unique(self.version - batch.policy_versions, return_counts=True)
-            for lag, count in zip(lags.tolist(), counts.tolist(), strict=True):
-                self.staleness_hist[lag] = self.staleness_hist.get(lag, 0) + count
+            self._step_lags.append(self.version - batch.policy_versions)
         if self.clock is not None:
             self.clock.pay(self.cost.micro_batch_ms(len(batch)), begun)
         self.busy_s += time.perf_counter() - start
 
-    def _optimizer_step(self) -> StepStats:
+    def flush(self) -> bool:
+        """Leave a step this rank cannot finish (the run is stopping and no more data comes)
+        in step with the other ranks, which may wait for it in a collective: run the
+        collectives the step would run (the first step's normaliser seed, the gradient
+        all-reduce of a last micro-batch, here a stand-in whose loss is scaled by 0, and the
+        step agreement), which abandons the step on every rank: no optimizer step, and the
+        micro-batches taken for it go back to the buffer, untrained. Returns False when this
+        rank holds no sample to stand in with (it cannot join; the caller's timeout applies)."""
+        stand_in = self._last_micro
+        if stand_in is None and self.buffered:
+            stand_in = self.with_proximal(self.buffer.peek(min(self.micro_batch, self.buffered)))
+        if stand_in is None:
+            return False
+        if not self.normalizer.ready:
+            self.normalizer.seed(np.zeros(0))
+        self._backward(stand_in, sync=True, scale=0.0)
+        self._optimizer_step(abandon=True)
+        return True
+
+    def _optimizer_step(self, abandon: bool = False) -> StepStats | None:
+        """Agree with the other ranks, then step (or abandon the step on every rank)."""
         start = time.perf_counter()
         begun = self.clock.now() if self.clock is not None else 0.0
+        flags = self.reduce(np.array([float(abandon), float(self.stop_requested)]))
+        self.stop_agreed = bool(flags[1] > 0)
+        if flags[0] > 0:
+            self._abandon_step()
+            return None
         grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.algo.max_grad_norm)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        else:  # a NaN or inf loss or gradient: the weights stay as they are, the step is counted
+        skipped = not bool(torch.isfinite(grad_norm))
+        if skipped:  # a NaN or inf loss or gradient: the weights stay as they are, counted
             self.counts["skipped_steps"] += 1
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         epoch = self.epoch
         if epoch == 0:
             self.normalizer.end_step()
+            self._commit()
         self.epoch = (epoch + 1) % self.algo.update_epochs
         if self.epoch:
             self._replay = deque(self._epoch_batches)
@@ -371,21 +464,45 @@ class LearnerCore:
         if self.proximal is not None:
             self.proximal.after_step(self.version)
         acc, self._acc = self._acc, []
-        weights = np.asarray([a["n"] for a in acc], dtype=np.float64) / self.local_batch
-
-        def avg(key: str) -> float:
-            return float(sum(w * a[key] for w, a in zip(weights, acc, strict=False)))
-
+        weights_seen = np.concatenate(self._weights) if self._weights else np.ones(1)
+        self._weights = []
+        shares = np.asarray([a["n"] for a in acc], dtype=np.float64) / self.local_batch
+        avg = {k: float(sum(w * a[k] for w, a in zip(shares, acc, strict=True)))
+               for k in _AVERAGED}
         self._done_in_step = 0
         self._discard_stale()
         if self.clock is not None:
             self.clock.pay(self.cost.step_ms, begun)
         self.busy_s += time.perf_counter() - start
-        return StepStats(self.version, 0 if epoch else self.local_batch, avg("loss"),
-                         avg("policy_loss"), avg("value_loss"), avg("entropy"),
-                         avg("clip_fraction"), avg("approx_kl"), float(grad_norm),
-                         avg("staleness"), avg("behaviour_weight"), avg("truncated_fraction"),
-                         epoch)
+        return StepStats(
+            self.version, 0 if epoch else self.local_batch, avg["loss"], avg["policy_loss"],
+            avg["value_loss"], avg["entropy"], avg["clip_fraction"], avg["kl_per_element"],
+            avg["kl_per_decision"], avg["no_grad_fraction"], float(grad_norm),
+            avg["staleness"], avg["behaviour_weight"],
+            tuple(float(q) for q in np.quantile(weights_seen, (0.05, 0.5, 0.95))),
+            avg["truncated_fraction"], skipped, epoch)
+
+    def _commit(self) -> None:
+        """The batch's first step was taken: its decisions count as trained."""
+        for raw in self._step_raw:
+            self.samples_trained += len(raw)
+            self.counts["trained_env_steps"] += int(raw.env_steps.sum())
+        lags, counts = np.unique(np.concatenate(self._step_lags), return_counts=True)
+        for lag, count in zip(lags.tolist(), counts.tolist(), strict=True):
+            self.staleness_hist[lag] = self.staleness_hist.get(lag, 0) + count
+        self._step_raw, self._step_lags = [], []
+
+    def _abandon_step(self) -> None:
+        """Every rank agreed to drop the step under way (only ever a batch's first epoch: a
+        rank never lacks data for a later one): gradients zeroed, its decisions back in the
+        buffer, the version unchanged."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.normalizer.abort_step()
+        self.buffer.put_back(self._step_raw)
+        self._step_raw, self._step_lags, self._epoch_batches = [], [], []
+        self._acc, self._weights = [], []
+        self._done_in_step = 0
+        self.counts["abandoned_steps"] += 1
 
     def weights(self) -> dict[str, np.ndarray]:
         """Current parameters and buffers as numpy arrays (CPU copies)."""

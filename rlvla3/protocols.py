@@ -8,7 +8,8 @@ Invariants:
   run each slot in its own thread, so a blocking simulator never stalls the other slots.
 - ``Policy.evaluate`` on the (observations, actions, latents) recorded by ``Policy.act`` returns
   the same log-probabilities for the same weights: that is what makes the decoupled PPO ratio
-  exact for fresh data.
+  exact for fresh data. Where the action distribution is a product of Gaussians it also returns
+  each one's log-probability (``Evaluation.log_prob_elements``), in a fixed order.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class Evaluation:
     """``[n]`` value estimates."""
     entropy: torch.Tensor
     """``[n]`` entropy (or an estimate of it) of the action distribution."""
+    log_prob_elements: torch.Tensor | None = None
+    """``[n, E]`` log-probability of each of the ``E`` Gaussians whose product is the action
+    distribution (summing to ``log_prob``): what a trust region per Gaussian needs
+    (``algo.ratio``). None: the policy gives only the decision's total (``E = 1``)."""
 
 
 @runtime_checkable

@@ -262,6 +262,16 @@ class LearnerConfig:
     ranks_per_actor: int = 1
     """Data-parallel GPUs one learner actor stands for (needs a simulated ``cost_model``): its
     per-sample cost is divided by this."""
+    max_rebuilds: int = 3
+    """Rebuilds of the learner group (a rank's process or node was lost; every rank restarts
+    from the last checkpoint) allowed within ``rebuild_window_s``; one more ends the run. An
+    error while every rank is alive (an out-of-memory, a bug) ends it at once."""
+    rebuild_window_s: float = 3600.0
+    """The window ``max_rebuilds`` counts in (seconds)."""
+    stop_timeout_s: float = 60.0
+    """At the end of an asynchronous run, how long the ranks may take to leave training
+    together; then the group is killed and the run ends at its last checkpoint (said so in the
+    log and ``summary.json``)."""
 
     def validate(self) -> None:
         check_custom_resources(self.resources)
@@ -271,6 +281,9 @@ class LearnerConfig:
         require(self.ranks_per_actor == 1 or costs is not None, "ranks_per_actor",
                 "an actor stands for several ranks only with a simulated cost_model")
         require(self.num_learners >= 1, "num_learners", "must be >= 1")
+        require(self.max_rebuilds >= 0, "max_rebuilds", "must be >= 0")
+        require(self.rebuild_window_s > 0, "rebuild_window_s", "must be > 0")
+        require(self.stop_timeout_s > 0, "stop_timeout_s", "must be > 0")
         require(self.micro_batch >= 1, "micro_batch", "must be >= 1")
         require(self.global_batch >= self.micro_batch * self.num_learners, "global_batch",
                 "must be at least micro_batch x num_learners")

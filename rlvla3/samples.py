@@ -1,9 +1,10 @@
 """Turning trajectory segments into flat training samples with advantages (numpy, no Ray).
 
-Role: the step between the trajectory queue and the learner's loss. Input: a list of
-``TrajectorySegment`` (whole episodes produced by the behaviour policy) and the ``AlgoConfig``.
-Output: one ``Samples`` with a row per decision point, in segment order, carrying everything the
-decoupled PPO objective needs (behaviour log-probabilities, advantages, returns, behaviour values).
+Role: the step between the trajectory queue and the learner's loss. Input: the segments of one
+queue item (one episode, or one GRPO group: whole episodes produced by the behaviour policy)
+and the ``AlgoConfig``. Output: one ``Samples`` with a row per decision point, in segment order,
+carrying everything the decoupled PPO objective needs (behaviour log-probabilities, advantages,
+returns, behaviour values).
 
 Invariants:
 - Advantages are computed per whole episode before anything is flattened, so a decision's
@@ -12,21 +13,21 @@ Invariants:
   when it was truncated. Advantages leave here unstandardised: how many episodes one call sees
   depends on arrival timing, so standardisation belongs to the optimizer batch (the learner's
   ``AdvantageNormalizer``), never to a call or a micro-batch.
-- GRPO: segments are grouped by ``EpisodeKey``; each key must hold a whole number of groups of
-  ``group_size`` episodes (consecutive in list order form one group), otherwise ``ValueError``.
-  The per-step advantage is the episode's group advantage; the return is the episode return.
+- GRPO: the segments given are one group, whatever its size: the queue releases a group short
+  when members were lost to faults, and two groups of the same (task, initial state) are never
+  pooled (each call is one queue item). A group of one gets advantage 0. The per-step
+  advantage is the episode's group advantage; the return is the episode return.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from rlvla3.algos import AlgoConfig, gae, grpo_advantages
-from rlvla3.types import EpisodeKey, ObsBatch, TrajectorySegment
+from rlvla3.types import ObsBatch, TrajectorySegment
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +53,9 @@ class Samples:
     env_steps: np.ndarray
     """int64 ``[N]``: low-level env steps each decision executed."""
     prox_log_probs: np.ndarray
-    """float32 ``[N]``: proximal log-probabilities (decoupled PPO); the behaviour ones until
-    the learner computes them with its proximal copy."""
+    """float32 ``[N]``, or ``[N, E]`` per Gaussian when the policy reports them: proximal
+    log-probabilities (decoupled PPO); the behaviour ones (``[N]``) until the learner computes
+    them with its proximal copy."""
 
     def __len__(self) -> int:
         return len(self.log_probs)
@@ -105,20 +107,11 @@ def _ppo_advantages(
 def _grpo_advantages(
     segments: Sequence[TrajectorySegment], cfg: AlgoConfig
 ) -> tuple[np.ndarray, np.ndarray]:
-    by_key: dict[EpisodeKey, list[int]] = defaultdict(list)
-    for i, segment in enumerate(segments):
-        by_key[segment.key].append(i)
-    episode_advantage = np.zeros(len(segments), dtype=np.float32)
-    for key, members in by_key.items():
-        if len(members) % cfg.group_size:
-            raise ValueError(
-                f"incomplete GRPO group for task {key.task_id}, init state {key.init_state_id}: "
-                f"{len(members)} episodes, not a multiple of group_size={cfg.group_size}"
-            )
-        for start in range(0, len(members), cfg.group_size):
-            group = members[start : start + cfg.group_size]
-            group_returns = np.array([segments[i].episode_return for i in group])
-            episode_advantage[group] = grpo_advantages(group_returns)
+    keys = {s.key for s in segments}
+    if len(keys) > 1:
+        raise ValueError(f"a GRPO group holds episodes of one (task, initial state), got "
+                         f"{sorted((k.task_id, k.init_state_id) for k in keys)}")
+    episode_advantage = grpo_advantages(np.array([s.episode_return for s in segments]))
     lengths = [len(s) for s in segments]
     advantages = np.repeat(episode_advantage, lengths)
     returns = np.repeat(np.array([s.episode_return for s in segments], np.float32), lengths)
@@ -129,7 +122,8 @@ _ESTIMATORS = {"ppo": _ppo_advantages, "grpo": _grpo_advantages}
 
 
 def prepare_samples(segments: Sequence[TrajectorySegment], cfg: AlgoConfig) -> Samples:
-    """Flatten ``segments`` into ``Samples`` with advantages and returns for ``cfg.name``."""
+    """Flatten the ``segments`` of one queue item (an episode, or a GRPO group) into ``Samples``
+    with advantages and returns for ``cfg.name``."""
     if not segments:
         raise ValueError("prepare_samples needs at least one segment")
     advantages, returns = _ESTIMATORS[cfg.name](segments, cfg)

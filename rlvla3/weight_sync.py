@@ -28,6 +28,18 @@ def parameter_sum(module: torch.nn.Module) -> float:
     return float(sum(p.detach().double().sum() for p in module.parameters()))
 
 
+def relative_change(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]) -> float:
+    """``||after - before|| / ||before||`` over the floating-point tensors of two state dicts
+    (how far training moved the weights; float64 sums)."""
+    moved = total = 0.0
+    for name, old in before.items():
+        if old.is_floating_point():
+            old64 = old.detach().double().cpu()
+            moved += float((after[name].detach().double().cpu() - old64).square().sum())
+            total += float(old64.square().sum())
+    return (moved / total) ** 0.5 if total else 0.0
+
+
 class WeightBroadcaster:
     """One member of the weight broadcast group: rank 0 sends, the others receive."""
 

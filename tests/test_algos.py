@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.algos import AlgoConfig, gae, grpo_advantages, objective, ppo_loss, value_loss
+from rlvla3.algos import (
+    AlgoConfig,
+    approx_kl,
+    gae,
+    grpo_advantages,
+    objective,
+    ppo_loss,
+    value_loss,
+)
 from rlvla3.config import ConfigError, build
 from rlvla3.protocols import Evaluation
 from rlvla3.samples import prepare_samples
@@ -130,7 +138,8 @@ def test_ppo_loss_stays_finite_for_a_ratio_beyond_float32(adv, prox):
                            3.0, prox_t, 2.0)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(new.grad).all()
-    assert math.isfinite(stats.ratio_max) and math.isfinite(stats.approx_kl)
+    assert math.isfinite(stats.ratio_max)
+    assert all(math.isfinite(k) for k in approx_kl(new.detach(), behav, 1))
 
 
 def test_ppo_batch_mean_and_stats():
@@ -149,7 +158,10 @@ def test_ppo_batch_mean_and_stats():
     assert stats.clip_fraction == pytest.approx(2 / 3)
     assert stats.dual_clip_fraction == pytest.approx(1 / 3)
     kl = (0.5 - math.log(1.5) - 0.5 - math.log(0.5) + 4.0 - math.log(5.0)) / 3
-    assert stats.approx_kl == pytest.approx(kl)
+    assert approx_kl(torch.tensor(np.log(ratios)), torch.zeros(3, dtype=torch.float64), 1) == (
+        pytest.approx(kl), pytest.approx(kl))
+    # no gradient: the two clipped samples and the dual-clipped one
+    assert stats.no_grad_fraction == 1.0
     assert stats.ratio_mean == pytest.approx(7.0 / 3) and stats.ratio_max == pytest.approx(5.0)
     assert stats.behaviour_weight_mean == 1.0
 
@@ -342,22 +354,35 @@ def test_prepare_samples_grpo_broadcasts_group_advantage():
     cfg = AlgoConfig(name="grpo", group_size=2)
     k0, k1 = EpisodeKey(0, 0), EpisodeKey(0, 1)
     # group k0: returns 1 and 0 -> +1 / -1; group k1: returns 2 and 2 -> 0 / 0.
-    segments = [
-        _segment(k0, [0.0, 1.0], [0.0, 0.0]),
-        _segment(k1, [1.0, 1.0, 0.0], [0.0] * 3),
-        _segment(k0, [0.0, 0.0, 0.0], [0.0] * 3),
-        _segment(k1, [2.0], [0.0]),
-    ]
-    samples = prepare_samples(segments, cfg)
-    np.testing.assert_allclose(samples.advantages, [1, 1, 0, 0, 0, -1, -1, -1, 0], atol=1e-5)
-    np.testing.assert_allclose(samples.returns, [1, 1, 2, 2, 2, 0, 0, 0, 2])
+    first = prepare_samples([_segment(k0, [0.0, 1.0], [0.0, 0.0]),
+                             _segment(k0, [0.0, 0.0, 0.0], [0.0] * 3)], cfg)
+    second = prepare_samples([_segment(k1, [1.0, 1.0, 0.0], [0.0] * 3),
+                              _segment(k1, [2.0], [0.0])], cfg)
+    np.testing.assert_allclose(first.advantages, [1, 1, -1, -1, -1], atol=1e-5)
+    np.testing.assert_allclose(first.returns, [1, 1, 0, 0, 0])
+    np.testing.assert_allclose(second.advantages, [0, 0, 0, 0], atol=1e-5)
 
 
-def test_prepare_samples_grpo_rejects_an_incomplete_group():
-    cfg = AlgoConfig(name="grpo", group_size=2)
-    segments = [_segment(EpisodeKey(0, 0), [1.0], [0.0]), _segment(EpisodeKey(0, 1), [0.0], [0.0])]
-    with pytest.raises(ValueError, match="incomplete GRPO group"):
-        prepare_samples(segments, cfg)
+def test_prepare_samples_grpo_trains_a_group_of_any_size_and_never_pools_two():
+    """A group shortened by faults trains on the members it has (a group of one: advantage
+    0); two short groups of one key stay two groups, each standardised on its own."""
+    cfg = AlgoConfig(name="grpo", group_size=4)
+    key = EpisodeKey(0, 0)
+    short = prepare_samples([_segment(key, [1.0], [0.0]), _segment(key, [0.0], [0.0]),
+                             _segment(key, [0.0], [0.0])], cfg)
+    a = np.sqrt(2.0)  # returns 1, 0, 0: mean 1/3, std sqrt(2)/3
+    np.testing.assert_allclose(short.advantages, [a, -a / 2, -a / 2], rtol=1e-5)
+    alone = prepare_samples([_segment(key, [1.0, 0.0], [0.0, 0.0])], cfg)
+    np.testing.assert_array_equal(alone.advantages, [0.0, 0.0])
+    # the same key twice, as two items: [1, 0] and [1, 1] give +-1 and 0, 0 (pooled into one
+    # group of four they would give 0.58 and -1.73)
+    one = prepare_samples([_segment(key, [1.0], [0.0]), _segment(key, [0.0], [0.0])], cfg)
+    two = prepare_samples([_segment(key, [1.0], [0.0]), _segment(key, [1.0], [0.0])], cfg)
+    np.testing.assert_allclose(np.concatenate([one.advantages, two.advantages]), [1, -1, 0, 0],
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="one \\(task, initial state\\)"):
+        prepare_samples([_segment(key, [1.0], [0.0]), _segment(EpisodeKey(1, 0), [0.0], [0.0])],
+                        cfg)
 
 
 # --- config ---------------------------------------------------------------------------------
@@ -378,6 +403,10 @@ def test_prepare_samples_grpo_rejects_an_incomplete_group():
         ({"name": "ppo", "kl_coef": 0.1}, "algo.kl_coef"),
         ({"name": "ppo", "proximal": "old"}, "algo.proximal"),
         ({"name": "ppo", "behaviour_weight_cap": 0.5}, "algo.behaviour_weight_cap"),
+        ({"name": "ppo", "ratio": "token"}, "algo.ratio"),
+        ({"name": "ppo", "ratio": "element", "proximal": "behaviour"}, "algo.ratio"),
+        ({"name": "ppo", "behaviour_weight_mode": "clip"}, "algo.behaviour_weight_mode"),
+        ({"name": "ppo", "advantage_ema": 1.0}, "algo.advantage_ema"),
         ({}, "algo.name"),
     ],
 )

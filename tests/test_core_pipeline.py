@@ -108,6 +108,11 @@ def collect_segments(policy, n_episodes: int, seed: int = 0):
                             TaskSampler(range(4), range(5), seed), n_episodes, "test")
 
 
+def episodes(segments) -> list[list]:
+    """PPO queue items: one episode each."""
+    return [[s] for s in segments]
+
+
 def make_policy(seed: int = 0):
     torch.manual_seed(seed)
     return build_policy(Named("small", {"channels": 8, "hidden": 32}), env_spec(REACH))
@@ -115,15 +120,16 @@ def make_policy(seed: int = 0):
 
 # ---- learner -------------------------------------------------------------------------------
 def test_accumulation_and_streaming_equal_full_batch_steps_with_normalisation():
-    """Two optimizer steps with batch-level advantage standardisation and the proximal copy
-    refreshed every step: one micro-batch per step, streamed micro-batches over five arrivals
-    and batch-start micro-batches over three arrivals give the same parameters."""
+    """Three optimizer steps with batch-level advantage standardisation and the proximal copy
+    refreshed every second step (so the second step clips around weights one step old): one
+    micro-batch per step, streamed micro-batches over five arrivals and batch-start
+    micro-batches over three arrivals give the same parameters."""
     torch.manual_seed(0)
-    segments = collect_segments(make_policy(1), 30)
+    segments = collect_segments(make_policy(1), 40)
     total = sum(len(s) for s in segments)
-    batch = (total // 48) * 16
-    assert 2 * batch <= total
-    algo = AlgoConfig("ppo", proximal_window=1)
+    batch = (total // 64) * 16
+    assert 3 * batch <= total
+    algo = AlgoConfig("ppo", proximal_window=2)
     assert algo.normalize_advantages and algo.proximal == "window"
     results = []
     for micro, strategy, arrivals in ((batch, BatchStart(), 1), (16, StreamingStart(), 5),
@@ -132,9 +138,9 @@ def test_accumulation_and_streaming_equal_full_batch_steps_with_normalisation():
         core = LearnerCore(policy, algo, local_batch=batch, micro_batch=micro, lr=1e-2,
                            strategy=strategy)
         for idx in np.array_split(np.arange(len(segments)), arrivals):
-            core.add_segments([segments[i] for i in idx])
-            core.run_available(until_version=2)
-        assert core.version == 2
+            core.add_groups(episodes([segments[i] for i in idx]))
+            core.run_available(until_version=3)
+        assert core.version == 3 and core.proximal.synced_at == 2
         results.append({k: v.clone() for k, v in policy.state_dict().items()})
     for other in results[1:]:
         for key, value in results[0].items():
@@ -156,10 +162,10 @@ def test_update_epochs_step_again_on_the_same_batch_and_count_it_once():
         core = LearnerCore(policy, AlgoConfig("ppo", update_epochs=epochs), local_batch=batch,
                            micro_batch=micro, lr=1e-2, strategy=strategy)
         for idx in np.array_split(np.arange(len(segments)), arrivals):
-            core.add_segments([segments[i] for i in idx])
+            core.add_groups(episodes([segments[i] for i in idx]))
             core.run_available()
         if epochs == 1:  # the same batch once more, as a second batch
-            core.add_segments(segments)
+            core.add_groups(episodes(segments))
             core.run_available()
         assert core.version == 2 and core.epoch == 0 and core.buffered == 0
         results.append({k: v.clone() for k, v in policy.state_dict().items()})
@@ -186,12 +192,12 @@ def test_a_step_with_a_non_finite_gradient_leaves_the_weights_and_is_counted():
     core = LearnerCore(policy, AlgoConfig("ppo"), local_batch=batch, micro_batch=batch, lr=1e-2,
                        strategy=BatchStart())
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    core.add_segments([bad, *segments[1:]])
+    core.add_groups(episodes([bad, *segments[1:]]))
     assert core.run_available() == 1
     assert core.counts["skipped_steps"] == 1
     for key, value in policy.state_dict().items():
         torch.testing.assert_close(value, before[key], rtol=0, atol=0)
-    core.add_segments(segments)  # finite data: the next step trains
+    core.add_groups(episodes(segments))  # finite data: the next step trains
     core.run_available()
     assert core.counts["skipped_steps"] == 1
     assert all(torch.isfinite(v).all() for v in policy.state_dict().values())
@@ -225,47 +231,31 @@ def test_streaming_starts_micro_batches_before_the_batch_is_complete():
     streaming = LearnerCore(make_policy(2), algo, half, 4, 1e-3, StreamingStart())
     batch = LearnerCore(make_policy(2), algo, half, 4, 1e-3, BatchStart())
     for core in (streaming, batch):
-        core.add_segments(segments[:8])
+        core.add_groups(episodes(segments[:8]))
         assert core.run_available() == 1
-        core.add_segments(segments[8:12])
+        core.add_groups(episodes(segments[8:12]))
         core.run_available()
-    assert streaming.samples_trained > half and streaming.version == 1
-    assert batch.samples_trained == half
+    # streaming took micro-batches of the second batch (not trained until its step is taken)
+    assert streaming.samples_trained == half and streaming.in_step > 0
+    assert streaming.version == 1
+    assert batch.samples_trained == half and batch.in_step == 0
     for core in (streaming, batch):
-        core.add_segments(segments[12:])
+        core.add_groups(episodes(segments[12:]))
         core.run_available()
-        assert core.buffered == total - core.samples_trained and core.micro_done == 0
+        assert core.buffered == total - core.samples_trained and core.in_step == 0
 
 
 def test_no_sample_dropped_or_reused_across_steps():
     segments = collect_segments(make_policy(1), 10)
     total = sum(len(s) for s in segments)
     core = LearnerCore(make_policy(2), AlgoConfig("ppo"), 7, 3, 1e-3, StreamingStart())
-    core.add_segments(segments)
+    core.add_groups(episodes(segments))
     steps = core.run_available()
     assert steps == total // 7
-    assert core.samples_trained == steps * 7 + core.micro_done
-    assert core.buffered == total - core.samples_trained
+    assert core.samples_trained == steps * 7
+    assert core.buffered == total - core.samples_trained - core.in_step
     assert core.counts["trained_env_steps"] > 0
     assert sum(core.staleness_hist.values()) == core.samples_trained
-
-
-def test_learner_discards_only_the_stale_decisions_of_an_episode():
-    """A long episode acted over several versions keeps its fresh decisions."""
-    from dataclasses import replace
-
-    segments = collect_segments(make_policy(1), 4)
-    long = max(segments, key=len)
-    versions = np.arange(len(long), dtype=np.int64)  # one version per decision
-    long = replace(long, policy_versions=versions)
-    core = LearnerCore(make_policy(2), AlgoConfig("ppo"), 10_000, 4, 1e-3, StreamingStart(),
-                       max_staleness=2)
-    core.version = len(long) - 1
-    core.add_segments([long])
-    assert core.buffered == 3  # versions T-3 .. T-1 are within 2 of version T-1
-    assert core.counts["discarded_decisions"] == len(long) - 3
-    assert core.counts["discarded_env_steps"] == int(long.decision_steps()[:-3].sum())
-    assert core.counts["received_decisions"] == len(long)
 
 
 def test_learning_signal_improves_the_objective():
@@ -273,17 +263,17 @@ def test_learning_signal_improves_the_objective():
     segments = collect_segments(make_policy(1), 16)
     policy = make_policy(1)
     core = LearnerCore(policy, AlgoConfig("ppo"), 32, 32, 3e-3, BatchStart())
-    core.add_segments(segments)
+    core.add_groups(episodes(segments))
     from rlvla3.samples import prepare_samples
 
     samples = prepare_samples(segments, AlgoConfig("ppo"))
-    before = core.loss(samples)[0].item()
+    before = core.loss(core.with_proximal(samples))[0].item()
     while core.buffered >= 32:
         core.run_available()
-        core.add_segments(segments)
+        core.add_groups(episodes(segments))
         if core.version >= 6:
             break
-    assert core.loss(samples)[0].item() < before
+    assert core.loss(core.with_proximal(samples))[0].item() < before
 
 
 # ---- rollout ---------------------------------------------------------------------------------

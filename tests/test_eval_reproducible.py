@@ -25,7 +25,15 @@ from pathlib import Path
 
 import pytest
 
-from actors.eval_recheck import _acting, compare_rows, rerun_args, sample_episodes, stored_rows
+from actors.eval_recheck import (
+    _acting,
+    compare_rows,
+    recheck_line,
+    recheck_status,
+    rerun_args,
+    sample_episodes,
+    stored_rows,
+)
 from actors.eval_worker import ActionSource, EvalWorker
 from rlvla3.config import ConfigError, Named
 from rlvla3.numerics import PINNED_ENV, NumericsError, env_vars, host
@@ -158,6 +166,16 @@ def test_recheck_samples_reproducibly_and_counts_each_kind_of_difference():
     assert report["outcome_flips"] == 1 and report["step_differences"] == 2
     assert report["digest_checked"] == 3 and report["digest_differences"] == 2
     assert [(m["task"], m["init_state"]) for m in report["mismatches"]] == [(2, 7), (2, 31)]
+    assert report["faults"] == [] and recheck_status(report) == 1
+    # an episode whose worker was lost is not a difference: listed, then run again
+    lost = {**now, (2, 7): {"success": False, "steps": 0, "fault": "eval worker lost 3 times"},
+            (2, 31): {"success": False, "steps": 220, "digest": "b" * 16}}
+    report = compare_rows(stored, lost)
+    assert report["checked"] == 3 and report["matching"] == 3 and report["outcome_flips"] == 0
+    assert report["faults"] == [{"task": 2, "init_state": 7, "fault": "eval worker lost 3 times"}]
+    assert recheck_status(report) == 3
+    line = recheck_line({**report, "recheck": "DIR", "fingerprint_differences": []})
+    assert "3 identical" in line and "1 not re-run (eval worker lost 3 times)" in line
     assert _acting("sampled noise_level=0.1 init_noise=0") == {
         "sampled": True,
         "noise_level": 0.1,

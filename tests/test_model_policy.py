@@ -384,9 +384,14 @@ def test_rl_core_pipeline_runs_with_the_vla_policy():
     segments = collect_episodes(make_env(reach), RolloutCore(policy),
                                 TaskSampler(range(4), range(5), 0), 6, "test")
     learner = LearnerCore(policy, AlgoConfig("ppo"), 16, 8, 1e-3, BatchStart())
-    learner.add_segments(segments)
-    _, stats = learner.loss(prepare_samples(segments, AlgoConfig("ppo")))
-    assert abs(stats["approx_kl"]) < 1e-6  # fresh data: recomputed log-probs = behaviour ones
+    learner.add_groups([s] for s in segments)
+    batch = prepare_samples(segments, AlgoConfig("ppo"))
+    with torch.no_grad():  # fresh data: recomputed log-probs = behaviour ones
+        ev = policy.evaluate(batch.obs, torch.from_numpy(batch.actions),
+                             torch.from_numpy(batch.latents))
+    torch.testing.assert_close(ev.log_prob, torch.from_numpy(batch.log_probs), atol=1e-3,
+                               rtol=1e-4)
+    torch.testing.assert_close(ev.log_prob_elements.sum(-1), ev.log_prob, atol=1e-3, rtol=1e-4)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     assert learner.run_available() >= 1 and learner.version >= 1
     assert any(not torch.equal(before[k], v) for k, v in policy.state_dict().items())

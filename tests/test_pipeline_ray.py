@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 
 import pytest
 import ray
+from ray import cloudpickle
 from tiny_runs import TINY_RUN
 
 from actors.controller import Controller
@@ -16,6 +18,14 @@ from rlvla3.run_config import load_run_config
 from rlvla3.weight_sync import parameter_sum
 
 SMALL = [*TINY_RUN, "log_every_s=1.0", "checkpoint_every=0"]
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # functions run in actors
+
+
+def proximal_copy(learner) -> tuple[int, float, float]:
+    """Runs inside a learner (``__ray_call__``): the version its proximal copy holds, the sum
+    of the copy's parameters and of the policy's."""
+    window = learner.core.proximal
+    return window.synced_at, parameter_sum(window.copy), parameter_sum(learner.policy)
 
 
 def run(tmp_path, name: str, overrides: list[str], resume: bool = False) -> tuple[dict, Controller]:
@@ -41,10 +51,17 @@ def test_every_mode_runs_end_to_end(ray_cluster, tmp_path, mode):
     assert summary["dropped_faults"] == 0
     # every decision the env slots produced is in exactly one place, summed across actors
     accounting = summary["accounting"]
-    assert accounting["produced"] == summary["decisions"] > 0
-    assert accounting["trained"] == summary["trained_decisions"] > 0
     assert accounting["unaccounted"] == 0, accounting
-    assert summary["trained_env_steps"] > 0
+    # counted by other counters than the accounting's: the learner's version (each step trains
+    # exactly one global batch of 32; a step under way at the stop trains nothing), the env
+    # steps behind the trained decisions (1 or 2 each: reach's chunk is 2), and the lengths
+    # of the episodes the slots finished (the rest of the produced decisions are running)
+    assert summary["trained_decisions"] == 32 * summary["policy_version"] > 0
+    trained = summary["trained_decisions"]
+    assert trained <= summary["trained_env_steps"] <= 2 * trained
+    finished = summary["episode_lengths"]["produced"]
+    assert finished["count"] * finished["mean"] == pytest.approx(
+        summary["decisions"] - accounting["running"], abs=0.005 * finished["count"] + 1)
     assert summary["trained_env_steps_per_s"] <= summary["env_steps_per_s"]
     run_dir = tmp_path / mode
     saved = json.loads((run_dir / "summary.json").read_text())
@@ -126,10 +143,19 @@ def test_init_from_starts_with_the_checkpoint_weights(ray_cluster, tmp_path):
         topo = controller.build()
         version, start = ray.get(topo.learners[0].checksum.remote())
         served = ray.get([s.checksum.remote() for s in topo.servers])
+        proximal_at_start = ray.get(topo.learners[0].__ray_call__.remote(proximal_copy))
+        # a restore (what a restarted learner does) refreshes the proximal copy too
+        restored = ray.get(topo.learners[0].restore.remote(str(tmp_path / "first")))
+        proximal_restored = ray.get(topo.learners[0].__ray_call__.remote(proximal_copy))
     finally:
         controller.shutdown()
     assert start == pytest.approx(expected, rel=1e-9)
     assert version == 0
+    # the decoupled objective's proximal policy is the checkpoint's, not the initialisation
+    assert proximal_at_start == (0, pytest.approx(expected, rel=1e-9),
+                                 pytest.approx(expected, rel=1e-9))
+    assert restored > 0 and proximal_restored[0] == restored
+    assert proximal_restored[1] == pytest.approx(proximal_restored[2], rel=1e-12)
     # the servers act with the checkpoint's weights from the first decision, at version 0 too
     # (not with their own initialisation until the learner's first step)
     assert [v for v, _ in served] == [0] * len(served)
@@ -229,7 +255,9 @@ def test_grpo_with_two_learners_never_splits_a_group(ray_cluster, tmp_path):
     finally:
         controller.shutdown()
     assert summary["policy_version"] >= 1
-    assert all(lr["received_episodes"] % 2 == 0 for lr in learners), learners
+    # every group whole (no fault here), one group per queue item, never two pooled
+    assert all(lr["received_episodes"] == 2 * lr["received_groups"] for lr in learners), learners
+    assert all(lr["short_groups"] == 0 for lr in learners)
     assert sum(lr["received_episodes"] for lr in learners) > 0
     assert summary["accounting"]["unaccounted"] == 0
 

@@ -28,7 +28,8 @@ def _queue(**kw):
     batch = kw.pop("global_batch", 1)
     initial = kw.pop("initial_decisions", 1.0)
     skip_uniform = kw.pop("skip_uniform", False)
-    return TrajectoryQueue(QueueConfig(**kw), group_size, batch, initial, skip_uniform)
+    epochs = {"update_epochs": kw.pop("update_epochs")} if "update_epochs" in kw else {}
+    return TrajectoryQueue(QueueConfig(**kw), group_size, batch, initial, skip_uniform, **epochs)
 
 
 def _refs(items) -> list:
@@ -39,7 +40,7 @@ def test_queue_staleness_filter_and_backpressure():
     async def scenario():
         queue = _queue(capacity=3, max_staleness=2)
         await queue.put(_info(0), ["ref0"])
-        await queue.put(_info(0, max_version=2), ["ref0-2"])  # its newest decision is fresh
+        await queue.put(_info(0, max_version=2), ["ref0-2"])  # only its newest decision is fresh
         await queue.put(_info(3), ["ref3"])
         blocked = asyncio.create_task(queue.put(_info(4), ["ref4"]))
         await asyncio.sleep(0.05)
@@ -52,12 +53,13 @@ def test_queue_staleness_filter_and_backpressure():
         return got, rest, empty, queue.stats()
 
     got, rest, empty, stats = asyncio.run(scenario())
-    # version 0 alone is more than 2 behind 4: dropped; 0..2 still holds fresh decisions
-    assert _refs(got) == [["ref0-2"], ["ref3"]]
+    # staleness is judged by an item's oldest decision, as the learners judge it: version 0 is
+    # more than 2 behind 4, whatever else the item holds; the item leaves whole
+    assert _refs(got) == [["ref3"]]
     assert _refs(rest) == [["ref4"]]
     assert empty == []
-    assert stats["dropped_stale"] == 1 and stats["dropped_stale_decisions"] == 3
-    assert stats["got"] == 3 and stats["put_decisions"] == 12
+    assert stats["dropped_stale"] == 2 and stats["dropped_stale_decisions"] == 6
+    assert stats["got"] == 2 and stats["put_decisions"] == 12
     assert stats["put_decisions"] == (stats["got_decisions"] + stats["queued_decisions"]
                                       + stats["dropped_stale_decisions"])
 
@@ -112,9 +114,9 @@ def test_grpo_held_groups_expire_by_staleness():
         queue = _queue(capacity=8, max_staleness=2, group_size=4)
         await queue.put(_info(0, k, decisions=7), ["k0"])
         await queue.put(_info(1, k, decisions=5), ["k1"])
-        await queue.set_version(3)
+        await queue.set_version(2)
         held = queue.stats()["held_episodes"]
-        await queue.set_version(4)  # newest member (v1) is now 3 > 2 versions behind
+        await queue.set_version(3)  # its oldest decision (v0) is now 3 > 2 versions behind
         return held, queue.stats()
 
     held, stats = asyncio.run(scenario())
@@ -185,7 +187,7 @@ def test_pacing_holds_new_episodes_until_the_learners_catch_up():
         await queue.learner_buffered(0, 0)  # trained: (5 + 2 * 5) / 10 = 1.5
         t3 = await asyncio.wait_for(third, 1.0)
         assert queue.stats()["in_flight_episodes"] == 2
-        lost = await queue.reset_worker(1)  # worker 1 restarted: its admission died with it
+        lost = await queue.reset_worker(1, "w1-b")  # worker 1 restarted: its admission died
         assert lost == 1 and queue.stats()["in_flight_episodes"] == 1
         # less than a batch of work ahead of the learner: admitted whatever the target says
         tight = _queue(capacity=100, max_staleness=0, pace_lag=0.1, global_batch=10,
@@ -215,7 +217,7 @@ def test_pacing_backlog_bound_is_at_least_one_grpo_group():
                        global_batch=10, initial_decisions=10.0, group_size=group_size)
         await queue.learner_buffered(0, buffered)
         await queue.admit(0, EpisodeKey(0, 0))  # none in flight: always admitted
-        second = asyncio.create_task(queue.admit(1, EpisodeKey(0, 0)))  # lag (40+20)/10 = 6
+        second = asyncio.create_task(queue.admit(1, EpisodeKey(1, 0)))  # lag (40+20)/10 = 6
         await asyncio.sleep(0.05)
         admitted = second.done()
         await queue.close()
@@ -251,3 +253,94 @@ def test_pace_lag_zero_never_holds_a_slot_back():
     tickets, stats, held = asyncio.run(scenario())
     assert len(set(tickets)) == 20 and stats["in_flight_episodes"] == 20
     assert held  # the same backlog holds a paced slot back
+
+
+def test_pacing_counts_policy_versions_not_batches():
+    """With ``update_epochs = 2`` each batch is two versions: the same backlog that is within a
+    pace target of 2 versions at one epoch is twice too far at two."""
+    async def scenario(epochs: int) -> tuple[bool, float]:
+        queue = _queue(capacity=100, max_staleness=4, pace_lag=2.0, global_batch=10,
+                       initial_decisions=5.0, update_epochs=epochs)
+        await queue.learner_buffered(0, 10)
+        await queue.admit(0, EpisodeKey(0, 0))  # none in flight: always admitted
+        second = asyncio.create_task(queue.admit(0, EpisodeKey(0, 0)))  # 20 decisions ahead
+        await asyncio.sleep(0.05)
+        admitted, lag = second.done(), queue.stats()["expected_lag"]
+        await queue.close()
+        await asyncio.wait_for(second, 1.0)
+        return admitted, lag
+
+    assert asyncio.run(scenario(1)) == (True, 2.0)  # (10 + 2 x 5) / 10 = 2 versions <= 2
+    assert asyncio.run(scenario(2)) == (False, 3.0)  # (10 + 5) x 2 / 10 = 3: held
+
+
+def test_get_takes_only_the_decisions_a_learner_still_needs():
+    """A learner that needs 32 decisions gets one GRPO group of 8 x 44, not eight of them (the
+    other rank would starve while the hoard ages); without a budget it gets up to max_items."""
+    async def scenario():
+        queue = _queue(capacity=100, max_staleness=100)
+        for i in range(6):
+            await queue.put(_info(0, EpisodeKey(i, 0), decisions=44), [f"g{i}"])
+        one = await queue.get(max_items=8, timeout_s=1.0, max_decisions=32)
+        two = await queue.get(max_items=8, timeout_s=1.0, max_decisions=45)
+        rest = await queue.get(max_items=8, timeout_s=1.0)
+        return one, two, rest
+
+    one, two, rest = asyncio.run(scenario())
+    assert _refs(one) == [["g0"]]
+    assert _refs(two) == [["g1"], ["g2"]]
+    assert _refs(rest) == [["g3"], ["g4"], ["g5"]]
+
+
+def test_admissions_of_a_dead_worker_are_refused_and_the_in_flight_count_recovers():
+    """Worker 0's slots wait in ``admit`` when the worker dies; its restarted incarnation says
+    so. When the learners catch up, the dead incarnation's waiting admissions wake: they are
+    refused instead of becoming tickets no episode will ever return (each such leak inflated
+    the in-flight count for good, and a few of them held every slot back)."""
+    async def scenario():
+        queue = _queue(capacity=100, max_staleness=4, pace_lag=2.0, global_batch=10,
+                       initial_decisions=10.0)
+        await queue.learner_buffered(0, 20)
+        running = await queue.admit(1, EpisodeKey(0, 0), "w1")  # worker 1, admitted
+        dead = [asyncio.create_task(queue.admit(0, EpisodeKey(0, i), "w0-a")) for i in range(4)]
+        await asyncio.sleep(0.05)
+        assert not any(t.done() for t in dead)  # held by pacing
+        assert await queue.reset_worker(0, "w0-b") == 0  # no ticket yet: nothing to release
+        await queue.learner_buffered(0, 0)  # the learners caught up: the waiters wake
+        refused = await asyncio.wait_for(asyncio.gather(*dead), 1.0)
+        in_flight = queue.stats()["in_flight_episodes"]
+        fresh = await asyncio.wait_for(queue.admit(0, EpisodeKey(1, 0), "w0-b"), 1.0)
+        stale = await queue.admit(0, EpisodeKey(1, 1), "w0-a")  # a late call of the dead one
+        # a worker lost with its node (not restarted): the controller retires its incarnation
+        released = await queue.retire(1, "w1")
+        await queue.close_admissions()
+        closed = await queue.admit(0, EpisodeKey(2, 0), "w0-b")
+        return running, refused, in_flight, fresh, stale, released, closed, queue.stats()
+
+    running, refused, in_flight, fresh, stale, released, closed, stats = asyncio.run(scenario())
+    assert running is not None and refused == [None] * 4 and in_flight == 1
+    assert fresh is not None and stale is None and released == 1 and closed is None
+    assert stats["in_flight_episodes"] == 1  # w0-b's one episode: the truth
+    assert stats["refused_admissions"] == 6
+
+
+def test_pacing_admits_the_rest_of_a_grpo_group_that_has_started():
+    """Pacing holds a new group back, but not the missing members of a group already running:
+    holding them would only age its first members until the group expires."""
+    started, fresh = EpisodeKey(0, 0), EpisodeKey(1, 0)
+
+    async def scenario():
+        queue = _queue(capacity=100, max_staleness=4, pace_lag=1.0, global_batch=10,
+                       initial_decisions=10.0, group_size=4)
+        await queue.learner_buffered(0, 40)
+        await queue.admit(0, started, "w0")  # none in flight: admitted
+        new_group = asyncio.create_task(queue.admit(0, fresh, "w0"))
+        member = await asyncio.wait_for(queue.admit(0, started, "w0"), 1.0)
+        await asyncio.sleep(0.05)
+        held = not new_group.done()
+        await queue.close()
+        await asyncio.wait_for(new_group, 1.0)
+        return member, held
+
+    member, held = asyncio.run(scenario())
+    assert member is not None and held

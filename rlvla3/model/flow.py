@@ -76,9 +76,13 @@ def noise_step(x: torch.Tensor, v: torch.Tensor, raw_std: torch.Tensor, dt: floa
 
 def gaussian_log_prob(x: torch.Tensor, dist: StepDistribution) -> torch.Tensor:
     """Sum over all but the first dim of ``log N(x; mean, std^2)``."""
+    return gaussian_log_prob_elements(x, dist).sum(1)
+
+
+def gaussian_log_prob_elements(x: torch.Tensor, dist: StepDistribution) -> torch.Tensor:
+    """``log N(x; mean, std^2)`` of every element, flattened to ``[n, elements]``."""
     z = (x - dist.mean) / dist.std
-    lp = -0.5 * z**2 - torch.log(dist.std) - 0.5 * LOG_2PI
-    return lp.flatten(1).sum(1)
+    return (-0.5 * z**2 - torch.log(dist.std) - 0.5 * LOG_2PI).flatten(1)
 
 
 def gaussian_entropy(dist: StepDistribution) -> torch.Tensor:
@@ -116,16 +120,19 @@ def ode_action_distribution(step: StepFn, x0: torch.Tensor, steps: int,
     return torch.stack(chain, 1), StepDistribution(x, torch.full_like(x, std))
 
 
-def chain_log_prob(step: StepFn, chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob and entropy ``[n]`` of recorded chains, all K steps in one batched pass."""
+def chain_log_prob(step: StepFn, chain: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-prob and entropy ``[n]`` of recorded chains, all K steps in one batched pass, and
+    the log-prob of every Gaussian ``[n, K * H * A]`` (step-major)."""
     n, k1 = chain.shape[:2]
     steps = k1 - 1
     x = chain[:, :-1].transpose(0, 1).reshape(steps * n, *chain.shape[2:])
     t = torch.tensor(time_grid(steps), device=chain.device).repeat_interleave(n)
     dist = step(x, t)
     nxt = chain[:, 1:].transpose(0, 1).reshape_as(x)
-    logp = gaussian_log_prob(nxt, dist).view(steps, n).sum(0)
-    return logp, gaussian_entropy(dist).view(steps, n).sum(0)
+    elements = gaussian_log_prob_elements(nxt, dist).view(steps, n, -1).transpose(0, 1)
+    elements = elements.reshape(n, -1)
+    return elements.sum(1), gaussian_entropy(dist).view(steps, n).sum(0), elements
 
 
 def flow_matching_target(actions: torch.Tensor, noise: torch.Tensor,

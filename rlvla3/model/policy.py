@@ -215,11 +215,12 @@ class VLAPolicy(nn.Module):
             step = self._step_fn(cache, self.net.suffix_layout(pb, reps=1))
             _, dist = flow.ode_action_distribution(step, chain[:, 0], self.cfg.denoise_steps,
                                                    self.cfg.noise_level)
-            logp, entropy = flow.gaussian_log_prob(chain[:, -1], dist), flow.gaussian_entropy(dist)
-            return Evaluation(log_prob=logp, value=value, entropy=entropy)
+            elements = flow.gaussian_log_prob_elements(chain[:, -1], dist)
+            return Evaluation(log_prob=elements.sum(1), value=value,
+                              entropy=flow.gaussian_entropy(dist), log_prob_elements=elements)
         layout = self.net.suffix_layout(pb, reps=self.cfg.denoise_steps)
-        logp, entropy = flow.chain_log_prob(self._step_fn(cache, layout), chain)
-        return Evaluation(log_prob=logp, value=value, entropy=entropy)
+        logp, entropy, elements = flow.chain_log_prob(self._step_fn(cache, layout), chain)
+        return Evaluation(log_prob=logp, value=value, entropy=entropy, log_prob_elements=elements)
 
     def flow_losses(self, obs: ObsBatch, actions: torch.Tensor, noise: torch.Tensor,
                     t: torch.Tensor, action_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -148,8 +148,9 @@ class SmallPolicy(nn.Module):
 
     @staticmethod
     def _log_prob(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+        """Per action element ``[n, chunk_len * action_dim]`` (sum over the last dim: the chunk's)."""
         z = (x - mean) / log_std.exp()
-        return (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return -0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
 
     @torch.no_grad()
     def act(self, obs: ObsBatch, deterministic: bool = False) -> PolicyOutput:
@@ -160,7 +161,7 @@ class SmallPolicy(nn.Module):
         n = len(obs)
         return PolicyOutput(
             actions=flat.view(n, self.spec.chunk_len, self.spec.action_dim).cpu().numpy(),
-            log_prob=self._log_prob(flat, mean, log_std).cpu().numpy(),
+            log_prob=self._log_prob(flat, mean, log_std).sum(-1).cpu().numpy(),
             value=self.value_head(feats).squeeze(-1).cpu().numpy(),
             latents=np.zeros((n, 0), dtype=np.float32),
         )
@@ -170,8 +171,9 @@ class SmallPolicy(nn.Module):
         mean, log_std = self._dist(feats)
         flat = actions.reshape(len(obs), -1).float().to(self.device)
         entropy = (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
-        return Evaluation(self._log_prob(flat, mean, log_std),
-                          self.value_head(feats).squeeze(-1), entropy)
+        elements = self._log_prob(flat, mean, log_std)
+        return Evaluation(elements.sum(-1), self.value_head(feats).squeeze(-1), entropy,
+                          log_prob_elements=elements)
 
     def sft_loss(self, obs: ObsBatch, actions: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
         mean, _ = self._dist(self._features(obs))
