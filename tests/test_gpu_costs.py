@@ -136,7 +136,7 @@ def test_jitter_is_clipped_and_centred():
 def test_learner_core_pays_per_sample_and_per_step(monkeypatch):
     """A learner actor standing for 4 ranks: each micro-batch of 8 costs 30 x 8 / 4 ms and
     each optimizer step 50 ms, x the dilation, whatever the real compute took."""
-    from test_core_pipeline import collect_segments, make_policy
+    from test_core_pipeline import collect_segments, episodes, make_policy
 
     from rlvla3.learner import LearnerCore, StreamingStart
 
@@ -147,12 +147,12 @@ def test_learner_core_pays_per_sample_and_per_step(monkeypatch):
     core = LearnerCore(policy, AlgoConfig("ppo"), local_batch=16, micro_batch=8, lr=1e-3,
                        strategy=StreamingStart(), cost=TrainingCost(costs, ranks=4, dilation=2.0))
     core.clock = fake.clock(2.0)  # the core's clock on fake time: real compute takes 0 here
-    core.add_segments(segments)
+    core.add_groups(episodes(segments))
     steps = core.run_available()
     assert steps >= 1
     micro = 30.0 * 8 / 4 * 2.0 / 1000.0
     step = 50.0 * 2.0 / 1000.0
-    micro_batches = core.samples_trained // 8  # streaming: the next batch may have begun
+    micro_batches = core.micro_steps  # streaming: the next step's batches may have begun
     assert fake.sleeps[:3 * steps] == pytest.approx([micro, micro, step] * steps)
     assert fake.sleeps[3 * steps:] == pytest.approx([micro] * (micro_batches - 2 * steps))
     assert core.clock.stats.simulated_s == pytest.approx(micro_batches * 0.06 + steps * 0.05)
