@@ -38,13 +38,18 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
 import torch
 
 from actors.jsonout import json_main
+
+if TYPE_CHECKING:
+    from actors.controller import Controller
 
 MODES = ("sync", "sync_autoreset", "disaggregated", "train_async", "rollout_async", "full")
 SYNC_MODES = ("sync", "sync_autoreset")
@@ -197,19 +202,26 @@ def steady_rate(metrics_file: Path, warmup_s: float, key: str = "env_steps") -> 
     return (rows[-1][key] - rows[0][key]) / (rows[-1]["time_s"] - rows[0]["time_s"])
 
 
-def run_mode(mode: str, overrides: list[str], seconds: float, warmup_s: float, root: Path) -> dict:
+def run_mode(mode: str, overrides: list[str], seconds: float, warmup_s: float, root: Path,
+             name: str = "", inspect: Callable[[Controller], dict] | None = None) -> dict:
+    """One mode for ``seconds``, measured after ``warmup_s`` (run directory ``root/name``, the
+    mode's name by default); ``inspect`` reads the live actors after the run, before they
+    stop, and its answer joins the result."""
     from actors.controller import Controller
     from rlvla3.run_config import load_run_config
 
     cfg = load_run_config("default", overrides=overrides + [
         f"pipeline.mode={mode}", f"max_minutes={seconds / 60}", "total_env_steps=1000000000",
         "checkpoint_every=0", f"log_every_s={max(seconds / 12, 2)}"])
-    controller = Controller(cfg, root / mode, quiet=True)
+    controller = Controller(cfg, root / (name or mode), quiet=True)
+    extra: dict = {}
     try:
         s = controller.run()
+        if inspect is not None:
+            extra = inspect(controller)
     finally:
         controller.shutdown()
-    metrics = root / mode / "metrics.jsonl"
+    metrics = root / (name or mode) / "metrics.jsonl"
     steady = steady_rate(metrics, warmup_s)
     trained = steady_rate(metrics, warmup_s, "trained_env_steps")
     steady = steady if steady is not None else s["env_steps_per_s"]
@@ -239,6 +251,7 @@ def run_mode(mode: str, overrides: list[str], seconds: float, warmup_s: float, r
         "mean_batch_wait_ms": round(s["mean_batch_wait_ms"], 2),
         "policy_version": s["policy_version"],
         "dropped_stale": s["dropped_stale"],
+        **extra,
     }
 
 

@@ -47,7 +47,7 @@ from actors.step_log import StepLog
 from actors.stop import stop_async_run
 from actors.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.topology import Topology, build_topology
-from envs import env_spec
+from envs import dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.cluster_plan import actor_specs, check_placement, place
 from rlvla3.config import require, to_dict
@@ -62,7 +62,7 @@ def check_components(cfg: RunConfig) -> EnvSpec:
     """Validate env and policy options through their registries; return the env spec."""
     from actors.eval_round import protocol_env
 
-    spec = env_spec(cfg.env)
+    spec = env_spec(dilate_env(cfg.env, cfg.time_dilation))  # a dilated env must simulate latency
     eval_states = env_spec(protocol_env(cfg.env)).num_init_states  # LIBERO: the 50 bundled
     for ids, name, bound in ((cfg.env_workers.task_ids, "env_workers.task_ids", spec.num_tasks),
                              (cfg.env_workers.init_state_ids, "env_workers.init_state_ids",

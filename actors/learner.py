@@ -54,6 +54,7 @@ from rlvla3.checkpoint import (
     snapshot,
 )
 from rlvla3.config import Named
+from rlvla3.gpu_costs import TrainingCost
 from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats
 from rlvla3.policies import build_policy
 from rlvla3.protocols import Evaluation
@@ -77,7 +78,8 @@ class Learner:
     def __init__(self, rank: int, world_size: int, policy: Named, spec: EnvSpec,
                  algo: AlgoConfig, cfg: LearnerConfig, strategy: str, seed: int,
                  servers: list[str], queue: str, run_dir: str = "",
-                 max_staleness: int | None = None, init_from: str = ""):
+                 max_staleness: int | None = None, init_from: str = "",
+                 cost: TrainingCost | None = None):
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(seed)  # identical initial weights on every rank
         self.rank = rank
@@ -90,7 +92,7 @@ class Learner:
             self.policy.to("cuda")
         self.core = LearnerCore(self.policy, algo, cfg.global_batch // world_size, cfg.micro_batch,
                                 cfg.lr, LEARNER_STRATEGIES[strategy](),
-                                max_staleness=max_staleness, reduce=self._all_reduce)
+                                max_staleness=max_staleness, reduce=self._all_reduce, cost=cost)
         self.metrics = RoleMetrics("learner", f"learner-{rank}")
         self.memory = ProcessMemory()
         self.servers = [lookup(name) for name in servers]
@@ -397,6 +399,8 @@ class Learner:
             "staleness_hist": dict(self.core.staleness_hist),
             "length_hist": dict(self.core.length_hist),
         }
+        if self.core.clock is not None:  # simulated GPU cost (rlvla3.gpu_costs)
+            out["cost"] = self.core.clock.stats.as_dict()
         if self.last is not None:
             out.update(loss=self.last.loss, entropy=self.last.entropy,
                        kl_per_decision=self.last.kl_per_decision,

@@ -9,6 +9,7 @@ Examples::
     python -m rlvla3 rl --storage s3://bucket/runs       # keep everything in a bucket
     python -m rlvla3 rl --resume s3://bucket/runs/NAME   # continue it, on any machine
     python -m rlvla3 rl --print-plan                     # placement + memory estimate, then exit
+    python -m rlvla3 rl --plan --plan-gpus 16 --plan-sim-cpus 256 --plan-cost-model pi05_h200
 
 The config is validated (including env and policy options, the env's optional extra when its
 workers run on this machine, the cluster's resources and the memory pre-flight) before any
@@ -63,6 +64,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plan-cluster", metavar="CLUSTER_YAML",
                    help="with --print-plan: plan on the nodes a `ray up` cluster file would "
                         "launch (e.g. cluster.yaml) instead of this machine")
+    p.add_argument("--plan", action="store_true",
+                   help="plan the GPU split, env slots, batching and pacing (rlvla3 plan) from "
+                        "the cost model and the env's latencies, and run with them (your --set "
+                        "overrides still win)")
+    p.add_argument("--plan-gpus", type=int, help="with --plan: GPUs of the cluster")
+    p.add_argument("--plan-sim-cpus", type=int, help="with --plan: CPUs for simulators")
+    p.add_argument("--plan-cost-model", default="",
+                   help="with --plan: the cost model to plan from (default: learner.cost_model)")
+    p.add_argument("--plan-granularity", type=int, default=1,
+                   help="with --plan and simulated costs: GPUs each learner/rollout actor "
+                        "stands for")
     p.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
     return p
 
@@ -122,9 +134,26 @@ def _stop_on_signals(controller) -> dict:
     return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
+def apply_plan(args: argparse.Namespace) -> None:
+    """``--plan``: put the plan's overrides before the user's own (which win)."""
+    from actors.plan_job import describe, plan_run
+
+    if args.resume:
+        raise ConfigError("--plan", "a resumed run keeps its topology: --plan starts new runs")
+    if not args.plan_gpus or not args.plan_sim_cpus:
+        raise ConfigError("--plan", "needs --plan-gpus and --plan-sim-cpus")
+    cfg, _ = resolve(args)
+    plan, overrides = plan_run(cfg, args.plan_gpus, args.plan_sim_cpus, args.plan_cost_model,
+                               args.plan_granularity)
+    print(describe(plan, overrides), file=sys.stderr, flush=True)
+    args.overrides = overrides + list(args.overrides)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if args.plan:
+            apply_plan(args)
         cfg, run_dir = resolve(args)
         if args.print_config:
             from rlvla3.config import to_dict

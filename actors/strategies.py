@@ -4,6 +4,8 @@ Each strategy is an object chosen by ``pipeline`` config; the controller's loop 
 a mode name. Rollout strategies:
 - ``LockstepRollout(groups=1)``: all slots of all workers step, then one inference batch for all
   of them, until every slot has finished its episode (synchronous, as colocated RL systems do).
+  A group's batch is split evenly over the group's rollout servers (every server when there
+  is one group), which answer at once.
 - ``LockstepRollout(groups=2)``: the workers split into two groups, each in lockstep; one group
   simulates while the other's batch is inferred (the disaggregated pipeline).
 - ``AutoresetRollout``: lockstep for a fixed number of decisions per round; a slot whose episode
@@ -41,36 +43,46 @@ class LockstepRollout:
         self._threads: list[threading.Thread] = []
         self.errors: list[BaseException] = []
 
-    def _split(self, workers: Sequence, servers: Sequence) -> list[tuple[list, object]]:
+    def _split(self, workers: Sequence, servers: Sequence) -> list[tuple[list, list]]:
+        """Each group's workers and servers (the servers are shared out when there are enough,
+        else groups take turns on them)."""
         n = min(self.groups, len(workers))
-        return [(list(workers[g::n]), servers[g % len(servers)]) for g in range(n)]
+        return [(list(workers[g::n]),
+                 list(servers[g::n]) if len(servers) >= n else [servers[g % len(servers)]])
+                for g in range(n)]
 
-    def _round(self, workers: list, server) -> None:
+    def _round(self, workers: list, servers: list) -> None:
         """Every slot of ``workers`` runs one episode, in lockstep."""
         obs = ray.get([w.begin_episodes.remote() for w in workers])
         while obs is not None and not self._stop.is_set():
-            obs = self._step(workers, server, obs, autoreset=False)
+            obs = self._step(workers, servers, obs, autoreset=False)
 
     @staticmethod
-    def _step(workers: list, server, obs: list, autoreset: bool) -> list | None:
-        """One inference batch for every live slot, then one step of each; returns the new
-        observations per worker (None for a finished slot), or None when no slot was live."""
+    def _step(workers: list, servers: list, obs: list, autoreset: bool) -> list | None:
+        """One inference batch for every live slot (split over ``servers``), then one step of
+        each; returns the new observations per worker (None for a finished slot), or None when
+        no slot was live."""
         flat = [(wi, si, o) for wi, slots in enumerate(obs) for si, o in enumerate(slots)
                 if o is not None]
         if not flat:
             return None
-        chunks = ray.get(server.act_batch.remote([o for _, _, o in flat]))
+        jobs = [(server, flat[i::len(servers)]) for i, server in enumerate(servers)
+                if flat[i::len(servers)]]
+        answers = ray.get([server.act_batch.remote([o for _, _, o in part])
+                           for server, part in jobs])
+        flat = [item for _, part in jobs for item in part]
+        chunks = [chunk for answer in answers for chunk in answer]
         per_worker = [[None] * len(slots) for slots in obs]
         for (wi, si, _), chunk in zip(flat, chunks, strict=True):
             per_worker[wi][si] = chunk
         return ray.get([w.step_slots.remote(c, autoreset)
                         for w, c in zip(workers, per_worker, strict=True)])
 
-    def _loop(self, workers: list, server, rounds: int | None) -> None:
+    def _loop(self, workers: list, servers: list, rounds: int | None) -> None:
         try:
             done = 0
             while not self._stop.is_set() and (rounds is None or done < rounds):
-                self._round(workers, server)
+                self._round(workers, servers)
                 done += 1
         except BaseException as exc:  # surfaced by the controller's monitor
             self.errors.append(exc)
@@ -132,12 +144,12 @@ class AutoresetRollout(LockstepRollout):
         super().__init__(groups=1)
         self.decisions = decisions
 
-    def _round(self, workers: list, server) -> None:
+    def _round(self, workers: list, servers: list) -> None:
         obs = ray.get([w.continue_episodes.remote() for w in workers])
         for _ in range(self.decisions):
             if obs is None or self._stop.is_set():
                 return
-            obs = self._step(workers, server, obs, autoreset=True)
+            obs = self._step(workers, servers, obs, autoreset=True)
 
 
 ROLLOUT_STRATEGIES = {

@@ -44,7 +44,9 @@ from actors.learner_group import LearnerGroup
 from actors.rollout_server import RolloutServer
 from actors.run_status import NAME_PREFIX, NAMESPACE, RunStatus
 from actors.trajectory_queue import TrajectoryQueue
+from envs import dilate_env
 from rlvla3.cluster_plan import actor_specs, describe_demand
+from rlvla3.gpu_costs import TrainingCost, resolve_costs
 from rlvla3.run_config import RunConfig
 from rlvla3.types import EnvSpec
 
@@ -186,9 +188,12 @@ def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
             name=names["rollout"][i], namespace=NAMESPACE,
             max_restarts=-1 if restart_servers else 0,
             max_task_retries=-1 if restart_servers else 0,
-        ).remote(i, cfg.policy, spec, rc, cfg.seed, tuple(names["learner"]))
+        ).remote(i, cfg.policy, spec, rc, cfg.seed, tuple(names["learner"]), cfg.time_dilation)
         for i in range(rc.num_servers)
     ]
+    train_costs = resolve_costs(lc.cost_model, "learner.cost_model")
+    train_cost = (TrainingCost(train_costs, lc.ranks_per_actor, cfg.time_dilation)
+                  if train_costs is not None else None)
     single = lc.num_learners == 1
     learners = [
         ray.remote(Learner).options(
@@ -197,7 +202,7 @@ def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
             max_task_retries=-1 if single else 0, name=names["learner"][r], namespace=NAMESPACE,
         ).remote(r, lc.num_learners, cfg.policy, spec, cfg.algo, lc, strategies.learner,
                  cfg.seed, names["rollout"], names["queue"][0], run_dir,
-                 cfg.queue.max_staleness if concurrent else None, cfg.init_from)
+                 cfg.queue.max_staleness if concurrent else None, cfg.init_from, train_cost)
         for r in range(lc.num_learners)
     ]
     group = LearnerGroup(learners, names["learner"], queue, cfg.ray.node_wait_s)
@@ -212,12 +217,13 @@ def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
     task_ids = list(ec.task_ids) or list(range(spec.num_tasks))
     init_ids = list(ec.init_state_ids) or [
         i for i in range(spec.num_init_states) if i not in set(cfg.eval_init_state_ids)]
+    env = dilate_env(cfg.env, cfg.time_dilation)
     workers = [
         ray.remote(EnvWorker).options(
             num_cpus=ec.num_cpus, resources=dict(ec.resources), max_concurrency=1000,
             scheduling_strategy=sched["env"][w], max_restarts=-1, max_task_retries=-1,
             name=names["env"][w], namespace=NAMESPACE,
-        ).remote(w, cfg.env, spec, ec, task_ids, init_ids, cfg.seed, group_size, names["rollout"],
+        ).remote(w, env, spec, ec, task_ids, init_ids, cfg.seed, group_size, names["rollout"],
                  names["queue"][0])
         for w in range(ec.num_workers)
     ]

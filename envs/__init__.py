@@ -88,6 +88,23 @@ def require_extra(choice: Named, path: str = "env") -> None:
         raise ConfigError(f"{path}.name", why)
 
 
+TIME_SCALES: dict[str, str] = {"latency_replay": "time_scale", "reach": "latency_scale"}
+"""Envs whose latencies are simulated: the option that scales them."""
+
+
+def dilate_env(choice: Named, factor: float) -> Named:
+    """``choice`` with its simulated latencies multiplied by ``factor`` (a run's
+    ``time_dilation``); an env that simulates no latency cannot be dilated (``ConfigError``)."""
+    if factor == 1.0:
+        return choice
+    option = TIME_SCALES.get(choice.name)
+    if option is None or (choice.name == "reach" and not choice.options.get("latency")):
+        raise ConfigError("time_dilation", f"env '{choice.name}' runs in real time (no simulated "
+                          f"latency to dilate): use latency_replay, or reach with a latency")
+    scale = float(choice.options.get(option, 1.0)) * factor
+    return Named(choice.name, {**choice.options, option: scale})
+
+
 def make_env(choice: Named, seed: int = 0, path: str = "env") -> Env:
     """Create the env named by ``choice``."""
     return resolve(ENVS, choice.name, f"{path}.name")(choice.options, f"{path}.options", seed)

@@ -335,6 +335,9 @@ class LatencyReplayEnv:
         self._done = True
         self.last_latency_s = 0.0
         """Seconds the last ``reset``/``step`` slept for (after ``time_scale``)."""
+        self.last_latency_ms = 0.0
+        """The latency the last ``reset``/``step`` drew, ms before ``time_scale`` (a caller that
+        sleeps itself, with ``time_scale`` 0, reads it)."""
 
     def reset(self, task_id: int, init_state_id: int) -> Observation:
         del init_state_id  # the timing model has no scene geometry
@@ -364,6 +367,7 @@ class LatencyReplayEnv:
         pass
 
     def _sleep(self, ms: float) -> None:
+        self.last_latency_ms = ms
         self.last_latency_s = ms * 1e-3 * self.config.time_scale
         if self.last_latency_s > 0.0:
             time.sleep(self.last_latency_s)
@@ -395,8 +399,9 @@ def summarize_latency(
     ``episode_steps`` (each ``{mean, p50, p90, p99}``; step latencies weighted as an env sees
     them, i.e. per executed step), ``scene_p99_over_mean`` (median over scenes of the
     within-scene p99 / mean), ``success_rate``, ``episode_s`` (mean episode wall time with its
-    reset, before ``time_scale``) and ``slot_steps_per_s`` (low-level steps per second one slot
-    delivers when the policy answers instantly).
+    reset, before ``time_scale``), ``episode_decisions`` (mean decisions per episode),
+    ``max_decisions`` and ``slot_steps_per_s`` (low-level steps per second one slot delivers
+    when the policy answers instantly).
     """
     if isinstance(options, LatencyReplayConfig):
         config = options
@@ -430,6 +435,8 @@ def summarize_latency(
         "scene_p99_over_mean": float(np.median(ratios)),
         "success_rate": successes / episodes,
         "episode_s": total_s / episodes,
+        "episode_decisions": float(np.ceil(lengths / config.chunk_len).mean()),
+        "max_decisions": config.max_decisions,
         "slot_steps_per_s": float(lengths.sum() / total_s),
     }
 

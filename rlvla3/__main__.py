@@ -21,6 +21,8 @@ from types import ModuleType
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "rl": ("actors.rl_job", "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
+    "plan": ("actors.plan_job", "plan a cluster from GPU costs: GPU split, env slots, batching, "
+                                "pacing, predicted env steps/s"),
     "status": ("actors.status", "live state of the runs on a cluster (table or JSON)"),
     "eval": ("actors.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),
     "sft": ("actors.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
@@ -30,6 +32,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "async": ("actors.bench_async", "ablation of the RL pipeline modes (throughput JSON)"),
+    "scale": ("actors.bench_scale", "the GPU regime simulated at 8-32 GPUs: modes, planner, "
+                                    "dilation check"),
+    "batcher": ("actors.bench_batcher", "adaptive vs fixed B_max / T_max at three loads"),
     "learning": ("actors.bench_learning", "sync vs async: success vs env steps and wall time"),
     "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA model"),
     "gpu": ("rlvla3.model.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),

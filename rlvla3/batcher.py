@@ -8,7 +8,9 @@ caller gets the result that ``process`` returned for its item.
 Firing rule: a batch fires as soon as ``b_max`` requests are pending, or when ``t_max`` has
 passed since the first pending request (its submission time), whichever comes first. Requests
 that piled up while the previous batch ran are therefore served without further waiting once
-their deadline has passed.
+their deadline has passed. The limits come from a batching policy
+(``rlvla3.batch_policy``: fixed, or adaptive from the measured costs and arrival rate), asked
+only while a batch is forming: no timer runs before the first request of a batch.
 
 Invariants:
 - A batch never holds more than ``b_max`` items; batches run one at a time, in arrival order.
@@ -32,6 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from rlvla3.batch_policy import BatchPolicy, FixedBatching
 from rlvla3.config import require
 
 ItemT = TypeVar("ItemT")
@@ -69,6 +72,10 @@ class BatcherStats:
     """Mean time from a batch's first request to the moment the batch fired."""
     busy_fraction: float = 0.0
     """Fraction of wall time spent in ``between_batches`` and ``process``."""
+    mean_service_s: float = 0.0
+    """Mean time ``process`` took per batch."""
+    policy: dict[str, float] = field(default_factory=dict)
+    """The batching policy's current figures (``b_max``, ``t_max_ms``, fitted costs, ...)."""
 
 
 @dataclass
@@ -84,12 +91,13 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
     def __init__(
         self,
         process: Callable[[list[ItemT]], Sequence[ResultT] | Awaitable[Sequence[ResultT]]],
-        config: BatcherConfig,
+        config: BatcherConfig | BatchPolicy,
         between_batches: Callable[[], Awaitable[None]] | None = None,
     ):
         self._process = process
-        self._b_max = config.b_max
-        self._t_max_s = config.t_max_ms / 1000.0
+        self.policy: BatchPolicy = (FixedBatching(config.b_max, config.t_max_ms / 1000.0)
+                                    if isinstance(config, BatcherConfig) else config)
+        self._b_max = 1
         self._between_batches = between_batches
         self._pending: deque[_Request] = deque()
         self._running: list[_Request] = []
@@ -103,6 +111,7 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
         self._sizes: Counter[int] = Counter()
         self._wait_total = 0.0
         self._busy_total = 0.0
+        self._service_total = 0.0
 
     async def submit(self, item: ItemT) -> ResultT:
         """Queue ``item`` and wait for its result (or the exception of its batch)."""
@@ -113,6 +122,7 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
             self._reset_stats()
             self._task = loop.create_task(self._serve())
         request = _Request(item, loop.create_future(), time.monotonic())
+        self.policy.arrived(request.submitted)
         self._pending.append(request)
         self._wake.set()
         return await request.future
@@ -129,7 +139,11 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
             try:
                 if self._between_batches is not None:
                     await self._between_batches()
+                started = time.monotonic()
                 results = await self._call_process([r.item for r in self._running])
+                service = time.monotonic() - started
+                self._service_total += service
+                self.policy.served(len(self._running), service)
                 if len(results) != len(self._running):
                     raise RuntimeError(
                         f"process returned {len(results)} results for {len(self._running)} items"
@@ -146,13 +160,18 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
             self._busy_total += time.monotonic() - fired
 
     async def _wait_for_batch(self) -> None:
-        """Return once ``b_max`` requests are pending or the first one's deadline has passed."""
+        """Return once ``fire_at`` requests are pending or the first one's deadline has passed
+        (both asked of the policy now that a first request is pending, and again as more
+        arrive); the batch then takes up to the policy's ``b_max``."""
         while not self._pending:
             self._wake.clear()
             await self._wake.wait()
-        deadline = self._pending[0].submitted + self._t_max_s
-        while len(self._pending) < self._b_max:
-            remaining = deadline - time.monotonic()
+        while True:
+            limits = self.policy.limits(len(self._pending), time.monotonic())
+            self._b_max = limits.b_max
+            if len(self._pending) >= limits.fire_at:
+                return
+            remaining = self._pending[0].submitted + limits.t_max_s - time.monotonic()
             if remaining <= 0:
                 return
             self._wake.clear()
@@ -189,6 +208,8 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
             mean_batch_size=items / batches if batches else 0.0,
             mean_wait_s=self._wait_total / batches if batches else 0.0,
             busy_fraction=min(self._busy_total / elapsed, 1.0),
+            mean_service_s=self._service_total / batches if batches else 0.0,
+            policy=self.policy.state(),
         )
         if reset:
             self._reset_stats()

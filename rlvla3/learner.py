@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from rlvla3.algos import AlgoConfig, objective
+from rlvla3.gpu_costs import TrainingCost
 from rlvla3.group_buffer import GroupBuffer
 from rlvla3.protocols import Policy
 from rlvla3.samples import Samples, prepare_samples
@@ -221,8 +222,12 @@ class LearnerCore:
     def __init__(self, policy: Policy, algo: AlgoConfig, local_batch: int, micro_batch: int,
                  lr: float, strategy: BatchStart | StreamingStart,
                  ddp_model: nn.Module | None = None, max_staleness: int | None = None,
-                 reduce: Reduce | None = None):
+                 reduce: Reduce | None = None, cost: TrainingCost | None = None):
         self.policy = policy
+        self.cost = cost
+        """Simulated GPU cost (``rlvla3.gpu_costs``): each micro-batch and optimizer step then
+        lasts as long as on the GPUs it stands for (None: as long as it takes here)."""
+        self.clock = cost.clock() if cost is not None else None
         self.model = ddp_model if ddp_model is not None else policy
         self.algo = algo
         self.local_batch = local_batch
@@ -396,6 +401,7 @@ class LearnerCore:
 
     def _micro_step(self, batch: Samples) -> None:
         start = time.perf_counter()
+        begun = self.clock.now() if self.clock is not None else 0.0
         last = self._done_in_step + len(batch) == self.local_batch
         info = self._backward(batch, last, len(batch) / self.local_batch)
         self._weights.append(info.pop("weights"))
@@ -406,6 +412,8 @@ class LearnerCore:
         self._last_micro = batch
         if self.epoch == 0:  # a later epoch trains no new decision
             self._step_lags.append(self.version - batch.policy_versions)
+        if self.clock is not None:
+            self.clock.pay(self.cost.micro_batch_ms(len(batch)), begun)
         self.busy_s += time.perf_counter() - start
 
     def flush(self) -> bool:
@@ -430,6 +438,7 @@ class LearnerCore:
     def _optimizer_step(self, abandon: bool = False) -> StepStats | None:
         """Agree with the other ranks, then step (or abandon the step on every rank)."""
         start = time.perf_counter()
+        begun = self.clock.now() if self.clock is not None else 0.0
         flags = self.reduce(np.array([float(abandon), float(self.stop_requested)]))
         self.stop_agreed = bool(flags[1] > 0)
         if flags[0] > 0:
@@ -462,6 +471,8 @@ class LearnerCore:
                for k in _AVERAGED}
         self._done_in_step = 0
         self._discard_stale()
+        if self.clock is not None:
+            self.clock.pay(self.cost.step_ms, begun)
         self.busy_s += time.perf_counter() - start
         return StepStats(
             self.version, 0 if epoch else self.local_batch, avg["loss"], avg["policy_loss"],

@@ -28,6 +28,7 @@ class RolloutCore:
         self.deterministic = deterministic
         self.version = 0
         self._pending: WeightsMessage | None = None
+        self._forced = False
         self.swaps = 0
         self.busy_s = 0.0
 
@@ -38,13 +39,18 @@ class RolloutCore:
             self._pending is None or message.version > self._pending.version
         )):
             self._pending = message
+            self._forced = force
 
-    def swap_pending(self) -> bool:
-        """Apply offered weights, if any; call only between batches."""
+    def swap_pending(self, min_lead: int = 1) -> bool:
+        """Apply offered weights if they are at least ``min_lead`` versions ahead (or were
+        forced); call only between batches."""
         if self._pending is None:
+            return False
+        if not self._forced and self._pending.version - self.version < min_lead:
             return False
         self.load(self._pending.tensors, self._pending.version)
         self._pending = None
+        self._forced = False
         return True
 
     def load(self, tensors: Mapping[str, np.ndarray], version: int) -> None:

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rlvla3.algos import AlgoConfig
+from rlvla3.batch_policy import batch_policy_config
 from rlvla3.config import Named, build, deep_merge, load_mapping, require
+from rlvla3.gpu_costs import REAL, check_costs, resolve_costs
 from rlvla3.storage import StorageConfig
 
 Placement = Literal["colocated", "disaggregated"]
@@ -169,6 +171,21 @@ class RolloutConfig:
     deterministic: bool = False
     resources: Mapping[str, float] = field(default_factory=dict)
     """Custom Ray resources each rollout server asks for, e.g. ``{rollout: 1}``."""
+    batching: Named = field(default_factory=lambda: Named("fixed"))
+    """How batches are formed (``rlvla3.batcher``): ``fixed`` fires at ``b_max`` or ``t_max_ms``;
+    ``adaptive`` chooses both online from the measured per-call and per-sample cost and the
+    arrival rate (options: ``b_limit``, ``headroom``, ``max_latency_ms``)."""
+    cost_model: Named = field(default_factory=lambda: Named(REAL))
+    """``real``: compute on the device. A calibration (``pi05_h200``, ``pi05_a100_eager``, ...)
+    or ``custom`` figures: run the small policy but take as long as the GPU would
+    (``rlvla3.gpu_costs``)."""
+    lanes: int = 1
+    """Simulated GPUs one server stands for, each with its own batcher and policy copy (needs a
+    simulated ``cost_model``)."""
+    weights_every: int = 1
+    """Apply new weights once the newest offered version is this many versions ahead of the
+    one held (1: every version). Each application costs a GPU the weight transfer; a larger
+    value trades that for up to ``weights_every - 1`` more versions of policy lag."""
 
     def validate(self) -> None:
         check_custom_resources(self.resources)
@@ -176,6 +193,14 @@ class RolloutConfig:
         require(self.b_max >= 1, "b_max", "must be >= 1")
         require(self.t_max_ms >= 0, "t_max_ms", "must be >= 0")
         require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
+        require(self.lanes >= 1, "lanes", "must be >= 1")
+        require(self.weights_every >= 1, "weights_every", "must be >= 1")
+        batch_policy_config(self.batching, "batching")
+        costs = resolve_costs(self.cost_model, "cost_model")
+        check_costs(costs, ("infer_per_call_ms", "infer_per_sample_ms"), "cost_model")
+        require(self.lanes == 1 or costs is not None, "lanes",
+                "several lanes share one policy copy's compute: they need a simulated "
+                "cost_model (real GPUs: one server per GPU)")
 
 
 @dataclass(frozen=True)
@@ -231,6 +256,12 @@ class LearnerConfig:
     servers: NCCL GPU to GPU, gloo on CPU; a server that dies cannot rejoin it)."""
     resources: Mapping[str, float] = field(default_factory=dict)
     """Custom Ray resources each learner rank asks for, e.g. ``{learner: 1}``."""
+    cost_model: Named = field(default_factory=lambda: Named(REAL))
+    """``real``: compute on the device; a calibration or ``custom`` figures: train the small
+    policy but take as long as the GPUs would (``rlvla3.gpu_costs``)."""
+    ranks_per_actor: int = 1
+    """Data-parallel GPUs one learner actor stands for (needs a simulated ``cost_model``): its
+    per-sample cost is divided by this."""
     max_rebuilds: int = 3
     """Rebuilds of the learner group (a rank's process or node was lost; every rank restarts
     from the last checkpoint) allowed within ``rebuild_window_s``; one more ends the run. An
@@ -244,6 +275,11 @@ class LearnerConfig:
 
     def validate(self) -> None:
         check_custom_resources(self.resources)
+        costs = resolve_costs(self.cost_model, "cost_model")
+        check_costs(costs, ("train_per_sample_ms", "train_per_step_ms"), "cost_model")
+        require(self.ranks_per_actor >= 1, "ranks_per_actor", "must be >= 1")
+        require(self.ranks_per_actor == 1 or costs is not None, "ranks_per_actor",
+                "an actor stands for several ranks only with a simulated cost_model")
         require(self.num_learners >= 1, "num_learners", "must be >= 1")
         require(self.max_rebuilds >= 0, "max_rebuilds", "must be >= 0")
         require(self.rebuild_window_s > 0, "rebuild_window_s", "must be > 0")
@@ -336,6 +372,11 @@ class RunConfig:
     init_from: str = ""
     """Start from the policy weights of this checkpoint or run directory (e.g. an SFT run);
     the policy section must describe the same model. Optimizer and version start fresh."""
+    time_dilation: float = 1.0
+    """Multiplies every simulated cost (the rollout and learner ``cost_model`` and the
+    latency-replay env's latencies) so that this machine's own work stays small against the
+    simulated work; 1: simulated costs take their real time. A dilated run's rates are per
+    real second: multiply them by this for simulated seconds."""
 
     def validate(self) -> None:
         require(self.total_env_steps >= 1, "total_env_steps", "must be >= 1")
@@ -351,6 +392,12 @@ class RunConfig:
         require(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0")
         require(self.eval_every >= 0, "eval_every", "must be >= 0")
         require(self.eval_workers >= 1, "eval_workers", "must be >= 1")
+        require(self.time_dilation > 0, "time_dilation", "must be > 0")
+        if self.time_dilation != 1.0:
+            for section in ("rollout", "learner"):
+                require(getattr(self, section).cost_model.name != REAL, "time_dilation",
+                        f"dilating time needs every stage simulated; {section}.cost_model is "
+                        f"'{REAL}' (its compute would not dilate)")
         require(not self.eval_every or self.eval_init_state_ids, "eval_init_state_ids",
                 "periodic evaluation (eval_every > 0) needs held-out initial states")
         if self.algo.name == "grpo":

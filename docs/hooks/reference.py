@@ -9,7 +9,8 @@
 - the config dataclass each command's ``--set`` addresses (the return type of its module's
   ``config_from_args``), walked recursively, with each field's type, default and docstring
   (the string literal under the field in the source);
-- the options dataclass of every env and policy, named by the registries (``envs.OPTIONS``,
+- the options dataclass of every env, policy, batching policy and cost model, named by the
+  registries (``envs.OPTIONS``, ``rlvla3.batch_policy.OPTIONS``, ``rlvla3.gpu_costs.OPTIONS``,
   ``rlvla3.policies.OPTIONS``), and the presets each job ships (its module's ``PRESETS``).
 
 Nothing here is written by hand, so the reference cannot drift from the code; a command or
@@ -204,7 +205,9 @@ def config_reference() -> str:
             lines += [f"### Presets of `{command}`", "",
                       f"`{command} --preset NAME` starts from one of these files "
                       f"(`{package}`).", ""] + _presets(package)
-    for section, module in (("env", "envs"), ("policy", "rlvla3.policies")):
+    for section, module in (("env", "envs"), ("policy", "rlvla3.policies"),
+                            ("batching", "rlvla3.batch_policy"),
+                            ("cost_model", "rlvla3.gpu_costs")):
         lines += [f"## {section} options", "",
                   f"`{section}.name` chooses the component; `{section}.options` is built into "
                   "its own dataclass and checked before any actor starts.", ""]

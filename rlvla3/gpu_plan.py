@@ -1,0 +1,369 @@
+"""The cluster planner: from GPU costs and env latencies to a split, slots, batching and pacing.
+
+Role: pure arithmetic (no Ray, nothing measured here beyond the inputs) that plans an
+asynchronous (``full`` mode) RL run on ``gpus`` GPUs: how many train (learner ranks) and how
+many serve rollouts, how many env slots to run (at most what ``sim_cpus`` simulate), the
+rollout batching (B_max / T_max, the adaptive batcher's law at the predicted load), the
+weight-sync cadence (``rollout.weights_every``) and the pacing bounds, with the predicted env
+steps/s and the stage that bounds it.
+
+Inputs: ``GpuCosts`` (``rlvla3.gpu_costs``), ``EnvTiming`` (mean env time of an episode, its
+decisions and env steps, from a latency model: ``envs.latency_replay.summarize_latency``) and
+``PlanRequest`` (GPUs, simulator CPUs, global batch, ...).
+
+The model, per split (L learner GPUs, R rollout GPUs, S env slots):
+- training: a step of ``global_batch`` decisions takes ``train_per_sample x global_batch / L
+  + train_per_step``: ``X_T = global_batch / step`` decisions/s;
+- weight sync: each rollout GPU applies one version every ``weights_every`` optimizer steps
+  and stalls ``sync_ms`` for it: the fraction ``f = sync_s x X / global_batch / weights_every``
+  of its time (X: decisions/s trained) is lost to serving;
+- rollout, per GPU with n = S / R slots, closed loop: a slot spends ``E`` (env time per
+  decision, its episode's reset spread over its decisions) then waits ``r`` for its action, so
+  it asks ``1 / (E + r)`` decisions/s. A GPU that batches whatever is pending and is busy runs
+  batches of ``B = x a' / (1 - x b')`` (x: its decisions/s, a', b': per-call and per-sample
+  cost over ``1 - f``), and a request waits on average half the running batch plus its own:
+  ``r = 1.5 (a' + b' B)``; an idle GPU answers in ``a' + b'``. The fixed point of
+  ``x = n / (E + r(x))`` is what the slots get, up to the GPU's capacity at ``b_limit``;
+- pacing holds slots back when the learners are slower, so the run makes
+  ``min(rollout, X_T)`` decisions/s, every one trained (steady state: produced = trained).
+The bottleneck is the stage whose capacity binds (``env`` when the slots, capped by
+``sim_cpus``, cannot feed the rollout GPUs). Splits are searched in steps of ``granularity``
+GPUs (a simulated cluster groups GPUs into actors of that many); the fastest wins, and among
+equally fast splits (within 0.5%) the one with fewer slots.
+
+Invariants: every plan has at least one GPU on each side and at least one slot per rollout
+GPU; predicted rates are in env steps per simulated (real-GPU) second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from rlvla3.config import require
+from rlvla3.gpu_costs import GpuCosts
+
+
+@dataclass(frozen=True)
+class EnvTiming:
+    """What one env slot's episodes take, from a latency model (simulated seconds)."""
+
+    episode_s: float
+    """Mean wall time of an episode, its reset included, when actions come instantly."""
+    decisions: float
+    """Mean decisions (action chunks) per episode."""
+    env_steps: float
+    """Mean low-level env steps per episode."""
+    max_decisions: int
+    """Decisions after which an episode is cut."""
+    success_rate: float = 0.0
+    """Episodes that end in success (the others ask one more inference, the bootstrap value)."""
+    source: str = ""
+
+    def validate(self) -> None:
+        require(self.episode_s > 0, "episode_s", "must be > 0")
+        require(0 < self.decisions <= self.max_decisions, "decisions",
+                "must be in (0, max_decisions]")
+        require(self.env_steps >= self.decisions, "env_steps", "must be >= decisions")
+
+    @property
+    def decision_s(self) -> float:
+        """Env time per decision, the reset spread over the episode's decisions."""
+        return self.episode_s / self.decisions
+
+    @property
+    def steps_per_decision(self) -> float:
+        return self.env_steps / self.decisions
+
+    @property
+    def requests_per_decision(self) -> float:
+        """Inference requests per decision: a cut episode asks once more (its bootstrap value)."""
+        return 1.0 + (1.0 - self.success_rate) / self.decisions
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user fixes; the planner chooses the rest."""
+
+    gpus: int
+    sim_cpus: int
+    """CPUs for simulators: at most ``sim_cpus / cpus_per_slot`` env slots."""
+    cpus_per_slot: float = 1.0
+    global_batch: int = 1024
+    """Decisions per optimizer step (a learning choice: the planner keeps it, rounded to the
+    nearest multiple of the learner actors, since every actor takes an equal share)."""
+    granularity: int = 1
+    """Splits are searched in steps of this many GPUs."""
+    b_limit: int = 256
+    """Largest rollout batch (GPU memory)."""
+    pace_backlog: float = 2.0
+    max_sync_fraction: float = 0.1
+    """Larger ``weights_every`` are tried while weight transfers take more than this share of a
+    rollout GPU's time (up to ``max_weights_every``); one is kept only if it is faster."""
+    max_weights_every: int = 8
+    slot_headroom: float = 1.15
+    """Slots beyond the number that just feeds the slower GPU stage (queues absorb jitter)."""
+    slots_multiple: int = 1
+    """The slot count is a multiple of this (e.g. slots per env worker x rollout GPUs)."""
+
+    def validate(self) -> None:
+        require(self.gpus >= 2, "gpus", f"needs >= 2 GPUs (one to train, one to serve), got "
+                f"{self.gpus}")
+        require(self.sim_cpus >= 1, "sim_cpus", "must be >= 1")
+        require(self.cpus_per_slot > 0, "cpus_per_slot", "must be > 0")
+        require(self.global_batch >= 1, "global_batch", "must be >= 1")
+        require(self.granularity >= 1 and self.gpus % self.granularity == 0
+                and self.gpus // self.granularity >= 2, "granularity",
+                f"must divide gpus ({self.gpus}) into at least 2 groups")
+        require(self.b_limit >= 1, "b_limit", "must be >= 1")
+        require(0 < self.max_sync_fraction < 1, "max_sync_fraction", "must be in (0, 1)")
+        require(self.max_weights_every >= 1, "max_weights_every", "must be >= 1")
+        require(self.slot_headroom >= 1, "slot_headroom", "must be >= 1")
+        require(self.slots_multiple >= 1, "slots_multiple", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class RolloutGpu:
+    """One rollout GPU's predicted steady state."""
+
+    decisions_per_s: float
+    mean_batch: float
+    response_s: float
+    saturated: bool
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The predicted steady state of one split."""
+
+    learner_gpus: int
+    rollout_gpus: int
+    env_slots: int
+    weights_every: int
+    global_batch: int
+    decisions_per_s: float
+    env_steps_per_s: float
+    trained_env_steps_per_s: float
+    capacity_env_steps_per_s: dict[str, float]
+    """What each stage alone could take: env (slots with instant actions), inference (rollout
+    GPUs at ``b_limit``), training (learner GPUs)."""
+    bottleneck: str
+    mean_batch: float
+    response_ms: float
+    sync_stall_fraction: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen split and settings, with the alternatives it beat."""
+
+    request: PlanRequest
+    costs: GpuCosts
+    env: EnvTiming
+    best: Prediction
+    b_max: int
+    t_max_ms: float
+    pace_lag: float
+    max_staleness: int
+    alternatives: list[Prediction] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        b = self.best
+        return {
+            "gpus": self.request.gpus, "sim_cpus": self.request.sim_cpus,
+            "cost_model": {"source": self.costs.source, "summary": self.costs.describe()},
+            "env": asdict(self.env),
+            "split": {"learner_gpus": b.learner_gpus, "rollout_gpus": b.rollout_gpus},
+            "env_slots": b.env_slots,
+            "slots_per_rollout_gpu": round(b.env_slots / b.rollout_gpus, 1),
+            "batching": {"policy": "adaptive", "b_limit": self.request.b_limit,
+                         "b_max": self.b_max, "t_max_ms": round(self.t_max_ms, 2)},
+            "weights_every": b.weights_every,
+            "pacing": {"pace_lag": round(self.pace_lag, 1), "max_staleness": self.max_staleness,
+                       "pace_backlog": self.request.pace_backlog},
+            "global_batch": b.global_batch,
+            "global_batch_requested": self.request.global_batch,
+            "predicted": {
+                "env_steps_per_s": round(b.env_steps_per_s, 1),
+                "trained_env_steps_per_s": round(b.trained_env_steps_per_s, 1),
+                "decisions_per_s": round(b.decisions_per_s, 2),
+                "bottleneck": b.bottleneck,
+                "stage_capacity_env_steps_per_s": {k: round(v, 1) for k, v in
+                                                   b.capacity_env_steps_per_s.items()},
+                "mean_batch": round(b.mean_batch, 1),
+                "inference_response_ms": round(b.response_ms, 1),
+                "sync_stall_fraction": round(b.sync_stall_fraction, 3),
+            },
+            "alternatives": [{"learner_gpus": p.learner_gpus, "rollout_gpus": p.rollout_gpus,
+                              "env_slots": p.env_slots,
+                              "env_steps_per_s": round(p.env_steps_per_s, 1),
+                              "bottleneck": p.bottleneck} for p in self.alternatives],
+        }
+
+
+def split_batch(req: PlanRequest, learner_gpus: int) -> int:
+    """The global batch of a split: the requested one rounded to a multiple of the learner
+    actors (``learner_gpus / granularity``)."""
+    actors = max(learner_gpus // req.granularity, 1)
+    return max(actors, round(req.global_batch / actors) * actors)
+
+
+def training_rate(costs: GpuCosts, learner_gpus: int, global_batch: int) -> float:
+    """Decisions/s that ``learner_gpus`` data-parallel GPUs train."""
+    step_s = (costs.training_ms(global_batch, learner_gpus) + costs.train_per_step_ms) / 1000.0
+    return global_batch / step_s if step_s > 0 else math.inf
+
+
+def rollout_gpu(costs: GpuCosts, slots: float, decision_s: float, requests_per_decision: float,
+                b_limit: int, stall: float = 0.0, iterations: int = 200) -> RolloutGpu:
+    """The closed-loop steady state of one rollout GPU serving ``slots`` env slots (module
+    docstring); ``stall`` is the fraction of its time lost to weight transfers."""
+    free = max(1.0 - stall, 1e-6)
+    a = costs.infer_per_call_ms / 1000.0 / free
+    b = costs.infer_per_sample_ms / 1000.0 / free
+    cap = b_limit / (a + b * b_limit)  # requests/s at the largest batch
+    x = slots / (decision_s + a + b) * requests_per_decision  # first guess: no queueing
+    batch, response = 1.0, a + b
+    for _ in range(iterations):
+        x = min(x, cap)
+        busy_batch = x * a / (1.0 - x * b) if x * b < 1.0 else float(b_limit)
+        if busy_batch >= 1.0:
+            batch = min(busy_batch, float(b_limit))
+            response = 1.5 * (a + b * batch)
+        else:  # idle between requests: a request waits a fraction of a running one
+            rho = x * (a + b)
+            batch, response = 1.0, (a + b) * (1.0 + 0.5 * rho)
+        target = slots / (decision_s + response) * requests_per_decision
+        if abs(target - x) < 1e-9 * max(x, 1.0):
+            break
+        x = 0.5 * x + 0.5 * min(target, cap)
+    return RolloutGpu(min(x, cap) / requests_per_decision, batch, response, x >= cap * 0.999)
+
+
+def predict(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: int,
+            rollout_gpus: int, slots: int, weights_every: int) -> Prediction:
+    """The steady state of one split with ``slots`` env slots (module docstring)."""
+    batch = split_batch(req, learner_gpus)
+    train = training_rate(costs, learner_gpus, batch)
+    sync_s = costs.sync_ms / 1000.0
+    stall, lane = 0.0, None
+    for _ in range(50):  # the stall depends on the rate it limits
+        lane = rollout_gpu(costs, slots / rollout_gpus, env.decision_s,
+                           env.requests_per_decision, req.b_limit, stall)
+        rate = min(lane.decisions_per_s * rollout_gpus, train)
+        new = min(sync_s * rate / batch / weights_every, 0.9)
+        if abs(new - stall) < 1e-6:
+            break
+        stall = 0.5 * stall + 0.5 * new
+    rollout = lane.decisions_per_s * rollout_gpus
+    rate = min(rollout, train)
+    spd = env.steps_per_decision
+    free = 1.0 - stall
+    infer_cap = (rollout_gpus * free * req.b_limit
+                 / ((costs.infer_per_call_ms + costs.infer_per_sample_ms * req.b_limit) / 1000.0)
+                 / env.requests_per_decision)
+    capacity = {"env": slots / env.decision_s * spd, "inference": infer_cap * spd,
+                "training": train * spd}
+    if train <= rollout:
+        bottleneck = "training"
+    elif lane.saturated:
+        bottleneck = "inference"
+    else:
+        bottleneck = "env"  # the slots cannot keep the rollout GPUs busy
+    return Prediction(learner_gpus, rollout_gpus, slots, weights_every, batch, rate, rate * spd,
+                      rate * spd, capacity, bottleneck, lane.mean_batch, 1000.0 * lane.response_s,
+                      stall)
+
+
+def _round_slots(slots: float, req: PlanRequest, max_slots: int) -> int:
+    """``slots`` rounded up to a multiple of ``slots_multiple`` (whole env workers), within
+    ``max_slots`` (but never below one multiple)."""
+    step = req.slots_multiple
+    return max(step, min(math.ceil(slots / step) * step, max_slots // step * step))
+
+
+def plan_split(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: int,
+               rollout_gpus: int) -> Prediction:
+    """One split's slots and weight-sync cadence: the fewest slots that reach 98% of what the
+    most slots would (bisection: throughput grows with slots), x ``slot_headroom``; the
+    smallest ``weights_every`` that is within 0.5% of the best throughput (a larger one only
+    adds policy lag), trying larger ones while the transfer stall exceeds
+    ``max_sync_fraction``."""
+    max_slots = int(req.sim_cpus / req.cpus_per_slot)
+    best: Prediction | None = None
+    for every in range(1, req.max_weights_every + 1):
+        def rate(slots: int, every: int = every) -> float:
+            return predict(costs, env, req, learner_gpus, rollout_gpus, slots,
+                           every).decisions_per_s
+
+        top = _round_slots(max_slots, req, max_slots)
+        target = 0.98 * rate(top)
+        low, high = 0, top  # rate(high) >= target; find the smallest such slot count
+        while high - low > 1:
+            mid = (low + high) // 2
+            if rate(_round_slots(mid, req, max_slots)) >= target:
+                high = mid
+            else:
+                low = mid
+        slots = _round_slots(_round_slots(high, req, max_slots) * req.slot_headroom, req,
+                             max_slots)
+        pred = predict(costs, env, req, learner_gpus, rollout_gpus, slots, every)
+        if best is None or pred.decisions_per_s > best.decisions_per_s * 1.005:
+            best = pred
+        if pred.sync_stall_fraction <= req.max_sync_fraction:
+            break
+    return best
+
+
+def make_plan(costs: GpuCosts, env: EnvTiming, req: PlanRequest) -> Plan:
+    """Search the splits (module docstring) and size batching and pacing for the best."""
+    req.validate()
+    env.validate()
+    g = req.granularity
+    options = [plan_split(costs, env, req, learner, req.gpus - learner)
+               for learner in range(g, req.gpus, g)]
+    top = max(p.decisions_per_s for p in options)
+    best = min((p for p in options if p.decisions_per_s >= 0.995 * top),
+               key=lambda p: (p.env_slots, -p.decisions_per_s))
+    lane_rate = best.decisions_per_s / best.rollout_gpus * env.requests_per_decision
+    a = costs.infer_per_call_ms / 1000.0 / (1.0 - best.sync_stall_fraction)
+    b = costs.infer_per_sample_ms / 1000.0 / (1.0 - best.sync_stall_fraction)
+    need = lane_rate * a / (1.0 - lane_rate * b) if lane_rate * b < 1.0 else math.inf
+    b_max = req.b_limit if math.isinf(need) else min(req.b_limit, max(1, math.ceil(1.5 * need)))
+    t_max = 0.0 if need <= 1.0 or math.isinf(need) else min((need - 1.0) / lane_rate, 0.5 * a)
+    pace_lag = req.pace_backlog + (best.env_slots + 1) * env.decisions / best.global_batch + 1.0
+    inherent = best.env_slots * env.max_decisions / best.global_batch
+    max_staleness = math.ceil(max(pace_lag / 0.75, inherent + req.pace_backlog)
+                              + best.weights_every)
+    return Plan(req, costs, env, best, b_max, 1000.0 * t_max, pace_lag, max_staleness,
+                sorted(options, key=lambda p: p.learner_gpus))
+
+
+def plan_overrides(plan: Plan, slots_per_worker: int, granularity: int = 1,
+                   micro_batch: int = 0) -> list[str]:
+    """The ``--set`` overrides that apply ``plan`` to a run config. ``granularity`` > 1 groups
+    GPUs into actors that stand for that many (a simulated cluster: ``rollout.lanes``,
+    ``learner.ranks_per_actor``); 1 is one actor per GPU (a real cluster). A ``micro_batch``
+    larger than an actor's share of the global batch is cut to that share."""
+    b = plan.best
+    g = granularity
+    require(b.learner_gpus % g == 0 and b.rollout_gpus % g == 0, "granularity",
+            f"the split {b.learner_gpus}/{b.rollout_gpus} is not in steps of {g} GPUs")
+    require(b.env_slots % slots_per_worker == 0, "slots_per_worker",
+            f"{b.env_slots} slots are not a multiple of {slots_per_worker} per env worker")
+    out = [f"learner.num_learners={b.learner_gpus // g}",
+           f"rollout.num_servers={b.rollout_gpus // g}",
+           f"env_workers.num_workers={b.env_slots // slots_per_worker}",
+           f"env_workers.slots_per_worker={slots_per_worker}",
+           f"learner.global_batch={b.global_batch}",
+           f"rollout.batching={{name: adaptive, options: {{b_limit: {plan.request.b_limit}}}}}",
+           f"rollout.b_max={plan.b_max}", f"rollout.t_max_ms={plan.t_max_ms:.3f}",
+           f"rollout.weights_every={b.weights_every}",
+           f"queue.pace_lag={plan.pace_lag:.2f}", f"queue.max_staleness={plan.max_staleness}",
+           f"queue.pace_backlog={plan.request.pace_backlog}"]
+    share = b.global_batch // (b.learner_gpus // g)
+    if micro_batch > share:
+        out.append(f"learner.micro_batch={share}")
+    if g > 1:
+        out += [f"learner.ranks_per_actor={g}", f"rollout.lanes={g}"]
+    return out

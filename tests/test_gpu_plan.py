@@ -1,0 +1,194 @@
+"""The cluster planner's arithmetic: stage rates from their formulas, the closed-loop rollout
+model against a discrete-event simulation of the same loop, the split search, and the plan
+applied to a run config (``rlvla3 plan`` and ``rl --plan``)."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+
+import pytest
+
+from rlvla3.config import ConfigError
+from rlvla3.gpu_costs import CALIBRATIONS, GpuCosts
+from rlvla3.gpu_plan import (
+    EnvTiming,
+    PlanRequest,
+    make_plan,
+    plan_overrides,
+    predict,
+    rollout_gpu,
+    split_batch,
+    training_rate,
+)
+from rlvla3.run_config import load_run_config
+
+H200 = CALIBRATIONS["pi05_h200"]
+LIBERO = EnvTiming(episode_s=20.9, decisions=36.1, env_steps=179.7, max_decisions=44,
+                   success_rate=0.5)
+
+
+def test_training_rate_is_batch_over_step_time():
+    # 24 GPUs, batch 960: 30 ms x 960 / 24 + 50 ms = 1.25 s per step
+    assert training_rate(H200, 24, 960) == pytest.approx(960 / 1.25)
+    assert training_rate(H200, 48, 960) > training_rate(H200, 24, 960)
+
+
+def test_global_batch_rounds_to_the_learner_actors():
+    req = PlanRequest(gpus=16, sim_cpus=256, global_batch=1024, granularity=2)
+    assert split_batch(req, 10) == 1025  # 5 actors of 2 GPUs: the nearest multiple of 5
+    assert split_batch(req, 8) == 1024
+
+
+def closed_loop(slots: int, decision_s: float, a: float, b: float, seconds: float = 3000.0,
+                seed: int = 0) -> float:
+    """Decisions/s of ``slots`` slots (env time exponential around ``decision_s``) sharing one
+    GPU that serves whatever is pending when it is free, each batch taking a + b x B."""
+    rng = random.Random(seed)
+    events = [(rng.expovariate(1 / decision_s), i) for i in range(slots)]
+    heapq.heapify(events)
+    pending, t, free_at, done = [], 0.0, 0.0, 0
+    while events:
+        t, i = heapq.heappop(events)
+        if t > seconds:
+            break
+        if i >= 0:
+            pending.append(i)
+        else:  # a batch finished: its slots step their env
+            batch = -i - 1
+            done += batch if t > seconds / 5 else 0
+        if t >= free_at and pending:
+            batch, pending = pending, []
+            free_at = t + a + b * len(batch)
+            for j in batch:
+                heapq.heappush(events, (free_at + rng.expovariate(1 / decision_s), j))
+            heapq.heappush(events, (free_at, -len(batch) - 1))
+    return done / (seconds * 0.8)
+
+
+@pytest.mark.parametrize("slots", [8, 48, 160, 400])
+def test_rollout_model_agrees_with_a_simulation_of_the_loop(slots):
+    """The fixed point of the closed loop (idle, busy and saturated GPUs alike) within 12% of
+    a discrete-event simulation of the same loop."""
+    costs = GpuCosts(infer_per_call_ms=36.0, infer_per_sample_ms=7.0)
+    model = rollout_gpu(costs, slots, 0.58, 1.0, b_limit=1000).decisions_per_s
+    simulated = closed_loop(slots, 0.58, 0.036, 0.007)
+    assert model == pytest.approx(simulated, rel=0.12)
+
+
+def test_rollout_gpu_saturates_at_its_largest_batch():
+    costs = GpuCosts(infer_per_call_ms=36.0, infer_per_sample_ms=7.0)
+    few = rollout_gpu(costs, 4, 0.58, 1.0, b_limit=64)
+    many = rollout_gpu(costs, 2000, 0.58, 1.0, b_limit=64)
+    assert not few.saturated and few.mean_batch == 1.0
+    assert many.saturated and many.mean_batch == 64
+    assert many.decisions_per_s == pytest.approx(64 / (0.036 + 0.007 * 64))
+    stalled = rollout_gpu(costs, 2000, 0.58, 1.0, b_limit=64, stall=0.5)
+    assert stalled.decisions_per_s == pytest.approx(many.decisions_per_s / 2)
+
+
+def test_bottleneck_follows_the_slowest_stage():
+    req = PlanRequest(gpus=16, sim_cpus=4096, global_batch=960)
+    assert predict(H200, LIBERO, req, 2, 14, 400, 1).bottleneck == "training"
+    assert predict(H200, LIBERO, req, 15, 1, 1000, 1).bottleneck == "inference"
+    assert predict(H200, LIBERO, req, 12, 4, 32, 1).bottleneck == "env"
+    # steady state: every produced decision is trained, at the slower stage's rate
+    p = predict(H200, LIBERO, req, 4, 12, 400, 1)
+    assert p.decisions_per_s == pytest.approx(training_rate(H200, 4, 960))
+    assert p.env_steps_per_s == pytest.approx(p.decisions_per_s * LIBERO.steps_per_decision)
+
+
+def test_plan_picks_the_fastest_split_in_steps_of_the_granularity():
+    req = PlanRequest(gpus=32, sim_cpus=512, global_batch=840, granularity=4, slots_multiple=32)
+    plan = make_plan(H200, LIBERO, req)
+    splits = [p.learner_gpus for p in plan.alternatives]
+    assert splits == [4, 8, 12, 16, 20, 24, 28]
+    top = max(p.decisions_per_s for p in plan.alternatives)
+    assert plan.best.decisions_per_s >= 0.995 * top
+    assert plan.best.env_slots % 32 == 0 and plan.best.env_slots <= 512
+    assert plan.best.global_batch % (plan.best.learner_gpus // 4) == 0
+    # most GPUs train: a sample costs 30 ms to train and about 7 ms to act
+    assert plan.best.learner_gpus > plan.best.rollout_gpus
+
+
+def test_costly_weight_transfers_raise_weights_every():
+    cheap = make_plan(H200, LIBERO, PlanRequest(gpus=16, sim_cpus=512, global_batch=256))
+    costly = GpuCosts(**{**{k: getattr(H200, k) for k in ("infer_per_call_ms",
+                                                          "infer_per_sample_ms",
+                                                          "train_per_sample_ms",
+                                                          "train_per_step_ms")},
+                         "sync_fixed_ms": 3000.0, "model_gb": 7.0})
+    slow = make_plan(costly, LIBERO, PlanRequest(gpus=16, sim_cpus=512, global_batch=256))
+    assert slow.best.weights_every > cheap.best.weights_every
+    assert slow.max_staleness >= slow.best.weights_every + slow.pace_lag
+
+
+def test_plan_applies_to_a_run_config():
+    req = PlanRequest(gpus=16, sim_cpus=256, global_batch=840, granularity=2, slots_multiple=32)
+    plan = make_plan(H200, LIBERO, req)
+    overrides = plan_overrides(plan, 32, granularity=2)
+    cfg = load_run_config("default", overrides=[
+        "env.name=latency_replay", "rollout.cost_model=pi05_h200",
+        "learner.cost_model=pi05_h200", *overrides])
+    b = plan.best
+    assert cfg.learner.num_learners * cfg.learner.ranks_per_actor == b.learner_gpus
+    assert cfg.rollout.num_servers * cfg.rollout.lanes == b.rollout_gpus
+    assert cfg.env_workers.num_workers * cfg.env_workers.slots_per_worker == b.env_slots
+    assert cfg.rollout.batching.name == "adaptive"
+    assert cfg.queue.max_staleness == plan.max_staleness
+    assert cfg.inherent_lag(44) <= cfg.queue.max_staleness
+
+
+@pytest.mark.parametrize(("request_args", "field"), [
+    ({"gpus": 1, "sim_cpus": 8}, "gpus"),
+    ({"gpus": 16, "sim_cpus": 8, "granularity": 3}, "granularity"),
+    ({"gpus": 16, "sim_cpus": 0}, "sim_cpus"),
+])
+def test_bad_requests_name_the_field(request_args, field):
+    with pytest.raises(ConfigError) as info:
+        make_plan(H200, LIBERO, PlanRequest(**request_args))
+    assert info.value.field == field
+
+
+def test_plan_command_prints_json_and_refuses_bad_input(capsys):
+    from actors.plan_job import main
+
+    assert main(["--cost-model", "pi05_a100_eager", "--gpus", "8", "--sim-cpus", "128",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["split"]["learner_gpus"] + out["split"]["rollout_gpus"] == 8
+    assert out["predicted"]["bottleneck"] in ("env", "inference", "training")
+    assert "learner.num_gpus=1" in out["overrides"]
+    assert main(["--cost-model", "pi05_h300", "--gpus", "8", "--sim-cpus", "128"]) == 2
+    assert "cost_model.name" in capsys.readouterr().err
+    assert main(["--cost-model", "custom", "--cost", "infer_per_call_ms=-3", "--gpus", "8",
+                 "--sim-cpus", "128"]) == 2
+    assert "infer_per_call_ms" in capsys.readouterr().err
+
+
+def test_rl_plan_applies_the_plan_and_user_overrides_win(capsys):
+    import yaml
+
+    from actors.rl_job import main
+
+    base = ["--set", "env.name=latency_replay", "--set", "env_workers.slots_per_worker=16"]
+    assert main(["--plan", "--plan-gpus", "8", "--plan-sim-cpus", "128", "--plan-cost-model",
+                 "pi05_h200", *base, "--set", "queue.max_staleness=99", "--print-config"]) == 0
+    captured = capsys.readouterr()
+    cfg = yaml.safe_load(captured.out)
+    assert "plan for 8 GPUs" in captured.err
+    assert cfg["learner"]["num_gpus"] == 1 and cfg["rollout"]["num_gpus"] == 1
+    assert cfg["learner"]["num_learners"] + cfg["rollout"]["num_servers"] == 8
+    assert cfg["queue"]["max_staleness"] == 99  # the user's own --set wins
+    # the preset's global batch of 64 over 6 learners: micro-batches cut to a learner's share
+    assert cfg["learner"]["micro_batch"] * cfg["learner"]["num_learners"] \
+        <= cfg["learner"]["global_batch"]
+    assert main(["--plan", *base, "--print-config"]) == 2  # no GPU count
+    assert "--plan-gpus" in capsys.readouterr().err
+    assert main(["--plan", "--plan-gpus", "8", "--plan-sim-cpus", "64", *base[:2],
+                 "--print-config"]) == 2  # real costs and no cost model to plan from
+    assert "--plan-cost-model" in capsys.readouterr().err
+    assert main(["--plan", "--plan-gpus", "8", "--plan-sim-cpus", "64", "--plan-cost-model",
+                 "pi05_h200", "--print-config"]) == 2  # reach has no latency to plan from
+    assert "env.name" in capsys.readouterr().err
