@@ -8,7 +8,7 @@ none: weights alone, a third of the bytes), each repeat times what a learner doe
 does to restore it:
 
 - ``pause_s``: the learner's pause, copying weights, optimizer and RNG state between two
-  optimizer steps (``rlvla3.checkpoint.snapshot``, what ``actors.learner.Learner.save`` holds
+  optimizer steps (``rlvla3.checkpoint.snapshot``, what ``actors.roles.learner_rank.Learner.save`` holds
   its step lock for; from the second save on into the previous copy's buffers, as it does);
 - ``write_s``: ``save_run_checkpoint`` of that copy (staged on local scratch, uploaded,
   ``meta.json`` with every file's size and sha256, then ``latest``); a learner does this in the

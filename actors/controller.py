@@ -4,7 +4,7 @@ It validates the run config against the env and policy registries, and runs the 
 (every role fits a node, ``rlvla3.cluster_plan``; every node's memory holds its share,
 ``rlvla3.memory_plan``) before any actor starts, then holds one collaborator per job: the
 ``Topology`` (which actors exist and where, ``actors.topology``) with its ``LearnerGroup``
-(rebuilt when a rank is lost, ``actors.learner_group``), the strategies that drive them
+(rebuilt when a rank is lost, ``actors.roles.learner_group``), the strategies that drive them
 (``actors.strategies``), the ``RunMonitor`` (progress rows, accounting, ``actors.monitor``), the
 ``CapacityWatch`` (actors that lost their node, ``actors.capacity``), the ``Checkpointer``
 (``actors.checkpointer``), ``PeriodicEval`` (``actors.periodic_eval``), ``LearnerFailures``
@@ -37,11 +37,11 @@ import yaml
 from actors.capacity import CapacityWatch
 from actors.checkpointer import Checkpointer, restore_samplers
 from actors.failures import LOSS_GRACE_S, LearnerFailures
-from actors.learner_group import LOSS_ERRORS
 from actors.memory import ProcessMemory
 from actors.monitor import RUN_COUNTERS, RunMonitor, WaitingForActors, say, waiting_on
 from actors.periodic_eval import PeriodicEval
-from actors.run_status import NAMESPACE
+from actors.roles.learner_group import LOSS_ERRORS
+from actors.roles.run_status import NAMESPACE
 from actors.runtime import init_ray
 from actors.step_log import StepLog
 from actors.stop import stop_async_run

@@ -35,7 +35,7 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
         import ray
 
         from actors.cluster_state import alive_nodes, can_add_nodes
-        from actors.run_status import NAMESPACE
+        from actors.roles.run_status import NAMESPACE
 
         ray.init(address=cfg.ray.address or None, namespace=NAMESPACE, log_to_driver=False,
                  configure_logging=False)

@@ -21,7 +21,7 @@ import warnings
 
 import ray
 
-from actors.run_status import NAMESPACE
+from actors.roles.run_status import NAMESPACE
 
 
 def lookup(name: str):

@@ -30,7 +30,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.cluster_state import autoscaler
-from actors.run_status import NAME_PREFIX, NAMESPACE
+from actors.roles.run_status import NAME_PREFIX, NAMESPACE
 
 FIELDS: tuple[tuple[str, str, str], ...] = (
     # (row key, label, format); the table has one column per run, so it stays narrow

@@ -38,12 +38,12 @@ from ray.util.scheduling_strategies import (
 )
 
 from actors.cluster_state import actor_node, driver_node
-from actors.env_worker import EnvWorker
-from actors.learner import Learner
-from actors.learner_group import LearnerGroup
-from actors.rollout_server import RolloutServer
-from actors.run_status import NAME_PREFIX, NAMESPACE, RunStatus
-from actors.trajectory_queue import TrajectoryQueue
+from actors.roles.env_worker import EnvWorker
+from actors.roles.learner_group import LearnerGroup
+from actors.roles.learner_rank import Learner
+from actors.roles.rollout_server import RolloutServer
+from actors.roles.run_status import NAME_PREFIX, NAMESPACE, RunStatus
+from actors.roles.trajectory_queue import TrajectoryQueue
 from envs import dilate_env
 from rlvla3.cluster_plan import actor_specs, describe_demand
 from rlvla3.gpu_costs import TrainingCost, resolve_costs

@@ -108,7 +108,7 @@ def start_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors.run_status import NAMESPACE
+    from actors.roles.run_status import NAMESPACE
 
     start = time.monotonic()
     cluster = Cluster(initialize_head=True, head_node_args={
@@ -337,7 +337,7 @@ def scenario_autoscaling(facts: Facts, tmp: Path) -> None:
     import ray
 
     from actors.controller import Controller
-    from actors.run_status import NAMESPACE
+    from actors.roles.run_status import NAMESPACE
     from actors.status import collect
     from rlvla3.run_config import load_run_config
 

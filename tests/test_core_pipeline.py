@@ -278,7 +278,7 @@ def test_learning_signal_improves_the_objective():
 
 # ---- rollout ---------------------------------------------------------------------------------
 def test_each_server_and_incarnation_samples_its_own_noise():
-    from actors.rollout_server import sampling_seed
+    from actors.roles.rollout_server import sampling_seed
 
     first = [sampling_seed(0, server) for server in range(3)]
     restarted = [sampling_seed(0, 0, incarnation) for incarnation in ("a1b2", "c3d4")]

@@ -1,4 +1,4 @@
-"""Learner actor: one rank of the learner group (torch.distributed + DDP).
+"""Learner actor: one rank of the learner group (torch.distributed + DDP) around ``rlvla3.learner``.
 
 Rank 0 publishes weights after every optimizer step: a ``WeightsMessage`` put once into the
 object store and offered to every rollout server (they swap between batches), and the new
@@ -23,7 +23,7 @@ Restarts: a rank that Ray restarted (its process or node died) restores the last
 (weights, optimizer state, policy version, RNG), or the ``init_from`` weights when no checkpoint
 exists yet. A lone learner then trains on by itself (its ``run`` call is retried); ranks of a
 group wait for ``init_group`` with the group's new size and their new rank, since a process
-group cannot take a new member (``actors.learner_group`` rebuilds it).
+group cannot take a new member (``actors.roles.learner_group`` rebuilds it).
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ import ray
 
 from actors.memory import ProcessMemory
 from actors.metrics import RoleMetrics
+from actors.roles.trajectory_queue import SegmentInfo
 from actors.runtime import lookup, was_restarted
-from actors.trajectory_queue import SegmentInfo
 from envs import make_env
 from rlvla3.config import Named
 from rlvla3.episode import EpisodeRecorder, InformativeTasks, TaskSampler
