@@ -49,7 +49,7 @@ import torch
 from actors.jsonout import json_main
 
 if TYPE_CHECKING:
-    from actors.controller import Controller
+    from actors.rl.controller import Controller
 
 MODES = ("sync", "sync_autoreset", "disaggregated", "train_async", "rollout_async", "full")
 SYNC_MODES = ("sync", "sync_autoreset")
@@ -207,7 +207,7 @@ def run_mode(mode: str, overrides: list[str], seconds: float, warmup_s: float, r
     """One mode for ``seconds``, measured after ``warmup_s`` (run directory ``root/name``, the
     mode's name by default); ``inspect`` reads the live actors after the run, before they
     stop, and its answer joins the result."""
-    from actors.controller import Controller
+    from actors.rl.controller import Controller
     from rlvla3.run_config import load_run_config
 
     cfg = load_run_config("default", overrides=overrides + [
@@ -277,7 +277,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def measure(args: argparse.Namespace) -> dict:
     """Run the benchmark; return the JSON-able result."""
-    from actors.controller import check_components, ensure_ray
+    from actors.rl.controller import check_components, ensure_ray
     from rlvla3.run_config import load_run_config
 
     overrides = list(WORKLOADS[args.env]) + args.overrides

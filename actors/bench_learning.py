@@ -51,7 +51,7 @@ def workload(slots: int) -> list[str]:
 def run_one(mode: str, seed: int, overrides: list[str], budget: int, root: Path,
             log_every_s: float) -> dict:
     """One training run; returns its curve and summary figures."""
-    from actors.controller import Controller
+    from actors.rl.controller import Controller
     from rlvla3.run_config import load_run_config
 
     cfg = load_run_config("default", overrides=overrides + [
@@ -192,7 +192,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from actors.controller import ensure_ray
+    from actors.rl.controller import ensure_ray
     from rlvla3.run_config import load_run_config
 
     modes = [m for m in args.modes.split(",") if m]

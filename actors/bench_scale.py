@@ -191,7 +191,7 @@ class Bench:
     """Runs and records one configuration after another (partial results kept in ``--out``)."""
 
     def __init__(self, args: argparse.Namespace, root: Path):
-        from actors.plan_job import env_timing
+        from actors.rl.plan_job import env_timing
         from rlvla3.config import Named
         from rlvla3.gpu_costs import resolve_costs
 
@@ -208,7 +208,7 @@ class Bench:
         print(f"bench scale: {text}", file=sys.stderr, flush=True)
 
     def plan(self, gpus: int):
-        from actors.plan_job import make
+        from actors.rl.plan_job import make
 
         return make(self.costs, self.env, gpus, self.sim_cpus(gpus),
                     global_batch=self.args.global_batch, granularity=self.granularity(gpus),
@@ -277,7 +277,7 @@ class Bench:
         """The env slots alone, actions answered at once: the env steps/s their latencies
         allow against what this machine's env workers, Ray calls and queue delivered. The
         shortfall is the machine's own overhead on the env loop (at this load)."""
-        from actors.controller import check_components
+        from actors.rl.controller import check_components
         from envs.latency_replay import summarize_latency
         from rlvla3.run_config import load_run_config
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import ray
 
-from actors.topology import Topology
+from actors.rl.topology import Topology
 from rlvla3.stats import tally
 
 WORKER_CARRIED = ("env_steps", "decisions", "episodes", "successes", "dropped_faults",

@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from actors.rl_job import refuse_a_used_run_dir
+from actors.rl.rl_job import refuse_a_used_run_dir
 from actors.sft_config import SFTConfig
 from actors.sft_worker import train_loop
 from datalake.format import DatasetError, resolve_filesystem

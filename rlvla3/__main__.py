@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from types import ModuleType
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "rl": ("actors.rl_job", "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
-    "plan": ("actors.plan_job", "plan a cluster from GPU costs: GPU split, env slots, batching, "
+    "rl": ("actors.rl.rl_job", "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
+    "plan": ("actors.rl.plan_job", "plan a cluster from GPU costs: GPU split, env slots, batching, "
                                 "pacing, predicted env steps/s"),
     "status": ("actors.status", "live state of the runs on a cluster (table or JSON)"),
     "eval": ("actors.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),

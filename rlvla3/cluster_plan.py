@@ -2,7 +2,7 @@
 
 Inputs: a ``RunConfig`` and the cluster's live nodes (``NodeInfo``: resources, host memory,
 object store). Output: a ``Placement``: the node each actor is expected on, or None for actors
-that wait for a node (an autoscaler may add one), following the rules ``actors.topology``
+that wait for a node (an autoscaler may add one), following the rules ``actors.rl.topology``
 gives Ray:
 
 - colocated: every role in one bundle on one node (Ray's STRICT_PACK);
@@ -14,7 +14,7 @@ gives Ray:
 
 Ray decides the real placement; this mirrors its rules closely enough to check, before anything
 starts, that every role fits somewhere (``check_placement``) and to estimate each node's memory
-(``rlvla3.memory_plan``). ``actors.topology`` reports where the actors really landed.
+(``rlvla3.memory_plan``). ``actors.rl.topology`` reports where the actors really landed.
 """
 
 from __future__ import annotations

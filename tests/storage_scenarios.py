@@ -125,7 +125,7 @@ def scenario_learner_node_loss(facts: Facts, cluster, nodes, scratch: Path) -> N
     import ray
 
     from actors.cluster_state import actor_state
-    from actors.controller import Controller
+    from actors.rl.controller import Controller
     from rlvla3.checkpoint import read_meta
     from rlvla3.run_config import load_run_config
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from actors.controller import Controller
+from actors.rl.controller import Controller
 from rlvla3.run_config import load_run_config
 
 

@@ -136,7 +136,7 @@ def _stop_on_signals(controller) -> dict:
 
 def apply_plan(args: argparse.Namespace) -> None:
     """``--plan``: put the plan's overrides before the user's own (which win)."""
-    from actors.plan_job import describe, plan_run
+    from actors.rl.plan_job import describe, plan_run
 
     if args.resume:
         raise ConfigError("--plan", "a resumed run keeps its topology: --plan starts new runs")
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
             return 0
         if args.print_plan:
-            from actors.preflight import print_plan
+            from actors.rl.preflight import print_plan
 
             return print_plan(cfg, args.plan_cluster, args.json)
         if not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             require_extra(cfg.env)
         if not args.resume:
             refuse_a_used_run_dir(run_dir)
-        from actors.controller import Controller, ensure_ray
+        from actors.rl.controller import Controller, ensure_ray
 
         controller = Controller(cfg, run_dir, resume=bool(args.resume))
     except ValueError as exc:  # ConfigError, or a component rejecting a value it was given

@@ -3,14 +3,14 @@
 It validates the run config against the env and policy registries, and runs the pre-flight
 (every role fits a node, ``rlvla3.cluster_plan``; every node's memory holds its share,
 ``rlvla3.memory_plan``) before any actor starts, then holds one collaborator per job: the
-``Topology`` (which actors exist and where, ``actors.topology``) with its ``LearnerGroup``
+``Topology`` (which actors exist and where, ``actors.rl.topology``) with its ``LearnerGroup``
 (rebuilt when a rank is lost, ``actors.roles.learner_group``), the strategies that drive them
-(``actors.strategies``), the ``RunMonitor`` (progress rows, accounting, ``actors.monitor``), the
-``CapacityWatch`` (actors that lost their node, ``actors.capacity``), the ``Checkpointer``
-(``actors.checkpointer``), ``PeriodicEval`` (``actors.periodic_eval``), ``LearnerFailures``
-(whether a learner error rebuilds the group or ends the run, ``actors.failures``), the
-``StepLog`` (per-step objective figures, ``actors.step_log``) and the stop sequence of an
-asynchronous run (``actors.stop``). Its own loop only sequences them.
+(``actors.rl.strategies``), the ``RunMonitor`` (progress rows, accounting, ``actors.monitor``), the
+``CapacityWatch`` (actors that lost their node, ``actors.rl.capacity``), the ``Checkpointer``
+(``actors.rl.checkpointer``), ``PeriodicEval`` (``actors.rl.periodic_eval``), ``LearnerFailures``
+(whether a learner error rebuilds the group or ends the run, ``actors.rl.failures``), the
+``StepLog`` (per-step objective figures, ``actors.rl.step_log``) and the stop sequence of an
+asynchronous run (``actors.rl.stop``). Its own loop only sequences them.
 
 Run directory (a local path or URI, ``rlvla3.storage``): ``config.yaml`` (resolved config),
 ``metrics.jsonl``, ``steps.jsonl`` (one line per optimizer step), ``tb/`` (TensorBoard),
@@ -34,19 +34,19 @@ from pathlib import Path
 import ray
 import yaml
 
-from actors.capacity import CapacityWatch
-from actors.checkpointer import Checkpointer, restore_samplers
-from actors.failures import LOSS_GRACE_S, LearnerFailures
 from actors.memory import ProcessMemory
 from actors.monitor import RUN_COUNTERS, RunMonitor, WaitingForActors, say, waiting_on
-from actors.periodic_eval import PeriodicEval
+from actors.rl.capacity import CapacityWatch
+from actors.rl.checkpointer import Checkpointer, restore_samplers
+from actors.rl.failures import LOSS_GRACE_S, LearnerFailures
+from actors.rl.periodic_eval import PeriodicEval
+from actors.rl.step_log import StepLog
+from actors.rl.stop import stop_async_run
+from actors.rl.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
+from actors.rl.topology import Topology, build_topology
 from actors.roles.learner_group import LOSS_ERRORS
 from actors.roles.run_status import NAMESPACE
 from actors.runtime import init_ray
-from actors.step_log import StepLog
-from actors.stop import stop_async_run
-from actors.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
-from actors.topology import Topology, build_topology
 from envs import dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.cluster_plan import actor_specs, check_placement, place
@@ -358,7 +358,7 @@ class Controller:
 
     def _on_learner_error(self, exc: BaseException) -> None:
         """Rebuild the group if a rank is really gone and the rebuild budget allows; otherwise
-        end the run with the error (``actors.failures``). Called inside the ``except``."""
+        end the run with the error (``actors.rl.failures``). Called inside the ``except``."""
         if self.capacity.fatal is not None:
             raise self.capacity.fatal from exc
         if not self.topology.group.elastic:
