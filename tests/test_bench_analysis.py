@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.bench_learning import compare, reach_point, success_at
-from actors.bench_soak import slope_per_hour
+from actors.bench.bench_learning import compare, reach_point, success_at
+from actors.bench.bench_soak import slope_per_hour
 from actors.monitor import hist_quantile, hist_summary
 
 

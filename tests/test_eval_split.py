@@ -204,7 +204,7 @@ def test_record_resumes_after_a_fault_without_duplicates(ray_cluster, tmp_path):
 # ---- the evaluation round the RL controller runs beside rollout --------------------------
 def _schedule(queue: list, workers: int, lead: int) -> list[list]:
     """The episodes each worker runs when they take turns (as equally fast workers do)."""
-    from actors.eval_round import next_job
+    from actors.eval.rounds import next_job
 
     rank = {state: i for i, state in enumerate(dict.fromkeys(k for _, k in queue))}
     runs: list[list] = [[] for _ in range(workers)]
@@ -220,7 +220,7 @@ def _schedule(queue: list, workers: int, lead: int) -> list[list]:
 
 
 def test_eval_workers_stay_on_their_task_at_most_lead_states_ahead():
-    from actors.eval_round import next_job, protocol_jobs
+    from actors.eval.rounds import next_job, protocol_jobs
 
     jobs = protocol_jobs(10, range(50))
     rank = {k: k for k in range(50)}
@@ -242,7 +242,7 @@ def test_eval_workers_stay_on_their_task_at_most_lead_states_ahead():
 
 
 def test_evaluate_checkpoint_on_eval_workers(ray_cluster, tmp_path):
-    from actors.eval_round import EvalRound, evaluate_checkpoint, make_eval_workers, protocol_jobs
+    from actors.eval.rounds import EvalRound, evaluate_checkpoint, make_eval_workers, protocol_jobs
     from envs import env_spec
     from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
     from rlvla3.policies import build_policy

@@ -60,7 +60,7 @@ from rlvla3.types import EnvSpec
 
 def check_components(cfg: RunConfig) -> EnvSpec:
     """Validate env and policy options through their registries; return the env spec."""
-    from actors.eval_round import protocol_env
+    from actors.eval.rounds import protocol_env
 
     spec = env_spec(dilate_env(cfg.env, cfg.time_dilation))  # a dilated env must simulate latency
     eval_states = env_spec(protocol_env(cfg.env)).num_init_states  # LIBERO: the 50 bundled

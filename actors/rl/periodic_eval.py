@@ -1,7 +1,7 @@
 """Periodic evaluation during an RL run, beside rollout and training (never pausing them).
 
 Every ``eval_every`` policy versions the controller hands this collaborator a checkpoint path;
-it evaluates that snapshot with the evaluation protocol of ``rlvla3 eval`` (``actors.eval_round``:
+it evaluates that snapshot with the evaluation protocol of ``rlvla3 eval`` (``actors.eval.rounds``:
 deterministic actions, LIBERO on its bundled initial states whatever the training env samples)
 on ``eval_init_state_ids`` of every training task, in its own eval workers, and a later tick
 collects the result. At the end of a run the final policy is evaluated too, unless that version
@@ -50,7 +50,7 @@ class PeriodicEval:
 
     def start(self, version: int, checkpoint: str) -> None:
         """Evaluate the snapshot at ``checkpoint`` (of ``version``) on the eval workers."""
-        from actors.eval_round import EvalRound, make_eval_workers
+        from actors.eval.rounds import EvalRound, make_eval_workers
 
         if self._workers is None:
             self._workers = make_eval_workers(self.cfg.env, self.cfg.eval_workers, self.cfg.seed,
@@ -62,7 +62,7 @@ class PeriodicEval:
 
     def collect(self, wait_s: float = 0.0) -> dict | None:
         """The finished evaluation's result, or None while it runs (or when none does)."""
-        from actors.eval_round import summarise
+        from actors.eval.rounds import summarise
 
         if self._running is None:
             return None

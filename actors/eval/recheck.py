@@ -2,7 +2,7 @@
 whether every episode comes out the same.
 
 Role: an evaluation's episodes are functions of (checkpoint, task, initial state, seeds,
-settings) alone (``actors.eval_worker``), so anyone holding the checkpoint can re-check a
+settings) alone (``actors.eval.worker``), so anyone holding the checkpoint can re-check a
 published figure on a few episodes instead of all of them. The re-check reads what ``DIR``
 evaluated (``eval.json``'s identity, ``results.json``'s fingerprint and episodes), draws
 ``--sample`` of its episodes with ``--sample-seed``, evaluates exactly those with the same
@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from actors.eval_compare import legacy_fields
+from actors.eval.compare import legacy_fields
 from rlvla3.config import ConfigError
 from rlvla3.fingerprint import PLAN_FIELDS, checkpoint_identity, fingerprint_differences
 from rlvla3.storage import Storage

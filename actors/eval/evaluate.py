@@ -6,7 +6,7 @@
 
 Role: the driver. It starts Ray locally unless ``--address`` names a cluster, spawns ``K``
 ``EvalWorker`` actors (each owns one process-isolated env and a CPU copy of the policy) and
-runs the episodes through ``actors.eval_round.EvalRound``, which hands the next episode to
+runs the episodes through ``actors.eval.rounds.EvalRound``, which hands the next episode to
 whichever worker is free, so a slow reset or a simulator restart never idles the others.
 
 Protocol (published LIBERO): every task on its 50 bundled initial states (episode ``k`` of a
@@ -36,7 +36,7 @@ p-values for the number of comparisons (Holm); ``comparison.md`` starts with tha
 reports B - A: the paired 2x2 table, the exact McNemar p-value and Newcombe's 95% interval of
 the difference, overall and per task; it warns when the two fingerprints differ. It writes
 ``comparison.json`` and ``comparison.md`` (the per-task table with both sides' Wilson
-intervals, ready for a README) to ``--output-dir``; ``actors.eval_compare`` computes them.
+intervals, ready for a README) to ``--output-dir``; ``actors.eval.compare`` computes them.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from actors.eval_compare import (
+from actors.eval.compare import (
     compare_family,
     compare_table,
     comparison_markdown,
@@ -59,16 +59,16 @@ from actors.eval_compare import (
     legacy_fields,
     load_results,
 )
-from actors.eval_media import write_chart, write_video
-from actors.eval_recheck import recheck, recheck_line, recheck_status
-from actors.eval_round import (
+from actors.eval.media import write_chart, write_video
+from actors.eval.recheck import recheck, recheck_line, recheck_status
+from actors.eval.rounds import (
     EvalRound,
     episode_row,
     make_eval_workers,
     protocol_jobs,
     summarise_rows,
 )
-from actors.eval_worker import LANGUAGE_MODES, ActionSource, given_instructions
+from actors.eval.worker import LANGUAGE_MODES, ActionSource, given_instructions
 from envs.libero import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
 from rlvla3.cli_options import add_image_size
 from rlvla3.config import Named, build

@@ -21,8 +21,8 @@ Data: the Ray Data lake (``datalake.pipeline``) streams packed rows to every Ray
 (``get_dataset_shard``: a ``streaming_split`` of one pipeline); token lengths come from the
 policy's ``token_counts`` when it has one (the packed VLA), else the lake's estimate.
 
-The per-worker training loop, its parallel strategies and checkpoints: ``actors.sft_worker``;
-the config: ``actors.sft_config``.
+The per-worker training loop, its parallel strategies and checkpoints: ``actors.sft.sft_worker``;
+the config: ``actors.sft.sft_config``.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Any
 import yaml
 
 from actors.rl.rl_job import refuse_a_used_run_dir
-from actors.sft_config import SFTConfig
-from actors.sft_worker import train_loop
+from actors.sft.sft_config import SFTConfig
+from actors.sft.sft_worker import train_loop
 from datalake.format import DatasetError, resolve_filesystem
 from datalake.pipeline import Lake, LakeError
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
@@ -385,6 +385,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Run the imported module's main, so Ray pickles ``train_loop`` by reference, not by value.
-    from actors.sft_job import main as _main
+    from actors.sft.sft_job import main as _main
 
     sys.exit(_main())

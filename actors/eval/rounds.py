@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from actors.eval_worker import ActionSource, EpisodeOutcome, EvalWorker
+from actors.eval.worker import ActionSource, EpisodeOutcome, EvalWorker
 from rlvla3.config import Named
 from rlvla3.stats import rate
 

@@ -1,7 +1,7 @@
 """Evaluation worker: whole episodes on one process-isolated env with a CPU copy of the policy.
 
 Role: the unit of parallelism of ``python -m rlvla3 eval``. ``EvalWorker`` is a plain class
-(``ray.remote`` is applied by ``actors.evaluate``); it owns one env created through the env
+(``ray.remote`` is applied by ``actors.eval.evaluate``); it owns one env created through the env
 registry (for LIBERO that puts the simulator in its own process, so a simulator crash costs one
 episode, reported in ``EpisodeOutcome.fault``) and one policy:
 

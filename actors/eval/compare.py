@@ -1,7 +1,7 @@
 """Paired comparison of two evaluations: ``rlvla3 eval --compare A B``'s statistics and tables.
 
 Role: pure functions over ``results.json`` dicts (no Ray, no simulator), used by
-``actors.evaluate.compare``, which produces or reads the two results first.
+``actors.eval.evaluate.compare``, which produces or reads the two results first.
 
 - ``compare_results(a, b)``: B - A on the episodes both evaluated (keyed by suite task and
   initial state): the paired 2x2 table, the exact McNemar p-value and Newcombe's interval of

@@ -1,4 +1,4 @@
-"""The Ray Train worker of ``rlvla3 sft`` (``actors.sft_job`` checks the inputs and starts it).
+"""The Ray Train worker of ``rlvla3 sft`` (``actors.sft.sft_job`` checks the inputs and starts it).
 
 Training: Ray Train ``TorchTrainer``, one process per worker on its device (``--gpu``: a GPU
 and NCCL; else the CPU and gloo). The policy's ``sft_loss`` is wrapped as a module forward so
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from actors.sft_config import SFTConfig, lr_at
+from actors.sft.sft_config import SFTConfig, lr_at
 from datalake.pipeline import PackedLoader, SkipLedger, estimate_tokens
 from rlvla3.checkpoint import (
     CheckpointMeta,

@@ -2,7 +2,7 @@
 
 Starts a simulated cluster on this machine (``ray.cluster_utils.Cluster``): a head, one node
 per 8 GPUs offering the custom resource ``sim_gpu: 8`` (not Ray's ``GPU``), and a simulator
-node offering ``sim: <sim CPUs>``. Runs the real pipeline on it (``actors.bench_async.run_mode``:
+node offering ``sim: <sim CPUs>``. Runs the real pipeline on it (``actors.bench.bench_async.run_mode``:
 the controller, env workers, rollout servers, queue and learners) in the modes asked, with the
 GPU stages' costs simulated (``rlvla3.gpu_costs``: ``--cost-model``) and the env slots replaying
 LIBERO's latencies measured here (``latency_replay``), everything dilated by one factor
@@ -51,7 +51,7 @@ from pathlib import Path
 
 import ray
 
-from actors.bench_async import env_stage_alone, run_mode
+from actors.bench.bench_async import env_stage_alone, run_mode
 from actors.jsonout import json_main
 
 GPUS_PER_NODE = 8

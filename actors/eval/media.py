@@ -1,6 +1,6 @@
 """What an evaluation writes besides its JSON: MP4 videos of episodes and the success chart.
 
-Role: output helpers of ``python -m rlvla3 eval`` (``actors.evaluate``); the driver calls them
+Role: output helpers of ``python -m rlvla3 eval`` (``actors.eval.evaluate``); the driver calls them
 where it runs, with frames that travelled back from the eval workers.
 """
 
