@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rl": ("actors.rl.rl_job", "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
     "plan": ("actors.rl.plan_job", "plan a cluster from GPU costs: GPU split, env slots, batching, "
                                 "pacing, predicted env steps/s"),
-    "status": ("actors.status", "live state of the runs on a cluster (table or JSON)"),
+    "status": ("actors.observe.status", "live state of the runs on a cluster (table or JSON)"),
     "eval": ("actors.eval.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),
     "sft": ("actors.sft.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
     "datalake": ("datalake.cli", "inspect LeRobot datasets; record expert demonstrations"),

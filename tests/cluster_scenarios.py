@@ -336,9 +336,9 @@ def scenario_autoscaling(facts: Facts, tmp: Path) -> None:
     nodes are released."""
     import ray
 
+    from actors.observe.status import collect
     from actors.rl.controller import Controller
     from actors.roles.run_status import NAMESPACE
-    from actors.status import collect
     from rlvla3.run_config import load_run_config
 
     proc, gcs = start_autoscaling_head(tmp, max_sim=3)

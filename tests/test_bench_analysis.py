@@ -6,7 +6,7 @@ import pytest
 
 from actors.bench.bench_learning import compare, reach_point, success_at
 from actors.bench.bench_soak import slope_per_hour
-from actors.monitor import hist_quantile, hist_summary
+from actors.observe.figures import hist_quantile, hist_summary
 
 
 def _curve(points):

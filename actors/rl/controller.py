@@ -5,7 +5,7 @@ It validates the run config against the env and policy registries, and runs the 
 ``rlvla3.memory_plan``) before any actor starts, then holds one collaborator per job: the
 ``Topology`` (which actors exist and where, ``actors.rl.topology``) with its ``LearnerGroup``
 (rebuilt when a rank is lost, ``actors.roles.learner_group``), the strategies that drive them
-(``actors.rl.strategies``), the ``RunMonitor`` (progress rows, accounting, ``actors.monitor``), the
+(``actors.rl.strategies``), the ``RunMonitor`` (progress rows, accounting, ``actors.observe.monitor``), the
 ``CapacityWatch`` (actors that lost their node, ``actors.rl.capacity``), the ``Checkpointer``
 (``actors.rl.checkpointer``), ``PeriodicEval`` (``actors.rl.periodic_eval``), ``LearnerFailures``
 (whether a learner error rebuilds the group or ends the run, ``actors.rl.failures``), the
@@ -34,8 +34,10 @@ from pathlib import Path
 import ray
 import yaml
 
-from actors.memory import ProcessMemory
-from actors.monitor import RUN_COUNTERS, RunMonitor, WaitingForActors, say, waiting_on
+from actors.observe.collect import WaitingForActors
+from actors.observe.figures import waiting_on
+from actors.observe.monitor import RUN_COUNTERS, RunMonitor, say
+from actors.observe.process_memory import ProcessMemory
 from actors.rl.capacity import CapacityWatch
 from actors.rl.checkpointer import Checkpointer, restore_samplers
 from actors.rl.failures import LOSS_GRACE_S, LearnerFailures

@@ -37,8 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import ray
 
-from actors.memory import ProcessMemory
-from actors.metrics import RoleMetrics
+from actors.observe.metrics import RoleMetrics
+from actors.observe.process_memory import ProcessMemory
 from actors.roles.trajectory_queue import SegmentInfo
 from actors.runtime import lookup, was_restarted
 from envs import make_env

@@ -39,8 +39,8 @@ import ray
 import torch
 import torch.distributed as dist
 
-from actors.memory import ProcessMemory
-from actors.metrics import RoleMetrics
+from actors.observe.metrics import RoleMetrics
+from actors.observe.process_memory import ProcessMemory
 from actors.runtime import lookup, was_restarted
 from rlvla3.algos import AlgoConfig
 from rlvla3.checkpoint import (

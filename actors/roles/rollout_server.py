@@ -42,8 +42,8 @@ import numpy as np
 import ray
 import torch
 
-from actors.memory import ProcessMemory
-from actors.metrics import RoleMetrics
+from actors.observe.metrics import RoleMetrics
+from actors.observe.process_memory import ProcessMemory
 from actors.runtime import lookup, was_restarted
 from rlvla3.batch_policy import make_batch_policy
 from rlvla3.batcher import DynamicBatcher

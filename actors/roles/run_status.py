@@ -18,7 +18,7 @@ class RunStatus:
     """Holds the latest progress row of one run."""
 
     def __init__(self, run_name: str, run_dir: str, mode: str):
-        from actors.metrics import RoleMetrics
+        from actors.observe.metrics import RoleMetrics
 
         self.info = {"run": run_name, "run_dir": run_dir, "mode": mode, "state": "starting",
                      "started_at": time.time()}

@@ -1,8 +1,9 @@
 """The run monitor: one progress row per tick from every role's counters, and the accounting.
 
 Input: the ``Topology`` of a running run. Output: progress rows (console line, ``metrics.jsonl``,
-TensorBoard, the run's status actor), the summary's per-mode figures, the decision accounting,
-and ``waiting_on``: what a stalled run waits on (the controller's watchdog prints it).
+TensorBoard, the run's status actor), the summary's per-mode figures and the decision
+accounting. Collecting across restarts is ``actors.observe.collect``; the pure figures (histograms, success per task, ``waiting_on``
+for the controller's watchdog) are ``actors.observe.figures``.
 
 Figures a user judges a run by (all in the row and the summary):
 - ``env_steps_per_s``: produced low-level env steps per second;
@@ -17,9 +18,9 @@ Figures a user judges a run by (all in the row and the summary):
 Resumed runs: the counts in ``RUN_COUNTERS`` cover the whole run (the checkpoint's counters
 plus this leg's); rates (``*_per_s``), ``time_s`` and the accounting cover this leg.
 
-Restarts: an actor that Ray restarted reports a new incarnation whose counters start from zero;
-the monitor adds its predecessor's last counters back (``carried``), so totals never go down,
-and counts what died with it (an env worker's running episodes, a learner's buffered samples).
+Restarts (``actors.observe.collect``): an actor that Ray restarted reports a new incarnation
+whose counters start from zero; the monitor adds its predecessor's last counters back
+(``carried``), so totals never go down, and counts what died with it (an env worker's running episodes, a learner's buffered samples).
 
 Accounting: every decision produced is in exactly one place (with restarts, what died with an
 actor counts as lost: its last report, plus what only the queue saw it do afterwards), and
@@ -35,200 +36,17 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 import ray
 
+from actors.observe.collect import LEARNER_CARRIED, SERVER_CARRIED, WORKER_CARRIED, RoleStats
+from actors.observe.figures import add_counts, hist_quantile, hist_summary, success_by_task
 from actors.rl.topology import Topology
-from rlvla3.stats import tally
 
-WORKER_CARRIED = ("env_steps", "decisions", "episodes", "successes", "dropped_faults",
-                  "dropped_decisions", "shipped_decisions", "shipped_env_steps", "env_busy_s",
-                  "admit_wait_s", "length_hist")
-LEARNER_CARRIED = ("samples_trained", "received_decisions", "received_episodes",
-                   "trained_env_steps", "discarded_decisions", "discarded_env_steps",
-                   "lost_segments", "lost_decisions", "staleness_hist", "length_hist",
-                   "busy_s", "skipped_steps")
-SERVER_CARRIED = ("requests", "batches")
 RUN_COUNTERS = ("env_steps", "episodes", "trained_env_steps", "decisions", "trained_decisions",
                 "discarded_decisions")
 """Row figures that count the whole run: a resumed leg adds its own to the checkpoint's."""
-
-
-def _add(a, b):
-    """Counters add; histograms (dicts) add per bin."""
-    if isinstance(a, dict):
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = out.get(k, 0) + v
-        return out
-    return a + b
-
-
-def hist_quantile(hist: dict, q: float) -> float:
-    """The ``q`` quantile of a histogram ``{value: count}`` (nan when empty)."""
-    items = sorted((float(k), v) for k, v in hist.items() if v > 0)
-    total = sum(v for _, v in items)
-    if not total:
-        return float("nan")
-    seen = 0
-    for value, count in items:
-        seen += count
-        if seen >= q * total:
-            return value
-    return items[-1][0]
-
-
-def hist_summary(hist: dict) -> dict:
-    """Count, mean, p50, p90 and max of a histogram."""
-    total = sum(hist.values())
-    mean = sum(float(k) * v for k, v in hist.items()) / total if total else float("nan")
-    return {"count": total, "mean": round(mean, 2), "p50": hist_quantile(hist, 0.5),
-            "p90": hist_quantile(hist, 0.9),
-            "max": max((float(k) for k, v in hist.items() if v), default=float("nan"))}
-
-
-def success_by_task(workers: Iterable[dict]) -> dict[str, dict[str, float]]:
-    """Training success per env task id over the env workers' recent windows (each worker's
-    ``recent_by_task``, ``{task: [episodes, successes]}``): in a multi-task run, which tasks RL
-    is learning; with ``share``, the mean over workers of the share of new keys each task gets
-    (``env_workers.task_weighting``)."""
-    workers = list(workers)
-    total = tally((task, n, k) for w in workers
-                  for task, (n, k) in w.get("recent_by_task", {}).items())
-    shares = [w["task_shares"] for w in workers if w.get("task_shares")]
-    rows = {}
-    for task, (n, k) in sorted(total.items(), key=lambda kv: int(kv[0])):
-        if n:
-            rows[task] = {"episodes": n, "success_rate": round(k / n, 4)}
-            if shares:
-                rows[task]["share"] = round(sum(s.get(task, 0.0) for s in shares) / len(shares), 4)
-    return rows
-
-
-class WaitingForActors(RuntimeError):
-    """None of a role's actors has run yet (they wait for resources)."""
-
-
-def _zeroed(stats: dict) -> dict:
-    """A stats dict with every count at zero (strings kept)."""
-    return {k: {} if isinstance(v, dict) else (
-        type(v)(0) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
-        for k, v in stats.items()}
-
-
-class RoleStats:
-    """Stats of one role's actors across restarts (see the module docstring).
-
-    An actor that does not run (restarting after its process or node died, waiting for a node
-    to be placed on, or dead) is not waited for: its entry keeps its last counters with nothing
-    in flight, ``state`` says why, and what it held is counted as lost at once. ``down`` lists
-    the indices that do not run now."""
-
-    def __init__(self, role: str, carried: tuple[str, ...]):
-        self.role = role
-        self.carried = carried
-        self.restarts = 0
-        self.lost: dict[str, int] = {}
-        self.down: dict[int, str] = {}
-        self._seen: dict[int, dict] = {}
-        self._pending: dict[int, object] = {}
-
-    def collect(self, handles: list, timeout_s: float = 60.0) -> list[dict]:
-        from actors.cluster_state import actor_state
-
-        for i, h in enumerate(handles):  # one call in flight per actor
-            if i not in self._pending:
-                self._pending[i] = h.stats.remote()
-        refs = [self._pending[i] for i in range(len(handles))]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(timeout_s, 1.0))
-        ready = set(ready)
-        late = [i for i, ref in enumerate(refs) if ref not in ready]
-        for i in late:  # slow, or not running at all: only a running actor is waited for
-            state = actor_state(handles[i])
-            if state == "ALIVE" and i not in self.down:
-                if ray.wait([refs[i]], timeout=timeout_s)[0]:
-                    ready.add(refs[i])
-                    continue
-                raise TimeoutError(f"{self.role} {i} is alive but did not answer its stats "
-                                   f"call within {timeout_s:.0f}s")
-            if state != "ALIVE":
-                self._went_down(i, state)
-        answered: dict[int, dict] = {}
-        for i, ref in enumerate(refs):
-            if ref in ready:
-                del self._pending[i]
-                try:
-                    st = ray.get(ref)
-                except ray.exceptions.RayActorError:  # this incarnation died
-                    state = actor_state(handles[i])
-                    self._went_down(i, "RESTARTING" if state == "ALIVE" else state)
-                    continue
-                self.down.pop(i, None)
-                seen = self._seen.get(i)
-                if seen is not None and seen["incarnation"] != st["incarnation"]:
-                    self._count_restart(seen)
-                    if not seen.get("lost"):
-                        self._lose(seen)
-                carry = seen["carry"] if seen is not None else {}
-                self._seen[i] = {"incarnation": st["incarnation"], "last": st, "carry": carry}
-                answered[i] = {**st, **{k: _add(st[k], carry[k]) for k in self.carried
-                                        if k in carry}, "state": "ALIVE"}
-        return [answered[i] if i in answered else self._as_down(i) for i in range(len(refs))]
-
-    def incarnation(self, i: int) -> str | None:
-        """The incarnation actor ``i`` last answered as (None: never seen)."""
-        seen = self._seen.get(i)
-        return None if seen is None else seen["incarnation"]
-
-    def _went_down(self, i: int, state: str) -> None:
-        self.down[i] = state
-        seen = self._seen.get(i)
-        if seen is not None and state != "DEAD":
-            self._count_restart(seen)  # Ray restarts it: counted now, even if the run ends first
-        if seen is not None and not seen.get("lost"):
-            self._lose(seen)
-
-    def _count_restart(self, seen: dict) -> None:
-        """One restart per incarnation that went away, whether first seen as Ray restarting
-        it or as its successor answering."""
-        if not seen.get("restart_counted"):
-            seen["restart_counted"] = True
-            self.restarts += 1
-
-    def _lose(self, seen: dict) -> None:
-        """Count what the actor held, and keep its counters (its successor starts at zero)."""
-        seen["lost"] = True
-        self._died(seen["last"])
-        for key in self.carried:
-            seen["carry"][key] = _add(seen["carry"].get(key, 0 if not isinstance(
-                seen["last"][key], dict) else {}), seen["last"][key])
-
-    def _as_down(self, i: int) -> dict:
-        """The entry of an actor that does not run: its counters so far, nothing in flight (an
-        actor never seen running, e.g. one waiting for a new node, counts zeros)."""
-        seen = self._seen.get(i)
-        if seen is None:
-            if not self._seen:
-                raise WaitingForActors(f"no {self.role} runs yet ({self.down.get(i)})")
-            template = _zeroed(next(iter(self._seen.values()))["last"])
-            seen = {"last": {**template, "slots": template.get("slots", 0)}, "carry": {}}
-        last = seen["last"]
-        zero = {"inflight_decisions": 0, "buffered": 0, "in_step": 0, "busy_fraction": 0.0,
-                "data_wait_fraction": 0.0, "recent_episodes": 0, "phases": {}}
-        return {**last, **{k: v for k, v in zero.items() if k in last},
-                **{k: seen["carry"][k] for k in self.carried if k in seen["carry"]},
-                "state": self.down.get(i, "DEAD")}
-
-    def _died(self, last: dict) -> None:
-        """What an actor's death took with it, from its last report."""
-        if self.role == "env_worker":
-            self.lost["episodes"] = self.lost.get("episodes", 0) + last["slots"]
-            self.lost["decisions"] = self.lost.get("decisions", 0) + last["inflight_decisions"]
-        elif self.role == "learner":
-            self.lost["decisions"] = (self.lost.get("decisions", 0) + last["buffered"]
-                                      + last.get("in_step", 0))
 
 
 class RunMonitor:
@@ -277,7 +95,7 @@ class RunMonitor:
                      + queue["dropped_stale_decisions"] + queue["expired_decisions"])
         staleness: dict = {}
         for lr in learners:
-            staleness = _add(staleness, lr["staleness_hist"])
+            staleness = add_counts(staleness, lr["staleness_hist"])
         leg = {"env_steps": env_steps, "episodes": episodes, "trained_env_steps": trained_steps,
                "decisions": produced,
                "trained_decisions": sum(lr["samples_trained"] for lr in learners),
@@ -384,16 +202,16 @@ class RunMonitor:
         """Episode lengths (decisions) produced by the env slots vs received for training."""
         produced: dict = {}
         for w in snap["workers"]:
-            produced = _add(produced, w["length_hist"])
+            produced = add_counts(produced, w["length_hist"])
         trained: dict = {}
         for lr in snap["learners"]:
-            trained = _add(trained, lr["length_hist"])
+            trained = add_counts(trained, lr["length_hist"])
         return {"produced": hist_summary(produced), "trained": hist_summary(trained)}
 
     def staleness_hist(self, snap: dict) -> dict:
         out: dict = {}
         for lr in snap["learners"]:
-            out = _add(out, lr["staleness_hist"])
+            out = add_counts(out, lr["staleness_hist"])
         return dict(sorted(out.items()))
 
     # ---- output ----------------------------------------------------------------------------
@@ -441,27 +259,6 @@ class RunMonitor:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
-
-
-def waiting_on(snap: dict, global_batch: int, queue_capacity: int) -> str:
-    """Which roles are waiting, and on what, from one snapshot."""
-    queue, workers, learners = snap["queue"], snap["workers"], snap["learners"]
-    phases: dict[str, int] = {}
-    for w in workers:
-        for phase, n in w.get("phases", {}).items():
-            phases[phase] = phases.get(phase, 0) + n
-    parts = ["env slots: " + (", ".join(f"{n} {p}" for p, n in sorted(phases.items()) if n)
-                              or "none running")]
-    if queue["depth"] >= queue_capacity:
-        parts.append(f"queue full ({queue['depth']}/{queue_capacity}): producers wait on put")
-    if phases.get("admit"):
-        parts.append(f"pacing holds new episodes (expected lag {queue['expected_lag']} versions,"
-                     f" backlog {queue['backlog_decisions']} decisions)")
-    buffered = sum(lr["buffered"] for lr in learners)
-    parts.append(f"learners: v{learners[0]['version']}, {buffered} decisions buffered of "
-                 f"{global_batch} per step, queue holds {queue['queued_decisions']} "
-                 f"(+{queue['held_decisions']} held for GRPO groups)")
-    return "; ".join(parts)
 
 
 def say(text: str, quiet: bool) -> None:
