@@ -124,8 +124,8 @@ def bucket_listing(uri: str) -> dict[str, int]:
 def scenario_learner_node_loss(facts: Facts, cluster, nodes, scratch: Path) -> None:
     import ray
 
-    from actors.cluster_state import actor_state
     from actors.rl.controller import Controller
+    from actors.runtime.cluster_state import actor_state
     from rlvla3.checkpoint import read_meta
     from rlvla3.run_config import load_run_config
 

@@ -46,7 +46,7 @@ import numpy as np
 import ray
 import torch
 
-from actors.jsonout import json_main
+from actors.runtime.jsonout import json_main
 
 if TYPE_CHECKING:
     from actors.rl.controller import Controller

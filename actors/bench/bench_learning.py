@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.jsonout import json_main
+from actors.runtime.jsonout import json_main
 from rlvla3.cli_options import add_output_dir
 
 TASKS: dict[str, list[str]] = {

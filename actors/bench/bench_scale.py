@@ -52,7 +52,7 @@ from pathlib import Path
 import ray
 
 from actors.bench.bench_async import env_stage_alone, run_mode
-from actors.jsonout import json_main
+from actors.runtime.jsonout import json_main
 
 GPUS_PER_NODE = 8
 SYNC_MODES = ("sync", "sync_autoreset")

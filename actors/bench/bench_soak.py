@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 import ray
 
-from actors.jsonout import json_main
+from actors.runtime.jsonout import json_main
 from rlvla3.run_config import RunConfig, load_run_config
 
 WINDOW_S = 10.0

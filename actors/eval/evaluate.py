@@ -406,7 +406,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if todo:
         started_ray = not ray.is_initialized()
         if started_ray:
-            from actors.runtime import init_ray
+            from actors.runtime.bootstrap import init_ray
 
             init_ray(args.address or "", num_cpus=max(args.workers, os.cpu_count() or 1),
                      include_dashboard=False, log_to_driver=False)

@@ -51,7 +51,7 @@ class RoleStats:
         self._pending: dict[int, object] = {}
 
     def collect(self, handles: list, timeout_s: float = 60.0) -> list[dict]:
-        from actors.cluster_state import actor_state
+        from actors.runtime.cluster_state import actor_state
 
         for i, h in enumerate(handles):  # one call in flight per actor
             if i not in self._pending:

@@ -29,8 +29,8 @@ import time
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors.cluster_state import autoscaler
 from actors.roles.run_status import NAME_PREFIX, NAMESPACE
+from actors.runtime.cluster_state import autoscaler
 
 FIELDS: tuple[tuple[str, str, str], ...] = (
     # (row key, label, format); the table has one column per run, so it stays narrow

@@ -28,7 +28,7 @@ import time
 
 import ray
 
-from actors.cluster_state import actor_state
+from actors.runtime.cluster_state import actor_state
 from rlvla3.cluster_plan import describe_demand
 
 

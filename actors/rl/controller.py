@@ -48,7 +48,7 @@ from actors.rl.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.rl.topology import Topology, build_topology
 from actors.roles.learner_group import LOSS_ERRORS
 from actors.roles.run_status import NAMESPACE
-from actors.runtime import init_ray
+from actors.runtime.bootstrap import init_ray
 from envs import dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.cluster_plan import actor_specs, check_placement, place
@@ -90,18 +90,15 @@ def ensure_ray(cfg: RunConfig, log_to_driver: bool = True) -> float:
     wait on simulators), but the learners are checked against the physical cores."""
     physical = float(os.cpu_count() or 1)
     if not ray.is_initialized():
-        address = cfg.ray.address or os.environ.get("RAY_ADDRESS", "")
-        if address:
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=log_to_driver,
-                     configure_logging=False)  # an error before the run is one line
-        else:
+        if not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
             check_resources(cfg, physical, learners_only=True)
-            need = (cfg.learner.num_learners * cfg.learner.num_cpus
-                    + cfg.rollout.num_servers * cfg.rollout.num_cpus
-                    + cfg.env_workers.num_workers * cfg.env_workers.num_cpus)
-            cpus = cfg.ray.num_cpus or max(int(physical), int(need + 0.999))
-            init_ray(num_cpus=cpus, resources=local_resources(cfg), namespace=NAMESPACE,
-                     log_to_driver=log_to_driver, configure_logging=False)
+        need = (cfg.learner.num_learners * cfg.learner.num_cpus
+                + cfg.rollout.num_servers * cfg.rollout.num_cpus
+                + cfg.env_workers.num_workers * cfg.env_workers.num_cpus)
+        cpus = cfg.ray.num_cpus or max(int(physical), int(need + 0.999))
+        # local-only arguments are dropped when joining a cluster; an error there is one line
+        init_ray(cfg.ray.address, num_cpus=cpus, resources=local_resources(cfg),
+                 namespace=NAMESPACE, log_to_driver=log_to_driver, configure_logging=False)
     return float(ray.cluster_resources().get("CPU", physical))
 
 
@@ -174,7 +171,7 @@ class Controller:
     def check_storage(self) -> None:
         """Before any actor starts: a local storage path is refused on a cluster of more than
         one node unless declared shared (``rlvla3.storage.check_reach``)."""
-        from actors.cluster_state import alive_nodes, autoscaler
+        from actors.runtime.cluster_state import alive_nodes, autoscaler
 
         check_reach(self.files.uri, self.cfg.storage.shared, len(alive_nodes()),
                     autoscaler() is not None, "storage.root")
@@ -182,7 +179,7 @@ class Controller:
     def _preflight(self) -> MemoryPlan:
         """Before any actor starts: every role must fit a node (or wait for one an autoscaler
         adds), and every node's memory must hold what the plan puts on it."""
-        from actors.cluster_state import alive_nodes, can_add_nodes
+        from actors.runtime.cluster_state import alive_nodes, can_add_nodes
 
         placement = place(self.cfg, alive_nodes())
         for line in check_placement(self.cfg, placement,
@@ -385,7 +382,7 @@ class Controller:
     def _wait_for_env_workers(self) -> None:
         """Start only once an env worker runs (on an autoscaling cluster they may wait for new
         nodes); the others join when their nodes arrive."""
-        from actors.cluster_state import actor_state
+        from actors.runtime.cluster_state import actor_state
 
         deadline = time.monotonic() + self.cfg.ray.placement_timeout_s
         told = False

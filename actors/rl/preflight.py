@@ -34,8 +34,8 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
     elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
         import ray
 
-        from actors.cluster_state import alive_nodes, can_add_nodes
         from actors.roles.run_status import NAMESPACE
+        from actors.runtime.cluster_state import alive_nodes, can_add_nodes
 
         ray.init(address=cfg.ray.address or None, namespace=NAMESPACE, log_to_driver=False,
                  configure_logging=False)

@@ -37,13 +37,13 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
-from actors.cluster_state import actor_node, driver_node
 from actors.roles.env_worker import EnvWorker
 from actors.roles.learner_group import LearnerGroup
 from actors.roles.learner_rank import Learner
 from actors.roles.rollout_server import RolloutServer
 from actors.roles.run_status import NAME_PREFIX, NAMESPACE, RunStatus
 from actors.roles.trajectory_queue import TrajectoryQueue
+from actors.runtime.cluster_state import actor_node, driver_node
 from envs import dilate_env
 from rlvla3.cluster_plan import actor_specs, describe_demand
 from rlvla3.gpu_costs import TrainingCost, resolve_costs

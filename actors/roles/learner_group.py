@@ -22,7 +22,7 @@ import time
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors.cluster_state import actor_state
+from actors.runtime.cluster_state import actor_state
 
 LOSS_ERRORS = (RayActorError, RuntimeError)
 """What a lost rank looks like from the driver: its own calls fail with an actor error, a

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from actors.observe.metrics import RoleMetrics
 from actors.observe.process_memory import ProcessMemory
-from actors.runtime import lookup, was_restarted
+from actors.runtime.bootstrap import lookup, was_restarted
 from rlvla3.algos import AlgoConfig
 from rlvla3.checkpoint import (
     CheckpointMeta,

@@ -44,7 +44,7 @@ import torch
 
 from actors.observe.metrics import RoleMetrics
 from actors.observe.process_memory import ProcessMemory
-from actors.runtime import lookup, was_restarted
+from actors.runtime.bootstrap import lookup, was_restarted
 from rlvla3.batch_policy import make_batch_policy
 from rlvla3.batcher import DynamicBatcher
 from rlvla3.config import Named

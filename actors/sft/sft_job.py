@@ -202,7 +202,7 @@ def connect(cfg: SFTConfig) -> None:
     lc = cfg.lake
     need = cfg.workers + lc.decode_actors * lc.cpus_per_decoder + lc.expand_cpus
     if not ray.is_initialized():
-        from actors.runtime import init_ray
+        from actors.runtime.bootstrap import init_ray
 
         # With the dashboard when it is installed (``init_ray``): Ray Train's placement-group
         # cleaner asks the state API it serves whether the train controller lives.

@@ -1,4 +1,4 @@
-"""Small facts about the Ray runtime an actor runs in.
+"""The one Ray bootstrap (``init_ray``) and small facts about the runtime an actor runs in.
 
 - ``lookup(name)``: an actor of this run by its name. Roles are wired by name rather than by
   passing actor handles to constructors: Ray cannot restart an actor whose constructor
