@@ -4,12 +4,12 @@ Starts a simulated cluster on this machine (``ray.cluster_utils.Cluster``): a he
 per 8 GPUs offering the custom resource ``sim_gpu: 8`` (not Ray's ``GPU``), and a simulator
 node offering ``sim: <sim CPUs>``. Runs the real pipeline on it (``actors.bench.bench_async.run_mode``:
 the controller, env workers, rollout servers, queue and learners) in the modes asked, with the
-GPU stages' costs simulated (``rlvla3.gpu_costs``: ``--cost-model``) and the env slots replaying
+GPU stages' costs simulated (``rlvla3.plan.gpu_costs``: ``--cost-model``) and the env slots replaying
 LIBERO's latencies measured here (``latency_replay``), everything dilated by one factor
 (``time_dilation``). Prints one JSON object; rates are env steps per simulated second.
 
 Layouts (how the modes use the GPUs):
-- ``full`` (RL-VLA3): the planner's split (``rlvla3.gpu_plan``), env slots, batching
+- ``full`` (RL-VLA3): the planner's split (``rlvla3.plan.gpu``), env slots, batching
   (adaptive), weight-sync cadence and pacing; actors stand for ``gpus / 8`` GPUs each
   (``rollout.lanes``, ``learner.ranks_per_actor``) so that a node holds whole actors and this
   machine runs a handful of processes.
@@ -142,7 +142,7 @@ def colocated_layout(gpus: int, slots: int, slots_per_worker: int) -> list[str]:
 
 def planned_layout(plan, slots_per_worker: int, granularity: int) -> list[str]:
     """The full mode as planned, each actor standing for ``granularity`` GPUs."""
-    from rlvla3.gpu_plan import plan_overrides
+    from rlvla3.plan.gpu import plan_overrides
 
     return plan_overrides(plan, slots_per_worker, granularity) + [
         f"learner.resources={{sim_gpu: {granularity}}}",
@@ -193,7 +193,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, root: Path):
         from actors.rl.plan_job import env_timing
         from rlvla3.config import Named
-        from rlvla3.gpu_costs import resolve_costs
+        from rlvla3.plan.gpu_costs import resolve_costs
 
         self.args = args
         self.root = root
@@ -316,7 +316,7 @@ class Bench:
         cadence and pacing)."""
         from dataclasses import replace
 
-        from rlvla3.gpu_plan import predict
+        from rlvla3.plan.gpu import predict
 
         plan = self.plan(gpus)
         dilation = self.dilation(plan)

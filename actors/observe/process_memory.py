@@ -2,7 +2,7 @@
 
 Every role reports ``ProcessMemory.sample()`` in its stats: resident set size now and at its
 peak, in MB, for the actor's own process and for its child processes together. The controller
-puts them next to the pre-flight estimate (``rlvla3.memory_plan``) in the summary, so a plan
+puts them next to the pre-flight estimate (``rlvla3.plan.memory``) in the summary, so a plan
 can be checked against what a run really used.
 
 The own peak is the kernel's high-water mark (``ru_maxrss``), so no spike between two samples

@@ -29,7 +29,7 @@ import time
 import ray
 
 from actors.runtime.cluster_state import actor_state
-from rlvla3.cluster_plan import describe_demand
+from rlvla3.plan.cluster import describe_demand
 
 
 class CapacityWatch:

@@ -1,8 +1,8 @@
 """The controller: runs one RL run from a validated config to its summary.
 
 It validates the run config against the env and policy registries, and runs the pre-flight
-(every role fits a node, ``rlvla3.cluster_plan``; every node's memory holds its share,
-``rlvla3.memory_plan``) before any actor starts, then holds one collaborator per job: the
+(every role fits a node, ``rlvla3.plan.cluster``; every node's memory holds its share,
+``rlvla3.plan.memory``) before any actor starts, then holds one collaborator per job: the
 ``Topology`` (which actors exist and where, ``actors.rl.topology``) with its ``LearnerGroup``
 (rebuilt when a rank is lost, ``actors.roles.learner_group``), the strategies that drive them
 (``actors.rl.strategies``), the ``RunMonitor`` (progress rows, accounting, ``actors.observe.monitor``), the
@@ -51,9 +51,9 @@ from actors.roles.run_status import NAMESPACE
 from actors.runtime.bootstrap import init_ray
 from envs import dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
-from rlvla3.cluster_plan import actor_specs, check_placement, place
 from rlvla3.config import require, to_dict
-from rlvla3.memory_plan import MemoryPlan, estimate, model_facts
+from rlvla3.plan.cluster import actor_specs, check_placement, place
+from rlvla3.plan.memory import MemoryPlan, estimate, model_facts
 from rlvla3.policies import build_policy
 from rlvla3.run_config import RunConfig, check_resources
 from rlvla3.storage import Mirror, basename, check_reach, join

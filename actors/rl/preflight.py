@@ -4,7 +4,7 @@ would need, without starting any actor.
 The nodes come from the cluster the config names (``ray.address`` or ``RAY_ADDRESS``: its live
 nodes), from a ``ray up`` cluster file (``--plan-cluster cluster.yaml``: the head, and the
 nodes of each type the autoscaler would launch for these roles), or from this machine (a local
-run). Output: the placement (role -> node) and the memory plan (``rlvla3.memory_plan``) as text,
+run). Output: the placement (role -> node) and the memory plan (``rlvla3.plan.memory``) as text,
 or both as JSON.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from rlvla3.cluster_plan import Placement, check_placement, nodes_from_cluster_config, place
-from rlvla3.memory_plan import MemoryPlan, estimate, local_node, model_facts
+from rlvla3.plan.cluster import Placement, check_placement, nodes_from_cluster_config, place
+from rlvla3.plan.memory import MemoryPlan, estimate, local_node, model_facts
 from rlvla3.run_config import RunConfig
 
 

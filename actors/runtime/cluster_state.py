@@ -5,7 +5,7 @@
   it runs on. Local runs start Ray without the dashboard, so the state API
   (``ray.util.state``) is not there; the GCS actor table (``ray._private.state``) is.
 - ``alive_nodes()``: every live node with its resources and memory, as the pre-flight's
-  ``NodeInfo`` (Ray-free, ``rlvla3.cluster_plan``): the driver's node with this machine's RAM,
+  ``NodeInfo`` (Ray-free, ``rlvla3.plan.cluster``): the driver's node with this machine's RAM,
   the others with Ray's ``memory`` + ``object_store_memory`` (about what was free when the node
   started).
 - ``autoscaler()``: the autoscaler's last report (pending node launches, the resource demands it
@@ -21,7 +21,7 @@ import time
 import psutil
 import ray
 
-from rlvla3.cluster_plan import NodeInfo
+from rlvla3.plan.cluster import NodeInfo
 
 MB = 2**20
 GONE = ("RESTARTING", "DEAD", "PENDING_CREATION", "DEPENDENCIES_UNREADY")

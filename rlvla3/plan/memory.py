@@ -1,7 +1,7 @@
 """Memory pre-flight: every node's host memory and every GPU's memory, estimated from the plan
 before any actor starts (Ray-free).
 
-Inputs: a ``RunConfig``, the env spec, a ``Placement`` (``rlvla3.cluster_plan``: which actors
+Inputs: a ``RunConfig``, the env spec, a ``Placement`` (``rlvla3.plan.cluster``: which actors
 land on which node) and ``ModelFacts`` (parameters, activation bytes per training sample).
 Output: a ``MemoryPlan``: per node, one line per component (count x size), the node's total
 against its memory, and per GPU-holding actor its GPU total against its share of a GPU;
@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlvla3.cluster_plan import NodeInfo, Placement
 from rlvla3.config import ConfigError, Named, build
+from rlvla3.plan.cluster import NodeInfo, Placement
 from rlvla3.run_config import RunConfig
 from rlvla3.types import EnvSpec, ObsBatch
 
@@ -440,7 +440,7 @@ def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFa
 def local_node(cfg: RunConfig, memory_mb: float, cpus: float, gpus: int = 0) -> NodeInfo:
     """The single node of a local run, as ``ensure_ray`` would start it (custom resources: what
     the roles ask for)."""
-    from rlvla3.cluster_plan import actor_specs
+    from rlvla3.plan.cluster import actor_specs
 
     resources: dict[str, float] = {"CPU": cpus}
     for a in actor_specs(cfg):

@@ -14,7 +14,7 @@ gives Ray:
 
 Ray decides the real placement; this mirrors its rules closely enough to check, before anything
 starts, that every role fits somewhere (``check_placement``) and to estimate each node's memory
-(``rlvla3.memory_plan``). ``actors.rl.topology`` reports where the actors really landed.
+(``rlvla3.plan.memory``). ``actors.rl.topology`` reports where the actors really landed.
 """
 
 from __future__ import annotations
