@@ -258,7 +258,7 @@ def _eval(out: Path, *argv: str) -> dict[tuple[int, int], tuple]:
 def test_an_episode_is_the_same_alone_in_a_larger_run_reordered_and_after_a_resume(
     ray_cluster, tmp_path, capsys
 ):
-    from envs.libero import libero_available
+    from envs.libero.env import libero_available
 
     why = libero_available()
     if why:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from envs.libero_split import check_split, eval_overlap, split_note, training_overlap
+from envs.libero.split import check_split, eval_overlap, split_note, training_overlap
 from rlvla3.config import ConfigError, Named
 
 
@@ -82,7 +82,7 @@ def test_training_overlap_follows_runs_datasets_and_init_from(tmp_path):
 
 
 def test_evaluating_on_fresh_scenes_names_the_ones_training_used(tmp_path):
-    from envs.libero_split import FreshEval
+    from envs.libero.split import FreshEval
 
     data = tmp_path / "demos"
     (data / "meta").mkdir(parents=True)

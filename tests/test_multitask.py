@@ -47,7 +47,7 @@ def test_vla_actions_depend_on_the_instruction_alone():
 @pytest.mark.libero
 @pytest.mark.skipif(find_spec("libero") is None, reason="LIBERO not installed")
 def test_spatial_instructions_are_distinct_within_the_token_limit():
-    from envs.libero import load_task
+    from envs.libero.env import load_task
     from rlvla3.model.config import VLAConfig
 
     limit = VLAConfig().max_text_tokens

@@ -69,7 +69,7 @@ from actors.eval.rounds import (
     summarise_rows,
 )
 from actors.eval.worker import LANGUAGE_MODES, ActionSource, given_instructions
-from envs.libero import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
+from envs.libero.env import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
 from rlvla3.cli_options import add_image_size
 from rlvla3.config import Named, build
 from rlvla3.fingerprint import PLAN_FIELDS, fingerprint, fingerprint_differences
@@ -266,7 +266,7 @@ def acting(args: argparse.Namespace) -> str:
 
 def told_instructions(suite: str, tasks: Sequence[int], mode: str) -> tuple[str, ...] | None:
     """What the policy is told in each evaluated task under ``--language mode``."""
-    from envs.libero import suite_instructions
+    from envs.libero.env import suite_instructions
 
     return given_instructions(mode, suite_instructions(suite) if mode == "shifted" else (), tasks)
 
@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     overlap: list[str] = []
     if args.checkpoint:
-        from envs.libero_split import FreshEval, training_overlap
+        from envs.libero.split import FreshEval, training_overlap
 
         fresh = (FreshEval(args.suite, args.placement_seed, frozenset(tasks), frozenset(ids))
                  if args.placements == "fresh" else None)

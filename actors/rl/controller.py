@@ -73,7 +73,7 @@ def check_components(cfg: RunConfig) -> EnvSpec:
         bad = [i for i in ids if not 0 <= i < bound]
         require(not bad, name, f"ids {bad} out of range 0..{bound - 1}")
     if cfg.env.name == "libero":  # training never starts from states evaluation uses
-        from envs.libero_split import check_split
+        from envs.libero.split import check_split
 
         check_split(cfg.env, cfg.env_workers.init_state_ids)
     policy = build_policy(cfg.policy, spec)
@@ -568,7 +568,7 @@ class Controller:
         """LIBERO: where training episodes started and whether they overlap evaluation's."""
         if self.cfg.env.name != "libero":
             return {}
-        from envs.libero_split import split_note
+        from envs.libero.split import split_note
 
         return {"split": split_note(self.cfg.env, self.cfg.env_workers.init_state_ids)}
 

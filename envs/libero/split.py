@@ -1,7 +1,7 @@
 """The LIBERO train/test split: training never starts from the states evaluation uses.
 
 Published LIBERO results evaluate every task on its 50 bundled initial states
-(``envs.libero_scenes``), so training episodes start from fresh placements.
+(``envs.libero.scenes``), so training episodes start from fresh placements.
 
 ``check_split`` is the Ray-free guard for training configs (``datalake record`` calls it, and
 RL config validation can): training episodes that start from bundled states which evaluation
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.libero import SUITE_NUM_TASKS, LiberoConfig
-from envs.libero_scenes import NUM_BUNDLED_STATES, RECORD_SIDECAR
+from envs.libero.env import SUITE_NUM_TASKS, LiberoConfig
+from envs.libero.scenes import NUM_BUNDLED_STATES, RECORD_SIDECAR
 from rlvla3.config import ConfigError, Named, build, to_dict
 from rlvla3.storage import Storage, basename
 from rlvla3.storage import parent as parent_of

@@ -22,7 +22,7 @@ below the highest point of its rim (libero_spatial task 5's bowl settles leaning
 on its ramekin, in fresh and bundled scenes alike: 8 of 10 fresh scenes solved, was 0).
 The expert needs the in-process ``LiberoEnv`` (``process: false``) for the sim state.
 
-``python -m envs.libero_expert --suite libero_spatial --episodes 5 --json`` reports the solve
+``python -m envs.libero.expert --suite libero_spatial --episodes 5 --json`` reports the solve
 rate per task (a task the expert does not cover reports ``"covered": false``). Measured here
 (initial states 0..k-1 of each task): libero_spatial 49/50 (all 10 tasks, 5 each; task 1 from
 state 2 releases the bowl but it does not come to rest on the plate); libero_object
@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.libero import SUITE_NUM_TASKS, LiberoConfig, LiberoEnv
+from envs.libero.env import SUITE_NUM_TASKS, LiberoConfig, LiberoEnv
 from rlvla3.cli_options import add_image_size, deprecated_alias
 
 MAX_CENTER_GRASP = 0.065
@@ -409,7 +409,7 @@ def run_expert_episode(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m envs.libero_expert", description=__doc__.split("\n")[0]
+        prog="python -m envs.libero.expert", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--suite", default="libero_spatial", choices=sorted(SUITE_NUM_TASKS))
     parser.add_argument("--task-ids", type=int, nargs="*", help="suite task ids (default: all)")

@@ -11,7 +11,7 @@ published LIBERO evaluations run it (openpi's ``examples/libero``):
   controller and renderer state, the scene is seeded per key, and NumPy's global generator
   (the one robosuite and LIBERO draw from) is reseeded per key for the episode, so a kept
   simulator, the episodes a process ran before and its seed change nothing.
-  ``placements`` chooses the scenes (``envs.libero_scenes``): ``bundled``, the task's 50
+  ``placements`` chooses the scenes (``envs.libero.scenes``): ``bundled``, the task's 50
   bundled initial states (what published evaluations start from; ``rlvla3 eval`` uses them),
   or ``fresh`` (the default, for training), object placements sampled from the task's own
   placement regions, deterministic per ``(placement_seed, suite, task, init_state_id)`` and
@@ -65,7 +65,7 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
-from envs.libero_scenes import (
+from envs.libero.scenes import (
     EXTRA_SETTLE_STEPS,
     NUM_BUNDLED_STATES,
     SETTLED_SPEED,
@@ -137,7 +137,7 @@ class LiberoConfig:
     """Draws per fresh scene before its reset fails (invalid draws are replaced)."""
     allow_eval_overlap: bool = False
     """Allow training episodes on bundled states that evaluation uses (outputs then say so;
-    see ``envs.libero_split.check_split``)."""
+    see ``envs.libero.split.check_split``)."""
     fast_render: bool = True
     process: bool = True
     """Run the simulator in its own process (crash isolation)."""

@@ -1,7 +1,7 @@
 """Where a LIBERO episode starts: bundled initial states or fresh seeded placements.
 
 Role: published LIBERO results evaluate every task on its 50 *bundled* initial states, which no
-training demonstration starts from. This module gives ``envs.libero.LiberoEnv`` its two ways
+training demonstration starts from. This module gives ``envs.libero.env.LiberoEnv`` its two ways
 to start an episode, as strategy objects chosen by ``LiberoConfig.placements``:
 
 - ``BundledScenes``: ``reset(task, k)`` loads the task's bundled initial state ``k`` (0..49),
@@ -22,7 +22,7 @@ to start an episode, as strategy objects chosen by ``LiberoConfig.placements``:
   settle steps (libero_spatial task 5's bowl slides 6 cm off the ramekin it is dropped on),
   and a fresh scene must only be as plausible as they are.
 
-The split itself (what training may start from) is ``envs.libero_split``.
+The split itself (what training may start from) is ``envs.libero.split``.
 """
 
 from __future__ import annotations

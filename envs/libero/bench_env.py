@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.libero import SUITE_NUM_TASKS, make_libero_env
+from envs.libero.env import SUITE_NUM_TASKS, make_libero_env
 from rlvla3.cli_options import add_image_size, deprecated_alias
 
 
