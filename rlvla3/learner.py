@@ -48,7 +48,7 @@ from rlvla3.algos import AlgoConfig, objective
 from rlvla3.group_buffer import GroupBuffer
 from rlvla3.plan.gpu_costs import TrainingCost
 from rlvla3.protocols import Policy
-from rlvla3.samples import Samples, prepare_samples
+from rlvla3.rl_samples import Samples, prepare_samples
 from rlvla3.types import TrajectorySegment
 
 

@@ -200,7 +200,7 @@ ATTENTION_TOLERANCE = {"out": 0.02, "dq": 0.05, "dk": 0.05, "dv": 0.05}
 
 
 def check_attention(ctx: Context) -> Iterator[Snapshot]:
-    from rlvla3.model.config import PRESETS
+    from rlvla3.model.vla_config import PRESETS
 
     s, dev = PRESETS[ctx.sizes.preset], ctx.device
     lens = ctx.sizes.attention_lengths
@@ -263,9 +263,9 @@ def _training_step(ctx: Context, variants: dict[str, tuple[dict, bool]]) -> Iter
     whether its projections run FP8), one variant on the device at a time, identical weights
     (same seed) and batch; the first variant is the baseline of the others."""
     from rlvla3.config import build
-    from rlvla3.model.config import VLAConfig, shapes_for
     from rlvla3.model.policy import VLAPolicy
-    from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+    from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+    from rlvla3.model.vla_config import VLAConfig, shapes_for
 
     dev, sz = ctx.device, ctx.sizes
     side = shapes_for(build(VLAConfig, {"preset": sz.preset})).image_size
@@ -424,9 +424,9 @@ chain (an importance ratio within about 5% of 1 at identical weights)."""
 
 def check_rl(ctx: Context) -> Iterator[Snapshot]:
     from rlvla3.config import build
-    from rlvla3.model.config import VLAConfig, shapes_for
     from rlvla3.model.policy import VLAPolicy
-    from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+    from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+    from rlvla3.model.vla_config import VLAConfig, shapes_for
 
     dev, sz = ctx.device, ctx.sizes
     cfg = build(VLAConfig, {"preset": sz.preset})
