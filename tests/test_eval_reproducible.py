@@ -265,7 +265,10 @@ def test_an_episode_is_the_same_alone_in_a_larger_run_reordered_and_after_a_resu
         pytest.skip(why)
     from actors.eval.evaluate import main
 
-    alone = _eval(tmp_path / "alone", "--episodes", "2:7", "8:31", "--workers", "1")
+    alone = _eval(tmp_path / "alone", "--episodes", "2:7", "8:31", "4:48", "--workers", "1")
+    # task 4's simulator runs two of its episodes first (LIBERO grows a sampler list per reset)
+    same_sim = _eval(tmp_path / "same_sim", "--episodes", "4:47", "4:3", "4:48", "--workers", "1")
+    assert alone[(4, 48)] == same_sim[(4, 48)]
     larger = _eval(
         tmp_path / "larger", "--task-ids", "2", "8", "--init-ids", "5", "7", "31", "--workers", "2"
     )
@@ -324,3 +327,27 @@ def test_a_resumed_evaluation_reruns_episodes_a_fault_ended(tmp_path):
     resumed.close()
     assert [r["init_state"] for r in EvalOutput(tmp_path, IDENT).rows] \
         == [1, 2]  # the rerun's line replaces the fault's
+
+
+def test_an_output_written_before_the_scene_rule_is_not_resumed(tmp_path):
+    """Its task-4 episodes were drawn after as many extra draws as the simulator had resets;
+    continuing it with today's draw would mix two scene rules in one result."""
+    from actors.eval.evaluate import (
+        IDENTITY_KEYS,
+        EvalOutput,
+        _identity,
+        env_options,
+        eval_tasks,
+        parse_args,
+    )
+    from envs.libero.scenes import SCENE_RULE
+
+    assert "scenes" in IDENTITY_KEYS
+    now = {**IDENT, "scenes": SCENE_RULE}
+    EvalOutput(tmp_path / "before", IDENT).close()  # no ``scenes``: written before the rule
+    with pytest.raises(SystemExit, match=f"scenes: None != '{SCENE_RULE}'"):
+        EvalOutput(tmp_path / "before", now)
+    EvalOutput(tmp_path / "now", now).close()
+    EvalOutput(tmp_path / "now", now).close()  # the same rule resumes
+    args = parse_args(["--suite", "libero_spatial", "--policy", "random"])
+    assert _identity(args, env_options(args, eval_tasks(args)))["scenes"] == SCENE_RULE

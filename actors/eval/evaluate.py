@@ -70,6 +70,7 @@ from actors.eval.rounds import (
 )
 from actors.eval.worker import LANGUAGE_MODES, ActionSource, given_instructions
 from envs.libero.env import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
+from envs.libero.scenes import SCENE_RULE
 from rlvla3.cli_options import add_image_size
 from rlvla3.config import Named, build
 from rlvla3.fingerprint import PLAN_FIELDS, fingerprint, fingerprint_differences
@@ -78,7 +79,7 @@ from rlvla3.storage import Mirror, join
 
 IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "cameras",
                  "image_size", "chunk_len", "max_steps", "fast_render", "seed", "language",
-                 "numerics")
+                 "numerics", "scenes")
 """What an output directory's episodes depend on: a resume must match all of them."""
 
 
@@ -241,6 +242,7 @@ def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
         "chunk_len": cfg.chunk_len,
         "max_steps": cfg.episode_steps,
         "fast_render": cfg.fast_render,
+        "scenes": SCENE_RULE,
         "acting": acting(args),
         "seed": args.seed if not args.checkpoint or args.sampled else None,
         "language": args.language,
@@ -356,6 +358,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         info = ray.get(worker.describe.remote())
         fp = fingerprint(
             {**settings, "control_freq": info.get("control_freq"),
+             "scene_rule": info.get("scene_rule"),
              "numerics": info["numerics"], "host": info["host"],
              **({"sampling": info["sampling"]} if "sampling" in info else {})},
             renderer=info.get("renderer"),

@@ -68,6 +68,7 @@ import yaml
 from envs.libero.scenes import (
     EXTRA_SETTLE_STEPS,
     NUM_BUNDLED_STATES,
+    SCENE_RULE,
     SETTLED_SPEED,
     BundledScenes,
     FreshScenes,
@@ -562,7 +563,8 @@ class LiberoEnv:
 
     def describe(self) -> dict[str, Any]:
         """What this simulator runs on: renderer strings and the control frequency."""
-        info: dict[str, Any] = {"renderer": renderer_info(self._render_context())}
+        info: dict[str, Any] = {"renderer": renderer_info(self._render_context()),
+                                "scene_rule": SCENE_RULE}
         if self._sim is not None:
             info["control_freq"] = float(self.raw.control_freq)
         return info

@@ -55,6 +55,13 @@ DROP_HEIGHT = 0.12
 """m: how far above its support LIBERO may place an object (it falls into place)."""
 
 
+SCENE_RULE = "episode-key/2"
+"""How a scene is drawn from its key, recorded with evaluations: ``episode-key/2`` draws the
+fixtures from the key alone (``seeded_hard_reset``); results written before it lack the field,
+and their episodes of tasks with a drawer or knob sampler (libero_spatial task 4) were drawn
+after as many extra joint draws as the simulator had resets."""
+
+
 class SceneError(RuntimeError):
     """No valid scene for an episode key within the allowed attempts."""
 
@@ -146,7 +153,18 @@ def episode_seed(seed: int, suite: str, suite_task: int, init_state_id: int) -> 
 
 def seeded_hard_reset(sim: Any, seed: int) -> None:
     """Hard reset (the model is rebuilt and every placement sampled) with the global NumPy
-    generator LIBERO's samplers use seeded by ``seed``, and restored afterwards."""
+    generator LIBERO's samplers use seeded by ``seed``, and restored afterwards.
+
+    LIBERO appends a property sampler (a drawer's open/close joint, a stove's on/off knob) to
+    ``object_property_initializers`` each time it rebuilds the model and never clears the list,
+    so its ``k``-th reset draws ``k`` joint values before it places the fixtures: the same seed
+    put the wooden cabinet and the stove up to 1 cm elsewhere depending on how many episodes the
+    simulator had run (an evaluation's outcome then depended on which worker ran the episode
+    and what it ran before). The list is emptied first, so every reset rebuilds exactly one
+    sampler per property and the draw is a function of ``seed`` alone."""
+    initializers = getattr(sim.env, "object_property_initializers", None)
+    if initializers is not None:
+        initializers.clear()
     saved = np.random.get_state()
     try:
         sim.seed(seed)
