@@ -108,7 +108,7 @@ def start_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors.roles.run_status import NAMESPACE
+    from actors.runtime.bootstrap import NAMESPACE
 
     start = time.monotonic()
     cluster = Cluster(initialize_head=True, head_node_args={
@@ -338,7 +338,7 @@ def scenario_autoscaling(facts: Facts, tmp: Path) -> None:
 
     from actors.observe.status import collect
     from actors.rl.controller import Controller
-    from actors.roles.run_status import NAMESPACE
+    from actors.runtime.bootstrap import NAMESPACE
     from rlvla3.run_config import load_run_config
 
     proc, gcs = start_autoscaling_head(tmp, max_sim=3)

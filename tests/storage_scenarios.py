@@ -63,7 +63,7 @@ def start_cluster(scratch: Path):
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors.roles.run_status import NAMESPACE
+    from actors.runtime.bootstrap import NAMESPACE
 
     start = time.monotonic()
     os.environ["RLVLA3_SCRATCH"] = str(scratch / "driver")  # the head's raylet inherits it

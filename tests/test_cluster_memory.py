@@ -1,6 +1,6 @@
 """The memory pre-flight against a real run: the default preset on this machine, each role's
 estimated host memory (``rlvla3.plan.memory``) next to the peak RSS its processes reached (own
-process and children, ``actors.observe.process_memory``), within 25%."""
+process and children, ``actors.runtime.process_memory``), within 25%."""
 
 from __future__ import annotations
 

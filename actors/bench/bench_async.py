@@ -104,8 +104,8 @@ def env_stage_alone(cfg, spec, seconds: float, warmup_s: float) -> float:
     """Env steps/s of all slots with an instant action source (no inference, no training),
     after the same warm-up as the pipeline modes."""
     from actors.roles.env_worker import EnvWorker
-    from actors.roles.run_status import NAMESPACE
     from actors.roles.trajectory_queue import TrajectoryQueue
+    from actors.runtime.bootstrap import NAMESPACE
     from rlvla3.run_config import QueueConfig
 
     tag = f"rlvla3:bench-env-alone:{time.monotonic_ns()}"

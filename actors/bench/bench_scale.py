@@ -107,7 +107,7 @@ def start_cluster(gpus: int, sim_cpus: int):
     machine join this cluster."""
     from ray.cluster_utils import Cluster
 
-    from actors.roles.run_status import NAMESPACE
+    from actors.runtime.bootstrap import NAMESPACE
 
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rlvla3-", dir="/tmp")
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")  # a busy machine starts slowly

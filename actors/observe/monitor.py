@@ -1,6 +1,6 @@
 """The run monitor: one progress row per tick from every role's counters, and the accounting.
 
-Input: the ``Topology`` of a running run. Output: progress rows (console line, ``metrics.jsonl``,
+Input: the role handles of a running run (its ``Topology``). Output: progress rows (console line, ``metrics.jsonl``,
 TensorBoard, the run's status actor), the summary's per-mode figures and the decision
 accounting. Collecting across restarts is ``actors.observe.collect``; the pure figures (histograms, success per task, ``waiting_on``
 for the controller's watchdog) are ``actors.observe.figures``.
@@ -37,22 +37,32 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Protocol
 
 import ray
 
 from actors.observe.collect import LEARNER_CARRIED, SERVER_CARRIED, WORKER_CARRIED, RoleStats
 from actors.observe.figures import add_counts, hist_quantile, hist_summary, success_by_task
-from actors.rl.topology import Topology
 
 RUN_COUNTERS = ("env_steps", "episodes", "trained_env_steps", "decisions", "trained_decisions",
                 "discarded_decisions")
 """Row figures that count the whole run: a resumed leg adds its own to the checkpoint's."""
 
 
+class RoleHandles(Protocol):
+    """What the monitor reads of a run: the actor handles of each role. The RL job passes its
+    ``actors.rl.topology.Topology``; naming only these keeps the monitor below the job."""
+
+    workers: list
+    servers: list
+    learners: list
+    queue: object
+
+
 class RunMonitor:
     """Collects every role's stats and turns them into rows, lines and the summary."""
 
-    def __init__(self, topology: Topology, run_dir: Path):
+    def __init__(self, topology: RoleHandles, run_dir: Path):
         self.topo = topology
         self.run_dir = run_dir
         self.workers = RoleStats("env_worker", WORKER_CARRIED)

@@ -29,7 +29,8 @@ import time
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors.roles.run_status import NAME_PREFIX, NAMESPACE
+from actors.roles.run_status import NAME_PREFIX
+from actors.runtime.bootstrap import NAMESPACE
 from actors.runtime.cluster_state import autoscaler
 
 FIELDS: tuple[tuple[str, str, str], ...] = (

@@ -37,7 +37,6 @@ import yaml
 from actors.observe.collect import WaitingForActors
 from actors.observe.figures import waiting_on
 from actors.observe.monitor import RUN_COUNTERS, RunMonitor, say
-from actors.observe.process_memory import ProcessMemory
 from actors.rl.capacity import CapacityWatch
 from actors.rl.checkpointer import Checkpointer, restore_samplers
 from actors.rl.failures import LOSS_GRACE_S, LearnerFailures
@@ -47,8 +46,8 @@ from actors.rl.stop import stop_async_run
 from actors.rl.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.rl.topology import Topology, build_topology
 from actors.roles.learner_group import LOSS_ERRORS
-from actors.roles.run_status import NAMESPACE
-from actors.runtime.bootstrap import init_ray
+from actors.runtime.bootstrap import NAMESPACE, init_ray
+from actors.runtime.process_memory import ProcessMemory
 from envs import dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.config import require, to_dict

@@ -34,7 +34,7 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
     elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
         import ray
 
-        from actors.roles.run_status import NAMESPACE
+        from actors.runtime.bootstrap import NAMESPACE
         from actors.runtime.cluster_state import alive_nodes, can_add_nodes
 
         ray.init(address=cfg.ray.address or None, namespace=NAMESPACE, log_to_driver=False,

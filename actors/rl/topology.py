@@ -41,8 +41,9 @@ from actors.roles.env_worker import EnvWorker
 from actors.roles.learner_group import LearnerGroup
 from actors.roles.learner_rank import Learner
 from actors.roles.rollout_server import RolloutServer
-from actors.roles.run_status import NAME_PREFIX, NAMESPACE, RunStatus
+from actors.roles.run_status import NAME_PREFIX, RunStatus
 from actors.roles.trajectory_queue import TrajectoryQueue
+from actors.runtime.bootstrap import NAMESPACE
 from actors.runtime.cluster_state import actor_node, driver_node
 from envs import dilate_env
 from rlvla3.plan.cluster import actor_specs, describe_demand

@@ -37,10 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import ray
 
-from actors.observe.metrics import RoleMetrics
-from actors.observe.process_memory import ProcessMemory
 from actors.roles.trajectory_queue import SegmentInfo
 from actors.runtime.bootstrap import lookup, was_restarted
+from actors.runtime.metrics import RoleMetrics
+from actors.runtime.process_memory import ProcessMemory
 from envs import make_env
 from rlvla3.config import Named
 from rlvla3.episode import EpisodeRecorder, InformativeTasks, TaskSampler

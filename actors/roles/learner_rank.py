@@ -39,9 +39,9 @@ import ray
 import torch
 import torch.distributed as dist
 
-from actors.observe.metrics import RoleMetrics
-from actors.observe.process_memory import ProcessMemory
 from actors.runtime.bootstrap import lookup, was_restarted
+from actors.runtime.metrics import RoleMetrics
+from actors.runtime.process_memory import ProcessMemory
 from rlvla3.algos import AlgoConfig
 from rlvla3.checkpoint import (
     CheckpointMeta,

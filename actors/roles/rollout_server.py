@@ -42,9 +42,9 @@ import numpy as np
 import ray
 import torch
 
-from actors.observe.metrics import RoleMetrics
-from actors.observe.process_memory import ProcessMemory
 from actors.runtime.bootstrap import lookup, was_restarted
+from actors.runtime.metrics import RoleMetrics
+from actors.runtime.process_memory import ProcessMemory
 from rlvla3.batch_policy import make_batch_policy
 from rlvla3.batcher import DynamicBatcher
 from rlvla3.config import Named

@@ -11,14 +11,13 @@ from __future__ import annotations
 import time
 
 NAME_PREFIX = "rlvla3-status:"
-NAMESPACE = "rlvla3"
 
 
 class RunStatus:
     """Holds the latest progress row of one run."""
 
     def __init__(self, run_name: str, run_dir: str, mode: str):
-        from actors.observe.metrics import RoleMetrics
+        from actors.runtime.metrics import RoleMetrics
 
         self.info = {"run": run_name, "run_dir": run_dir, "mode": mode, "state": "starting",
                      "started_at": time.time()}

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 
 import ray
 
-from actors.observe.metrics import RoleMetrics
+from actors.runtime.metrics import RoleMetrics
 from rlvla3.run_config import QueueConfig
 from rlvla3.types import EpisodeKey
 

@@ -21,7 +21,8 @@ import warnings
 
 import ray
 
-from actors.roles.run_status import NAMESPACE
+NAMESPACE = "rlvla3"
+"""The Ray namespace of every named actor of this project (roles, run status)."""
 
 
 def lookup(name: str):
