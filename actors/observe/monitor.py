@@ -1,9 +1,10 @@
 """The run monitor: one progress row per tick from every role's counters, and the accounting.
 
-Input: the role handles of a running run (its ``Topology``). Output: progress rows (console line, ``metrics.jsonl``,
-TensorBoard, the run's status actor), the summary's per-mode figures and the decision
-accounting. Collecting across restarts is ``actors.observe.collect``; the pure figures (histograms, success per task, ``waiting_on``
-for the controller's watchdog) are ``actors.observe.figures``.
+Input: the role handles of a running run (its ``Topology``). Output: progress rows (console
+line, ``metrics.jsonl``, TensorBoard, the run's status actor), the summary's per-mode figures
+and the decision accounting. Collecting across restarts is ``actors.observe.collect``; the pure
+figures (histograms, success per task, ``waiting_on`` for the controller's watchdog) are
+``actors.observe.figures``.
 
 Figures a user judges a run by (all in the row and the summary):
 - ``env_steps_per_s``: produced low-level env steps per second;
@@ -20,7 +21,8 @@ plus this leg's); rates (``*_per_s``), ``time_s`` and the accounting cover this 
 
 Restarts (``actors.observe.collect``): an actor that Ray restarted reports a new incarnation
 whose counters start from zero; the monitor adds its predecessor's last counters back
-(``carried``), so totals never go down, and counts what died with it (an env worker's running episodes, a learner's buffered samples).
+(``carried``), so totals never go down, and counts what died with it (an env worker's running
+episodes, a learner's buffered samples).
 
 Accounting: every decision produced is in exactly one place (with restarts, what died with an
 actor counts as lost: its last report, plus what only the queue saw it do afterwards), and

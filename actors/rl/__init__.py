@@ -12,7 +12,9 @@ Modules:
     checkpointer   when the run saves its state, and what a resume restores beside the learner
     periodic_eval  evaluation beside rollout and training, never pausing them
     step_log       the learner's per-step objective figures: file, progress row, summary
+    budget         when a run stops: env steps, minutes, target success, a stop asked for
     stop           how an asynchronous run stops: in order, within a bound, saying what happened
+    summary        the summary's pure figures: batch sizes, memory estimated vs measured, split
 
 ``controller`` and ``topology`` are the only modules that know the topology.
 """

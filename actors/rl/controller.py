@@ -1,16 +1,21 @@
 """The controller: runs one RL run from a validated config to its summary.
 
+One module over 400 lines because its loop, tick and teardown share one run's state (topology,
+monitor, checkpointer, learner group); what has a seam lives beside it: the limits in
+``actors.rl.budget``, the summary's pure figures in ``actors.rl.summary``.
+
 It validates the run config against the env and policy registries, and runs the pre-flight
 (every role fits a node, ``rlvla3.plan.cluster``; every node's memory holds its share,
 ``rlvla3.plan.memory``) before any actor starts, then holds one collaborator per job: the
 ``Topology`` (which actors exist and where, ``actors.rl.topology``) with its ``LearnerGroup``
 (rebuilt when a rank is lost, ``actors.roles.learner_group``), the strategies that drive them
-(``actors.rl.strategies``), the ``RunMonitor`` (progress rows, accounting, ``actors.observe.monitor``), the
-``CapacityWatch`` (actors that lost their node, ``actors.rl.capacity``), the ``Checkpointer``
-(``actors.rl.checkpointer``), ``PeriodicEval`` (``actors.rl.periodic_eval``), ``LearnerFailures``
-(whether a learner error rebuilds the group or ends the run, ``actors.rl.failures``), the
-``StepLog`` (per-step objective figures, ``actors.rl.step_log``) and the stop sequence of an
-asynchronous run (``actors.rl.stop``). Its own loop only sequences them.
+(``actors.rl.strategies``), the ``RunMonitor`` (progress rows, accounting,
+``actors.observe.monitor``), the ``CapacityWatch`` (actors that lost their node,
+``actors.rl.capacity``), the ``Checkpointer`` (``actors.rl.checkpointer``), ``PeriodicEval``
+(``actors.rl.periodic_eval``), ``LearnerFailures`` (whether a learner error rebuilds the group
+or ends the run, ``actors.rl.failures``), the ``StepLog`` (per-step objective figures,
+``actors.rl.step_log``), the ``RunBudget`` (when the run stops, ``actors.rl.budget``) and the
+stop sequence of an asynchronous run (``actors.rl.stop``). Its own loop only sequences them.
 
 Run directory (a local path or URI, ``rlvla3.storage``): ``config.yaml`` (resolved config),
 ``metrics.jsonl``, ``steps.jsonl`` (one line per optimizer step), ``tb/`` (TensorBoard),
@@ -18,9 +23,9 @@ Run directory (a local path or URI, ``rlvla3.storage``): ``config.yaml`` (resolv
 grow are written to a working copy here and copied to a remote storage every
 ``storage.sync_every_s`` and at the end. Resuming from a run directory
 restores weights, optimizer state, policy version, counters and the env workers' episode
-samplers, and continues towards the same ``total_env_steps``. A resumed run's summary counts the whole run (env steps,
-episodes, trained env steps, decisions) and gives this leg's own figures in ``this_leg``;
-its rates and accounting are this leg's.
+samplers, and continues towards the same ``total_env_steps``. A resumed run's summary counts
+the whole run (env steps, episodes, trained env steps, decisions) and gives this leg's own
+figures in ``this_leg``; its rates and accounting are this leg's.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import yaml
 from actors.observe.collect import WaitingForActors
 from actors.observe.figures import waiting_on
 from actors.observe.monitor import RUN_COUNTERS, RunMonitor, say
+from actors.rl.budget import RunBudget
 from actors.rl.capacity import CapacityWatch
 from actors.rl.checkpointer import Checkpointer, restore_samplers
 from actors.rl.failures import LOSS_GRACE_S, LearnerFailures
@@ -44,10 +50,10 @@ from actors.rl.periodic_eval import PeriodicEval
 from actors.rl.step_log import StepLog
 from actors.rl.stop import stop_async_run
 from actors.rl.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
+from actors.rl.summary import batch_size_hist, memory_report, split_note
 from actors.rl.topology import Topology, build_topology
 from actors.roles.learner_group import LOSS_ERRORS
 from actors.runtime.bootstrap import NAMESPACE, init_ray
-from actors.runtime.process_memory import ProcessMemory
 from envs import dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.config import require, to_dict
@@ -141,9 +147,8 @@ class Controller:
         self._watchdog_stop = threading.Event()
         self.capacity: CapacityWatch | None = None
         self._down_workers: set[int] = set()
-        self._stop_asked: str | None = None  # why a stop was asked for (None: it was not)
+        self.budget = RunBudget(cfg, self._log)
         self.stopped_by: str | None = None  # the limit that ended the run
-        self.target_reached: dict | None = None  # when the run reached cfg.target_success
         self.failures = LearnerFailures(cfg.learner.max_rebuilds, cfg.learner.rebuild_window_s)
         self.stop_record: dict | None = None  # how an asynchronous run's stop went
 
@@ -234,10 +239,9 @@ class Controller:
         self._log(f"rlvla3 rl: mode={self.cfg.pipeline.mode} strategies={self.strategies} "
                   f"env={self.cfg.env.name} policy={self.cfg.policy.name} "
                   f"run_dir={self.files.uri}")
-        self._log(self._budget_line())
+        self._log(self.budget.line(self.counters))
         self._warn_staleness_bound()
-        self._start = time.monotonic()
-        self._base = dict(self.counters)
+        self.budget.begin(self.counters)
         self.steps = StepLog(self.run_dir, self._log)
         self.checkpoints = Checkpointer(self.learners[0], topo.workers, self.files.uri,
                                         self.cfg.checkpoint_every,
@@ -276,7 +280,7 @@ class Controller:
             self.capacity.stop()
         summary = self._tick(final=True)
         summary["stopped_by"] = self.stopped_by
-        summary["target_reached"] = self.target_reached
+        summary["target_reached"] = self.budget.target_reached
         self.files.write_text("summary.json", json.dumps(summary, indent=2))
         self.files.push("metrics.jsonl", "steps.jsonl", "tb")
         self._log(f"stopped by {self.stopped_by}; summary: {join(self.files.uri, 'summary.json')}")
@@ -404,45 +408,12 @@ class Controller:
     def request_stop(self, reason: str = "stop requested") -> None:
         """End the run at the next check, as if its budget were spent (from another thread or
         a signal handler); ``reason`` becomes ``stopped_by``."""
-        self._stop_asked = reason
+        self.budget.asked = reason
 
     def _done(self) -> bool:
         """Whether the run ends now; ``stopped_by`` names the limit that ended it."""
-        self.stopped_by = self._stop_reason()
+        self.stopped_by = self.budget.stop_reason(self.monitor.env_steps)
         return self.stopped_by is not None
-
-    def _stop_reason(self) -> str | None:
-        if self._stop_asked is not None:
-            return self._stop_asked
-        if self.target_reached is not None:
-            return f"target_success={self.cfg.target_success:g}"
-        elapsed = time.monotonic() - self._start
-        if self.cfg.max_minutes and (self._base["wall_s"] + elapsed) / 60 >= self.cfg.max_minutes:
-            return f"max_minutes={self.cfg.max_minutes:g}"
-        try:
-            steps = self.monitor.env_steps()
-        except WaitingForActors:
-            return None
-        if self._base["env_steps"] + steps >= self.cfg.total_env_steps:
-            return f"total_env_steps={self.cfg.total_env_steps}"
-        return None
-
-    def _budget_line(self) -> str:
-        """The limits the run stops at: whichever is reached first ends it."""
-        cfg = self.cfg
-        limits = [f"{cfg.total_env_steps} env steps (total_env_steps)"]
-        if cfg.max_minutes:
-            limits.append(f"{cfg.max_minutes:g} min (max_minutes)")
-        if cfg.target_success:
-            source = ("held-out evaluation" if cfg.eval_every
-                      else f"last {cfg.target_window}+ training episodes")
-            limits.append(f"success >= {cfg.target_success:g} on the {source} (target_success)")
-        line = (f"budget: {limits[0]}" if len(limits) == 1 else
-                f"budget: {', '.join(limits[:-1])} or {limits[-1]}, whichever comes first")
-        if self.counters["env_steps"]:  # resumed: both limits count the whole run
-            line += (f"; the run has taken {self.counters['env_steps']} env steps and "
-                     f"{self.counters['wall_s'] / 60:.1f} min before this leg")
-        return line
 
     def _tick(self, final: bool = False) -> dict | None:
         topo, monitor = self.topology, self.monitor
@@ -456,11 +427,11 @@ class Controller:
         self._release_lost_workers()
         killed = self.stop_record is not None and self.stop_record["learners"] == "killed"
         history = [] if killed else ray.get(self.learners[0].take_history.remote())
-        elapsed = time.monotonic() - self._start
-        row = monitor.row(snap, elapsed, self._base)
+        elapsed = self.budget.elapsed()
+        row = monitor.row(snap, elapsed, self.budget.base)
         row["objective"] = self.steps.add(history)
         self.counters.update({k: row[k] for k in RUN_COUNTERS},
-                             wall_s=self._base["wall_s"] + elapsed)
+                             wall_s=self.budget.base["wall_s"] + elapsed)
         # before anything slow, so a run stopped by a signal with a short grace keeps its last step
         if not killed:
             self.checkpoints.save(self.counters, force=final)
@@ -472,22 +443,18 @@ class Controller:
             self._log(f"warning: copying metrics to {self.files.uri} failed: {exc}")
         self._log(monitor.line(row, elapsed))
         if not self.cfg.eval_every and row["success_window"] >= self.cfg.target_window:
-            self._check_target("training", row["success_rate"], row["success_window"],
-                               row["policy_version"])
+            self.budget.check_target("training", row["success_rate"], row["success_window"],
+                                     row["policy_version"], self.counters)
         if not final:
             self._collect_eval()
             self._maybe_start_eval(row["policy_version"])
             return row
-        if self._stop_asked is not None or killed:  # stop now: no final evaluation
+        if self.budget.asked is not None or killed:  # stop now: no final evaluation
             self.evaluator.cancel()
         else:
             self._collect_eval(wait_s=600.0)
             self._maybe_start_eval(row["policy_version"], final=True)
             self._collect_eval(wait_s=600.0)
-        sizes: dict[int, int] = {}
-        for s in snap["servers"]:
-            for k, v in s["batch_sizes"].items():
-                sizes[int(k)] = sizes.get(int(k), 0) + v
         accounting = monitor.accounting(snap)
         for _ in range(5):  # a slot or learner still finishing its last call: read again
             if not accounting["unaccounted"]:
@@ -504,12 +471,12 @@ class Controller:
             "policy": self.cfg.policy.name,
             "algo": self.cfg.algo.name,
             "env_slots": sum(w["slots"] for w in snap["workers"]),
-            "batch_size_hist": dict(sorted(sizes.items())),
+            "batch_size_hist": batch_size_hist(snap),
             "staleness_hist": monitor.staleness_hist(snap),
             "queue_staleness_hist": snap["queue"]["staleness_hist"],
             "episode_lengths": monitor.lengths(snap),
             "accounting": accounting,
-            **self._split_note(),
+            **split_note(self.cfg),
             "evals": self.evals,
             "nodes": topo.nodes(),
             "learner_group": {"ranks": len(self.learners), "rebuilds": topo.group.rebuilds},
@@ -519,10 +486,10 @@ class Controller:
                 self.learners[0].distance_from.remote(self.cfg.init_from)), 7),
             "outages": [e for e in self.capacity.outages() if e["kind"] == "outage"],
             "start_waits": [e for e in self.capacity.outages() if e["kind"] == "start"],
-            "memory": self._memory(snap),
+            "memory": memory_report(self.memory_plan.role_totals(), snap),
             "wall_s": self.counters["wall_s"],
             "this_leg": {"time_s": row["time_s"],
-                         **{k: row[k] - self._base.get(k, 0) for k in RUN_COUNTERS}},
+                         **{k: row[k] - self.budget.base.get(k, 0) for k in RUN_COUNTERS}},
             **({"counts_from_this_leg": self.partial_counters} if self.partial_counters else {}),
             "checkpoints": self.checkpoints.summary(),
             "run_dir": self.files.uri,
@@ -538,21 +505,6 @@ class Controller:
             last = "none: the run ends with no checkpoint of its own"
         return {**self.stop_record, "final_checkpoint": last}
 
-    def _memory(self, snap: dict) -> dict:
-        """The pre-flight estimate next to the peak RSS each role measured (MB; own process
-        plus children such as simulator processes)."""
-        def peak(stats: list[dict]) -> float:
-            return round(sum(s["memory"]["total_peak_mb"] for s in stats if "memory" in s), 1)
-
-        measured = {"learner": peak(snap["learners"]), "rollout": peak(snap["servers"]),
-                    "env": peak(snap["workers"]),
-                    "driver": ProcessMemory().sample()["rss_peak_mb"]}  # its children are Ray's
-        estimated = self.memory_plan.role_totals()
-        return {"estimated_mb": {k: round(v, 1) for k, v in estimated.items()},
-                "measured_peak_mb": measured,
-                "ratio": {k: round(estimated[k] / v, 3) for k, v in measured.items()
-                          if v and estimated.get(k)}}
-
     def _release_lost_workers(self) -> None:
         """An env worker that stopped running (its node left) holds queue admissions that no
         episode will use: release them, so pacing does not wait for them."""
@@ -562,14 +514,6 @@ class Controller:
             if incarnation is not None:
                 self.topology.queue.retire.remote(w, incarnation)
         self._down_workers = down
-
-    def _split_note(self) -> dict:
-        """LIBERO: where training episodes started and whether they overlap evaluation's."""
-        if self.cfg.env.name != "libero":
-            return {}
-        from envs.libero.split import split_note
-
-        return {"split": split_note(self.cfg.env, self.cfg.env_workers.init_state_ids)}
 
     # ---- periodic evaluation on held-out initial states ----------------------------------
     def _maybe_start_eval(self, version: int, final: bool = False) -> None:
@@ -582,22 +526,8 @@ class Controller:
             self._log(f"eval at v{result['version']}: success {result['success_rate']:.2f} "
                       f"over {result['episodes']} held-out episodes ({result['wall_s']}s)")
             self.monitor.scalar("eval/success_rate", result["success_rate"], result["version"])
-            self._check_target("held-out eval", result["success_rate"], result["episodes"],
-                               result["version"])
-
-    def _check_target(self, source: str, rate: float, episodes: int, version: int) -> None:
-        """Record the first time ``rate`` reaches ``cfg.target_success``: the run then stops.
-        The env steps and wall time are the run's when the rate became known (for an
-        evaluation, when it finished, not when its checkpoint was taken)."""
-        target = self.cfg.target_success
-        if not target or self.target_reached is not None or rate < target:
-            return
-        steps, wall = self.counters["env_steps"], round(self.counters["wall_s"], 1)
-        self.target_reached = {"source": source, "success_rate": round(rate, 4),
-                               "episodes": episodes, "policy_version": version,
-                               "env_steps": steps, "wall_s": wall}
-        self._log(f"target success {target:g} reached: {rate:.2f} over {episodes} {source} "
-                  f"episodes at {steps} env steps, {wall}s")
+            self.budget.check_target("held-out eval", result["success_rate"],
+                                     result["episodes"], result["version"], self.counters)
 
     def _log(self, text: str) -> None:
         say(text, self.quiet)
