@@ -1,5 +1,8 @@
 """The RL run config: one frozen dataclass per component, composed into ``RunConfig``.
 
+One module over 400 lines because the component dataclasses of one run config and the rules that
+span them are read together.
+
 Each actor receives only its own section. ``load_run_config`` merges a shipped preset, an
 optional YAML file and ``--set`` overrides, builds the dataclasses (unknown keys and bad types
 fail with the dotted field), then checks the rules that span sections. Env- and policy-specific

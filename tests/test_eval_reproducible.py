@@ -258,7 +258,7 @@ def _eval(out: Path, *argv: str) -> dict[tuple[int, int], tuple]:
 def test_an_episode_is_the_same_alone_in_a_larger_run_reordered_and_after_a_resume(
     ray_cluster, tmp_path, capsys
 ):
-    from envs.libero.env import libero_available
+    from envs.libero.simulator import libero_available
 
     why = libero_available()
     if why:
@@ -313,7 +313,7 @@ IDENT = {"suite": "libero_spatial", "language": "own", "numerics": "pinned"}
 
 
 def test_a_resumed_evaluation_reruns_episodes_a_fault_ended(tmp_path):
-    from actors.eval.evaluate import EvalOutput
+    from actors.eval.output_dir import EvalOutput
 
     output = EvalOutput(tmp_path, IDENT)
     output.add({"task": 0, "init_state": 1, "success": True, "steps": 90}, 1.0)
@@ -332,14 +332,8 @@ def test_a_resumed_evaluation_reruns_episodes_a_fault_ended(tmp_path):
 def test_an_output_written_before_the_scene_rule_is_not_resumed(tmp_path):
     """Its task-4 episodes were drawn after as many extra draws as the simulator had resets;
     continuing it with today's draw would mix two scene rules in one result."""
-    from actors.eval.evaluate import (
-        IDENTITY_KEYS,
-        EvalOutput,
-        _identity,
-        env_options,
-        eval_tasks,
-        parse_args,
-    )
+    from actors.eval.evaluate import _identity, env_options, eval_tasks, parse_args
+    from actors.eval.output_dir import IDENTITY_KEYS, EvalOutput
     from envs.libero.scenes import SCENE_RULE
 
     assert "scenes" in IDENTITY_KEYS

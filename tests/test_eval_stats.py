@@ -210,7 +210,7 @@ def test_compare_two_results_files_pairs_episodes_and_warns_on_fingerprints(tmp_
 
 
 def test_a_resummarised_evaluation_fingerprints_the_episodes_it_counts():
-    from actors.eval.evaluate import planned
+    from actors.eval.output_dir import planned
 
     first = {"image_size": [64, 64], "init_state_ids": list(range(50)), "tasks": [0, 1]}
     now = {"init_state_ids": list(range(10)), "tasks": [1], "image_size": [128, 128]}
@@ -220,7 +220,7 @@ def test_a_resummarised_evaluation_fingerprints_the_episodes_it_counts():
 
 
 def test_an_interrupted_evaluation_keeps_the_time_it_ran(tmp_path):
-    from actors.eval.evaluate import IDENTITY_KEYS, EvalOutput
+    from actors.eval.output_dir import IDENTITY_KEYS, EvalOutput
 
     identity = {k: None for k in IDENTITY_KEYS}
     first = EvalOutput(tmp_path, identity)

@@ -17,9 +17,9 @@ from envs.libero.env import (
     SUITE_MAX_STEPS,
     LiberoConfig,
     LiberoEnv,
-    libero_available,
     libero_spec,
 )
+from envs.libero.simulator import libero_available
 from rlvla3.config import ConfigError
 
 pytestmark = [
@@ -63,7 +63,7 @@ def test_spec_and_config_validation():
 
 def test_import_never_prompts_even_without_a_libero_config(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path), "LIBERO_CONFIG_PATH": str(tmp_path / "cfg")}
-    code = "from envs.libero.env import libero_available; print(repr(libero_available()))"
+    code = "from envs.libero.simulator import libero_available; print(repr(libero_available()))"
     done = subprocess.run(
         [sys.executable, "-c", code],
         stdin=subprocess.DEVNULL,

@@ -23,7 +23,7 @@ pytestmark = [
 def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
     ray_cluster, tmp_path, capsys
 ):
-    from envs.libero.env import libero_available
+    from envs.libero.simulator import libero_available
 
     why = libero_available()
     if why:

@@ -1,5 +1,8 @@
 """``rlvla3 bench scale``: the GPU regime on a CPU, at 8-32 simulated GPUs.
 
+One module over 400 lines because the simulated cluster, the layouts of the modes and the
+dilation check make one benchmark whose JSON compares them.
+
 Starts a simulated cluster on this machine (``ray.cluster_utils.Cluster``): a head, one node
 per 8 GPUs offering the custom resource ``sim_gpu: 8`` (not Ray's ``GPU``), and a simulator
 node offering ``sim: <sim CPUs>``. Runs the real pipeline on it (``actors.bench.bench_async.run_mode``:

@@ -1,5 +1,9 @@
 """``python -m rlvla3 eval``: closed-loop evaluation on LIBERO in parallel Ray actors.
 
+One module over 400 lines because the CLI, the run and ``--compare`` / ``--recheck`` share the
+parsed arguments; the output directory is ``actors.eval.output_dir`` and the protocol
+``actors.eval.rounds``.
+
     python -m rlvla3 eval --suite libero_spatial [--task-ids 0 1 ...] [--episodes-per-task N]
         (--checkpoint RUN_DIR | --policy random) [--output-dir DIR] [--workers K] [--json]
     python -m rlvla3 eval --compare A B [C ...] [same options]   checkpoints or results.json
@@ -56,10 +60,10 @@ from actors.eval.compare import (
     compare_table,
     comparison_markdown,
     family_markdown,
-    legacy_fields,
     load_results,
 )
 from actors.eval.media import write_chart, write_video
+from actors.eval.output_dir import EvalOutput, planned
 from actors.eval.recheck import recheck, recheck_line, recheck_status
 from actors.eval.rounds import (
     EvalRound,
@@ -73,15 +77,9 @@ from envs.libero.env import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libe
 from envs.libero.scenes import SCENE_RULE
 from rlvla3.cli_options import add_image_size
 from rlvla3.config import Named, build
-from rlvla3.fingerprint import PLAN_FIELDS, fingerprint, fingerprint_differences
+from rlvla3.fingerprint import fingerprint
 from rlvla3.numerics import NUMERICS
 from rlvla3.storage import Mirror, join
-
-IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "cameras",
-                 "image_size", "chunk_len", "max_steps", "fast_render", "seed", "language",
-                 "numerics", "scenes")
-"""What an output directory's episodes depend on: a resume must match all of them."""
-
 
 
 def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
@@ -137,91 +135,6 @@ def _table(summary: dict[str, Any]) -> Any:
     table.add_row("all", "", str(summary["episodes"]), str(summary["successes"]),
                   *_percent(summary), end_section=True)
     return table
-
-
-class EvalOutput:
-    """An evaluation's output directory: what it evaluates, and its finished episodes."""
-
-    def __init__(self, out: Path, identity: dict[str, Any]):
-        self.out = out
-        out.mkdir(parents=True, exist_ok=True)
-        self.header = out / "eval.json"
-        self.log = out / "episodes.jsonl"
-        self.stored: dict[str, Any] = {}
-        if self.header.is_file():
-            self.stored = json.loads(self.header.read_text())
-            old = legacy_fields(self.stored["identity"], identity)
-            diff = [f"{k}: {old.get(k)!r} != {identity.get(k)!r}" for k in IDENTITY_KEYS
-                    if old.get(k) != identity.get(k)]
-            if diff:
-                raise SystemExit(
-                    f"rlvla3 eval: {out} holds episodes of another evaluation ({'; '.join(diff)}); "
-                    "choose another --output-dir"
-                )
-        else:
-            self.stored = {"identity": identity, "seconds": 0.0}
-            self._save_header()
-        self.base_seconds = float(self.stored.get("seconds", 0.0))
-        """Wall time of the invocations before this one."""
-        self._rows: dict[tuple[int, int], dict[str, Any]] = {}
-        """(task, state) -> its episode; a later line replaces an earlier one (a rerun)."""
-        if self.log.is_file():
-            for line in self.log.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:  # a line cut short by a crash: that episode reruns
-                    continue
-                self._rows[(row["task"], row["init_state"])] = row
-        self._file = self.log.open("a")
-
-    @property
-    def rows(self) -> list[dict[str, Any]]:
-        return list(self._rows.values())
-
-    def _save_header(self) -> None:
-        tmp = self.header.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.stored, indent=2) + "\n")
-        tmp.replace(self.header)
-
-    def done(self) -> set[tuple[int, int]]:
-        """Episodes with an outcome; one a fault ended runs again on a resume."""
-        return {key for key, row in self._rows.items() if not row.get("fault")}
-
-    def add(self, row: dict[str, Any], seconds_here: float) -> None:
-        """Append one episode. ``seconds_here``: wall time of this invocation so far, stored
-        with every episode, so an interrupted evaluation keeps the time it ran."""
-        self._rows[(row["task"], row["init_state"])] = row
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-        self.set_seconds(seconds_here)
-
-    def set_fingerprint(self, fp: dict[str, Any]) -> list[str]:
-        """Store the fingerprint; on a resume, how the setup differs from the stored one (the
-        planned tasks and initial states may grow without that counting as a change)."""
-        old = self.stored.get("fingerprint")
-        self.stored["fingerprint"] = fp
-        self._save_header()
-        if old is None:
-            return []
-        old, now = legacy_fields(old, fp), legacy_fields(fp, old)
-        return fingerprint_differences(*({k: v for k, v in f.items() if k not in PLAN_FIELDS}
-                                         for f in (old, now)))
-
-    def set_seconds(self, seconds_here: float) -> None:
-        self.stored["seconds"] = self.base_seconds + seconds_here
-        self._save_header()
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def planned(fp: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    """``fp`` naming the episodes planned now (a finished directory re-summarised for fewer
-    states keeps the fingerprint of its first, larger plan)."""
-    if not fp:
-        return fp
-    return {**{k: v for k, v in fp.items() if k not in PLAN_FIELDS},
-            **{k: settings[k] for k in PLAN_FIELDS if k in settings}}
 
 
 def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:

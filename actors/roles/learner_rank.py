@@ -1,5 +1,8 @@
 """Learner actor: one rank of the learner group (torch.distributed + DDP) around ``rlvla3.learner``.
 
+One module over 400 lines because the two driving loops, weight publication, checkpointing and
+DDP evaluation share one rank's state.
+
 Rank 0 publishes weights after every optimizer step: a ``WeightsMessage`` put once into the
 object store and offered to every rollout server (they swap between batches), and the new
 version told to the queue (its staleness filter); after a restore from an older checkpoint the

@@ -1,5 +1,8 @@
 """TrajectoryQueue actor: the bounded hand-off between env workers and learners, and the pacer.
 
+One module over 400 lines because admission pacing, the staleness filter and GRPO group assembly
+all read and change the same queue state.
+
 It carries ``ObjectRef``s to ``TrajectorySegment``s plus a small ``SegmentInfo`` each, never the
 payloads, so its own memory stays flat. A queue item is one episode, or with GRPO one whole
 group of episodes of the same (task, initial state), so a group is never split across learner

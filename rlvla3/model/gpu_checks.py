@@ -1,6 +1,9 @@
 """The entries of the GPU check (``rlvla3 bench gpu``): each measures one GPU path of the VLA
 against its reference and says whether it passes.
 
+One module over 400 lines because the entries of one GPU check share its context and sizes; each
+entry is short.
+
 Inputs: a ``Context`` (device and ``CheckSizes``: pi0.5 shapes on a GPU, tiny ones for the CPU
 dry run, where the same code runs with the CPU backends: exact per-segment attention and
 emulated FP8). Output: each entry is a generator of JSON-ready dicts, every one a complete

@@ -1,6 +1,9 @@
 """Memory pre-flight: every node's host memory and every GPU's memory, estimated from the plan
 before any actor starts (Ray-free).
 
+One module over 400 lines because each component's estimate sits next to the measurement it was
+calibrated on, and the plan sums them.
+
 Inputs: a ``RunConfig``, the env spec, a ``Placement`` (``rlvla3.plan.cluster``: which actors
 land on which node) and ``ModelFacts`` (parameters, activation bytes per training sample).
 Output: a ``MemoryPlan``: per node, one line per component (count x size), the node's total
