@@ -48,8 +48,8 @@ import torch
 from torch import nn
 
 from rlvla3.algos import AlgoConfig, objective
+from rlvla3.gpu_costs import TrainingCost
 from rlvla3.group_buffer import GroupBuffer
-from rlvla3.plan.gpu_costs import TrainingCost
 from rlvla3.protocols import Policy
 from rlvla3.rl_samples import Samples, prepare_samples
 from rlvla3.types import TrajectorySegment
@@ -228,7 +228,7 @@ class LearnerCore:
                  reduce: Reduce | None = None, cost: TrainingCost | None = None):
         self.policy = policy
         self.cost = cost
-        """Simulated GPU cost (``rlvla3.plan.gpu_costs``): each micro-batch and optimizer step then
+        """Simulated GPU cost (``rlvla3.gpu_costs``): each micro-batch and optimizer step then
         lasts as long as on the GPUs it stands for (None: as long as it takes here)."""
         self.clock = cost.clock() if cost is not None else None
         self.model = ddp_model if ddp_model is not None else policy

@@ -11,7 +11,7 @@ import pytest
 from envs import dilate_env
 from rlvla3.algos import AlgoConfig
 from rlvla3.config import ConfigError, Named, build
-from rlvla3.plan.gpu_costs import (
+from rlvla3.gpu_costs import (
     CALIBRATIONS,
     CostClock,
     GpuCosts,

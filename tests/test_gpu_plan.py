@@ -11,6 +11,7 @@ import random
 import pytest
 
 from rlvla3.config import ConfigError
+from rlvla3.gpu_costs import CALIBRATIONS, GpuCosts
 from rlvla3.plan.gpu import (
     EnvTiming,
     PlanRequest,
@@ -21,7 +22,6 @@ from rlvla3.plan.gpu import (
     split_batch,
     training_rate,
 )
-from rlvla3.plan.gpu_costs import CALIBRATIONS, GpuCosts
 from rlvla3.run_config import load_run_config
 
 H200 = CALIBRATIONS["pi05_h200"]

@@ -1,7 +1,7 @@
 """``rlvla3 bench batcher``: adaptive batching against a grid of fixed B_max / T_max settings.
 
 One simulated rollout GPU per setting: the real ``DynamicBatcher`` with its batching policy,
-whose batches take the simulated GPU cost (``rlvla3.plan.gpu_costs``: ``per_call + per_sample x B``
+whose batches take the simulated GPU cost (``rlvla3.gpu_costs``: ``per_call + per_sample x B``
 with jitter, x the time dilation), serving a closed loop of env slots that replay LIBERO's
 latencies measured here (``envs.latency_replay``: a slot asks for an action, steps its chunk,
 asks again; a finished episode resets). Three loads (env slots per GPU, ``--loads``); at each,
@@ -32,7 +32,7 @@ import numpy as np
 from rlvla3.batch_policy import AdaptiveBatching, AdaptiveConfig, FixedBatching
 from rlvla3.batcher import DynamicBatcher
 from rlvla3.config import Named
-from rlvla3.plan.gpu_costs import GpuCosts, jitter_factor, resolve_costs
+from rlvla3.gpu_costs import GpuCosts, jitter_factor, resolve_costs
 
 DEFAULTS = {"rl_vla3_default": (32, 5.0), "rollout_default": (64, 5.0),
             "default_preset": (8, 2.0)}

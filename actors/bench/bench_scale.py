@@ -7,7 +7,7 @@ Starts a simulated cluster on this machine (``ray.cluster_utils.Cluster``): a he
 per 8 GPUs offering the custom resource ``sim_gpu: 8`` (not Ray's ``GPU``), and a simulator
 node offering ``sim: <sim CPUs>``. Runs the real pipeline on it (``actors.bench.bench_async.run_mode``:
 the controller, env workers, rollout servers, queue and learners) in the modes asked, with the
-GPU stages' costs simulated (``rlvla3.plan.gpu_costs``: ``--cost-model``) and the env slots replaying
+GPU stages' costs simulated (``rlvla3.gpu_costs``: ``--cost-model``) and the env slots replaying
 LIBERO's latencies measured here (``latency_replay``), everything dilated by one factor
 (``time_dilation``). Prints one JSON object; rates are env steps per simulated second.
 
@@ -196,7 +196,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, root: Path):
         from actors.rl.plan_job import env_timing
         from rlvla3.config import Named
-        from rlvla3.plan.gpu_costs import resolve_costs
+        from rlvla3.gpu_costs import resolve_costs
 
         self.args = args
         self.root = root

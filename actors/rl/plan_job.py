@@ -7,7 +7,7 @@ Example::
         --cost infer_per_sample_ms=5 --cost train_per_sample_ms=25 --gpus 16 --sim-cpus 256
     python -m rlvla3 rl --plan --plan-gpus 16 --plan-sim-cpus 256 ...   # plan, then run it
 
-Inputs: a cost model (a calibration of ``rlvla3.plan.gpu_costs``, optionally with figures
+Inputs: a cost model (a calibration of ``rlvla3.gpu_costs``, optionally with figures
 overridden, or ``custom`` figures), the GPUs and simulator CPUs, and the env's latencies (a
 latency model: LIBERO as measured here by default). The arithmetic is ``rlvla3.plan.gpu``
 (Ray-free); this module only gathers its inputs and prints the plan: the split of GPUs between
@@ -27,8 +27,8 @@ from typing import Any
 import yaml
 
 from rlvla3.config import ConfigError, Named
+from rlvla3.gpu_costs import REAL, GpuCosts, resolve_costs
 from rlvla3.plan.gpu import EnvTiming, Plan, PlanRequest, make_plan, plan_overrides
-from rlvla3.plan.gpu_costs import REAL, GpuCosts, resolve_costs
 from rlvla3.run_config import RunConfig
 
 MEASURED_LIBERO = "data/libero_latency.json"

@@ -57,8 +57,8 @@ from rlvla3.checkpoint import (
     snapshot,
 )
 from rlvla3.config import Named
+from rlvla3.gpu_costs import TrainingCost
 from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats
-from rlvla3.plan.gpu_costs import TrainingCost
 from rlvla3.policies import build_policy
 from rlvla3.protocols import Evaluation
 from rlvla3.run_config import LearnerConfig
@@ -402,7 +402,7 @@ class Learner:
             "staleness_hist": dict(self.core.staleness_hist),
             "length_hist": dict(self.core.length_hist),
         }
-        if self.core.clock is not None:  # simulated GPU cost (rlvla3.plan.gpu_costs)
+        if self.core.clock is not None:  # simulated GPU cost (rlvla3.gpu_costs)
             out["cost"] = self.core.clock.stats.as_dict()
         if self.last is not None:
             out.update(loss=self.last.loss, entropy=self.last.entropy,

@@ -8,7 +8,7 @@ Two entry points, one per rollout strategy:
 
 Lanes: a server stands for ``rollout.lanes`` GPUs (1 on a real cluster). Each lane holds its
 own policy copy, batcher and weight version; requests go to the lanes in turn, and a lockstep
-group is split evenly over them. With a simulated ``rollout.cost_model`` (``rlvla3.plan.gpu_costs``)
+group is split evenly over them. With a simulated ``rollout.cost_model`` (``rlvla3.gpu_costs``)
 a lane still runs the small policy but a batch of B lasts ``per_call + per_sample x B`` (with
 jitter) simulated ms, and applying a new version lasts the weight transfer, each x the run's
 ``time_dilation``; the server's stats say how much of that was real compute (``cost``).
@@ -48,7 +48,7 @@ from actors.runtime.process_memory import ProcessMemory
 from rlvla3.batch_policy import make_batch_policy
 from rlvla3.batcher import DynamicBatcher
 from rlvla3.config import Named
-from rlvla3.plan.gpu_costs import ClockStats, CostClock, GpuCosts, jitter_factor, resolve_costs
+from rlvla3.gpu_costs import ClockStats, CostClock, GpuCosts, jitter_factor, resolve_costs
 from rlvla3.policies import build_policy
 from rlvla3.rollout import RolloutCore
 from rlvla3.run_config import RolloutConfig

@@ -7,7 +7,7 @@ rollout batching (B_max / T_max, the adaptive batcher's law at the predicted loa
 weight-sync cadence (``rollout.weights_every``) and the pacing bounds, with the predicted env
 steps/s and the stage that bounds it.
 
-Inputs: ``GpuCosts`` (``rlvla3.plan.gpu_costs``), ``EnvTiming`` (mean env time of an episode, its
+Inputs: ``GpuCosts`` (``rlvla3.gpu_costs``), ``EnvTiming`` (mean env time of an episode, its
 decisions and env steps, from a latency model: ``envs.latency_replay.summarize_latency``) and
 ``PlanRequest`` (GPUs, simulator CPUs, global batch, ...).
 
@@ -41,7 +41,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from rlvla3.config import require
-from rlvla3.plan.gpu_costs import GpuCosts
+from rlvla3.gpu_costs import GpuCosts
 
 
 @dataclass(frozen=True)

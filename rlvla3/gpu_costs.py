@@ -143,7 +143,7 @@ CALIBRATIONS: dict[str, GpuCosts] = {
 }
 
 
-OPTIONS: dict[str, str] = {CUSTOM: "rlvla3.plan.gpu_costs:GpuCosts"}
+OPTIONS: dict[str, str] = {CUSTOM: "rlvla3.gpu_costs:GpuCosts"}
 """The dataclass a cost model's ``options`` build into (a calibration's too; ``real`` takes
 none); the docs' config reference renders it."""
 
