@@ -68,7 +68,7 @@ def _record(args: argparse.Namespace) -> int:
 
     from datalake.record import libero_recorder, record_dataset
     from datalake.writer import WriterConfig
-    from envs.libero_split import check_split, split_note
+    from envs.libero.split import check_split, split_note
     from rlvla3.config import ConfigError, Named
 
     inits = args.init_ids if args.init_ids else list(range(args.episodes))

@@ -1,5 +1,8 @@
 """The Ray Data lake: mixed, shuffled, decoded, packed samples streamed to learners.
 
+One module over 400 lines because the stages of one Ray Data pipeline share its plan and its
+skip accounting.
+
 Stages (one Ray Data pipeline per epoch):
 
 1. plan (driver): an episode order. Each draw picks dataset ``i`` with probability

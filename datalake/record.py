@@ -11,8 +11,8 @@ skips finished jobs. When all are done the driver writes the successful episodes
 ``LeRobotWriter`` in job order (so the dataset depends neither on which worker finished first
 nor on interruptions), adds ``meta/record.json`` (the recording's provenance, including the
 train/test split it used) and removes the staging directory. ``libero_recorder`` wires the
-scripted LIBERO pick-and-place expert (``envs.libero_expert``); its episodes start from fresh
-placements unless told otherwise (``envs.libero_scenes``).
+scripted LIBERO pick-and-place expert (``envs.libero.expert``); its episodes start from fresh
+placements unless told otherwise (``envs.libero.scenes``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from datalake.writer import EpisodeRecord, LeRobotWriter, WriterConfig
-from envs.libero_scenes import RECORD_SIDECAR
+from envs.libero.scenes import RECORD_SIDECAR
 from rlvla3.protocols import Env
 from rlvla3.types import ObsBatch, Observation
 
@@ -271,8 +271,8 @@ def libero_recorder(
     way the recorded actions are the expert's for the states reached (DAgger-style labels).
     ``scenes``: ``LiberoConfig`` scene options (``placements``, ``placement_seed``,
     ``allow_eval_overlap``); default: fresh placements, seed 0."""
-    from envs.libero import LiberoConfig, LiberoEnv
-    from envs.libero_expert import run_expert_episode
+    from envs.libero.env import LiberoConfig, LiberoEnv
+    from envs.libero.expert import run_expert_episode
 
     cfg = LiberoConfig(suite=suite, image_size=image_size, process=False, **dict(scenes or {}))
     driver_cache: dict[str, Any] = {}

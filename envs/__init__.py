@@ -25,21 +25,21 @@ from rlvla3.types import EnvSpec
 ENVS: dict[str, str] = {
     "reach": "envs.reach:make_reach_env",
     "latency_replay": "envs.latency_replay:make_latency_replay_env",
-    "libero": "envs.libero:make_libero_env",
+    "libero": "envs.libero.env:make_libero_env",
     "isaaclab": "envs.isaaclab:make_isaaclab_env",
 }
 
 SPECS: dict[str, str] = {
     "reach": "envs.reach:reach_spec",
     "latency_replay": "envs.latency_replay:latency_replay_spec",
-    "libero": "envs.libero:libero_spec",
+    "libero": "envs.libero.env:libero_spec",
     "isaaclab": "envs.isaaclab:isaaclab_spec",
 }
 
 OPTIONS: dict[str, str] = {
     "reach": "envs.reach:ReachConfig",
     "latency_replay": "envs.latency_replay:LatencyReplayConfig",
-    "libero": "envs.libero:LiberoConfig",
+    "libero": "envs.libero.env:LiberoConfig",
     "isaaclab": "envs.isaaclab:IsaacLabConfig",
 }
 """The dataclass each env's ``env.options`` build into (the docs' config reference)."""

@@ -1,5 +1,8 @@
 """Latency replay: an env that reproduces a simulator's step and reset times, and nothing else.
 
+One module over 400 lines because the latency models and the env that replays them share one
+option set.
+
 Role: a timing model for benchmarking the asynchronous pipeline at LIBERO scale (64+ env slots)
 on a 2-core machine. Each ``step`` and ``reset`` sleeps (``time.sleep``) for a latency drawn
 from a measured distribution, so an env slot costs almost no CPU while it "simulates"; env

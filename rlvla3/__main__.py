@@ -20,28 +20,28 @@ from collections.abc import Sequence
 from types import ModuleType
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "rl": ("actors.rl_job", "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
-    "plan": ("actors.plan_job", "plan a cluster from GPU costs: GPU split, env slots, batching, "
+    "rl": ("actors.rl.rl_job", "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
+    "plan": ("actors.rl.plan_job", "plan a cluster from GPU costs: GPU split, env slots, batching, "
                                 "pacing, predicted env steps/s"),
-    "status": ("actors.status", "live state of the runs on a cluster (table or JSON)"),
-    "eval": ("actors.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),
-    "sft": ("actors.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
+    "status": ("actors.observe.status", "live state of the runs on a cluster (table or JSON)"),
+    "eval": ("actors.eval.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),
+    "sft": ("actors.sft.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
     "datalake": ("datalake.cli", "inspect LeRobot datasets; record expert demonstrations"),
     "export": ("rlvla3.model.export", "write a checkpoint as a LeRobot pi05 policy directory"),
 }
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "async": ("actors.bench_async", "ablation of the RL pipeline modes (throughput JSON)"),
-    "scale": ("actors.bench_scale", "the GPU regime simulated at 8-32 GPUs: modes, planner, "
+    "async": ("actors.bench.bench_async", "ablation of the RL pipeline modes (throughput JSON)"),
+    "scale": ("actors.bench.bench_scale", "the GPU regime simulated at 8-32 GPUs: modes, planner, "
                                     "dilation check"),
-    "batcher": ("actors.bench_batcher", "adaptive vs fixed B_max / T_max at three loads"),
-    "learning": ("actors.bench_learning", "sync vs async: success vs env steps and wall time"),
+    "batcher": ("actors.bench.bench_batcher", "adaptive vs fixed B_max / T_max at three loads"),
+    "learning": ("actors.bench.bench_learning", "sync vs async: success vs env steps and wall time"),
     "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA model"),
     "gpu": ("rlvla3.model.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
-    "env": ("envs.bench_env", "LIBERO step/reset latency and env steps/s per process count"),
+    "env": ("envs.libero.bench_env", "LIBERO step/reset latency and env steps/s per process count"),
     "lake": ("datalake.bench", "data lake samples/s and data-wait vs a per-sample loader"),
-    "soak": ("actors.bench_soak", "long run with periodic kills: recovery time, memory over time"),
-    "storage": ("actors.bench_storage", "checkpoint save/restore on a run's storage vs a local disk"),
+    "soak": ("actors.bench.bench_soak", "long run with periodic kills: recovery time, memory over time"),
+    "storage": ("actors.bench.bench_storage", "checkpoint save/restore on a run's storage vs a local disk"),
 }
 
 

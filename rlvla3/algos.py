@@ -1,5 +1,8 @@
 """RL objectives: GAE, GRPO group advantages and the decoupled PPO loss (numpy/torch, no Ray).
 
+One module over 400 lines because the RL objectives are meant to be read top to bottom in one
+place, advantages then losses.
+
 Role: the math of learning, written to be read top to bottom. Advantage estimators take numpy
 arrays of one episode (or one group of episodes) and return numpy arrays; the losses take torch
 tensors of a (micro-)batch and return a scalar loss plus plain-float statistics.

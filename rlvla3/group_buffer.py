@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlvla3.samples import Samples
+from rlvla3.rl_samples import Samples
 
 
 @dataclass

@@ -1,5 +1,8 @@
 """The learner core: consumes queue items, runs micro-batches, steps the optimizer.
 
+One module over 400 lines because streaming, micro-batching and update epochs share one
+optimizer step's state.
+
 Inputs: the ``TrajectorySegment``s of queue items (one episode, or one whole GRPO group each;
 turned into per-decision samples with advantages on arrival). Outputs: optimizer steps; after
 each, the policy version increases by one and ``weights()`` gives the new parameters.
@@ -48,7 +51,7 @@ from rlvla3.algos import AlgoConfig, objective
 from rlvla3.gpu_costs import TrainingCost
 from rlvla3.group_buffer import GroupBuffer
 from rlvla3.protocols import Policy
-from rlvla3.samples import Samples, prepare_samples
+from rlvla3.rl_samples import Samples, prepare_samples
 from rlvla3.types import TrajectorySegment
 
 

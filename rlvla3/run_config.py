@@ -1,5 +1,8 @@
 """The RL run config: one frozen dataclass per component, composed into ``RunConfig``.
 
+One module over 400 lines because the component dataclasses of one run config and the rules that
+span them are read together.
+
 Each actor receives only its own section. ``load_run_config`` merges a shipped preset, an
 optional YAML file and ``--set`` overrides, builds the dataclasses (unknown keys and bad types
 fail with the dotted field), then checks the rules that span sections. Env- and policy-specific
@@ -143,7 +146,7 @@ class EnvWorkerConfig:
     worker owns; a lost worker takes its shipped, unread episodes with it (counted)."""
     sim_memory_mb: float = 0.0
     """Host memory of one env slot's simulator, for the memory pre-flight (0: the size measured
-    for this env, ``rlvla3.memory_plan``)."""
+    for this env, ``rlvla3.plan.memory``)."""
 
     def validate(self) -> None:
         require(self.num_workers >= 1, "num_workers", "must be >= 1")

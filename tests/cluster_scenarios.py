@@ -108,7 +108,7 @@ def start_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors.run_status import NAMESPACE
+    from actors.runtime.bootstrap import NAMESPACE
 
     start = time.monotonic()
     cluster = Cluster(initialize_head=True, head_node_args={
@@ -132,7 +132,7 @@ def where(topo, names: dict[str, str]) -> dict[str, list[str | None]]:
 
 
 def scenario_placement(facts: Facts, cluster, nodes, tmp: Path) -> None:
-    from actors.controller import Controller
+    from actors.rl.controller import Controller
     from rlvla3.config import ConfigError
     from rlvla3.run_config import load_run_config
 
@@ -198,7 +198,7 @@ def _wait(condition, what: str, timeout_s: float = 180.0, run: dict | None = Non
 def scenario_sim_node_loss(facts: Facts, cluster, nodes, tmp: Path) -> None:
     import ray
 
-    from actors.controller import Controller
+    from actors.rl.controller import Controller
     from rlvla3.run_config import load_run_config
 
     cfg = load_run_config("smoke", overrides=ROLES + ["pipeline.mode=full",
@@ -246,7 +246,7 @@ def scenario_sim_node_loss(facts: Facts, cluster, nodes, tmp: Path) -> None:
 
 
 def scenario_rollout_node_loss(facts: Facts, cluster, nodes, tmp: Path) -> None:
-    from actors.controller import Controller
+    from actors.rl.controller import Controller
     from rlvla3.run_config import load_run_config
 
     cfg = load_run_config("smoke", overrides=ROLES + ["pipeline.mode=full",
@@ -336,9 +336,9 @@ def scenario_autoscaling(facts: Facts, tmp: Path) -> None:
     nodes are released."""
     import ray
 
-    from actors.controller import Controller
-    from actors.run_status import NAMESPACE
-    from actors.status import collect
+    from actors.observe.status import collect
+    from actors.rl.controller import Controller
+    from actors.runtime.bootstrap import NAMESPACE
     from rlvla3.run_config import load_run_config
 
     proc, gcs = start_autoscaling_head(tmp, max_sim=3)

@@ -63,7 +63,7 @@ def start_cluster(scratch: Path):
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors.run_status import NAMESPACE
+    from actors.runtime.bootstrap import NAMESPACE
 
     start = time.monotonic()
     os.environ["RLVLA3_SCRATCH"] = str(scratch / "driver")  # the head's raylet inherits it
@@ -124,8 +124,8 @@ def bucket_listing(uri: str) -> dict[str, int]:
 def scenario_learner_node_loss(facts: Facts, cluster, nodes, scratch: Path) -> None:
     import ray
 
-    from actors.cluster_state import actor_state
-    from actors.controller import Controller
+    from actors.rl.controller import Controller
+    from actors.runtime.cluster_state import actor_state
     from rlvla3.checkpoint import read_meta
     from rlvla3.run_config import load_run_config
 

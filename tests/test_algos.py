@@ -19,7 +19,7 @@ from rlvla3.algos import (
 )
 from rlvla3.config import ConfigError, build
 from rlvla3.protocols import Evaluation
-from rlvla3.samples import prepare_samples
+from rlvla3.rl_samples import prepare_samples
 from rlvla3.types import EpisodeKey, ObsBatch, TrajectorySegment
 
 # --- GAE ------------------------------------------------------------------------------------

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors.bench_learning import compare, reach_point, success_at
-from actors.bench_soak import slope_per_hour
-from actors.monitor import hist_quantile, hist_summary
+from actors.bench.bench_learning import compare, reach_point, success_at
+from actors.bench.bench_soak import slope_per_hour
+from actors.observe.figures import hist_quantile, hist_summary
 
 
 def _curve(points):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from actors import sft_job
+from actors.sft import sft_job
 from rlvla3.__main__ import command_names, command_parser
 from rlvla3.config import ConfigError, to_dict
 

@@ -37,10 +37,10 @@ import pytest
 import yaml
 from cluster_scenarios import MARKER, marked_pids
 
-from actors.metrics import _COUNTERS, _GAUGES, _HISTOGRAMS, TAGS
+from actors.runtime.metrics import _COUNTERS, _GAUGES, _HISTOGRAMS, TAGS
 
 REPO = Path(__file__).resolve().parents[1]
-DASHBOARD = REPO / "actors" / "dashboards" / "rlvla3_grafana.json"
+DASHBOARD = REPO / "actors" / "observe" / "dashboards" / "rlvla3_grafana.json"
 EGL_PACKAGES = ("libegl1", "libegl-mesa0", "libgl1-mesa-dri", "libgbm1", "libopengl0", "libgl1",
                 "libglib2.0-0")
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"  # this Python's CLI
@@ -103,7 +103,7 @@ def test_cluster_yaml_dashboard_on_loopback_and_token_auth_on(cluster_config):
 
 # ---- Grafana dashboard -------------------------------------------------------------------------
 def exported_series() -> dict[str, str]:
-    """Prometheus series name -> metric name in actors/metrics.py, as Ray 2.60 exports them:
+    """Prometheus series name -> metric name in actors/runtime/metrics.py, as Ray 2.60 exports them:
     a ``ray_`` namespace prefix, ``_total`` on counters, ``_bucket/_sum/_count`` on histograms
     (checked against a live endpoint in the job test below)."""
     series = {f"ray_rlvla3_{n}_total": n for n in _COUNTERS}
@@ -149,7 +149,7 @@ def test_dashboard_queries_reference_exported_series(dashboard):
             names = set(re.findall(r"\b(?:ray_)?rlvla3_\w+", expr))
             assert names, f"{p['title']}: {expr} reads no rlvla3 series"
             unknown = names - set(series)
-            assert not unknown, f"{p['title']}: {sorted(unknown)} are not exported by actors/metrics.py"
+            assert not unknown, f"{p['title']}: {sorted(unknown)} are not exported by actors/runtime/metrics.py"
             used |= {series[n] for n in names}
             for group in re.findall(r"\bby \(([^)]*)\)", expr):
                 labels = {x.strip() for x in group.split(",")}
@@ -328,7 +328,7 @@ def _panels_without_data(prometheus: Prometheus, start: float) -> list[str]:
 
 
 def _status(head: LocalHead, *extra: str) -> subprocess.CompletedProcess:
-    return head.run(sys.executable, "-m", "actors.status", "--address", head.gcs, *extra,
+    return head.run(sys.executable, "-m", "actors.observe.status", "--address", head.gcs, *extra,
                     timeout_s=120)
 
 

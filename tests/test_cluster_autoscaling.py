@@ -54,7 +54,7 @@ def test_a_fresh_head_without_an_autoscaler_is_read_only_after_its_first_report(
     script = (
         "import json, ray\n"
         "from ray.experimental.internal_kv import _internal_kv_get\n"
-        "from actors.cluster_state import can_add_nodes\n"
+        "from actors.runtime.cluster_state import can_add_nodes\n"
         "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
         "answer = can_add_nodes(wait_s=60)\n"
         "status = json.loads(_internal_kv_get('__autoscaling_status'))\n"

@@ -1,6 +1,6 @@
 """The memory pre-flight against a real run: the default preset on this machine, each role's
-estimated host memory (``rlvla3.memory_plan``) next to the peak RSS its processes reached (own
-process and children, ``actors.memory``), within 25%."""
+estimated host memory (``rlvla3.plan.memory``) next to the peak RSS its processes reached (own
+process and children, ``actors.runtime.process_memory``), within 25%."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from actors.controller import Controller
+from actors.rl.controller import Controller
 from rlvla3.run_config import load_run_config
 
 

@@ -1,5 +1,5 @@
-"""The pre-flight without Ray: where roles would land (``rlvla3.cluster_plan``), whether a plan
-fits, and the memory estimate (``rlvla3.memory_plan``), including a pi0.5-sized GPU config
+"""The pre-flight without Ray: where roles would land (``rlvla3.plan.cluster``), whether a plan
+fits, and the memory estimate (``rlvla3.plan.memory``), including a pi0.5-sized GPU config
 planned on the nodes cluster.yaml would launch, and ``rlvla3 rl --print-plan``."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import pytest
 import yaml
 
 from envs import env_spec
-from rlvla3.cluster_plan import (
+from rlvla3.config import ConfigError
+from rlvla3.plan.cluster import (
     NodeInfo,
     check_placement,
     nodes_from_cluster_config,
     place,
 )
-from rlvla3.config import ConfigError
-from rlvla3.memory_plan import (
+from rlvla3.plan.memory import (
     KEPT_SIMULATOR_MB,
     SIMULATOR_MB,
     estimate,

@@ -264,7 +264,7 @@ def test_learning_signal_improves_the_objective():
     policy = make_policy(1)
     core = LearnerCore(policy, AlgoConfig("ppo"), 32, 32, 3e-3, BatchStart())
     core.add_groups(episodes(segments))
-    from rlvla3.samples import prepare_samples
+    from rlvla3.rl_samples import prepare_samples
 
     samples = prepare_samples(segments, AlgoConfig("ppo"))
     before = core.loss(core.with_proximal(samples))[0].item()
@@ -278,7 +278,7 @@ def test_learning_signal_improves_the_objective():
 
 # ---- rollout ---------------------------------------------------------------------------------
 def test_each_server_and_incarnation_samples_its_own_noise():
-    from actors.rollout_server import sampling_seed
+    from actors.roles.rollout_server import sampling_seed
 
     first = [sampling_seed(0, server) for server in range(3)]
     restarted = [sampling_seed(0, 0, incarnation) for incarnation in ("a1b2", "c3d4")]

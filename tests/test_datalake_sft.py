@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors import sft_config, sft_job
+from actors.sft import sft_config, sft_job
 from datalake import cli, synthetic
 from datalake.writer import WriterConfig, write_dataset
 from rlvla3.checkpoint import (

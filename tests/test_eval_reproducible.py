@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.eval_recheck import (
+from actors.eval.recheck import (
     _acting,
     compare_rows,
     recheck_line,
@@ -34,7 +34,7 @@ from actors.eval_recheck import (
     sample_episodes,
     stored_rows,
 )
-from actors.eval_worker import ActionSource, EvalWorker
+from actors.eval.worker import ActionSource, EvalWorker
 from rlvla3.config import ConfigError, Named
 from rlvla3.numerics import PINNED_ENV, NumericsError, env_vars, host
 
@@ -185,7 +185,7 @@ def test_recheck_samples_reproducibly_and_counts_each_kind_of_difference():
 
 
 def test_recheck_refuses_a_checkpoint_with_other_weights(tmp_path):
-    from actors.evaluate import parse_args
+    from actors.eval.evaluate import parse_args
     from rlvla3.fingerprint import checkpoint_identity
 
     rl18 = str(ROOT / "results/libero_spatial10/rl18")
@@ -224,7 +224,7 @@ def test_recheck_refuses_a_checkpoint_with_other_weights(tmp_path):
 
 # ---- real LIBERO ---------------------------------------------------------------------------
 def _eval(out: Path, *argv: str) -> dict[tuple[int, int], tuple]:
-    from actors.evaluate import main
+    from actors.eval.evaluate import main
 
     assert (
         main(
@@ -258,12 +258,12 @@ def _eval(out: Path, *argv: str) -> dict[tuple[int, int], tuple]:
 def test_an_episode_is_the_same_alone_in_a_larger_run_reordered_and_after_a_resume(
     ray_cluster, tmp_path, capsys
 ):
-    from envs.libero import libero_available
+    from envs.libero.simulator import libero_available
 
     why = libero_available()
     if why:
         pytest.skip(why)
-    from actors.evaluate import main
+    from actors.eval.evaluate import main
 
     alone = _eval(tmp_path / "alone", "--episodes", "2:7", "8:31", "4:48", "--workers", "1")
     # task 4's simulator runs two of its episodes first (LIBERO grows a sampler list per reset)
@@ -288,7 +288,7 @@ def test_an_episode_is_the_same_alone_in_a_larger_run_reordered_and_after_a_resu
 
 
 def test_a_lost_worker_is_replaced_and_its_episode_runs_again(ray_cluster):
-    from actors.eval_round import EvalRound, make_eval_workers
+    from actors.eval.rounds import EvalRound, make_eval_workers
 
     jobs = [(t, k) for k in range(3) for t in range(2)]
     clean = {(o.task_id, o.init_state_id): o.digest
@@ -313,7 +313,7 @@ IDENT = {"suite": "libero_spatial", "language": "own", "numerics": "pinned"}
 
 
 def test_a_resumed_evaluation_reruns_episodes_a_fault_ended(tmp_path):
-    from actors.evaluate import EvalOutput
+    from actors.eval.output_dir import EvalOutput
 
     output = EvalOutput(tmp_path, IDENT)
     output.add({"task": 0, "init_state": 1, "success": True, "steps": 90}, 1.0)
@@ -332,15 +332,9 @@ def test_a_resumed_evaluation_reruns_episodes_a_fault_ended(tmp_path):
 def test_an_output_written_before_the_scene_rule_is_not_resumed(tmp_path):
     """Its task-4 episodes were drawn after as many extra draws as the simulator had resets;
     continuing it with today's draw would mix two scene rules in one result."""
-    from actors.evaluate import (
-        IDENTITY_KEYS,
-        EvalOutput,
-        _identity,
-        env_options,
-        eval_tasks,
-        parse_args,
-    )
-    from envs.libero_scenes import SCENE_RULE
+    from actors.eval.evaluate import _identity, env_options, eval_tasks, parse_args
+    from actors.eval.output_dir import IDENTITY_KEYS, EvalOutput
+    from envs.libero.scenes import SCENE_RULE
 
     assert "scenes" in IDENTITY_KEYS
     now = {**IDENT, "scenes": SCENE_RULE}

@@ -13,8 +13,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from actors.eval_worker import ActionSource, EvalWorker, given_instructions
-from actors.evaluate import acting, parse_args
+from actors.eval.evaluate import acting, parse_args
+from actors.eval.worker import ActionSource, EvalWorker, given_instructions
 from rlvla3.config import ConfigError, Named
 
 ENV = Named("reach", {"image_size": 16})
@@ -89,8 +89,8 @@ def test_eval_cli_sampling_flags(capsys):
 
 
 def test_acting_is_part_of_what_an_evaluation_is(tmp_path):
-    from actors.eval_compare import compare_results
-    from actors.evaluate import IDENTITY_KEYS, EvalOutput
+    from actors.eval.compare import compare_results
+    from actors.eval.output_dir import IDENTITY_KEYS, EvalOutput
 
     identity = {k: None for k in IDENTITY_KEYS} | {"acting": "deterministic", "policy": "ab12"}
     EvalOutput(tmp_path / "mode", identity).close()
@@ -158,8 +158,8 @@ def test_the_policy_acts_on_the_instruction_it_is_told(checkpoint):
 
 
 def test_what_the_policy_is_told_is_part_of_what_an_evaluation_is(tmp_path):
-    from actors.eval_compare import compare_results
-    from actors.evaluate import IDENTITY_KEYS, EvalOutput
+    from actors.eval.compare import compare_results
+    from actors.eval.output_dir import IDENTITY_KEYS, EvalOutput
 
     identity = {k: None for k in IDENTITY_KEYS} | {"acting": "deterministic", "language": "own"}
     # A directory written before --language existed told each task its own instruction.

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from envs.libero_split import check_split, eval_overlap, split_note, training_overlap
+from envs.libero.split import check_split, eval_overlap, split_note, training_overlap
 from rlvla3.config import ConfigError, Named
 
 
@@ -82,7 +82,7 @@ def test_training_overlap_follows_runs_datasets_and_init_from(tmp_path):
 
 
 def test_evaluating_on_fresh_scenes_names_the_ones_training_used(tmp_path):
-    from envs.libero_split import FreshEval
+    from envs.libero.split import FreshEval
 
     data = tmp_path / "demos"
     (data / "meta").mkdir(parents=True)
@@ -204,7 +204,7 @@ def test_record_resumes_after_a_fault_without_duplicates(ray_cluster, tmp_path):
 # ---- the evaluation round the RL controller runs beside rollout --------------------------
 def _schedule(queue: list, workers: int, lead: int) -> list[list]:
     """The episodes each worker runs when they take turns (as equally fast workers do)."""
-    from actors.eval_round import next_job
+    from actors.eval.rounds import next_job
 
     rank = {state: i for i, state in enumerate(dict.fromkeys(k for _, k in queue))}
     runs: list[list] = [[] for _ in range(workers)]
@@ -220,7 +220,7 @@ def _schedule(queue: list, workers: int, lead: int) -> list[list]:
 
 
 def test_eval_workers_stay_on_their_task_at_most_lead_states_ahead():
-    from actors.eval_round import next_job, protocol_jobs
+    from actors.eval.rounds import next_job, protocol_jobs
 
     jobs = protocol_jobs(10, range(50))
     rank = {k: k for k in range(50)}
@@ -242,7 +242,7 @@ def test_eval_workers_stay_on_their_task_at_most_lead_states_ahead():
 
 
 def test_evaluate_checkpoint_on_eval_workers(ray_cluster, tmp_path):
-    from actors.eval_round import EvalRound, evaluate_checkpoint, make_eval_workers, protocol_jobs
+    from actors.eval.rounds import EvalRound, evaluate_checkpoint, make_eval_workers, protocol_jobs
     from envs import env_spec
     from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
     from rlvla3.policies import build_policy
@@ -277,7 +277,7 @@ def test_evaluate_checkpoint_on_eval_workers(ray_cluster, tmp_path):
 def test_rl_config_refuses_training_on_evaluation_states():
     """RL validation (before any actor starts) applies the split: bundled training states are
     refused unless allowed; periodic evaluation ids are bundled states (0..49)."""
-    from actors.controller import check_components
+    from actors.rl.controller import check_components
     from rlvla3.run_config import load_run_config
 
     assert check_components(load_run_config("libero_spatial")).num_init_states > 50  # fresh

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from actors.eval_round import summarise_rows
+from actors.eval.rounds import summarise_rows
 from rlvla3.fingerprint import fingerprint, fingerprint_differences, package_versions
 from rlvla3.stats import (
     compare_paired,
@@ -166,7 +166,7 @@ def _results(path, successes, fp):
 
 
 def test_compare_two_results_files_pairs_episodes_and_warns_on_fingerprints(tmp_path, capsys):
-    from actors.evaluate import main
+    from actors.eval.evaluate import main
 
     fp = fingerprint({"image_size": [64, 64], "fast_render": True, "chunk_len": 5},
                      {"gl_renderer": "llvmpipe"})
@@ -210,7 +210,7 @@ def test_compare_two_results_files_pairs_episodes_and_warns_on_fingerprints(tmp_
 
 
 def test_a_resummarised_evaluation_fingerprints_the_episodes_it_counts():
-    from actors.evaluate import planned
+    from actors.eval.output_dir import planned
 
     first = {"image_size": [64, 64], "init_state_ids": list(range(50)), "tasks": [0, 1]}
     now = {"init_state_ids": list(range(10)), "tasks": [1], "image_size": [128, 128]}
@@ -220,7 +220,7 @@ def test_a_resummarised_evaluation_fingerprints_the_episodes_it_counts():
 
 
 def test_an_interrupted_evaluation_keeps_the_time_it_ran(tmp_path):
-    from actors.evaluate import IDENTITY_KEYS, EvalOutput
+    from actors.eval.output_dir import IDENTITY_KEYS, EvalOutput
 
     identity = {k: None for k in IDENTITY_KEYS}
     first = EvalOutput(tmp_path, identity)
@@ -243,7 +243,7 @@ def test_tally_sums_episodes_and_successes_per_key():
 
 
 def test_compare_several_against_one_baseline_adjusts_p_with_holm(tmp_path, capsys):
-    from actors.evaluate import main
+    from actors.eval.evaluate import main
 
     fp = fingerprint({"image_size": [64, 64], "fast_render": True, "chunk_len": 5},
                      {"gl_renderer": "llvmpipe"})

@@ -12,7 +12,7 @@ import pytest
 import ray
 from tiny_runs import TINY_RUN
 
-from actors.controller import Controller
+from actors.rl.controller import Controller
 from rlvla3.checkpoint import read_meta
 from rlvla3.run_config import load_run_config
 

@@ -161,7 +161,7 @@ def test_learner_core_pays_per_sample_and_per_step(monkeypatch):
 def test_rollout_lane_pays_the_batch_formula():
     from test_core_pipeline import REACH, make_policy
 
-    from actors.rollout_server import Lane
+    from actors.roles.rollout_server import Lane
     from envs import make_env
     from rlvla3.rollout import RolloutCore
 

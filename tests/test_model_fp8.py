@@ -27,7 +27,7 @@ from rlvla3.model.fp8 import (
     quantize_weight,
     select_fp8,
 )
-from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
 
 E4M3_MIN_NORMAL = 2.0**-6
 SPEC = libero_like_spec(image_size=32, chunk_len=6)

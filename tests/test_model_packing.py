@@ -9,7 +9,7 @@ import torch
 from rlvla3.model import build_vla_policy
 from rlvla3.model.attention import PaddedAttention, PerSegmentAttention, select_backend
 from rlvla3.model.processor import sample_token_count
-from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.types import ObsBatch
 
 SPEC = libero_like_spec(image_size=32, chunk_len=6)

@@ -22,7 +22,7 @@ from rlvla3.config import ConfigError
 from rlvla3.model import build_vla_policy, parity
 from rlvla3.model.loader import CheckpointLayoutError, load_openpi_checkpoint
 from rlvla3.model.network import VLANetwork
-from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.model.tokenizer import PaliGemmaTokenizer, pi05_prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
 from rlvla3.config import Named
 from rlvla3.model import build_vla_policy, export, parity
-from rlvla3.model.synthetic import libero_like_spec
+from rlvla3.model.synthetic_obs import libero_like_spec
 
 FIXTURE = parity.fixture_path()
 

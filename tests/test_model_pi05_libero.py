@@ -32,7 +32,7 @@ def _run(args: list[str], timeout: int) -> dict:
 
 
 def test_pi05_libero_preset_trains_and_evaluates_the_tiny_pi05(tmp_path):
-    from envs.libero import libero_available
+    from envs.libero.simulator import libero_available
 
     why = libero_available()
     if why:

@@ -18,7 +18,7 @@ from rlvla3.checkpoint import (
 )
 from rlvla3.config import ConfigError, Named
 from rlvla3.model import VLAPolicy, build_vla_policy, flow
-from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.policies import build_policy
 from rlvla3.protocols import Policy
 
@@ -376,8 +376,8 @@ def test_rl_core_pipeline_runs_with_the_vla_policy():
     from rlvla3.algos import AlgoConfig
     from rlvla3.episode import TaskSampler
     from rlvla3.learner import BatchStart, LearnerCore
+    from rlvla3.rl_samples import prepare_samples
     from rlvla3.rollout import RolloutCore, collect_episodes
-    from rlvla3.samples import prepare_samples
 
     reach = Named("reach", {"image_size": 16, "max_decisions": 6})
     policy = build_policy(Named("vla", {"preset": "tiny", "denoise_steps": 2}), env_spec(reach))

@@ -12,7 +12,7 @@ import ray
 from ray import cloudpickle
 from tiny_runs import TINY_RUN
 
-from actors.controller import Controller
+from actors.rl.controller import Controller
 from rlvla3.checkpoint import load_policy, read_meta, resolve_checkpoint
 from rlvla3.run_config import load_run_config
 from rlvla3.weight_sync import parameter_sum
@@ -219,7 +219,7 @@ def test_autoreset_rounds_step_every_slot(ray_cluster, tmp_path):
     """sync_autoreset: in each of a round's ``round_decisions`` lockstep steps every slot
     either steps or is resetting (in the background, after its episode ended): no slot waits
     for the round's slowest episode, nor for another slot's reset."""
-    from actors.strategies import AutoresetRollout
+    from actors.rl.strategies import AutoresetRollout
 
     cfg = load_run_config("smoke", overrides=SMALL + ["pipeline.mode=sync_autoreset",
                                                       "env.options.max_decisions=4"])

@@ -13,8 +13,8 @@ import ray
 from ray import cloudpickle
 from tiny_runs import TINY_RUN
 
-from actors.controller import Controller
-from actors.failures import LearnerFailures, RebuildLimitReached
+from actors.rl.controller import Controller
+from actors.rl.failures import LearnerFailures, RebuildLimitReached
 from rlvla3.run_config import load_run_config
 
 SMALL = [*TINY_RUN, "log_every_s=1.0", "checkpoint_every=0"]

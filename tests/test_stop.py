@@ -15,10 +15,10 @@ import ray
 from ray import cloudpickle
 from tiny_runs import TINY_RUN
 
-from actors.checkpointer import Checkpointer
-from actors.controller import Controller
-from actors.stop import stop_async_run
-from actors.trajectory_queue import SegmentInfo
+from actors.rl.checkpointer import Checkpointer
+from actors.rl.controller import Controller
+from actors.rl.stop import stop_async_run
+from actors.roles.trajectory_queue import SegmentInfo
 from envs import env_spec, make_env
 from rlvla3.checkpoint import read_meta
 from rlvla3.config import Named

@@ -32,7 +32,7 @@ pytestmark = [
 def test_eval_of_a_checkpoint_in_a_bucket_writes_its_results_to_the_bucket(tmp_path,
                                                                             monkeypatch):
     from envs import env_spec
-    from envs.libero import libero_available
+    from envs.libero.simulator import libero_available
     from rlvla3.policies import build_policy
 
     why = libero_available()

@@ -14,14 +14,14 @@ from rlvla3.types import EpisodeKey
 
 def _info(min_version: int, key: EpisodeKey | None = None, decisions: int = 3,
           max_version: int = -1):
-    from actors.trajectory_queue import SegmentInfo
+    from actors.roles.trajectory_queue import SegmentInfo
 
     return SegmentInfo("w0/s0", key or EpisodeKey(0, 0), decisions, 2 * decisions, min_version,
                        1.0, True, max_version)
 
 
 def _queue(**kw):
-    from actors.trajectory_queue import TrajectoryQueue
+    from actors.roles.trajectory_queue import TrajectoryQueue
     from rlvla3.run_config import QueueConfig
 
     group_size = kw.pop("group_size", 1)
@@ -131,7 +131,7 @@ def test_grpo_uniform_groups_are_skipped_and_counted_when_asked():
     advantage: with ``skip_uniform`` it is counted and never queued; a mixed group, and any
     group without the option, is queued whole. Short groups (a member lost) are judged on the
     members they have."""
-    from actors.trajectory_queue import SegmentInfo
+    from actors.roles.trajectory_queue import SegmentInfo
 
     def info(key, ret, decisions=4):
         return SegmentInfo("w0/s0", key, decisions, 2 * decisions, 0, ret, ret > 0.5)

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from rlvla3.config import ConfigError, build
-from rlvla3.model.config import VLAConfig
 from rlvla3.model.policy import VLAPolicy
+from rlvla3.model.vla_config import VLAConfig
 from rlvla3.types import EnvSpec
 
 __all__ = ["VLAConfig", "VLAPolicy", "build_vla_policy"]

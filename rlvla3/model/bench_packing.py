@@ -45,8 +45,8 @@ from torch import nn
 
 from rlvla3.config import build
 from rlvla3.model import build_vla_policy
-from rlvla3.model.config import VLAConfig, shapes_for
-from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+from rlvla3.model.vla_config import VLAConfig, shapes_for
 
 
 def _time_row(policy, obs, actions, row, noise, t) -> float:

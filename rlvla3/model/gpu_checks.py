@@ -1,6 +1,9 @@
 """The entries of the GPU check (``rlvla3 bench gpu``): each measures one GPU path of the VLA
 against its reference and says whether it passes.
 
+One module over 400 lines because the entries of one GPU check share its context and sizes; each
+entry is short.
+
 Inputs: a ``Context`` (device and ``CheckSizes``: pi0.5 shapes on a GPU, tiny ones for the CPU
 dry run, where the same code runs with the CPU backends: exact per-segment attention and
 emulated FP8). Output: each entry is a generator of JSON-ready dicts, every one a complete
@@ -200,7 +203,7 @@ ATTENTION_TOLERANCE = {"out": 0.02, "dq": 0.05, "dk": 0.05, "dv": 0.05}
 
 
 def check_attention(ctx: Context) -> Iterator[Snapshot]:
-    from rlvla3.model.config import PRESETS
+    from rlvla3.model.vla_config import PRESETS
 
     s, dev = PRESETS[ctx.sizes.preset], ctx.device
     lens = ctx.sizes.attention_lengths
@@ -263,9 +266,9 @@ def _training_step(ctx: Context, variants: dict[str, tuple[dict, bool]]) -> Iter
     whether its projections run FP8), one variant on the device at a time, identical weights
     (same seed) and batch; the first variant is the baseline of the others."""
     from rlvla3.config import build
-    from rlvla3.model.config import VLAConfig, shapes_for
     from rlvla3.model.policy import VLAPolicy
-    from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+    from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+    from rlvla3.model.vla_config import VLAConfig, shapes_for
 
     dev, sz = ctx.device, ctx.sizes
     side = shapes_for(build(VLAConfig, {"preset": sz.preset})).image_size
@@ -424,9 +427,9 @@ chain (an importance ratio within about 5% of 1 at identical weights)."""
 
 def check_rl(ctx: Context) -> Iterator[Snapshot]:
     from rlvla3.config import build
-    from rlvla3.model.config import VLAConfig, shapes_for
     from rlvla3.model.policy import VLAPolicy
-    from rlvla3.model.synthetic import libero_like_batch, libero_like_spec
+    from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+    from rlvla3.model.vla_config import VLAConfig, shapes_for
 
     dev, sz = ctx.device, ctx.sizes
     cfg = build(VLAConfig, {"preset": sz.preset})

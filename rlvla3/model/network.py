@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlvla3.model.attention import AttentionBackend
-from rlvla3.model.config import ModelShapes
 from rlvla3.model.fp8 import BlockLinear, Fp8Backend
 from rlvla3.model.layers import AdaRMSNorm, DecoderLayer, RMSNorm, VisionEncoder, sinusoidal
 from rlvla3.model.processor import PrefixBatch
+from rlvla3.model.vla_config import ModelShapes
 
 
 @dataclass

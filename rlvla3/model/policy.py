@@ -31,12 +31,12 @@ from torch import nn
 from rlvla3.config import ConfigError
 from rlvla3.model import flow
 from rlvla3.model.attention import select_backend
-from rlvla3.model.config import VLAConfig, shapes_for
 from rlvla3.model.fp8 import select_fp8
 from rlvla3.model.network import PrefixCache, SuffixLayout, VLANetwork
 from rlvla3.model.normalize import make_normalizer
 from rlvla3.model.processor import PrefixBatch, Processor
 from rlvla3.model.tokenizer import ByteTokenizer, PaliGemmaTokenizer
+from rlvla3.model.vla_config import VLAConfig, shapes_for
 from rlvla3.packing import pack_best_fit
 from rlvla3.protocols import Evaluation
 from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput

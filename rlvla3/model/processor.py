@@ -33,9 +33,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlvla3.model.config import ModelShapes
 from rlvla3.model.normalize import Normalizer
 from rlvla3.model.tokenizer import BOS, PAD, STATE_OFFSET, Tokenizer, tokenize
+from rlvla3.model.vla_config import ModelShapes
 from rlvla3.packing import cu_seqlens
 from rlvla3.types import ObsBatch
 

@@ -19,7 +19,7 @@ POLICIES: dict[str, str] = {
 
 OPTIONS: dict[str, str] = {
     "small": "rlvla3.policies.small:SmallPolicyConfig",
-    "vla": "rlvla3.model.config:VLAConfig",
+    "vla": "rlvla3.model.vla_config:VLAConfig",
 }
 """The dataclass each policy's ``policy.options`` build into (checked without building the
 model, e.g. a ``pi05`` config on a machine without a GPU; the docs' config reference)."""

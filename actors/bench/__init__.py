@@ -1,0 +1,13 @@
+"""Benchmarks of the RL pipeline: ``rlvla3 bench NAME``, each printing one JSON object.
+
+Modules:
+    bench_async     the RL-VLA3 ablation: pipeline modes, throughput on this machine
+    bench_batcher   adaptive batching against a grid of fixed B_max / T_max settings
+    bench_learning  sync vs async: success against env steps and wall time
+    bench_scale     the GPU regime simulated at 8-32 GPUs: modes, planner, dilation check
+    bench_soak      a long run with periodic kills: recovery time, memory over time
+    bench_storage   checkpoint save / restore on a run's storage against a local disk
+
+The ``bench_`` prefix stays: ``async`` is a Python keyword, and ``rlvla3/batcher.py`` and
+``rlvla3/storage.py`` would otherwise share a file name with these.
+"""

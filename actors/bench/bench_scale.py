@@ -1,0 +1,429 @@
+"""``rlvla3 bench scale``: the GPU regime on a CPU, at 8-32 simulated GPUs.
+
+One module over 400 lines because the simulated cluster, the layouts of the modes and the
+dilation check make one benchmark whose JSON compares them.
+
+Starts a simulated cluster on this machine (``ray.cluster_utils.Cluster``): a head, one node
+per 8 GPUs offering the custom resource ``sim_gpu: 8`` (not Ray's ``GPU``), and a simulator
+node offering ``sim: <sim CPUs>``. Runs the real pipeline on it (``actors.bench.bench_async.run_mode``:
+the controller, env workers, rollout servers, queue and learners) in the modes asked, with the
+GPU stages' costs simulated (``rlvla3.gpu_costs``: ``--cost-model``) and the env slots replaying
+LIBERO's latencies measured here (``latency_replay``), everything dilated by one factor
+(``time_dilation``). Prints one JSON object; rates are env steps per simulated second.
+
+Layouts (how the modes use the GPUs):
+- ``full`` (RL-VLA3): the planner's split (``rlvla3.plan.gpu``), env slots, batching
+  (adaptive), weight-sync cadence and pacing; actors stand for ``gpus / 8`` GPUs each
+  (``rollout.lanes``, ``learner.ranks_per_actor``) so that a node holds whole actors and this
+  machine runs a handful of processes.
+- ``sync`` / ``sync_autoreset`` (the baselines, RLinf-style colocation): every GPU both
+  serves rollouts and trains, in turn; per node one rollout server of 8 lanes and one learner
+  actor of 8 ranks, each holding half the node's ``sim_gpu`` (they never run at once). Every
+  simulator CPU runs a slot (more slots only help a lockstep design), and a lockstep batch is
+  split over all the lanes.
+
+Baseline: ``sync_baseline`` is the faster of ``sync`` and ``sync_autoreset`` at each scale
+(trained env steps/s); ``ratio_full_vs_sync`` is ``full`` against it. RL-VLA3 reports 1.59x over
+synchronous RLinf with pi0.5 on LIBERO at 32 GPUs (``reference``).
+
+Also: ``predicted`` (the planner's env steps/s for the full run, with the slots it ran) and
+``prediction_error``; ``--sweep-rollout-gpus 2,4,6,8``: full runs at the first scale with only
+the split changed (same slots, batching, pacing), the planner's split marked; ``--dilation F``
+fixes the dilation (default ``auto``: the planner's decisions/s over ``--real-rate``, so this
+machine handles about that many decisions per real second whatever the scale). ``overhead``
+says how much of the simulated GPU time was real compute here (``real_over_simulated``),
+how many calls ran over their simulated cost, and how busy this machine's CPUs were (all
+users: the machine is shared).
+
+Measurement: the first ``--warmup`` simulated seconds (every slot resetting at once, the
+first episodes) are excluded; lockstep modes are measured over whole rounds (progress rows are
+written at round ends), so give them ``--sync-seconds`` for three rounds or more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+
+from actors.bench.bench_async import env_stage_alone, run_mode
+from actors.runtime.jsonout import json_main
+
+GPUS_PER_NODE = 8
+SYNC_MODES = ("sync", "sync_autoreset")
+WORKLOAD = [
+    "env.name=latency_replay",
+    "policy.options.channels=16",
+    "policy.options.hidden=64",
+    "learner.micro_batch=64",
+    "queue.capacity=512",
+    "ray.check_memory=false",  # every simulated node reports this machine's memory
+    "watchdog_s=0",
+    "storage.shared=true",  # every simulated node is this machine: one filesystem
+]
+REFERENCE = {"rl_vla3_full_vs_sync_rlinf_32_gpus_libero_pi05": 1.59}
+
+
+class LoadSampler:
+    """This machine's load average, sampled every ``every_s`` while a run goes on."""
+
+    def __init__(self, every_s: float = 10.0):
+        import threading
+
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        samples = self.samples or [os.getloadavg()[0]]
+        return {"mean": round(sum(samples) / len(samples), 1), "max": round(max(samples), 1)}
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of this machine since boot (``/proc/stat``)."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def start_cluster(gpus: int, sim_cpus: int):
+    """A head (no CPUs), ``gpus / 8`` GPU nodes and one simulator node; connects to it.
+
+    The cluster keeps its session files and its address file in a temp dir of its own
+    (``RAY_TMPDIR``, set for this process and the nodes it starts): the address file that
+    every Ray driver writes would otherwise make a plain ``ray.init()`` elsewhere on this
+    machine join this cluster."""
+    from ray.cluster_utils import Cluster
+
+    from actors.runtime.bootstrap import NAMESPACE
+
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rlvla3-", dir="/tmp")
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")  # a busy machine starts slowly
+    # every simulated node sees this whole machine's memory, other users' included: Ray's
+    # memory monitor would kill this cluster's actors for memory they do not use
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    os.environ.pop("RAY_ADDRESS", None)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
+                                                            "include_dashboard": False})
+    for _ in range(math.ceil(gpus / GPUS_PER_NODE)):
+        cluster.add_node(num_cpus=16, resources={"sim_gpu": GPUS_PER_NODE})
+    cluster.add_node(num_cpus=64, resources={"sim": sim_cpus})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+    return cluster
+
+
+def colocated_layout(gpus: int, slots: int, slots_per_worker: int) -> list[str]:
+    """Sync baselines: per node one server of 8 lanes and one learner of 8 ranks, each on
+    half of the node's GPUs (time-shared: rollout and training never overlap)."""
+    nodes = math.ceil(gpus / GPUS_PER_NODE)
+    per = gpus // nodes
+    return [f"learner.num_learners={nodes}", f"learner.ranks_per_actor={per}",
+            f"learner.resources={{sim_gpu: {per / 2}}}",
+            f"rollout.num_servers={nodes}", f"rollout.lanes={per}",
+            f"rollout.resources={{sim_gpu: {per / 2}}}", "rollout.b_max=256",
+            "pipeline.placement=disaggregated",  # one gang over the nodes (PACK)
+            f"env_workers.num_workers={slots // slots_per_worker}",
+            f"env_workers.slots_per_worker={slots_per_worker}",
+            f"env_workers.resources={{sim: {slots_per_worker}}}"]
+
+
+def planned_layout(plan, slots_per_worker: int, granularity: int) -> list[str]:
+    """The full mode as planned, each actor standing for ``granularity`` GPUs."""
+    from rlvla3.plan.gpu import plan_overrides
+
+    return plan_overrides(plan, slots_per_worker, granularity) + [
+        f"learner.resources={{sim_gpu: {granularity}}}",
+        f"rollout.resources={{sim_gpu: {granularity}}}",
+        f"env_workers.resources={{sim: {slots_per_worker}}}"]
+
+
+def inspect_costs(controller) -> dict:
+    """The simulated stages' clocks and batching, read from the live actors."""
+    topo = controller.topology
+    servers = ray.get([s.stats.remote() for s in topo.servers])
+    learners = ray.get([lr.stats.remote() for lr in topo.learners])
+
+    def total(stats: list[dict], key: str) -> dict:
+        clocks = [s[key] for s in stats if key in s]
+        sim = sum(c["simulated_s"] for c in clocks)
+        real = sum(c["real_s"] for c in clocks)
+        return {"simulated_s": round(sim, 1), "real_s": round(real, 2),
+                "real_over_simulated": round(real / sim, 4) if sim else 0.0,
+                "overruns": sum(c["overruns"] for c in clocks),
+                "calls": sum(c["calls"] for c in clocks)}
+
+    sizes: dict[int, int] = {}
+    for s in servers:
+        for k, v in s["batch_sizes"].items():
+            sizes[int(k)] = sizes.get(int(k), 0) + v
+    return {"overhead": {"rollout": total(servers, "cost"), "weight_sync": total(servers,
+                                                                                 "sync_cost"),
+                         "learner": total(learners, "cost")},
+            "batch_size_hist": dict(sorted(sizes.items())),
+            "weight_swaps": sum(s["weight_swaps"] for s in servers),
+            "batch_policy": servers[0].get("batch_policy", {})}
+
+
+def to_simulated(result: dict, dilation: float) -> dict:
+    """Rates per simulated second, times in simulated seconds."""
+    out = dict(result)
+    for key in ("env_steps_per_s", "trained_env_steps_per_s", "env_steps_per_s_whole_run",
+                "trained_env_steps_per_s_whole_run"):
+        out[key] = round(result[key] * dilation, 1)
+    out["simulated_s"] = round(result["wall_s"] / dilation, 1)
+    return out
+
+
+class Bench:
+    """Runs and records one configuration after another (partial results kept in ``--out``)."""
+
+    def __init__(self, args: argparse.Namespace, root: Path):
+        from actors.rl.plan_job import env_timing
+        from rlvla3.config import Named
+        from rlvla3.gpu_costs import resolve_costs
+
+        self.args = args
+        self.root = root
+        self.costs = resolve_costs(Named(args.cost_model), "--cost-model")
+        self.env = env_timing()
+        self.results: dict = {"cost_model": args.cost_model, "costs": self.costs.describe(),
+                              "cost_source": self.costs.source, "env": self.env.source,
+                              "runs": []}
+        self.count = 0
+
+    def say(self, text: str) -> None:
+        print(f"bench scale: {text}", file=sys.stderr, flush=True)
+
+    def plan(self, gpus: int):
+        from actors.rl.plan_job import make
+
+        return make(self.costs, self.env, gpus, self.sim_cpus(gpus),
+                    global_batch=self.args.global_batch, granularity=self.granularity(gpus),
+                    slots_multiple=self.args.slots_per_worker)
+
+    def sim_cpus(self, gpus: int) -> int:
+        return self.args.sim_cpus_per_gpu * gpus
+
+    def granularity(self, gpus: int) -> int:
+        return max(1, gpus // GPUS_PER_NODE)
+
+    def dilation(self, plan) -> float:
+        if self.args.dilation != "auto":
+            return float(self.args.dilation)
+        return float(max(1, math.ceil(plan.best.decisions_per_s / self.args.real_rate)))
+
+    def run(self, gpus: int, mode: str, layout: list[str], dilation: float, slots: int,
+            extra: dict) -> dict:
+        a = self.args
+        sim_seconds = a.sync_seconds if mode in SYNC_MODES else a.seconds
+        overrides = WORKLOAD + layout + [
+            f"rollout.cost_model={a.cost_model}", f"learner.cost_model={a.cost_model}",
+            f"time_dilation={dilation}", f"learner.global_batch={extra.get('global_batch', a.global_batch)}"]
+        self.count += 1
+        name = f"{self.count:02d}-{mode}-{gpus}gpu"
+        self.say(f"{name}: {slots} slots, dilation {dilation:g}, {sim_seconds:.0f} simulated s "
+                 f"({sim_seconds * dilation / 60:.1f} min) ...")
+        busy0, total0 = cpu_times()
+        load = LoadSampler()
+        result = run_mode(mode, overrides, sim_seconds * dilation, a.warmup * dilation,
+                          self.root, name, inspect_costs)
+        busy1, total1 = cpu_times()
+        out = {"gpus": gpus, "mode": mode, "env_slots": slots, "dilation": dilation, **extra,
+               **to_simulated(result, dilation)}
+        out["overhead"]["machine_cpu_busy"] = round((busy1 - busy0) / (total1 - total0), 3)
+        out["overhead"]["machine_load_average"] = load.stop()
+        del out["episode_lengths"]
+        if "predicted_trained_env_steps_per_s" in extra:
+            out["prediction_error"] = round(out["trained_env_steps_per_s"]
+                                            / extra["predicted_trained_env_steps_per_s"] - 1.0, 3)
+        self.say(f"  {mode}: {out['env_steps_per_s']} env steps/s (trained "
+                 f"{out['trained_env_steps_per_s']}), mean batch {out['mean_batch_size']}, "
+                 f"overhead {out['overhead']['rollout']['real_over_simulated']}/"
+                 f"{out['overhead']['learner']['real_over_simulated']}")
+        self.results["runs"].append(out)
+        if a.results_file:
+            Path(a.results_file).write_text(json.dumps(self.results, indent=1))
+        return out
+
+    def scale(self, gpus: int) -> None:
+        """Every mode asked at ``gpus``."""
+        a = self.args
+        plan = self.plan(gpus)
+        dilation = self.dilation(plan)
+        max_slots = self.sim_cpus(gpus) // a.slots_per_worker * a.slots_per_worker
+        for mode in a.modes.split(","):
+            if mode == "full":
+                self.full(gpus, plan, dilation)
+            else:
+                self.run(gpus, mode, colocated_layout(gpus, max_slots, a.slots_per_worker),
+                         dilation, max_slots, {})
+        if a.env_alone:
+            self.env_loop(gpus, max_slots, dilation)
+
+    def env_loop(self, gpus: int, slots: int, dilation: float) -> None:
+        """The env slots alone, actions answered at once: the env steps/s their latencies
+        allow against what this machine's env workers, Ray calls and queue delivered. The
+        shortfall is the machine's own overhead on the env loop (at this load)."""
+        from actors.rl.controller import check_components
+        from envs.latency_replay import summarize_latency
+        from rlvla3.run_config import load_run_config
+
+        a = self.args
+        cfg = load_run_config("default", overrides=WORKLOAD + [
+            f"env.options.time_scale={dilation}",
+            f"env_workers.num_workers={slots // a.slots_per_worker}",
+            f"env_workers.slots_per_worker={a.slots_per_worker}"])
+        self.say(f"env loop alone at {slots} slots, dilation {dilation:g} ...")
+        measured = env_stage_alone(cfg, check_components(cfg), a.seconds * dilation,
+                                   a.warmup * dilation) * dilation
+        allowed = slots * summarize_latency({})["slot_steps_per_s"]
+        self.results.setdefault("env_loop", {})[str(gpus)] = {
+            "env_slots": slots, "dilation": dilation,
+            "env_steps_per_s": round(measured, 1),
+            "latencies_allow_env_steps_per_s": round(allowed, 1),
+            "overhead_fraction": round(1.0 - measured / allowed, 3)}
+        self.say(f"  env loop: {measured:.0f} of {allowed:.0f} env steps/s the latencies allow")
+
+    def full(self, gpus: int, plan, dilation: float, sweep: bool = False) -> dict:
+        b = plan.best
+        planned = plan.as_dict()
+        extra = {"split": planned["split"], "global_batch": b.global_batch,
+                 "planned": {k: planned[k] for k in ("batching", "weights_every", "pacing")},
+                 "predicted_env_steps_per_s": round(b.env_steps_per_s, 1),
+                 "predicted_trained_env_steps_per_s": round(b.trained_env_steps_per_s, 1),
+                 "predicted_bottleneck": b.bottleneck}
+        if sweep:
+            extra["planner_split"] = self.plan(gpus).best.rollout_gpus == b.rollout_gpus
+        return self.run(gpus, "full", planned_layout(plan, self.args.slots_per_worker,
+                                                     self.granularity(gpus)),
+                        dilation, b.env_slots, extra)
+
+    def sweep(self, gpus: int, rollout_gpus: list[int]) -> None:
+        """Full runs at ``gpus`` with only the split changed (the planner's slots, batching,
+        cadence and pacing)."""
+        from dataclasses import replace
+
+        from rlvla3.plan.gpu import predict
+
+        plan = self.plan(gpus)
+        dilation = self.dilation(plan)
+        for r in rollout_gpus:
+            pred = predict(self.costs, self.env, plan.request, gpus - r, r, plan.best.env_slots,
+                           plan.best.weights_every)
+            self.full(gpus, replace(plan, best=pred), dilation, sweep=True)
+
+    def summary(self) -> dict:
+        runs = self.results["runs"]
+        table: dict[str, dict] = {}
+        for run in runs:
+            if run.get("planner_split") is not None:
+                continue
+            table.setdefault(str(run["gpus"]), {})[run["mode"]] = run
+        scaling = {}
+        for gpus, modes in table.items():
+            row = {m: {"env_steps_per_s": r["env_steps_per_s"],
+                       "trained_env_steps_per_s": r["trained_env_steps_per_s"],
+                       "mean_batch_size": r["mean_batch_size"], "env_slots": r["env_slots"],
+                       "dilation": r["dilation"]} for m, r in modes.items()}
+            syncs = [m for m in SYNC_MODES if m in modes
+                     and modes[m]["trained_env_steps_per_s"] > 0]
+            if "full" in modes and syncs:
+                best = max(syncs, key=lambda m: modes[m]["trained_env_steps_per_s"])
+                row["sync_baseline"] = best
+                row["ratio_full_vs_sync"] = round(modes["full"]["trained_env_steps_per_s"]
+                                                  / modes[best]["trained_env_steps_per_s"], 3)
+            if "full" in modes:
+                row["predicted_full"] = modes["full"]["predicted_env_steps_per_s"]
+                row["prediction_error"] = modes["full"]["prediction_error"]
+            scaling[gpus] = row
+        out = {**self.results, "scaling": scaling, "reference": REFERENCE}
+        swept = [r for r in runs if r.get("planner_split") is not None]
+        if swept:
+            best = max(swept, key=lambda r: r["trained_env_steps_per_s"])
+            planner = next((r for r in swept if r["planner_split"]), None)
+            out["sweep"] = {
+                "gpus": swept[0]["gpus"],
+                "splits": [{**r["split"], "trained_env_steps_per_s": r["trained_env_steps_per_s"],
+                            "predicted": r["predicted_env_steps_per_s"],
+                            "planner": r["planner_split"]} for r in swept],
+                "planner_split_is_fastest": planner is not None and
+                planner["trained_env_steps_per_s"] >= best["trained_env_steps_per_s"],
+            }
+        return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="rlvla3 bench scale", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cost-model", default="pi05_h200")
+    p.add_argument("--gpus", default="8,16,32", help="comma-separated simulated GPU counts")
+    p.add_argument("--modes", default="sync,sync_autoreset,full")
+    p.add_argument("--sim-cpus-per-gpu", type=int, default=16,
+                   help="simulator CPUs (one env slot each) per GPU")
+    p.add_argument("--slots-per-worker", type=int, default=32)
+    p.add_argument("--global-batch", type=int, default=840,
+                   help="decisions per optimizer step (840 divides by every learner actor "
+                        "count the layouts use)")
+    p.add_argument("--seconds", type=float, default=100.0,
+                   help="simulated seconds per full run")
+    p.add_argument("--sync-seconds", type=float, default=220.0,
+                   help="simulated seconds per lockstep run (about three rounds)")
+    p.add_argument("--warmup", type=float, default=35.0, help="simulated seconds excluded")
+    p.add_argument("--dilation", default="auto",
+                   help="time dilation of every run, or 'auto' (--real-rate)")
+    p.add_argument("--real-rate", type=float, default=80.0,
+                   help="auto dilation: real decisions/s this machine should handle")
+    p.add_argument("--sweep-rollout-gpus", default="",
+                   help="instead of the modes: full runs at the first --gpus with these "
+                        "rollout GPU counts (the planner's among them)")
+    p.add_argument("--env-alone", action="store_true",
+                   help="also run every scale's env slots alone (instant actions): the "
+                        "machine's overhead on the env loop")
+    p.add_argument("--results-file", metavar="FILE",
+                   help="also write the results (JSON) to FILE after every run")
+    p.add_argument("--json", action="store_true", help="print only the JSON object")
+    return p.parse_args(argv)
+
+
+def measure(args: argparse.Namespace) -> dict:
+    gpus = [int(g) for g in args.gpus.split(",") if g]
+    sweep = [int(r) for r in args.sweep_rollout_gpus.split(",") if r]
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(args, Path(tmp))
+        cluster = start_cluster(max(gpus), args.sim_cpus_per_gpu * max(gpus))
+        try:
+            if sweep:
+                bench.sweep(gpus[0], sweep)
+            else:
+                for n in gpus:
+                    bench.scale(n)
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+            shutil.rmtree(os.environ.pop("RAY_TMPDIR"), ignore_errors=True)
+    return {**bench.summary(), "wall_s": round(time.monotonic() - start, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return json_main(parse_args, measure, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+"""Evaluation: closed-loop episodes of a policy on LIBERO, their results, and comparisons.
+
+Modules:
+    evaluate    ``rlvla3 eval``: the CLI, the run and ``--compare`` / ``--recheck``
+    output_dir  an evaluation's output directory: its identity (what a resume must match),
+                finished episodes, wall time over invocations
+    rounds      ``EvalRound``: the episodes of one policy spread over eval workers (also used
+                by periodic evaluation during RL)
+    worker      ``EvalWorker``: whole episodes on one process-isolated env with a CPU policy copy
+    recheck     ``rlvla3 eval --recheck DIR``: re-run a random subset, say whether it reproduces
+    compare     paired statistics and tables of two evaluations (pure functions)
+    media       MP4 videos of episodes and the success chart
+"""

@@ -1,0 +1,535 @@
+"""``python -m rlvla3 eval``: closed-loop evaluation on LIBERO in parallel Ray actors.
+
+One module over 400 lines because the CLI, the run and ``--compare`` / ``--recheck`` share the
+parsed arguments; the output directory is ``actors.eval.output_dir`` and the protocol
+``actors.eval.rounds``.
+
+    python -m rlvla3 eval --suite libero_spatial [--task-ids 0 1 ...] [--episodes-per-task N]
+        (--checkpoint RUN_DIR | --policy random) [--output-dir DIR] [--workers K] [--json]
+    python -m rlvla3 eval --compare A B [C ...] [same options]   checkpoints or results.json
+
+Role: the driver. It starts Ray locally unless ``--address`` names a cluster, spawns ``K``
+``EvalWorker`` actors (each owns one process-isolated env and a CPU copy of the policy) and
+runs the episodes through ``actors.eval.rounds.EvalRound``, which hands the next episode to
+whichever worker is free, so a slow reset or a simulator restart never idles the others.
+
+Protocol (published LIBERO): every task on its 50 bundled initial states (episode ``k`` of a
+task starts from bundled state ``k``; ``--episodes-per-task`` or ``--init-ids`` take fewer);
+``--placements fresh`` evaluates on fresh placements instead (the training distribution).
+A checkpoint acts with its mode (the flow ODE from zero noise); ``--sampled`` (optionally with
+``--noise-level`` and ``--init-noise``) evaluates the policy RL would sample instead, each
+episode's noise seeded by ``--seed``, the task and the initial state. ``--language blank`` or
+``shifted`` tells the policy no instruction, or the next task's, instead of its own: the
+ablation that shows whether the instruction steers it (``results.json`` records what it was
+told; ``--compare`` pairs it with the same checkpoint told its own).
+
+Outputs, in ``--output-dir`` (a path or a storage URI such as ``s3://bucket/evals/x``,
+``rlvla3.storage``; written as each episode ends, so an interrupted evaluation loses
+nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
+instruction, episodes, successes, success_rate, Wilson 95% ``ci95``, ``by_init_state``; the
+same for the suite; ``fingerprint``: package versions, renderer, image size, fast render,
+control frequency, chunk length, seeds, initial states, the checkpoint's sha256;
+``training_overlap``: why the checkpoint's training touched evaluation states, if it did),
+MP4 videos of the first ``--videos`` episodes and ``success_by_task.png``. Re-running the same
+command on the same ``--output-dir`` continues: finished episodes are kept, the rest run
+(``eval.json`` records what is evaluated; a different policy or setting is refused).
+
+``--compare A B C ...`` compares each of B, C, ... with A as below, and adjusts the suite
+p-values for the number of comparisons (Holm); ``comparison.md`` starts with that summary.
+``--compare A B`` evaluates both (or reads their ``results.json``) on the same episodes and
+reports B - A: the paired 2x2 table, the exact McNemar p-value and Newcombe's 95% interval of
+the difference, overall and per task; it warns when the two fingerprints differ. It writes
+``comparison.json`` and ``comparison.md`` (the per-task table with both sides' Wilson
+intervals, ready for a README) to ``--output-dir``; ``actors.eval.compare`` computes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import string
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from actors.eval.compare import (
+    compare_family,
+    compare_table,
+    comparison_markdown,
+    family_markdown,
+    load_results,
+)
+from actors.eval.media import write_chart, write_video
+from actors.eval.output_dir import EvalOutput, planned
+from actors.eval.recheck import recheck, recheck_line, recheck_status
+from actors.eval.rounds import (
+    EvalRound,
+    episode_row,
+    make_eval_workers,
+    protocol_jobs,
+    summarise_rows,
+)
+from actors.eval.worker import LANGUAGE_MODES, ActionSource, given_instructions
+from envs.libero.env import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
+from envs.libero.scenes import SCENE_RULE
+from rlvla3.cli_options import add_image_size
+from rlvla3.config import Named, build
+from rlvla3.fingerprint import fingerprint
+from rlvla3.numerics import NUMERICS
+from rlvla3.storage import Mirror, join
+
+
+def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
+    """LIBERO options for the evaluated tasks; shapes follow the checkpoint when there is one."""
+    options: dict[str, Any] = {
+        "suite": args.suite,
+        "task_ids": list(tasks),
+        "image_size": list(args.image_size),
+        "fast_render": not args.no_fast_render,
+        "max_steps": args.max_steps,
+        "placements": args.placements,
+        "placement_seed": args.placement_seed,
+    }
+    if args.checkpoint:
+        from rlvla3.checkpoint import read_meta
+
+        spec = read_meta(args.checkpoint).spec
+        options |= {
+            "cameras": list(spec.cameras),
+            "image_size": list(spec.image_size),
+            "chunk_len": spec.chunk_len,
+        }
+    return options
+
+
+def _console() -> Any:
+    """Progress and tables on stderr; 120 columns when it is a file, so a logged table keeps
+    one line per row (rich falls back to 80)."""
+    from rich.console import Console
+
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+
+
+def _percent(row: dict[str, Any]) -> tuple[str, str]:
+    low, high = row["ci95"]
+    return f"{100 * row['success_rate']:.1f}%", f"{100 * low:.0f}-{100 * high:.0f}%"
+
+
+def _table(summary: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    title = f"{summary['suite']}: {summary['policy']}"
+    if str(summary.get("acting", "")).startswith("sampled"):
+        title += f" ({summary['acting']})"
+    if summary.get("language", "own") != "own":
+        title += f" (told {summary['language']} instructions)"
+    table = Table(title=title)
+    for col in ("task", "instruction", "episodes", "successes", "success", "95% CI"):
+        table.add_column(col, justify="left" if col == "instruction" else "right")
+    for task, row in summary["tasks"].items():
+        table.add_row(task, row["instruction"], str(row["episodes"]), str(row["successes"]),
+                      *_percent(row))
+    table.add_row("all", "", str(summary["episodes"]), str(summary["successes"]),
+                  *_percent(summary), end_section=True)
+    return table
+
+
+def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
+    cfg = build(LiberoConfig, options, "--options")
+    if args.checkpoint:
+        from rlvla3.fingerprint import checkpoint_identity
+
+        policy: Any = checkpoint_identity(args.checkpoint)["sha256"]
+    else:
+        policy = f"random (seed {args.seed})"
+    return {
+        "suite": cfg.suite,
+        "placements": cfg.placements,
+        "placement_seed": cfg.placement_seed,
+        "policy": policy,
+        "cameras": list(cfg.cameras),
+        "image_size": list(cfg.image_size),
+        "chunk_len": cfg.chunk_len,
+        "max_steps": cfg.episode_steps,
+        "fast_render": cfg.fast_render,
+        "scenes": SCENE_RULE,
+        "acting": acting(args),
+        "seed": args.seed if not args.checkpoint or args.sampled else None,
+        "language": args.language,
+        "numerics": args.numerics,
+    }
+
+
+def sampling_options(args: argparse.Namespace) -> tuple[tuple[str, float], ...] | None:
+    """The policy options a sampled evaluation overrides (None: deterministic acting)."""
+    if not args.sampled:
+        return None
+    chosen = (("noise_level", args.noise_level), ("init_noise", args.init_noise))
+    return tuple((k, v) for k, v in chosen if v is not None)
+
+
+def acting(args: argparse.Namespace) -> str:
+    """How the policy acts, as results and resumes record it."""
+    options = sampling_options(args)
+    if options is None:
+        return "deterministic" if not args.policy else args.policy
+    return " ".join(["sampled", *(f"{k}={v:g}" for k, v in options)])
+
+
+def told_instructions(suite: str, tasks: Sequence[int], mode: str) -> tuple[str, ...] | None:
+    """What the policy is told in each evaluated task under ``--language mode``."""
+    from envs.libero.env import suite_instructions
+
+    return given_instructions(mode, suite_instructions(suite) if mode == "shifted" else (), tasks)
+
+
+def init_ids(args: argparse.Namespace) -> list[int]:
+    if args.episodes:
+        return sorted({k for _, k in args.episodes})
+    return list(args.init_ids) if args.init_ids else list(range(args.episodes_per_task))
+
+
+def eval_tasks(args: argparse.Namespace) -> list[int]:
+    """The suite task ids evaluated: ``--task-ids``, the tasks of ``--episodes``, or all."""
+    if args.episodes:
+        return sorted({t for t, _ in args.episodes})
+    return list(args.task_ids) if args.task_ids else list(range(SUITE_NUM_TASKS[args.suite]))
+
+
+def episode_pair(text: str) -> tuple[int, int]:
+    """``TASK:STATE`` -> ``(suite task, initial state)``."""
+    task, sep, state = text.partition(":")
+    if not sep or not task.isdigit() or not state.isdigit():
+        raise argparse.ArgumentTypeError(f"expected TASK:STATE (e.g. 2:31), got {text!r}")
+    return int(task), int(state)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run (or continue) the evaluation and write its outputs; returns the summary."""
+    import ray
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from envs import require_extra
+
+    require_extra(Named("libero"))  # before anything is written or started
+    tasks = eval_tasks(args)
+    files = Mirror(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}",
+                   keep=("eval.json", "episodes.jsonl"))
+    out = files.local  # the output directory, or its working copy when it is remote
+    options = env_options(args, tasks)
+    libero_spec(options, "--task-ids/--image-size/--max-steps")  # fail before Ray starts
+    ids = init_ids(args)
+    identity = _identity(args, options)
+    output = EvalOutput(out, identity)
+    env = Named("libero", options)
+    told = told_instructions(args.suite, tasks, args.language)
+    source = (
+        ActionSource("checkpoint", args.checkpoint, sampling_options(args), args.seed, told)
+        if args.checkpoint else ActionSource("random", seed=args.seed)
+    )
+    jobs = ([(tasks.index(t), k) for t, k in dict.fromkeys(args.episodes)] if args.episodes
+            else protocol_jobs(len(tasks), ids))
+    finished = output.done()
+    todo = [(t, k) for t, k in jobs if (tasks[t], k) not in finished]
+    record = set(jobs[: args.videos])
+    settings = {
+        "suite": args.suite,
+        "placements": args.placements,
+        "image_size": identity["image_size"],
+        "cameras": identity["cameras"],
+        "fast_render": identity["fast_render"],
+        "chunk_len": identity["chunk_len"],
+        "max_steps": identity["max_steps"],
+        "seeds": {"eval": args.seed, "placement": args.placement_seed},
+        "acting": identity["acting"],
+        "language": args.language,
+        "init_state_ids": ids,
+        "tasks": tasks,
+        **({"episodes": [list(p) for p in dict.fromkeys(args.episodes)]} if args.episodes
+           else {}),
+        "numerics": args.numerics,
+    }
+    overlap: list[str] = []
+    if args.checkpoint:
+        from envs.libero.split import FreshEval, training_overlap
+
+        fresh = (FreshEval(args.suite, args.placement_seed, frozenset(tasks), frozenset(ids))
+                 if args.placements == "fresh" else None)
+        overlap = training_overlap(args.checkpoint, fresh=fresh)
+    console = _console()
+    for reason in overlap:
+        console.print(f"[bold yellow]WARNING[/]: evaluation states were trained on: {reason}")
+    state: dict[str, Any] = {"restarts": 0, "fingerprint_changes": []}
+    t0 = time.perf_counter()
+
+    def note_fingerprint(worker: Any, _outcome: Any) -> None:
+        if "fingerprint" in state:
+            return
+        info = ray.get(worker.describe.remote())
+        fp = fingerprint(
+            {**settings, "control_freq": info.get("control_freq"),
+             "scene_rule": info.get("scene_rule"),
+             "numerics": info["numerics"], "host": info["host"],
+             **({"sampling": info["sampling"]} if "sampling" in info else {})},
+            renderer=info.get("renderer"),
+            packages=info.get("packages"),
+            checkpoint=args.checkpoint or None,
+        )
+        state["fingerprint"] = fp
+        state["fingerprint_changes"] = output.set_fingerprint(fp)
+        for change in state["fingerprint_changes"]:
+            console.print(f"[bold yellow]WARNING[/]: setup changed since the first episodes: "
+                          f"{change}")
+
+    def summary_now(complete: bool) -> dict[str, Any]:
+        seconds = output.base_seconds + (time.perf_counter() - t0)
+        rows = [r for r in output.rows if (r["task"], r["init_state"]) in
+                {(tasks[t], k) for t, k in jobs}]
+        summary = {
+            "suite": args.suite,
+            "policy": args.checkpoint or args.policy,
+            "acting": identity["acting"],
+            "language": args.language,
+            **({"told": dict(zip(map(str, tasks), told, strict=True))} if told else {}),
+            "placements": args.placements,
+            **summarise_rows(rows, tasks),
+            "complete": complete,
+            "episodes_planned": len(jobs),
+            "episodes_per_s": len(rows) / seconds if seconds > 0 else 0.0,
+            "seconds": round(seconds, 1),
+            "restarts": state["restarts"],
+            "workers": args.workers,
+            "eval_overlap": bool(overlap),
+            "training_overlap": overlap,
+            "fingerprint": planned(state.get("fingerprint") or output.stored.get("fingerprint", {}),
+                                   settings),
+            "output_dir": files.uri,
+            "videos": sorted(n for n in files.storage.listdir() if n.endswith(".mp4")),
+        }
+        if state["fingerprint_changes"]:
+            summary["fingerprint_changed_on_resume"] = state["fingerprint_changes"]
+        return summary
+
+    def write_results(summary: dict[str, Any]) -> None:
+        tmp = out / "results.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        tmp.replace(out / "results.json")
+
+    chunk = identity["chunk_len"]
+    if todo:
+        started_ray = not ray.is_initialized()
+        if started_ray:
+            from actors.runtime.bootstrap import init_ray
+
+            init_ray(args.address or "", num_cpus=max(args.workers, os.cpu_count() or 1),
+                     include_dashboard=False, log_to_driver=False)
+        spawn_args = dict(seed=args.seed, source=source, placements=args.placements,
+                          numerics=args.numerics)
+        workers = make_eval_workers(env, min(args.workers, len(todo)), **spawn_args)
+        columns = ("[progress.description]{task.description}", BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn())
+        round_ = None
+        try:
+            with Progress(*columns, console=console, transient=False) as progress:
+                bar = progress.add_task(f"eval {args.suite}", total=len(jobs),
+                                        completed=len(jobs) - len(todo))
+                round_ = EvalRound(workers, todo, record=record,
+                                   spawn=lambda: make_eval_workers(env, 1, **spawn_args)[0])
+                while not round_.done:
+                    for outcome in round_.poll(timeout_s=1.0, before_next=note_fingerprint):
+                        task = tasks[outcome.task_id]
+                        output.add(episode_row(outcome, task), time.perf_counter() - t0)
+                        if outcome.frames is not None and len(outcome.frames):
+                            kind = "success" if outcome.success else "fail"
+                            name = f"task{task}_init{outcome.init_state_id}_{kind}.mp4"
+                            write_video(out / name, outcome.frames, fps=max(1, round(20 / chunk)))
+                            files.push(name)
+                        write_results(summary_now(complete=False))
+                        files.push()
+                        wins = sum(r["success"] for r in output.rows)
+                        progress.update(bar, advance=1,
+                                        description=f"eval {args.suite} ({wins} successes)")
+            state["restarts"] = sum(
+                s["restarts"] for s in ray.get([w.stats.remote() for w in round_.workers]))
+            ray.get([w.close.remote() for w in round_.workers])
+        finally:
+            for worker in {*workers, *(round_.workers if round_ is not None else ())}:
+                ray.kill(worker)
+            if started_ray:
+                ray.shutdown()
+    summary = summary_now(complete=True)
+    output.set_seconds(time.perf_counter() - t0)
+    output.close()
+    write_results(summary)
+    write_chart(out / "success_by_task.png", args.suite, summary["tasks"], summary["success_rate"])
+    files.push()
+    files.close()
+    console.print(_table(summary))
+    return summary
+
+
+# ---- comparison --------------------------------------------------------------------------
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    """``--compare A B [C ...]``: read or produce every results, then the paired comparison of
+    B against A (with more, each against A and a Holm-adjusted summary)."""
+    console = _console()
+    base = Mirror(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    results = []
+    for label, target in zip(string.ascii_lowercase, args.compare, strict=False):
+        loaded = load_results(target)
+        if loaded is None:
+            sub = argparse.Namespace(**{**vars(args), "checkpoint": target, "policy": None,
+                                        "output_dir": join(base.uri, label), "compare": None})
+            loaded = run(sub)
+        results.append(loaded)
+    names = _labels(args.compare)
+    family = compare_family(results, names)
+    markdown = []
+    for (name, report), other in zip(family["comparisons"].items(), results[1:], strict=True):
+        for diff in report["fingerprint_differences"]:
+            console.print(f"[bold yellow]WARNING[/]: fingerprints of {name}: {diff}")
+        if report["unpaired_episodes"]:
+            console.print(f"[bold yellow]WARNING[/]: {report['unpaired_episodes']} episodes were "
+                          f"evaluated for only one of {names[0]} and {name} and are left out")
+        console.print(compare_table(report))
+        table = comparison_markdown(report, results[0], other, names=(names[0], name))
+        markdown.append(table if len(results) == 2 else f"### {name} against {names[0]}\n\n"
+                        + table)
+    if len(results) > 2:
+        markdown.insert(0, family_markdown(family))
+        console.print(markdown[0])
+    out = family["comparisons"][names[1]] if len(results) == 2 else family
+    base.write_text("comparison.json", json.dumps(out, indent=2) + "\n")
+    base.write_text("comparison.md", "\n".join(markdown))
+    base.close()
+    console.print(f"wrote {join(base.uri, 'comparison.json')} and "
+                  f"{join(base.uri, 'comparison.md')}")
+    return out
+
+
+def _labels(targets: Sequence[str]) -> list[str]:
+    """Distinct short names for the compared paths (a repeated one gets its position)."""
+    names = [_label(t) for t in targets]
+    return [n if names.count(n) == 1 else f"{n}#{i + 1}" for i, n in enumerate(names)]
+
+
+def _label(target: str) -> str:
+    """A short column name for a compared path: an eval output directory's name (also for
+    its ``results.json``), another JSON file's stem, a checkpoint directory's name."""
+    path = Path(target.partition("?")[0])  # a URI's query options are not its name
+    if path.name == "results.json":
+        path = path.parent
+    return (path.stem if path.suffix == ".json" else path.name) or str(target)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rlvla3 eval", description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", default="libero_spatial", choices=sorted(SUITE_NUM_TASKS))
+    parser.add_argument("--task-ids", type=int, nargs="+", help="suite task ids (default: all)")
+    parser.add_argument("--episodes-per-task", type=int, default=NUM_INIT_STATES,
+                        help="initial states 0..N-1 of each task (default: all 50)")
+    parser.add_argument("--init-ids", type=int, nargs="+", help="explicit initial states")
+    parser.add_argument("--episodes", type=episode_pair, nargs="+", metavar="TASK:STATE",
+                        help="exactly these episodes (suite task:initial state), instead of "
+                        "--task-ids x --init-ids")
+    who = parser.add_mutually_exclusive_group()
+    who.add_argument("--checkpoint", metavar="RUN_DIR", help="run or checkpoint directory, a "
+                     "path or URI (with --recheck: where the evaluated checkpoint is now)")
+    who.add_argument("--policy", choices=["random"], help="a built-in policy instead")
+    who.add_argument("--compare", nargs="+", metavar="A B",
+                     help="checkpoints or results.json files: paired comparison of B - A; "
+                     "with more (A B C ...), each against A, p-values also Holm-adjusted")
+    parser.add_argument("--placements", choices=["bundled", "fresh"], default="bundled",
+                        help="bundled initial states (the published protocol) or fresh ones")
+    parser.add_argument("--placement-seed", type=int, default=0,
+                        help="seed of fresh placements, and of where bundled scenes put the "
+                        "jointless fixtures")
+    parser.add_argument("--output-dir", help="default: eval_out/<suite>-<time>; an existing "
+                        "one continues where it stopped")
+    parser.add_argument("--workers", type=int, default=2, help="parallel env workers")
+    parser.add_argument("--videos", type=int, default=4, help="episodes to save as MP4")
+    add_image_size(parser, 128, help="camera size (no checkpoint)")
+    parser.add_argument("--max-steps", type=int, default=0, help="episode limit; 0: the suite's")
+    parser.add_argument("--no-fast-render", action="store_true", help="render as upstream does")
+    parser.add_argument("--address", help="Ray cluster address (default: start Ray locally)")
+    parser.add_argument("--sampled", action="store_true",
+                        help="sample the checkpoint's policy as RL does (default: its mode, "
+                        "the flow ODE from zero noise); episode noise is seeded by --seed, "
+                        "the task and the initial state")
+    parser.add_argument("--noise-level", type=float,
+                        help="with --sampled: the policy's noise_level (default: the "
+                        "checkpoint's)")
+    parser.add_argument("--init-noise", type=float,
+                        help="with --sampled: the policy's init_noise (default: the "
+                        "checkpoint's)")
+    parser.add_argument("--language", choices=LANGUAGE_MODES, default="own",
+                        help="what the policy is told: each task's own instruction (the "
+                        "protocol), none, or the next task's (an ablation)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--numerics", choices=NUMERICS, default="pinned",
+                        help="the policy's CPU arithmetic: pinned (the same episodes on every "
+                        "x86-64 CPU) or native (the host's fastest kernels; episodes then "
+                        "depend on the CPU model)")
+    parser.add_argument("--recheck", metavar="EVAL_DIR",
+                        help="run --sample episodes of a finished evaluation again with its "
+                        "settings and report any that differ (exit status 1)")
+    parser.add_argument("--sample", type=int, default=20, help="with --recheck: episodes")
+    parser.add_argument("--sample-seed", type=int, default=0,
+                        help="with --recheck: which episodes are drawn")
+    parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
+    args = parser.parse_args(argv)
+    if args.recheck:
+        if args.policy or args.compare:
+            parser.error("--recheck takes its policy from the evaluation it re-checks "
+                         "(--checkpoint only where that checkpoint is now)")
+        if args.sample < 1:
+            parser.error("--sample must be >= 1")
+    elif not (args.checkpoint or args.policy or args.compare):
+        parser.error("one of --checkpoint, --policy, --compare or --recheck is required")
+    if args.episodes and (args.task_ids or args.init_ids):
+        parser.error("--episodes names the episodes: drop --task-ids and --init-ids")
+    if args.episodes:
+        bad = [t for t, _ in args.episodes if t >= SUITE_NUM_TASKS[args.suite]]
+        if bad:
+            parser.error(f"--episodes: {args.suite} has tasks 0..{SUITE_NUM_TASKS[args.suite] - 1}"
+                         f", got {bad[0]}")
+    limit = NUM_INIT_STATES if args.placements == "bundled" else LiberoConfig().fresh_states
+    ids = init_ids(args)
+    if not ids or min(ids) < 0 or max(ids) >= limit:
+        parser.error(f"initial states must lie in 0..{limit - 1} ({args.placements} placements)")
+    if args.compare and not 2 <= len(args.compare) <= len(string.ascii_lowercase):
+        parser.error(f"--compare needs 2 to {len(string.ascii_lowercase)} checkpoints or results")
+    if args.workers < 1:
+        parser.error("--workers must be >= 1")
+    if not args.sampled and (args.noise_level is not None or args.init_noise is not None):
+        parser.error("--noise-level and --init-noise set how a sampled policy acts: add --sampled")
+    if args.policy and (args.sampled or args.language != "own"):
+        parser.error("--sampled and --language need a checkpoint (--checkpoint or --compare)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from rlvla3.config import ConfigError
+
+    args = parse_args(argv)
+    try:
+        if args.recheck:
+            summary = recheck(args, run)
+        else:
+            summary = compare(args) if args.compare else run(args)
+    except (ConfigError, OSError) as exc:  # user errors, storage unreachable: one line, exit 2
+        print(f"rlvla3 eval: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary))
+    if args.recheck:
+        _console().print(recheck_line(summary))
+        return recheck_status(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

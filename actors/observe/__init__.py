@@ -1,0 +1,14 @@
+"""Observability of RL runs: progress rows and accounting, live status, the Grafana dashboard.
+
+Modules:
+    monitor     ``RunMonitor``: one progress row per tick, the accounting, and its writers
+                (console line, ``metrics.jsonl``, TensorBoard)
+    collect     ``RoleStats``: a role's counters across actor restarts, never going down
+    figures     pure figures: histogram quantiles, success per task, what a stalled run waits on
+    status      ``rlvla3 status``: the live runs of a cluster, from their status actors
+    dashboards/ the Grafana dashboard over the roles' Prometheus series
+                (``actors.runtime.metrics``)
+
+The roles report through ``actors.runtime`` (metrics, process memory), so nothing here is
+imported by a role; the RL job hands its ``Topology`` to the monitor.
+"""

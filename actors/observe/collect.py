@@ -1,0 +1,146 @@
+"""Collecting the roles' stats across actor restarts (see ``actors.observe.monitor``).
+
+Input: the actor handles of one role. Output: one stats dict per actor whose counters never
+go down: an actor that Ray restarted reports a new incarnation whose counters start from zero,
+so its predecessor's last counters are added back (``carried``), and what died with it (an
+env worker's running episodes, a learner's buffered samples) is counted as lost.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from actors.observe.figures import add_counts
+
+WORKER_CARRIED = ("env_steps", "decisions", "episodes", "successes", "dropped_faults",
+                  "dropped_decisions", "shipped_decisions", "shipped_env_steps", "env_busy_s",
+                  "admit_wait_s", "length_hist")
+LEARNER_CARRIED = ("samples_trained", "received_decisions", "received_episodes",
+                   "trained_env_steps", "discarded_decisions", "discarded_env_steps",
+                   "lost_segments", "lost_decisions", "staleness_hist", "length_hist",
+                   "busy_s", "skipped_steps")
+SERVER_CARRIED = ("requests", "batches")
+
+
+class WaitingForActors(RuntimeError):
+    """None of a role's actors has run yet (they wait for resources)."""
+
+
+def _zeroed(stats: dict) -> dict:
+    """A stats dict with every count at zero (strings kept)."""
+    return {k: {} if isinstance(v, dict) else (
+        type(v)(0) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+        for k, v in stats.items()}
+
+
+class RoleStats:
+    """Stats of one role's actors across restarts (see the module docstring).
+
+    An actor that does not run (restarting after its process or node died, waiting for a node
+    to be placed on, or dead) is not waited for: its entry keeps its last counters with nothing
+    in flight, ``state`` says why, and what it held is counted as lost at once. ``down`` lists
+    the indices that do not run now."""
+
+    def __init__(self, role: str, carried: tuple[str, ...]):
+        self.role = role
+        self.carried = carried
+        self.restarts = 0
+        self.lost: dict[str, int] = {}
+        self.down: dict[int, str] = {}
+        self._seen: dict[int, dict] = {}
+        self._pending: dict[int, object] = {}
+
+    def collect(self, handles: list, timeout_s: float = 60.0) -> list[dict]:
+        from actors.runtime.cluster_state import actor_state
+
+        for i, h in enumerate(handles):  # one call in flight per actor
+            if i not in self._pending:
+                self._pending[i] = h.stats.remote()
+        refs = [self._pending[i] for i in range(len(handles))]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(timeout_s, 1.0))
+        ready = set(ready)
+        late = [i for i, ref in enumerate(refs) if ref not in ready]
+        for i in late:  # slow, or not running at all: only a running actor is waited for
+            state = actor_state(handles[i])
+            if state == "ALIVE" and i not in self.down:
+                if ray.wait([refs[i]], timeout=timeout_s)[0]:
+                    ready.add(refs[i])
+                    continue
+                raise TimeoutError(f"{self.role} {i} is alive but did not answer its stats "
+                                   f"call within {timeout_s:.0f}s")
+            if state != "ALIVE":
+                self._went_down(i, state)
+        answered: dict[int, dict] = {}
+        for i, ref in enumerate(refs):
+            if ref in ready:
+                del self._pending[i]
+                try:
+                    st = ray.get(ref)
+                except ray.exceptions.RayActorError:  # this incarnation died
+                    state = actor_state(handles[i])
+                    self._went_down(i, "RESTARTING" if state == "ALIVE" else state)
+                    continue
+                self.down.pop(i, None)
+                seen = self._seen.get(i)
+                if seen is not None and seen["incarnation"] != st["incarnation"]:
+                    self._count_restart(seen)
+                    if not seen.get("lost"):
+                        self._lose(seen)
+                carry = seen["carry"] if seen is not None else {}
+                self._seen[i] = {"incarnation": st["incarnation"], "last": st, "carry": carry}
+                answered[i] = {**st, **{k: add_counts(st[k], carry[k]) for k in self.carried
+                                        if k in carry}, "state": "ALIVE"}
+        return [answered[i] if i in answered else self._as_down(i) for i in range(len(refs))]
+
+    def incarnation(self, i: int) -> str | None:
+        """The incarnation actor ``i`` last answered as (None: never seen)."""
+        seen = self._seen.get(i)
+        return None if seen is None else seen["incarnation"]
+
+    def _went_down(self, i: int, state: str) -> None:
+        self.down[i] = state
+        seen = self._seen.get(i)
+        if seen is not None and state != "DEAD":
+            self._count_restart(seen)  # Ray restarts it: counted now, even if the run ends first
+        if seen is not None and not seen.get("lost"):
+            self._lose(seen)
+
+    def _count_restart(self, seen: dict) -> None:
+        """One restart per incarnation that went away, whether first seen as Ray restarting
+        it or as its successor answering."""
+        if not seen.get("restart_counted"):
+            seen["restart_counted"] = True
+            self.restarts += 1
+
+    def _lose(self, seen: dict) -> None:
+        """Count what the actor held, and keep its counters (its successor starts at zero)."""
+        seen["lost"] = True
+        self._died(seen["last"])
+        for key in self.carried:
+            seen["carry"][key] = add_counts(seen["carry"].get(key, 0 if not isinstance(
+                seen["last"][key], dict) else {}), seen["last"][key])
+
+    def _as_down(self, i: int) -> dict:
+        """The entry of an actor that does not run: its counters so far, nothing in flight (an
+        actor never seen running, e.g. one waiting for a new node, counts zeros)."""
+        seen = self._seen.get(i)
+        if seen is None:
+            if not self._seen:
+                raise WaitingForActors(f"no {self.role} runs yet ({self.down.get(i)})")
+            template = _zeroed(next(iter(self._seen.values()))["last"])
+            seen = {"last": {**template, "slots": template.get("slots", 0)}, "carry": {}}
+        last = seen["last"]
+        zero = {"inflight_decisions": 0, "buffered": 0, "in_step": 0, "busy_fraction": 0.0,
+                "data_wait_fraction": 0.0, "recent_episodes": 0, "phases": {}}
+        return {**last, **{k: v for k, v in zero.items() if k in last},
+                **{k: seen["carry"][k] for k in self.carried if k in seen["carry"]},
+                "state": self.down.get(i, "DEAD")}
+
+    def _died(self, last: dict) -> None:
+        """What an actor's death took with it, from its last report."""
+        if self.role == "env_worker":
+            self.lost["episodes"] = self.lost.get("episodes", 0) + last["slots"]
+            self.lost["decisions"] = self.lost.get("decisions", 0) + last["inflight_decisions"]
+        elif self.role == "learner":
+            self.lost["decisions"] = (self.lost.get("decisions", 0) + last["buffered"]
+                                      + last.get("in_step", 0))

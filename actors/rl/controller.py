@@ -1,0 +1,551 @@
+"""The controller: runs one RL run from a validated config to its summary.
+
+One module over 400 lines because its loop, tick and teardown share one run's state (topology,
+monitor, checkpointer, learner group); what has a seam lives beside it: the limits in
+``actors.rl.budget``, the summary's pure figures in ``actors.rl.summary``.
+
+It validates the run config against the env and policy registries, and runs the pre-flight
+(every role fits a node, ``rlvla3.plan.cluster``; every node's memory holds its share,
+``rlvla3.plan.memory``) before any actor starts, then holds one collaborator per job: the
+``Topology`` (which actors exist and where, ``actors.rl.topology``) with its ``LearnerGroup``
+(rebuilt when a rank is lost, ``actors.roles.learner_group``), the strategies that drive them
+(``actors.rl.strategies``), the ``RunMonitor`` (progress rows, accounting,
+``actors.observe.monitor``), the ``CapacityWatch`` (actors that lost their node,
+``actors.rl.capacity``), the ``Checkpointer`` (``actors.rl.checkpointer``), ``PeriodicEval``
+(``actors.rl.periodic_eval``), ``LearnerFailures`` (whether a learner error rebuilds the group
+or ends the run, ``actors.rl.failures``), the ``StepLog`` (per-step objective figures,
+``actors.rl.step_log``), the ``RunBudget`` (when the run stops, ``actors.rl.budget``) and the
+stop sequence of an asynchronous run (``actors.rl.stop``). Its own loop only sequences them.
+
+Run directory (a local path or URI, ``rlvla3.storage``): ``config.yaml`` (resolved config),
+``metrics.jsonl``, ``steps.jsonl`` (one line per optimizer step), ``tb/`` (TensorBoard),
+``checkpoints/`` (written by learner rank 0 wherever it runs) and ``summary.json``; files that
+grow are written to a working copy here and copied to a remote storage every
+``storage.sync_every_s`` and at the end. Resuming from a run directory
+restores weights, optimizer state, policy version, counters and the env workers' episode
+samplers, and continues towards the same ``total_env_steps``. A resumed run's summary counts
+the whole run (env steps, episodes, trained env steps, decisions) and gives this leg's own
+figures in ``this_leg``; its rates and accounting are this leg's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import ray
+import yaml
+
+from actors.observe.collect import WaitingForActors
+from actors.observe.figures import waiting_on
+from actors.observe.monitor import RUN_COUNTERS, RunMonitor, say
+from actors.rl.budget import RunBudget
+from actors.rl.capacity import CapacityWatch
+from actors.rl.checkpointer import Checkpointer, restore_samplers
+from actors.rl.failures import LOSS_GRACE_S, LearnerFailures
+from actors.rl.periodic_eval import PeriodicEval
+from actors.rl.step_log import StepLog
+from actors.rl.stop import stop_async_run
+from actors.rl.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
+from actors.rl.summary import batch_size_hist, memory_report, split_note
+from actors.rl.topology import Topology, build_topology
+from actors.roles.learner_group import LOSS_ERRORS
+from actors.runtime.bootstrap import NAMESPACE, init_ray
+from envs import dilate_env, env_spec
+from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
+from rlvla3.config import require, to_dict
+from rlvla3.plan.cluster import actor_specs, check_placement, place
+from rlvla3.plan.memory import MemoryPlan, estimate, model_facts
+from rlvla3.policies import build_policy
+from rlvla3.run_config import RunConfig, check_resources
+from rlvla3.storage import Mirror, basename, check_reach, join
+from rlvla3.types import EnvSpec
+
+
+def check_components(cfg: RunConfig) -> EnvSpec:
+    """Validate env and policy options through their registries; return the env spec."""
+    from actors.eval.rounds import protocol_env
+
+    spec = env_spec(dilate_env(cfg.env, cfg.time_dilation))  # a dilated env must simulate latency
+    eval_states = env_spec(protocol_env(cfg.env)).num_init_states  # LIBERO: the 50 bundled
+    for ids, name, bound in ((cfg.env_workers.task_ids, "env_workers.task_ids", spec.num_tasks),
+                             (cfg.env_workers.init_state_ids, "env_workers.init_state_ids",
+                              spec.num_init_states),
+                             (cfg.eval_init_state_ids, "eval_init_state_ids", eval_states)):
+        bad = [i for i in ids if not 0 <= i < bound]
+        require(not bad, name, f"ids {bad} out of range 0..{bound - 1}")
+    if cfg.env.name == "libero":  # training never starts from states evaluation uses
+        from envs.libero.split import check_split
+
+        check_split(cfg.env, cfg.env_workers.init_state_ids)
+    policy = build_policy(cfg.policy, spec)
+    if cfg.init_from:
+        check_init_from(cfg.init_from, cfg.policy, spec, policy)
+    return spec
+
+
+def ensure_ray(cfg: RunConfig, log_to_driver: bool = True) -> float:
+    """Connect to the configured cluster or start a local one; return its CPU count.
+    ``log_to_driver=False`` keeps the actors' output off this process's stdout (JSON output).
+
+    A local Ray gets at least as many logical CPUs as the roles ask for (env workers mostly
+    wait on simulators), but the learners are checked against the physical cores."""
+    physical = float(os.cpu_count() or 1)
+    if not ray.is_initialized():
+        if not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
+            check_resources(cfg, physical, learners_only=True)
+        need = (cfg.learner.num_learners * cfg.learner.num_cpus
+                + cfg.rollout.num_servers * cfg.rollout.num_cpus
+                + cfg.env_workers.num_workers * cfg.env_workers.num_cpus)
+        cpus = cfg.ray.num_cpus or max(int(physical), int(need + 0.999))
+        # local-only arguments are dropped when joining a cluster; an error there is one line
+        init_ray(cfg.ray.address, num_cpus=cpus, resources=local_resources(cfg),
+                 namespace=NAMESPACE, log_to_driver=log_to_driver, configure_logging=False)
+    return float(ray.cluster_resources().get("CPU", physical))
+
+
+def local_resources(cfg: RunConfig) -> dict[str, float]:
+    """The custom resources a local Ray offers: what the roles ask for (``{sim: 2}`` in a config
+    written for a cluster), so the same config runs on one machine."""
+    out: dict[str, float] = {}
+    for actor in actor_specs(cfg):
+        for k, v in actor.resources.items():
+            if k not in ("CPU", "GPU"):
+                out[k] = out.get(k, 0.0) + v
+    return out
+
+
+class Controller:
+    """Builds and runs one RL run (see the module docstring)."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | Path, resume: bool = False,
+                 quiet: bool = False):
+        self.cfg = cfg
+        self.files = Mirror(str(run_dir), keep=("metrics.jsonl", "steps.jsonl") if resume else (),
+                            every_s=cfg.storage.sync_every_s)
+        self.run_dir = self.files.local
+        """The run directory's working copy on this machine (itself, for a local storage)."""
+        self.resume = resume
+        self.quiet = quiet
+        self.spec = check_components(cfg)
+        self.strategies = cfg.strategies
+        self.rollout = ROLLOUT_STRATEGIES[self.strategies.rollout](
+            cfg.pipeline.round_decisions or self.spec.max_decisions)
+        self.training = TRAINING_STRATEGIES[self.strategies.training]()
+        self.topology: Topology | None = None
+        self.monitor: RunMonitor | None = None
+        self.evaluator = PeriodicEval(cfg, self.spec.num_tasks)
+        self.counters: dict = {**dict.fromkeys(RUN_COUNTERS, 0), "wall_s": 0.0}
+        self.partial_counters: list[str] = []
+        """Whole-run counts a resumed checkpoint lacked (saved before they were kept): they
+        count from this leg."""
+        self.samplers_continued = 0
+        """Env workers that continued a resumed run's episode sequence."""
+        self._watchdog_stop = threading.Event()
+        self.capacity: CapacityWatch | None = None
+        self._down_workers: set[int] = set()
+        self.budget = RunBudget(cfg, self._log)
+        self.stopped_by: str | None = None  # the limit that ended the run
+        self.failures = LearnerFailures(cfg.learner.max_rebuilds, cfg.learner.rebuild_window_s)
+        self.stop_record: dict | None = None  # how an asynchronous run's stop went
+
+    @property
+    def evals(self) -> list[dict]:
+        return self.evaluator.results
+
+    # ---- topology ------------------------------------------------------------------------
+    def build(self) -> Topology:
+        cfg = self.cfg
+        ensure_ray(cfg)
+        self.check_storage()
+        self.memory_plan = self._preflight()
+        self.topology = build_topology(cfg, self.spec, self.files.uri, basename(self.files.uri),
+                                       self.training.concurrent)
+        self.monitor = RunMonitor(self.topology, self.run_dir)
+        demands = {a.role: dict(a.resources) for a in actor_specs(cfg)}
+        self.capacity = CapacityWatch(self.topology, demands,
+                                      lockstep=self.strategies.rollout != "async",
+                                      wait_s=cfg.ray.node_wait_s)
+        self._sync_initial_weights()
+        return self.topology
+
+    def check_storage(self) -> None:
+        """Before any actor starts: a local storage path is refused on a cluster of more than
+        one node unless declared shared (``rlvla3.storage.check_reach``)."""
+        from actors.runtime.cluster_state import alive_nodes, autoscaler
+
+        check_reach(self.files.uri, self.cfg.storage.shared, len(alive_nodes()),
+                    autoscaler() is not None, "storage.root")
+
+    def _preflight(self) -> MemoryPlan:
+        """Before any actor starts: every role must fit a node (or wait for one an autoscaler
+        adds), and every node's memory must hold what the plan puts on it."""
+        from actors.runtime.cluster_state import alive_nodes, can_add_nodes
+
+        placement = place(self.cfg, alive_nodes())
+        for line in check_placement(self.cfg, placement,
+                                    can_add_nodes=bool(placement.waiting) and can_add_nodes()):
+            self._log(f"placement: {line} (the autoscaler may add it)")
+        plan = estimate(self.cfg, self.spec, placement, model_facts(self.cfg.policy, self.spec))
+        totals = ", ".join(f"{p.node.label}: {p.host_mb:,.0f} of {p.node.host_memory_mb:,.0f} MB"
+                           for p in plan.nodes if p.components)
+        self._log(f"memory plan: {totals}")
+        if self.cfg.ray.check_memory:
+            plan.check()
+        else:
+            for problem in plan.problems():
+                self._log(f"warning: memory plan: {problem}")
+        return plan
+
+    @property
+    def learners(self) -> list:
+        """The learner ranks that train now (a rebuilt group may have fewer)."""
+        return self.topology.group.active
+
+    def _sync_initial_weights(self) -> None:
+        topo = self.topology
+        if self.resume:
+            ckpt = locate_checkpoint(self.files.uri)
+            ray.get([lr.restore.remote(ckpt) for lr in topo.learners])
+            meta = read_meta(ckpt)
+            self.counters.update(meta.counters)
+            self.partial_counters = [k for k in RUN_COUNTERS if k not in meta.counters]
+            if self.partial_counters:
+                self._log(f"this checkpoint predates whole-run counts of "
+                          f"{', '.join(self.partial_counters)}: they count from this leg")
+            self.samplers_continued = restore_samplers(topo.workers, meta.samplers,
+                                                       self.counters["episodes"])
+            self._log(f"resumed at version {meta.version}: {self.samplers_continued} of "
+                      f"{len(topo.workers)} env workers continue their episode sequence"
+                      + ("" if self.samplers_continued == len(topo.workers) else
+                         ", the others start a new one (no saved sampler state)"))
+        elif self.cfg.init_from:
+            ckpt = locate_checkpoint(self.cfg.init_from)
+            ray.get([lr.load_weights.remote(ckpt) for lr in topo.learners])
+        message = ray.get(topo.learners[0].weights_message.remote())
+        ref = ray.put(message)
+        ray.get([s.load_weights_now.remote(ref) for s in topo.servers])
+        self._wait_for_env_workers()
+        ray.get(topo.queue.set_version.remote(message.version, True))
+
+    # ---- running -------------------------------------------------------------------------
+    def run(self) -> dict:
+        self.check_storage()
+        self.files.write_text("config.yaml", yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
+        topo = self.topology or self.build()
+        self._log(f"rlvla3 rl: mode={self.cfg.pipeline.mode} strategies={self.strategies} "
+                  f"env={self.cfg.env.name} policy={self.cfg.policy.name} "
+                  f"run_dir={self.files.uri}")
+        self._log(self.budget.line(self.counters))
+        self._warn_staleness_bound()
+        self.budget.begin(self.counters)
+        self.steps = StepLog(self.run_dir, self._log)
+        self.checkpoints = Checkpointer(self.learners[0], topo.workers, self.files.uri,
+                                        self.cfg.checkpoint_every,
+                                        ray.get(self.learners[0].version.remote()), self._log)
+        watchdog = threading.Thread(target=self._watchdog, daemon=True, name="watchdog")
+        watchdog.start()
+        self.capacity.start()
+        next_log = time.monotonic()
+        try:
+            if self.training.concurrent:
+                self.training.start(self.learners)
+                self.rollout.start(topo.workers, topo.servers)
+                while not self._done():
+                    time.sleep(0.2)
+                    self._check_errors()
+                    if time.monotonic() >= next_log:
+                        self._tick()
+                        next_log = time.monotonic() + self.cfg.log_every_s
+                self.stop_record = stop_async_run(topo, self.training, self.rollout,
+                                                  self.cfg.learner.stop_timeout_s, self._log)
+            else:
+                max_item = self.spec.max_decisions * (
+                    self.cfg.algo.group_size if self.cfg.algo.name == "grpo" else 1)
+                while not self._done():
+                    try:
+                        self.rollout.run_round(topo.workers, topo.servers)
+                        self.training.after_round(self.learners, topo.queue,
+                                                  self.cfg.learner.global_batch, max_item)
+                    except LOSS_ERRORS as exc:
+                        self._on_learner_error(exc)
+                    if time.monotonic() >= next_log:
+                        self._tick()
+                        next_log = time.monotonic() + self.cfg.log_every_s
+        finally:
+            self._watchdog_stop.set()
+            self.capacity.stop()
+        summary = self._tick(final=True)
+        summary["stopped_by"] = self.stopped_by
+        summary["target_reached"] = self.budget.target_reached
+        self.files.write_text("summary.json", json.dumps(summary, indent=2))
+        self.files.push("metrics.jsonl", "steps.jsonl", "tb")
+        self._log(f"stopped by {self.stopped_by}; summary: {join(self.files.uri, 'summary.json')}")
+        return summary
+
+    def _warn_staleness_bound(self) -> None:
+        """Asynchronous runs: a longest episode accrues about slots x decisions / global_batch
+        versions of lag while it runs, a GRPO group that many times the episodes a slot runs
+        for it; a bound below that discards the old part of long episodes and expires groups."""
+        cfg = self.cfg
+        if not self.training.concurrent:
+            return
+        slots = cfg.env_workers.num_workers * cfg.env_workers.slots_per_worker
+        inherent, rounds = cfg.inherent_lag(self.spec.max_decisions), cfg.group_rounds()
+        if cfg.queue.max_staleness >= inherent:
+            return
+        grouped, expire = "", ""
+        if rounds > 1:
+            grouped = f" x {rounds} episodes a slot runs for one GRPO group of {cfg.algo.group_size}"
+            expire = " and GRPO groups whose first episode grows too old expire"
+        epochs = f" x {cfg.algo.update_epochs} update_epochs" if cfg.algo.update_epochs > 1 else ""
+        self._log(f"note: queue.max_staleness={cfg.queue.max_staleness} is below the lag a "
+                  f"longest episode accrues at this scale ({slots} slots x "
+                  f"{self.spec.max_decisions} decisions{grouped}{epochs} / global_batch "
+                  f"{cfg.learner.global_batch} = {inherent:.1f} versions): pacing runs fewer "
+                  f"slots at once, the old part of long episodes may be discarded{expire}; raise "
+                  f"queue.max_staleness or learner.global_batch to avoid it")
+
+    def _watchdog(self) -> None:
+        """Print what the run waits on when nothing moved for ``watchdog_s`` (its own thread,
+        so that a blocked round cannot silence it)."""
+        every = self.cfg.watchdog_s
+        if not every:
+            return
+        topo, last, since, told = self.topology, None, time.monotonic(), 0.0
+        while not self._watchdog_stop.wait(min(every / 4, 5.0)):
+            try:
+                snap = {"workers": ray.get([w.stats.remote() for w in topo.workers], timeout=10),
+                        "learners": ray.get([lr.stats.remote() for lr in self.learners],
+                                            timeout=10),
+                        "queue": ray.get(topo.queue.stats.remote(), timeout=10)}
+            except Exception as exc:  # noqa: BLE001 - a role that cannot answer is the news
+                snap, state = None, f"a role did not answer its stats call ({type(exc).__name__})"
+            else:
+                state = (sum(w["env_steps"] for w in snap["workers"]),
+                         snap["learners"][0]["version"])
+            now = time.monotonic()
+            if state != last:
+                last, since = state, now
+                continue
+            if now - since >= every and now - told >= every:
+                told = now
+                detail = state if snap is None else waiting_on(
+                    snap, self.cfg.learner.global_batch,
+                    self.cfg.queue.capacity if self.training.concurrent else 1 << 30)
+                self._log(f"watchdog: no env or optimizer step for {now - since:.0f}s; {detail}")
+
+    def _check_errors(self) -> None:
+        if self.capacity.fatal is not None:
+            raise self.capacity.fatal
+        if getattr(self.rollout, "errors", None):
+            raise self.rollout.errors[0]
+        if self.capacity.rebuild_requested.is_set():
+            cause = "a learner rank has not run for ray.node_wait_s"
+            self.failures.check(cause, [cause])
+            self._rebuild_learners(cause)
+        ready, _ = ray.wait(self.training.refs, timeout=0)
+        for ref in ready:  # a rank that ended early ended by an exception
+            try:
+                ray.get(ref)
+            except LOSS_ERRORS as exc:
+                self._on_learner_error(exc)
+                break
+        ready, _ = ray.wait(getattr(self.rollout, "refs", []), timeout=0)
+        for ref in ready:
+            ray.get(ref)  # a role that ended early ended by an exception: raise it here
+
+    def _on_learner_error(self, exc: BaseException) -> None:
+        """Rebuild the group if a rank is really gone and the rebuild budget allows; otherwise
+        end the run with the error (``actors.rl.failures``). Called inside the ``except``."""
+        if self.capacity.fatal is not None:
+            raise self.capacity.fatal from exc
+        if not self.topology.group.elastic:
+            raise exc
+        self.failures.check(exc, self.topology.group.lost(LOSS_GRACE_S))
+        self._rebuild_learners(exc)
+
+    def _rebuild_learners(self, cause: BaseException | str) -> None:
+        """A rank was lost: every rank restarts from the last checkpoint and the group forms
+        again, without the ranks whose resources are gone (``LearnerGroup.rebuild``)."""
+        self._log(f"learner group: a rank was lost ({str(cause).splitlines()[0][:160]}); "
+                  f"every rank restarts from the last checkpoint")
+        record = self.topology.group.rebuild(cause)
+        self.capacity.rebuild_requested.clear()
+        self.checkpoints.rolled_back(self.learners[0], record["version"])
+        if self.training.concurrent:
+            self.training.start(self.learners)
+        self._log(f"learner group: rebuilt with {record['ranks_after']} of "
+                  f"{record['ranks_before']} ranks at v{record['version']} "
+                  f"({record['restored_from']}) in {record['seconds']}s")
+
+    def _wait_for_env_workers(self) -> None:
+        """Start only once an env worker runs (on an autoscaling cluster they may wait for new
+        nodes); the others join when their nodes arrive."""
+        from actors.runtime.cluster_state import actor_state
+
+        deadline = time.monotonic() + self.cfg.ray.placement_timeout_s
+        told = False
+        slots = self.cfg.env_workers.slots_per_worker
+        while not any(actor_state(w) == "ALIVE" for w in self.topology.workers):
+            self.topology.extra["status"].update.remote(
+                {"env_slots_live": 0, "env_slots_waiting": slots * len(self.topology.workers)},
+                "waiting for nodes")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no env worker was placed within {self.cfg.ray.placement_timeout_s:.0f}s "
+                    f"(ray.placement_timeout_s): no node offers "
+                    f"{next(a.resources for a in actor_specs(self.cfg) if a.role == 'env')}")
+            if not told:
+                self._log(f"waiting for the env workers to start ({len(self.topology.workers)};"
+                          f" on an autoscaling cluster their nodes may still be launching)")
+                told = True
+            time.sleep(1.0)
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """End the run at the next check, as if its budget were spent (from another thread or
+        a signal handler); ``reason`` becomes ``stopped_by``."""
+        self.budget.asked = reason
+
+    def _done(self) -> bool:
+        """Whether the run ends now; ``stopped_by`` names the limit that ended it."""
+        self.stopped_by = self.budget.stop_reason(self.monitor.env_steps)
+        return self.stopped_by is not None
+
+    def _tick(self, final: bool = False) -> dict | None:
+        topo, monitor = self.topology, self.monitor
+        try:
+            snap = monitor.snapshot()
+        except WaitingForActors as exc:  # nothing to report before the first env worker runs
+            if final:
+                raise
+            self._log(f"waiting: {exc}")
+            return None
+        self._release_lost_workers()
+        killed = self.stop_record is not None and self.stop_record["learners"] == "killed"
+        history = [] if killed else ray.get(self.learners[0].take_history.remote())
+        elapsed = self.budget.elapsed()
+        row = monitor.row(snap, elapsed, self.budget.base)
+        row["objective"] = self.steps.add(history)
+        self.counters.update({k: row[k] for k in RUN_COUNTERS},
+                             wall_s=self.budget.base["wall_s"] + elapsed)
+        # before anything slow, so a run stopped by a signal with a short grace keeps its last step
+        if not killed:
+            self.checkpoints.save(self.counters, force=final)
+        topo.extra["status"].update.remote(row, "finished" if final else "running")
+        monitor.write(row, history)
+        try:
+            self.files.sync("metrics.jsonl", "steps.jsonl", "tb")
+        except OSError as exc:  # retried at the next tick: a storage blip never stops a run
+            self._log(f"warning: copying metrics to {self.files.uri} failed: {exc}")
+        self._log(monitor.line(row, elapsed))
+        if not self.cfg.eval_every and row["success_window"] >= self.cfg.target_window:
+            self.budget.check_target("training", row["success_rate"], row["success_window"],
+                                     row["policy_version"], self.counters)
+        if not final:
+            self._collect_eval()
+            self._maybe_start_eval(row["policy_version"])
+            return row
+        if self.budget.asked is not None or killed:  # stop now: no final evaluation
+            self.evaluator.cancel()
+        else:
+            self._collect_eval(wait_s=600.0)
+            self._maybe_start_eval(row["policy_version"], final=True)
+            self._collect_eval(wait_s=600.0)
+        accounting = monitor.accounting(snap)
+        for _ in range(5):  # a slot or learner still finishing its last call: read again
+            if not accounting["unaccounted"]:
+                break
+            time.sleep(1.0)
+            accounting = monitor.accounting(monitor.snapshot())
+        if accounting["unaccounted"] and not any(monitor.restarts.values()):
+            self._log(f"warning: {accounting['unaccounted']} decisions unaccounted: {accounting}")
+        return {
+            **row,
+            "mode": self.cfg.pipeline.mode,
+            "strategies": self.strategies.__dict__,
+            "env": self.cfg.env.name,
+            "policy": self.cfg.policy.name,
+            "algo": self.cfg.algo.name,
+            "env_slots": sum(w["slots"] for w in snap["workers"]),
+            "batch_size_hist": batch_size_hist(snap),
+            "staleness_hist": monitor.staleness_hist(snap),
+            "queue_staleness_hist": snap["queue"]["staleness_hist"],
+            "episode_lengths": monitor.lengths(snap),
+            "accounting": accounting,
+            **split_note(self.cfg),
+            "evals": self.evals,
+            "nodes": topo.nodes(),
+            "learner_group": {"ranks": len(self.learners), "rebuilds": topo.group.rebuilds},
+            "objective": self.steps.summary(),
+            "stop": self._stop_summary(killed),
+            "weights_moved": None if killed or not self.cfg.init_from else round(ray.get(
+                self.learners[0].distance_from.remote(self.cfg.init_from)), 7),
+            "outages": [e for e in self.capacity.outages() if e["kind"] == "outage"],
+            "start_waits": [e for e in self.capacity.outages() if e["kind"] == "start"],
+            "memory": memory_report(self.memory_plan.role_totals(), snap),
+            "wall_s": self.counters["wall_s"],
+            "this_leg": {"time_s": row["time_s"],
+                         **{k: row[k] - self.budget.base.get(k, 0) for k in RUN_COUNTERS}},
+            **({"counts_from_this_leg": self.partial_counters} if self.partial_counters else {}),
+            "checkpoints": self.checkpoints.summary(),
+            "run_dir": self.files.uri,
+        }
+
+    def _stop_summary(self, killed: bool) -> dict | None:
+        """How the stop went; after a killed group, the checkpoint the run ends at."""
+        if self.stop_record is None or not killed:
+            return self.stop_record
+        try:
+            last = locate_checkpoint(self.files.uri)
+        except FileNotFoundError:  # CheckpointError included
+            last = "none: the run ends with no checkpoint of its own"
+        return {**self.stop_record, "final_checkpoint": last}
+
+    def _release_lost_workers(self) -> None:
+        """An env worker that stopped running (its node left) holds queue admissions that no
+        episode will use: release them, so pacing does not wait for them."""
+        down = set(self.monitor.workers.down)
+        for w in down - self._down_workers:
+            incarnation = self.monitor.workers.incarnation(w)
+            if incarnation is not None:
+                self.topology.queue.retire.remote(w, incarnation)
+        self._down_workers = down
+
+    # ---- periodic evaluation on held-out initial states ----------------------------------
+    def _maybe_start_eval(self, version: int, final: bool = False) -> None:
+        if self.evaluator.due(version, final):
+            self.evaluator.start(version, self.checkpoints.save(self.counters, force=True))
+
+    def _collect_eval(self, wait_s: float = 0.0) -> None:
+        result = self.evaluator.collect(wait_s)
+        if result is not None:
+            self._log(f"eval at v{result['version']}: success {result['success_rate']:.2f} "
+                      f"over {result['episodes']} held-out episodes ({result['wall_s']}s)")
+            self.monitor.scalar("eval/success_rate", result["success_rate"], result["version"])
+            self.budget.check_target("held-out eval", result["success_rate"],
+                                     result["episodes"], result["version"], self.counters)
+
+    def _log(self, text: str) -> None:
+        say(text, self.quiet)
+
+    # ---- teardown ------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        self._watchdog_stop.set()
+        self.evaluator.cancel()
+        if self.topology is not None:
+            self.topology.close()
+            self.topology = None
+        if self.monitor is not None:
+            self.monitor.close()
+            self.monitor = None
+            try:
+                self.files.push("metrics.jsonl", "steps.jsonl", "tb")
+            except OSError as exc:
+                self._log(f"warning: metrics and TensorBoard events were not copied to "
+                          f"{self.files.uri} ({exc}); they stay in {self.files.local}")
+                return
+        self.files.close()

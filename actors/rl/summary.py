@@ -1,0 +1,45 @@
+"""Pure parts of an RL run's ``summary.json``: figures computed from the final snapshot.
+
+Input: the monitor's last snapshot of every role's stats (plain dicts), the pre-flight memory
+estimate, the run config. Output: summary fields: the batch-size histogram over all rollout
+servers, estimated against measured peak memory per role, where LIBERO training episodes
+started. Nothing here talks to Ray or writes a file; the controller assembles the summary.
+"""
+
+from __future__ import annotations
+
+from actors.runtime.process_memory import ProcessMemory
+from rlvla3.run_config import RunConfig
+
+
+def batch_size_hist(snap: dict) -> dict[int, int]:
+    """How many batches each rollout-server batch size had, over all servers."""
+    sizes: dict[int, int] = {}
+    for s in snap["servers"]:
+        for k, v in s["batch_sizes"].items():
+            sizes[int(k)] = sizes.get(int(k), 0) + v
+    return dict(sorted(sizes.items()))
+
+
+def memory_report(estimated: dict[str, float], snap: dict) -> dict:
+    """The pre-flight estimate next to the peak RSS each role measured (MB; own process
+    plus children such as simulator processes), and their ratio."""
+    def peak(stats: list[dict]) -> float:
+        return round(sum(s["memory"]["total_peak_mb"] for s in stats if "memory" in s), 1)
+
+    measured = {"learner": peak(snap["learners"]), "rollout": peak(snap["servers"]),
+                "env": peak(snap["workers"]),
+                "driver": ProcessMemory().sample()["rss_peak_mb"]}  # its children are Ray's
+    return {"estimated_mb": {k: round(v, 1) for k, v in estimated.items()},
+            "measured_peak_mb": measured,
+            "ratio": {k: round(estimated[k] / v, 3) for k, v in measured.items()
+                      if v and estimated.get(k)}}
+
+
+def split_note(cfg: RunConfig) -> dict:
+    """LIBERO: where training episodes started and whether they overlap evaluation's."""
+    if cfg.env.name != "libero":
+        return {}
+    from envs.libero.split import split_note as libero_split_note
+
+    return {"split": libero_split_note(cfg.env, cfg.env_workers.init_state_ids)}

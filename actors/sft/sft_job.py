@@ -1,0 +1,390 @@
+"""``rlvla3 sft``: supervised fine-tuning of any registered policy on LeRobot v3.0 datasets.
+
+    rlvla3 sft [--preset NAME] [--config FILE] --dataset PATH [--dataset PATH2 --weights 3 1]
+               [--policy vla] [--env libero] [--run-dir DIR | --resume RUN_DIR]
+               [--init-from CHECKPOINT] [--workers N] [--max-steps S] [--grad-accum K] [--gpu]
+               [--verify-data] [--set section.field=value ...] [--print-config]
+
+The config is the preset (``rlvla3/presets/sft/*.yaml``; ``default`` unless named), then the
+``--config`` file, then the flags, then ``--set`` overrides. As with ``rlvla3 rl``, a new run
+refuses a ``--run-dir`` that holds another run's checkpoints; ``--resume RUN_DIR`` continues a
+run from its latest checkpoint with its saved ``config.json`` (flags and ``--set`` apply on
+top, e.g. ``--max-steps`` to train on).
+
+Checks (``prepare`` and ``connect``, before any actor starts): the config, that every dataset
+path exists and at least one dataset opens, the env (with its optional extra) and the policy,
+an ``--init-from`` checkpoint (same policy, env, weight names and shapes), the cluster's CPUs
+and GPUs, and with ``--verify-data`` the data itself (``datalake.verify``).
+A failure is one line on stderr and exit status 2.
+
+Data: the Ray Data lake (``datalake.pipeline``) streams packed rows to every Ray Train worker
+(``get_dataset_shard``: a ``streaming_split`` of one pipeline); token lengths come from the
+policy's ``token_counts`` when it has one (the packed VLA), else the lake's estimate.
+
+The per-worker training loop, its parallel strategies and checkpoints: ``actors.sft.sft_worker``;
+the config: ``actors.sft.sft_config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from actors.rl.rl_job import refuse_a_used_run_dir
+from actors.sft.sft_config import SFTConfig
+from actors.sft.sft_worker import train_loop
+from datalake.format import DatasetError, resolve_filesystem
+from datalake.pipeline import Lake, LakeError
+from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
+from rlvla3.cli_options import add_run_dir
+from rlvla3.config import (
+    ConfigError,
+    Named,
+    build,
+    deep_merge,
+    load_mapping,
+    parse_override,
+    preset_names,
+    to_dict,
+)
+from rlvla3.run_config import adopt_init_policy
+from rlvla3.storage import Mirror, Storage, join
+from rlvla3.types import EnvSpec
+
+PRESETS = "rlvla3.presets.sft"
+"""The package whose YAML files are the ``--preset`` choices of ``rlvla3 sft``."""
+
+
+def spec_for(cfg: SFTConfig, lake: Lake) -> EnvSpec:
+    """The env spec the policy is built for: the env's, or one derived from the datasets."""
+    if cfg.env is not None:
+        from envs import env_spec
+
+        return env_spec(cfg.env)
+    tasks = {t for m in lake.metas if m is not None for t in m.tasks.values()}
+    return EnvSpec(
+        cameras=lake.cameras,
+        image_size=lake.image_size,
+        state_dim=lake.state_dim,
+        action_dim=lake.action_dim,
+        chunk_len=cfg.lake.chunk_len,
+        max_decisions=1,
+        num_tasks=max(1, len(tasks)),
+        num_init_states=1,
+    )
+
+
+def with_dataset_stats(cfg: SFTConfig, lake: Lake) -> SFTConfig:
+    """The packed VLA bins its state tokens over ``state_low..state_high`` and standardises its
+    actions by ``action_mean/action_std``; what the config leaves unset comes from the
+    datasets' stats (the checkpoint keeps them, so eval and RL see the same state bins and
+    actions in the same units)."""
+    options = dict(cfg.policy.options)
+    if cfg.policy.name != "vla":
+        return cfg
+    fills = [
+        (("state_low", "state_high"), lake.state_range, 4,
+         "no state stats in the datasets: the VLA bins the state over [-1, 1]"),
+        (("action_mean", "action_std"), lake.action_stats, 5,
+         "no action stats in the datasets: the VLA learns raw actions"),
+    ]
+    for keys, source, digits, missing in fills:
+        if options.get(keys[0]):
+            continue
+        values = source()
+        if values is None:
+            print(f"[sft] {missing}", file=sys.stderr)
+            continue
+        for key, value in zip(keys, values, strict=True):
+            options[key] = value.round(digits).tolist()
+    if options == dict(cfg.policy.options):
+        return cfg
+    return dataclasses.replace(cfg, policy=Named(cfg.policy.name, options))
+
+
+def _resume_epoch(run_dir: str) -> int:
+    """The epoch a resumed run continues in (its episode order is that epoch's plan)."""
+    if not Storage(run_dir).is_file("checkpoints/latest"):
+        return 0
+    return int(read_meta(run_dir).counters.get("epoch", 0))
+
+
+@dataclass(frozen=True)
+class SFTJob:
+    """A run whose inputs were checked: the resolved config, its lake and the policy's spec."""
+
+    cfg: SFTConfig
+    lake: Lake
+    spec: EnvSpec
+
+
+def _check_datasets_exist(uris: tuple[str, ...]) -> None:
+    """A dataset path that does not exist is a typo, not bad data: stop (bad data is skipped)."""
+    import pyarrow.fs as pafs
+
+    for uri in uris:
+        fs, base = resolve_filesystem(uri)
+        if fs.get_file_info(base).type == pafs.FileType.NotFound:
+            raise DatasetError(f"dataset not found: {uri} (no such file or directory)")
+
+
+def verify_data(lake: Lake, max_skip_fraction: float) -> None:
+    """The deep check of ``datalake.verify`` on every dataset of the lake. More unreadable
+    frames than ``max_skip_fraction`` of all is a ``DatasetError``; fewer are printed and left
+    to the lake to skip and count."""
+    from datalake.verify import verify_dataset
+
+    live = [m for m in lake.metas if m is not None]
+    reports = [verify_dataset(m, tolerance_s=lake.config.tolerance_s, workers=os.cpu_count() or 1)
+               for m in live]
+    problems = [p for r in reports for p in r.problems]
+    lost = sum(r.affected_frames for r in reports)
+    total = max(1, sum(m.total_frames for m in live))
+    summary = (f"{len(live)} dataset(s), {sum(r.videos for r in reports)} videos, "
+               f"{sum(r.row_groups for r in reports)} row groups checked in "
+               f"{sum(r.seconds for r in reports):.1f}s: {lost} of {total} frames "
+               f"({lost / total:.1%}) unreadable")
+    if lost / total > max_skip_fraction:
+        raise DatasetError(
+            f"--verify-data: {summary}, more than lake.max_skip_fraction={max_skip_fraction:g}; "
+            f"{len(problems)} problem(s), the first: {problems[0]} (all of them: rlvla3 datalake "
+            "inspect PATH --verify)"
+        )
+    for problem in problems:  # few enough: the lake skips and counts them
+        print(f"[sft] verify-data: {problem}", file=sys.stderr)
+    print(f"[sft] verify-data: {summary}", file=sys.stderr)
+
+
+def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
+    """Everything that can fail on user input, before Ray starts: the datasets exist and open,
+    the env (and its optional extra) and the policy resolve, and with ``verify`` the data
+    decodes (``verify_data``). Raises ``ConfigError``, ``DatasetError`` or ``LakeError``."""
+    _check_datasets_exist(cfg.lake.datasets)
+    cfg = dataclasses.replace(cfg, run_dir=Storage(cfg.run_dir).uri)  # local: absolute
+    lake = Lake(cfg.lake)
+    spec = spec_for(cfg, lake)
+    if cfg.env is not None:
+        lake_cfg = dataclasses.replace(
+            cfg.lake, cameras=spec.cameras, image_size=spec.image_size, chunk_len=spec.chunk_len
+        )
+        cfg = dataclasses.replace(cfg, lake=lake_cfg)
+        lake = Lake(lake_cfg)
+    if cfg.init_from:  # the checkpoint's stats, not the datasets': the weights were fit to them
+        cfg = build(SFTConfig, adopt_init_policy(to_dict(cfg)))
+    cfg = with_dataset_stats(cfg, lake)
+    from rlvla3.policies import POLICIES, build_policy
+    from rlvla3.registry import resolve
+
+    resolve(POLICIES, cfg.policy.name, "policy.name")
+    # What every worker builds; on GPUs the driver keeps off the devices.
+    policy = None if cfg.use_gpu else build_policy(cfg.policy, spec)
+    if cfg.init_from:
+        cfg = dataclasses.replace(cfg, init_from=check_init_from(cfg.init_from, cfg.policy, spec,
+                                                                 policy))
+    if verify:
+        verify_data(lake, cfg.lake.max_skip_fraction)
+    return SFTJob(cfg, lake, spec)
+
+
+def connect(cfg: SFTConfig) -> None:
+    """Start (or join) Ray and check that it has the CPUs and GPUs the run asks for."""
+    import ray
+
+    lc = cfg.lake
+    need = cfg.workers + lc.decode_actors * lc.cpus_per_decoder + lc.expand_cpus
+    if not ray.is_initialized():
+        from actors.runtime.bootstrap import init_ray
+
+        # With the dashboard when it is installed (``init_ray``): Ray Train's placement-group
+        # cleaner asks the state API it serves whether the train controller lives.
+        init_ray(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), configure_logging=False)
+    have = ray.cluster_resources().get("CPU", 0.0)
+    if need > have:
+        raise ConfigError(
+            "workers",
+            f"{cfg.workers} train workers + the lake's {need - cfg.workers:g} CPUs "
+            f"exceed the cluster's {have:g} CPUs (the data pipeline would stall)",
+        )
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    if cfg.use_gpu and gpus < cfg.workers:
+        raise ConfigError(
+            "use_gpu", f"--gpu needs {cfg.workers} GPU(s), one per worker; the cluster has {gpus:g}"
+        )
+
+
+def train(job: SFTJob) -> dict[str, Any]:
+    """Start Ray Train on a prepared job and wait; returns a summary (first / last logged loss,
+    checkpoint)."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    cfg, lake, spec = job.cfg, job.lake, job.spec
+    files = Mirror(cfg.run_dir)
+    files.write_text("config.json", json.dumps(to_dict(cfg), indent=2))
+    # Ray Train keeps its own files beside ours, on the same storage
+    train_fs, train_path = resolve_filesystem(join(cfg.run_dir, "ray"))
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={
+            "sft": to_dict(cfg),
+            "spec": dataclasses.asdict(spec),
+            "cameras": list(lake.cameras),
+            "dataset_problems": lake.dataset_problems,
+        },
+        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=cfg.workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": 1}
+        ),
+        datasets={"train": lake.samples(_resume_epoch(cfg.run_dir))},
+        run_config=RunConfig(name="sft", storage_path=train_path, storage_filesystem=train_fs),
+    )
+    trainer.fit()
+    logged = [json.loads(line) for line in files.storage.read_text("metrics.jsonl").splitlines()]
+    files.close()
+    return {
+        "run_dir": cfg.run_dir,
+        "steps": logged[-1]["step"],
+        "first_loss": logged[0]["loss"],
+        "last_loss": logged[-1]["loss"],
+        "checkpoint": locate_checkpoint(cfg.run_dir),
+        "init_from": cfg.init_from or None,
+        "metrics": logged[-1],
+    }
+
+
+def run(cfg: SFTConfig, verify: bool = False) -> dict[str, Any]:
+    """Prepare, start Ray, train; returns the summary of ``train``."""
+    job = prepare(cfg, verify)
+    connect(job.cfg)
+    return train(job)
+
+
+FLAGS: dict[str, str] = {
+    "dataset": "lake.datasets",
+    "weights": "lake.weights",
+    "policy": "policy.name",
+    "env": "env.name",
+    "init_from": "init_from",
+    "workers": "workers",
+    "max_steps": "max_steps",
+    "grad_accum": "grad_accum",
+    "lr": "lr",
+    "gpu": "use_gpu",
+}
+"""Each convenience flag and the config field it sets (over the preset and ``--config``,
+under ``--set``)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlvla3 sft", description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default=None,
+                   help="shipped SFT preset (default: 'default'); one of "
+                   f"{', '.join(preset_names(PRESETS))}")
+    p.add_argument("--config", help="YAML file merged over the preset")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="A.B=VALUE", help="override one field (repeatable)")
+    add_run_dir(p, "runs/sft-<timestamp>")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config and exit (nothing is read or started)")
+    p.add_argument("--dataset", action="append", help="dataset root (repeatable)")
+    p.add_argument("--weights", type=float, nargs="+", help="sampling weight per dataset")
+    p.add_argument("--policy", help="policy name (default: vla, the tiny preset)")
+    p.add_argument("--env", help="build the policy for this env's spec (e.g. libero)")
+    p.add_argument(
+        "--init-from", metavar="CHECKPOINT",
+        help="start from these weights (a checkpoint or run directory) with a fresh step, "
+        "optimizer and schedule; the policy options default to the checkpoint's",
+    )
+    p.add_argument("--workers", type=int, help="Ray Train workers (default: 1)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps of the run (default: 200)")
+    p.add_argument("--grad-accum", type=int, help="packed rows per optimizer step per worker")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: 3e-4)")
+    p.add_argument("--gpu", action="store_true", default=None, help="one GPU per worker")
+    p.add_argument(
+        "--verify-data", action="store_true",
+        help="before starting, decode every video through the last frame its episodes need and "
+        "read every parquet row group (as `datalake inspect --verify`); stop if more frames are "
+        "unreadable than lake.max_skip_fraction",
+    )
+    return p
+
+
+def config_mapping(args: argparse.Namespace) -> dict[str, Any]:
+    """The mapping ``SFTConfig`` is built from: a new run's preset, ``--config`` file, flags and
+    ``--set`` overrides in that order, or with ``--resume`` the run's saved ``config.json`` with
+    the flags and overrides on top."""
+    if args.resume:
+        if args.preset or args.config or args.run_dir:
+            raise ConfigError("--resume", "continues the run with its saved config: drop "
+                              "--preset, --config and --run-dir (flags and --set still apply)")
+        try:
+            mapping = json.loads(Storage(args.resume).read_text("config.json"))
+        except FileNotFoundError:
+            raise ConfigError("--resume", f"{args.resume} has no config.json (not an SFT run "
+                              "directory)") from None
+        mapping["run_dir"] = args.resume
+    else:
+        mapping = load_mapping(args.preset or "default", args.config, package=PRESETS)
+        if args.run_dir:
+            mapping["run_dir"] = args.run_dir
+        mapping.setdefault("run_dir", time.strftime("runs/sft-%Y%m%d-%H%M%S"))
+    for flag, field_path in FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            mapping = deep_merge(mapping, _nested(field_path, value))
+    for item in args.overrides:
+        mapping = deep_merge(mapping, parse_override(item))
+    if not (mapping.get("lake") or {}).get("datasets"):
+        raise ConfigError("lake.datasets", "no dataset: give --dataset PATH (repeatable)")
+    policy = mapping.setdefault("policy", {"name": "vla"})
+    if isinstance(policy, str):
+        policy = mapping["policy"] = {"name": policy}
+    if policy.get("name", "vla") == "vla" and not mapping.get("init_from"):
+        # Without init_from a VLA is the tiny preset; with it, the checkpoint's model.
+        policy["options"] = {"preset": "tiny", **(policy.get("options") or {})}
+    return mapping
+
+
+def config_from_args(args: argparse.Namespace) -> SFTConfig:
+    """The run config the arguments describe (what ``--print-config`` prints)."""
+    return build(SFTConfig, config_mapping(args))
+
+
+def _nested(dotted: str, value: Any) -> dict[str, Any]:
+    for key in reversed(dotted.split(".")):
+        value = {key: value}
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:  # every user error: one line, exit status 2, before any actor starts
+        cfg = config_from_args(args)
+        if args.print_config:
+            print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            return 0
+        if not args.resume:
+            refuse_a_used_run_dir(cfg.run_dir)
+        job = prepare(cfg, verify=args.verify_data)
+        connect(job.cfg)
+    except (ValueError, DatasetError, LakeError) as exc:  # ValueError: ConfigError and kin
+        print(f"rlvla3 sft: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(train(job), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, so Ray pickles ``train_loop`` by reference, not by value.
+    from actors.sft.sft_job import main as _main
+
+    sys.exit(_main())
