@@ -90,6 +90,12 @@ def test_dry_run_passes_every_entry_without_ray(image_python, tmp_path):
     assert entries["fp8_training"]["variants"]["fp8"]["fp8"] == "emulated"
     assert report["summary"]["packing_speedup"] == entries["packing"]["speedup"]
 
+    costs = entries["costs"]
+    assert list(costs["act_ms"]) == ["1", "2", "4"]
+    assert costs["cost_model"]["name"] == "custom"
+    assert report["summary"]["cost_model"] == costs["cost_model"]
+    assert costs["plan_args"].startswith("--cost-model custom --cost infer_per_call_ms=")
+
 
 def test_an_entry_past_its_time_is_killed_and_reported():
     result = bench_gpu.run_entry("attention", dry_run=True, timeout=0.5)

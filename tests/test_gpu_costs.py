@@ -4,6 +4,9 @@ its formula on a fake clock (no timing assertions: the clock is ours)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,6 +58,23 @@ def test_calibrations_carry_their_figures():
     for costs in CALIBRATIONS.values():
         costs.validate()
         assert costs.source
+
+
+def test_measured_calibration_is_the_median_of_the_committed_gpu_runs():
+    """``pi05_h200_eager`` comes from ``rlvla3 bench gpu`` on an H200: each figure is the
+    median of the committed runs' ``costs`` entries (rounded to two significant figures)."""
+    runs = sorted((Path(__file__).parents[1] / "results" / "gpu_check").glob("h200_*.json"))
+    measured = [json.loads(p.read_text())["entries"]["costs"]["cost_model"]["options"]
+                for p in runs]
+    assert len(measured) == 3
+    calibration = CALIBRATIONS["pi05_h200_eager"]
+    for name in ("infer_per_call_ms", "infer_per_sample_ms", "train_per_sample_ms",
+                 "train_per_step_ms", "model_gb"):
+        median = statistics.median(m[name] for m in measured)
+        assert getattr(calibration, name) == pytest.approx(median, rel=0.02), name
+    # a measured cost model in the form `bench gpu` prints resolves as custom figures
+    options = {k: v for k, v in measured[0].items() if k != "source"}
+    assert resolve_costs(Named("custom", options), "rollout.cost_model").infer_per_sample_ms > 0
 
 
 def test_resolve_overrides_and_custom_figures():

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from rlvla3.model import build_vla_policy
-from rlvla3.model.attention import PaddedAttention, PerSegmentAttention, select_backend
+from rlvla3.model.attention import (
+    FlashAttention,
+    PaddedAttention,
+    PerSegmentAttention,
+    TorchVarlenAttention,
+    select_backend,
+)
 from rlvla3.model.processor import sample_token_count
 from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.types import ObsBatch
@@ -54,6 +60,22 @@ def test_varlen_backends_match_dense_reference(backend):
         got = backend(q, k, v, cu_q, cu_k, max(lq), max(lk), mask)
         ref = _dense_reference(q, k, v, cu_q.tolist(), cu_k.tolist(), mask)
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", [TorchVarlenAttention(), FlashAttention()])
+def test_fused_backends_run_float32_on_the_exact_path(backend, caplog):
+    """The fused kernels take half precision only; a float32 policy (exact log-probabilities
+    for RL) still runs, on the per-segment path, and says so. The kernels themselves run on a
+    GPU (`bench gpu`): here a float32 call must never reach them."""
+    g = torch.Generator().manual_seed(1)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    q, k, v = (torch.randn(8, h, 8, generator=g) for h in (4, 2, 2))
+    with caplog.at_level("WARNING", logger="rlvla3.model.attention"):
+        got = backend(q, k, v, cu, cu, 5, 5)
+        backend(q, k, v, cu, cu, 5, 5)
+    torch.testing.assert_close(got, _dense_reference(q, k, v, cu.tolist(), cu.tolist()),
+                               atol=1e-5, rtol=1e-5)
+    assert [r.message.count("per-segment") for r in caplog.records] == [1]
 
 
 def test_auto_backend_on_cpu_is_exact_per_segment_and_gpu_backends_refuse():

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from rlvla3.config import ConfigError, Named
-from rlvla3.gpu_costs import REAL, GpuCosts, resolve_costs
+from rlvla3.gpu_costs import CALIBRATIONS, REAL, GpuCosts, resolve_costs
 from rlvla3.plan.gpu import EnvTiming, Plan, PlanRequest, make_plan, plan_overrides
 from rlvla3.run_config import RunConfig
 
@@ -123,8 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rlvla3 plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cost-model", required=True,
-                   help="a calibration (pi05_h200, pi05_h100_flops, pi05_a100, pi05_a100_eager) "
-                        "or custom")
+                   help=f"a calibration ({', '.join(CALIBRATIONS)}) or custom")
     p.add_argument("--cost", action="append", default=[], metavar="FIELD=VALUE",
                    help="override one figure (infer_per_call_ms, infer_per_sample_ms, "
                         "train_per_sample_ms, train_per_step_ms, sync_fixed_ms, model_gb, "

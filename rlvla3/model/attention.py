@@ -15,6 +15,8 @@ Backends (strategies, chosen by name or ``auto``; the choice is logged):
 - ``torch_varlen``: ``torch.nn.attention.varlen.varlen_attn`` (CUDA). Where that function has
   no ``enable_gqa`` flag (older torch releases), key/value heads are repeated to the query
   heads.
+  Both fused kernels take only float16 / bfloat16. A float32 call (a policy run in float32 for
+  exact log-probabilities) goes to the exact per-segment path instead, logged once.
 - ``per_segment``: exact CPU path, one SDPA per segment (the fastest exact CPU path measured
   here; a dense block-diagonal mask is ~6x slower and flex_attention has no CPU backward).
 - ``padded``: scatter into ``[B, L_max]``, masked SDPA, gather back (the baseline). On CUDA it
@@ -112,12 +114,36 @@ class PaddedAttention(AttentionBackend):
         return out.transpose(1, 2)[sq, oq]
 
 
-class TorchVarlenAttention(AttentionBackend):
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class FusedAttention(AttentionBackend):
+    """A fused CUDA kernel that takes only half precision; other dtypes run per segment."""
+
+    def __init__(self) -> None:
+        self._exact = PerSegmentAttention()
+        self._warned = False
+
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
+        if q.dtype in HALF_DTYPES:
+            return self.fused(q, k, v, cu_q, cu_k, max_q, max_k)
+        if not self._warned:
+            self._warned = True
+            log.warning("attention backend %s takes float16/bfloat16 only: %s inputs run on the "
+                        "exact per-segment path", self.name, q.dtype)
+        return self._exact(q, k, v, cu_q, cu_k, max_q, max_k)
+
+    @abc.abstractmethod
+    def fused(self, q, k, v, cu_q, cu_k, max_q, max_k) -> torch.Tensor:
+        """The kernel call, half-precision inputs only."""
+
+
+class TorchVarlenAttention(FusedAttention):
     """PyTorch's fused varlen kernel (CUDA only)."""
 
     name = "torch_varlen"
 
-    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
+    def fused(self, q, k, v, cu_q, cu_k, max_q, max_k):
         from torch.nn.attention.varlen import varlen_attn
 
         extra = {}
@@ -137,12 +163,12 @@ def varlen_takes_gqa() -> bool:
     return "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
-class FlashAttention(AttentionBackend):
+class FlashAttention(FusedAttention):
     """FlashAttention 2/3 varlen kernel (CUDA, ``flash-attn`` installed)."""
 
     name = "flash"
 
-    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
+    def fused(self, q, k, v, cu_q, cu_k, max_q, max_k):
         from flash_attn import flash_attn_varlen_func
 
         return flash_attn_varlen_func(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k, causal=False)

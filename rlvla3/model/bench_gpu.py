@@ -129,6 +129,7 @@ def _summary(entries: dict) -> dict:
     rl = entries.get("rl", {}).get("dtypes", {})
     out["rl_decisions_per_s"] = next((r["decisions_per_s"] for r in rl.values()
                                       if "decisions_per_s" in r), None)
+    out["cost_model"] = entries.get("costs", {}).get("cost_model")
     return out
 
 

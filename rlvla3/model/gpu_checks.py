@@ -26,6 +26,8 @@ Entries:
   log-probability agreement (float32 and the working dtype) and decisions/s.
 - ``fp8_training``: the packed training step with every backbone and expert projection in FP8
   against the same step in bf16.
+- ``costs`` (``rlvla3.model.cost_check``): this GPU's per-call, per-sample and per-step figures
+  as a ``custom`` cost model for the simulated-GPU pipeline and the planner.
 
 Timings are medians of ``repeats`` after a warm-up, with the device synchronised around each.
 Peak memory is ``torch.cuda.max_memory_allocated`` (None on CPU).
@@ -51,6 +53,7 @@ from rlvla3.model.attention import (
     torch_varlen_available,
     varlen_takes_gqa,
 )
+from rlvla3.model.cost_check import check_costs
 from rlvla3.model.fp8 import BlockLinear, EmulatedFp8, Fp8Backend
 
 Snapshot = dict
@@ -85,6 +88,9 @@ class CheckSizes:
     fp8_repeats: int
     rl_batch: int
     rl_repeats: int
+    cost_batches: tuple[int, ...] = (1, 4, 16, 32, 64)
+    """Rollout batch sizes ``costs`` times ``act`` at (a line is fitted through them)."""
+    cost_repeats: int = 9
     timeouts: dict[str, float] = field(default_factory=dict)
     """Seconds per entry (its process is killed past this and the entry fails)."""
     budget_s: float = 330.0
@@ -112,7 +118,7 @@ GPU = CheckSizes(
     attention_repeats=10, train_samples=16, train_repeats=5, fp8_layers=_PI05_LAYERS,
     fp8_repeats=10, rl_batch=32, rl_repeats=3,
     timeouts={"attention": 60, "packing": 120, "fp8_linear": 150, "rl": 90,
-              "fp8_training": 120},
+              "fp8_training": 120, "costs": 120},
     budget_s=330,
 )
 
@@ -121,9 +127,9 @@ DRY_RUN = CheckSizes(
     attention_repeats=1, train_samples=2, train_repeats=1,
     fp8_layers=(Fp8Layer("tiny.mlp_up", 50, 64, 128, 2), Fp8Layer("tiny.mlp_down", 50, 128, 64, 1),
                 Fp8Layer("padded.72x200", 50, 72, 200, 0)),
-    fp8_repeats=1, rl_batch=3, rl_repeats=1,
+    fp8_repeats=1, rl_batch=3, rl_repeats=1, cost_batches=(1, 2, 4), cost_repeats=1,
     timeouts={"attention": 120, "packing": 120, "fp8_linear": 120, "rl": 120,
-              "fp8_training": 120},
+              "fp8_training": 120, "costs": 120},
     budget_s=500,  # each entry takes seconds; the slack is for a machine shared with others
 )
 
@@ -480,5 +486,6 @@ ENTRIES: dict[str, Entry] = {
     "fp8_linear": check_fp8_linear,
     "rl": check_rl,
     "fp8_training": check_fp8_training,
+    "costs": check_costs,
 }
 """In run order: the most informative and cheapest first."""

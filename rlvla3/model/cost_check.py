@@ -1,0 +1,110 @@
+"""The ``costs`` entry of the GPU check: this GPU's figures for a simulated-GPU cost model.
+
+Role: the pipeline runs without GPUs by simulating the GPU stages with per-call and per-sample
+costs (``rlvla3.gpu_costs``). The named calibrations there come from public figures; this entry
+measures the same figures for the VLA on the GPU at hand, so a user can plan and simulate a
+cluster of the GPUs they have (``rollout.cost_model`` / ``learner.cost_model`` =
+``{name: custom, options: ...}``, or ``rlvla3 plan --cost-model custom --cost-options ...``).
+
+Measures (working dtype, medians after a warm-up, device synchronised around each call):
+- ``act`` on rollout batches of several sizes; a least-squares line through (B, time) gives
+  ``infer_per_call_ms`` (intercept) and ``infer_per_sample_ms`` (slope), with the fit's largest
+  relative residual so a curve that is not a line is visible;
+- ``evaluate`` forward + backward of a training micro-batch, per sample:
+  ``train_per_sample_ms`` (one data-parallel rank);
+- one AdamW step over every parameter: ``train_per_step_ms`` (one GPU; a data-parallel run adds
+  the part of the gradient all-reduce that backward does not hide, which one GPU cannot show);
+- the weights' size in the working dtype: ``model_gb`` (what a rollout GPU receives per sync).
+
+Output: a snapshot with the measured points, ``cost_model`` (ready to paste as a config value)
+and ``plan_args`` (the same figures as ``rlvla3 plan`` arguments). ``pass``: every figure finite and positive and the line fits within ``FIT_TOLERANCE``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from rlvla3.gpu_costs import GpuCosts
+
+FIT_TOLERANCE = 0.15
+"""Largest relative residual of the per-call + per-sample line through the measured points
+before the entry warns (eager ``act`` at small batches is host-bound: on an H200 its time at
+B = 1 varied from 137 to 200 ms between runs)."""
+
+
+def check_costs(ctx) -> Iterator[dict]:
+    from rlvla3.config import build
+    from rlvla3.model.gpu_checks import _peak_gb, _reset_peak, _round, timed
+    from rlvla3.model.policy import VLAPolicy
+    from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+    from rlvla3.model.vla_config import VLAConfig, shapes_for
+
+    dev, sz = ctx.device, ctx.sizes
+    cfg = build(VLAConfig, {"preset": sz.preset})
+    spec = libero_like_spec(image_size=shapes_for(cfg).image_size, chunk_len=50)
+    policy = VLAPolicy(spec, cfg, dev).to(sz.dtype)
+    snap: dict = {"preset": sz.preset, "dtype": str(sz.dtype).removeprefix("torch."),
+                  "chunk_len": spec.chunk_len, "denoise_steps": cfg.denoise_steps,
+                  "attention": policy.attention_backend, "act_ms": {}}
+    batches = {b: libero_like_batch(spec, b, np.random.default_rng(b))[0]
+               for b in sz.cost_batches}
+    for obs in batches.values():  # every shape once first: allocator, kernels and clocks settle
+        timed(lambda p=policy, o=obs: p.act(o), 1, dev, warmup=1)
+    for b, obs in batches.items():
+        seconds = timed(lambda p=policy, o=obs: p.act(o), sz.cost_repeats, dev, warmup=1)
+        snap["act_ms"][str(b)] = _round(1000 * seconds)
+        yield snap
+    sizes = np.array(sz.cost_batches, dtype=float)
+    ms = np.array(list(snap["act_ms"].values()), dtype=float)
+    slope, intercept = np.polyfit(sizes, ms, 1)
+    fit = intercept + slope * sizes
+    snap["fit_max_rel_residual"] = _round(float(np.max(np.abs(ms - fit) / ms)))
+
+    n = sz.rl_batch
+    obs, _ = libero_like_batch(spec, n, np.random.default_rng(0))
+    out = policy.act(obs)
+    actions, latents = torch.as_tensor(out.actions), torch.as_tensor(out.latents)
+
+    def fwd_bwd():
+        ev = policy.evaluate(obs, actions, latents)
+        (ev.log_prob.float().sum() + ev.value.float().sum()).backward()
+
+    _reset_peak(dev)
+    train_s = timed(fwd_bwd, sz.rl_repeats, dev)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    step_s = timed(optimizer.step, sz.rl_repeats, dev)
+    snap["train_peak_memory_gb"] = _peak_gb(dev)
+    params = sum(p.numel() for p in policy.parameters())
+    options = {
+        "infer_per_call_ms": _round(max(float(intercept), 0.0)),
+        "infer_per_sample_ms": _round(max(float(slope), 0.0)),
+        "train_per_sample_ms": _round(1000 * train_s / n),
+        "train_per_step_ms": _round(1000 * step_s),
+        "model_gb": _round(params * policy_bytes(policy) / 1e9),
+        "source": f"rlvla3 bench gpu on {_device_name(dev)}: VLA preset {sz.preset}, "
+                  f"{snap['dtype']}, {cfg.denoise_steps} denoising steps, eager",
+    }
+    GpuCosts(**options).validate()  # the figures a cost model accepts
+    snap.update(parameters=params, train_batch=n,
+                cost_model={"name": "custom", "options": options},
+                plan_args="--cost-model custom " + " ".join(
+                    f"--cost {k}={v}" for k, v in options.items() if k != "source"))
+    if snap["fit_max_rel_residual"] > FIT_TOLERANCE:
+        snap["warning"] = (f"act time is {snap['fit_max_rel_residual']:.0%} off the per-call + "
+                           f"per-sample line at some batch size (eager launches are host-bound "
+                           f"and vary between runs): take the median of several runs")
+    figures = [v for k, v in options.items() if k != "source"]
+    snap["pass"] = all(np.isfinite(v) and v > 0 for v in figures)
+    yield snap
+
+
+def policy_bytes(policy: torch.nn.Module) -> int:
+    """Bytes per parameter in the policy's (first parameter's) dtype."""
+    return next(policy.parameters()).element_size()
+
+
+def _device_name(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (dry run)"
