@@ -32,6 +32,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -120,6 +121,15 @@ class AlgoConfig:
     same standardised advantages and proximal log-probs, so the clip bounds how far the epochs
     move from the policy the batch was scored by. Every step is a version: staleness and pacing
     count ``update_epochs`` versions per batch (scale ``queue.max_staleness`` with it)."""
+    target_kl: float | None = None
+    """Adaptive learning rate (``rlvla3.kl_control``): the ``KL(pi_prox || pi_theta)`` per
+    decision, in nats, that a trust region (a proximal window, or one step without one) should
+    reach. When a window closes with more than twice this, ``learner.lr`` is divided by
+    ``kl_lr_factor``; with less than half, multiplied; within ``[lr x kl_lr_min_scale, lr x
+    kl_lr_max_scale]``. None: the learning rate stays as configured."""
+    kl_lr_factor: float = 1.5
+    kl_lr_min_scale: float = 0.01
+    kl_lr_max_scale: float = 10.0
     max_grad_norm: float = 1.0
     """Gradient-norm clip applied by the learner before each optimizer step."""
     vf_clip: float | None = None
@@ -144,6 +154,12 @@ class AlgoConfig:
             f"GRPO needs groups of at least 2 episodes, got {self.group_size}",
         )
         require(self.update_epochs >= 1, "update_epochs", f"must be >= 1, got {self.update_epochs}")
+        require(self.target_kl is None or (math.isfinite(self.target_kl) and self.target_kl > 0),
+                "target_kl", f"must be > 0 (or null: a fixed learning rate), got {self.target_kl}")
+        require(self.kl_lr_factor > 1.0, "kl_lr_factor", f"must be > 1, got {self.kl_lr_factor}")
+        require(0.0 < self.kl_lr_min_scale <= 1.0 <= self.kl_lr_max_scale, "kl_lr_min_scale",
+                f"the bounds must hold the configured rate: 0 < kl_lr_min_scale <= 1 <= "
+                f"kl_lr_max_scale, got {self.kl_lr_min_scale}, {self.kl_lr_max_scale}")
         require(self.max_grad_norm > 0.0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
         require(self.proximal in ("window", "step", "behaviour"), "proximal",
                 f"{self.proximal!r} is not one of window, step, behaviour")

@@ -50,6 +50,7 @@ from torch import nn
 from rlvla3.algos import AlgoConfig, objective
 from rlvla3.gpu_costs import TrainingCost
 from rlvla3.group_buffer import GroupBuffer
+from rlvla3.kl_control import KlLearningRate
 from rlvla3.protocols import Policy
 from rlvla3.rl_samples import Samples, prepare_samples
 from rlvla3.types import TrajectorySegment
@@ -205,6 +206,8 @@ class StepStats:
     epoch: int = 0
     """Which of the batch's ``update_epochs`` steps this was (0: the batch's first; a later
     epoch reports ``samples`` 0, as it trains no new sample)."""
+    lr: float = 0.0
+    """The learning rate after this step (``algo.target_kl`` adapts it)."""
 
     def as_row(self) -> dict:
         """One ``steps.jsonl`` line (plain JSON values)."""
@@ -239,6 +242,10 @@ class LearnerCore:
         self.max_staleness = max_staleness
         self.reduce = reduce or (lambda x: x)
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr, eps=1e-5)
+        self.kl_lr = (KlLearningRate(self.optimizer, lr, algo.target_kl, algo.kl_lr_factor,
+                                     algo.kl_lr_min_scale, algo.kl_lr_max_scale)
+                      if algo.target_kl is not None else None)
+        """Adaptive learning rate (``algo.target_kl``); None: fixed."""
         self.normalizer = AdvantageNormalizer(algo.normalize_advantages and algo.name == "ppo",
                                               self.reduce, algo.advantage_ema)
         self.version = 0
@@ -472,6 +479,10 @@ class LearnerCore:
         shares = np.asarray([a["n"] for a in acc], dtype=np.float64) / self.local_batch
         avg = {k: float(sum(w * a[k] for w, a in zip(shares, acc, strict=True)))
                for k in _AVERAGED}
+        if self.kl_lr is not None and (self.proximal is None
+                                       or self.proximal.synced_at == self.version):
+            total = self.reduce(np.array([avg["kl_per_decision"], 1.0]))  # a window closed
+            self.kl_lr.update(float(total[0] / total[1]))
         self._done_in_step = 0
         self._discard_stale()
         if self.clock is not None:
@@ -483,7 +494,7 @@ class LearnerCore:
             avg["kl_per_decision"], avg["no_grad_fraction"], float(grad_norm),
             avg["staleness"], avg["behaviour_weight"],
             tuple(float(q) for q in np.quantile(weights_seen, (0.05, 0.5, 0.95))),
-            avg["truncated_fraction"], skipped, epoch)
+            avg["truncated_fraction"], skipped, epoch, self.optimizer.param_groups[0]["lr"])
 
     def _commit(self) -> None:
         """The batch's first step was taken: its decisions count as trained."""

@@ -204,6 +204,56 @@ def test_a_step_with_a_non_finite_gradient_leaves_the_weights_and_is_counted():
     assert any(not torch.equal(v, before[k]) for k, v in policy.state_dict().items())
 
 
+def test_kl_learning_rate_moves_outside_its_band_within_its_bounds():
+    from rlvla3.kl_control import KlLearningRate
+
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+    control = KlLearningRate(optimizer, 1e-3, target=0.1, factor=2.0, min_scale=0.25,
+                             max_scale=4.0)
+    assert [control.update(kl) for kl in (0.1, 0.05, 0.2)] == [1e-3] * 3  # in [target/2, 2 x]
+    assert [control.update(1.0) for _ in range(3)] == [5e-4, 2.5e-4, 2.5e-4]  # floor lr / 4
+    assert control.update(float("nan")) == 2.5e-4  # not finite: too high
+    assert [control.update(0.01) for _ in range(5)] == [5e-4, 1e-3, 2e-3, 4e-3, 4e-3]
+    assert optimizer.param_groups[0]["lr"] == 4e-3
+    with pytest.raises(ValueError, match="target_kl"):
+        AlgoConfig("ppo", target_kl=0.0).validate()
+    with pytest.raises(ValueError, match="kl_lr_min_scale"):
+        AlgoConfig("ppo", target_kl=0.1, kl_lr_max_scale=0.5).validate()
+
+
+@pytest.mark.parametrize("target, direction", [(1e-12, "down"), (1e6, "up")])
+def test_target_kl_adapts_the_rate_when_a_proximal_window_closes(target, direction):
+    """With ``target_kl`` the learner compares each closed proximal window's KL per decision
+    (averaged over the ranks) with the target: far above it the rate falls, far below it
+    rises, by ``kl_lr_factor`` per window, and the steps inside a window leave it alone. The
+    rate lives in the optimizer state, so a checkpoint's optimizer state carries it."""
+    segments = collect_segments(make_policy(1), 24)
+    batch = sum(len(s) for s in segments) // 4
+    reduced = []
+
+    def reduce(values):  # one rank: the identity, recorded
+        reduced.append(values.copy())
+        return values
+
+    algo = AlgoConfig("ppo", proximal_window=2, target_kl=target, kl_lr_factor=2.0)
+    core = LearnerCore(make_policy(2), algo, local_batch=batch, micro_batch=batch, lr=1e-3,
+                       strategy=BatchStart(), reduce=reduce)
+    stats = []
+    core.add_groups(episodes(segments))
+    core.run_available(on_step=stats.append, until_version=4)
+    factor = 0.5 if direction == "down" else 2.0
+    assert [s.lr for s in stats] == pytest.approx([1e-3, 1e-3 * factor, 1e-3 * factor,
+                                                   1e-3 * factor**2])
+    kl_reductions = [v for v in reduced if len(v) == 2 and v[1] == 1.0]
+    assert len(kl_reductions) == 2  # once per closed window, on every rank alike
+    assert all(s.kl_per_decision > 0 for s in stats[1::2])  # the window had drifted
+    assert core.optimizer.state_dict()["param_groups"][0]["lr"] == pytest.approx(
+        1e-3 * factor**2)
+    fixed = LearnerCore(make_policy(2), AlgoConfig("ppo", proximal_window=2), local_batch=batch,
+                        micro_batch=batch, lr=1e-3, strategy=BatchStart())
+    assert fixed.kl_lr is None
+
+
 def test_advantage_normaliser_uses_whole_batches_of_all_ranks():
     from rlvla3.learner import AdvantageNormalizer
 

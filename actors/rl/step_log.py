@@ -2,7 +2,8 @@
 
 Input: learner 0's step history (``rlvla3.learner.StepStats.as_row`` dicts: clip fraction,
 approximate KL per Gaussian and per decision, the fraction of decisions with no gradient, the
-behaviour weight's quantiles, the gradient norm, whether the step was skipped), taken at each
+behaviour weight's quantiles, the gradient norm, the learning rate, whether the step was
+skipped), taken at each
 progress tick. Output:
 - ``steps.jsonl`` in the run directory, one line per optimizer step;
 - ``row(...)``: medians over the steps since the previous progress row (the row's
@@ -25,7 +26,7 @@ import numpy as np
 CLIP_WARNING = 0.5
 WARNING_STEPS = 10
 FIGURES = ("clip_fraction", "kl_per_element", "kl_per_decision", "no_grad_fraction",
-           "truncated_fraction", "grad_norm", "weight_p05", "weight_p50", "weight_p95")
+           "truncated_fraction", "grad_norm", "weight_p05", "weight_p50", "weight_p95", "lr")
 
 
 def _quantiles(values: list[float]) -> dict:
@@ -61,7 +62,7 @@ class StepLog:
             self.say(f"warning: clip fraction {np.median(recent):.2f} (median of the last "
                      f"{WARNING_STEPS} steps, v{self.steps[-1]['version']}) is above "
                      f"{CLIP_WARNING}: the trust region removes most of the gradient; lower "
-                     f"learner.lr or check algo.ratio")
+                     f"learner.lr, set algo.target_kl, or check algo.ratio")
         return {k: round(float(np.median([s[k] for s in history])), 6) for k in FIGURES}
 
     def summary(self) -> dict:
