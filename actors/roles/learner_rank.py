@@ -13,7 +13,10 @@ tensors and the weights travel by a collective broadcast instead (``broadcast_we
 Two ways to drive it, chosen by the training strategy:
 - ``run()``: pull from the queue and train until ``stop()`` (asynchronous training). Each pull
   asks for the decisions this rank still needs for its batch (a decision budget), so no rank
-  hoards what another waits for. Several ranks leave together, after the optimizer step at
+  hoards what another waits for. The pull is sent before the rank trains what it holds and
+  collected after (prefetch): fetching the next decisions (the queue call, the observations'
+  transfer) overlaps the micro-batches under way instead of following them; only a rank out of
+  data waits (its data wait). Several ranks leave together, after the optimizer step at
   which they agreed to (the step agreement of ``LearnerCore``), so none is left waiting in a
   collective; a rank asked to stop that gets no data for ``FLUSH_AFTER_S`` abandons the step
   under way on every rank (``LearnerCore.flush``) instead of leaving the others in its
@@ -247,8 +250,13 @@ class Learner:
 
     def _pull(self, max_items: int, timeout_s: float, max_decisions: int | None = None) -> int:
         """Take up to ``max_items`` queue items (fewer once they hold ``max_decisions``)."""
+        return self._receive(self.queue.get.remote(max_items, timeout_s, max_decisions))
+
+    def _receive(self, request: ray.ObjectRef) -> int:
+        """Wait for a queue ``get`` already sent, fetch its payloads and buffer them; the time
+        spent waiting here is the rank's data wait."""
         start = time.monotonic()
-        items = ray.get(self.queue.get.remote(max_items, timeout_s, max_decisions))
+        items = ray.get(request)
         groups = []
         for item in items:  # one episode, or one whole GRPO group: its boundaries are kept
             group = []
@@ -279,15 +287,20 @@ class Learner:
         core = self.core
         core.stop_requested = core.stop_agreed = False
         progress = time.monotonic()
+        request = None  # a queue get in flight while this rank trains (prefetch)
         while not (core.stop_agreed if self.world_size > 1 else self._stop.is_set()):
             budget = core.pull_budget()
-            if budget:
-                self._pull(max_items=64, timeout_s=0.2, max_decisions=budget)
+            if budget and request is None:
+                request = self.queue.get.remote(64, 0.2, budget)
             # one step per call, so that the agreement before it is seen before the next
             with self._stepping:
                 before = core.micro_steps
                 core.run_available(self._publish, until_version=core.version + 1)
-            if core.micro_steps != before:
+            trained = core.micro_steps != before
+            if request is not None and (not trained or ray.wait([request], timeout=0)[0]):
+                self._receive(request)  # out of data (wait for it), or it has arrived
+                request = None
+            if trained:
                 progress = time.monotonic()
             elif (self._stop.is_set() and self.world_size > 1 and not core.stop_agreed
                   and time.monotonic() - progress > FLUSH_AFTER_S):
@@ -296,6 +309,11 @@ class Learner:
                         raise RuntimeError(f"learner {self.rank}: asked to stop partway through "
                                            f"a step with no sample to join the other ranks")
                 self._report_buffered()
+        if request is not None:  # items taken from the queue are buffered, never dropped
+            try:
+                self._receive(request)
+            except ray.exceptions.RayActorError:  # the queue is gone: the run is ending
+                pass
         return self.stats()
 
     def train_available(self) -> dict:
