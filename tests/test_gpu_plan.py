@@ -192,3 +192,46 @@ def test_rl_plan_applies_the_plan_and_user_overrides_win(capsys):
     assert main(["--plan", "--plan-gpus", "8", "--plan-sim-cpus", "64", "--plan-cost-model",
                  "pi05_h200", "--print-config"]) == 2  # reach has no latency to plan from
     assert "env.name" in capsys.readouterr().err
+
+
+def test_slot_overhead_lengthens_each_slots_decision():
+    """The runtime's own time per decision (``slot_overhead_ms``) adds to the slot's env time:
+    with inference and training far from binding, decisions/s is slots / (E + o + response)."""
+    fast = GpuCosts(infer_per_call_ms=0.1, infer_per_sample_ms=0.01, train_per_sample_ms=0.01,
+                    source="test")
+    rates = {}
+    for overhead in (0.0, 100.0):
+        req = PlanRequest(gpus=8, sim_cpus=64, global_batch=64, slot_overhead_ms=overhead)
+        pred = predict(fast, LIBERO, req, 4, 4, 64, 1)
+        assert pred.bottleneck == "env"
+        rates[overhead] = pred.decisions_per_s
+        cycle = LIBERO.decision_s + overhead / 1000.0 + pred.response_ms / 1000.0
+        assert pred.decisions_per_s == pytest.approx(64 / cycle, rel=0.02)
+    assert rates[100.0] < rates[0.0]
+    with pytest.raises(ValueError, match="slot_overhead_ms"):
+        PlanRequest(gpus=8, sim_cpus=64, slot_overhead_ms=-1).validate()
+
+
+def test_bench_scale_replans_full_runs_with_a_measured_env_loop_overhead(tmp_path, capsys):
+    """``bench scale --replan FULL --overhead-from LOOP`` runs nothing: it re-predicts each full
+    run's split with the env loop's overhead measured at the same scale and dilation."""
+    from actors.bench.bench_scale import main as bench_scale
+
+    full = {"cost_model": "pi05_h200", "runs": [
+        {"gpus": 8, "mode": "full", "split": {"learner_gpus": 6, "rollout_gpus": 2},
+         "dilation": 2.0, "trained_env_steps_per_s": 743.0,
+         "predicted_trained_env_steps_per_s": 857.2, "prediction_error": -0.133}]}
+    (tmp_path / "full.json").write_text(json.dumps(full))
+    loop = {"env_loop": {"8": {"env_slots": 128, "dilation": 2.0, "slot_overhead_ms": 80.0}}}
+    (tmp_path / "loop.json").write_text(json.dumps(loop))
+    args = ["--replan", str(tmp_path / "full.json"), "--overhead-from", str(tmp_path / "loop.json"),
+            "--json"]
+    assert bench_scale(args) == 0
+    (row,) = json.loads(capsys.readouterr().out)["replan"]
+    assert row["predicted_with_overhead"] < row["predicted"]  # each decision costs more
+    assert row["error_with_overhead"] == pytest.approx(743.0 / row["predicted_with_overhead"] - 1,
+                                                       abs=1e-3)
+    loop["env_loop"]["8"]["dilation"] = 3.0
+    (tmp_path / "loop.json").write_text(json.dumps(loop))
+    with pytest.raises(SystemExit, match="dilation 3"):
+        bench_scale(args)

@@ -210,12 +210,13 @@ class Bench:
     def say(self, text: str) -> None:
         print(f"bench scale: {text}", file=sys.stderr, flush=True)
 
-    def plan(self, gpus: int):
+    def plan(self, gpus: int, slot_overhead_ms: float = 0.0):
         from actors.rl.plan_job import make
 
         return make(self.costs, self.env, gpus, self.sim_cpus(gpus),
                     global_batch=self.args.global_batch, granularity=self.granularity(gpus),
-                    slots_multiple=self.args.slots_per_worker)
+                    slots_multiple=self.args.slots_per_worker,
+                    slot_overhead_ms=slot_overhead_ms)
 
     def sim_cpus(self, gpus: int) -> int:
         return self.args.sim_cpus_per_gpu * gpus
@@ -252,6 +253,9 @@ class Bench:
         if "predicted_trained_env_steps_per_s" in extra:
             out["prediction_error"] = round(out["trained_env_steps_per_s"]
                                             / extra["predicted_trained_env_steps_per_s"] - 1.0, 3)
+        if "predicted_with_overhead" in extra:
+            out["prediction_error_with_overhead"] = round(
+                out["trained_env_steps_per_s"] / extra["predicted_with_overhead"] - 1.0, 3)
         self.say(f"  {mode}: {out['env_steps_per_s']} env steps/s (trained "
                  f"{out['trained_env_steps_per_s']}), mean batch {out['mean_batch_size']}, "
                  f"overhead {out['overhead']['rollout']['real_over_simulated']}/"
@@ -262,24 +266,25 @@ class Bench:
         return out
 
     def scale(self, gpus: int) -> None:
-        """Every mode asked at ``gpus``."""
+        """Every mode asked at ``gpus``; with ``--env-alone`` the env loop runs first and the
+        full run's prediction also says what the planner gives with the loop's overhead."""
         a = self.args
         plan = self.plan(gpus)
         dilation = self.dilation(plan)
         max_slots = self.sim_cpus(gpus) // a.slots_per_worker * a.slots_per_worker
-        for mode in a.modes.split(","):
+        overhead = self.env_loop(gpus, max_slots, dilation) if a.env_alone else None
+        for mode in [m for m in a.modes.split(",") if m]:
             if mode == "full":
-                self.full(gpus, plan, dilation)
+                self.full(gpus, plan, dilation, overhead_ms=overhead)
             else:
                 self.run(gpus, mode, colocated_layout(gpus, max_slots, a.slots_per_worker),
                          dilation, max_slots, {})
-        if a.env_alone:
-            self.env_loop(gpus, max_slots, dilation)
 
-    def env_loop(self, gpus: int, slots: int, dilation: float) -> None:
+    def env_loop(self, gpus: int, slots: int, dilation: float) -> float:
         """The env slots alone, actions answered at once: the env steps/s their latencies
         allow against what this machine's env workers, Ray calls and queue delivered. The
-        shortfall is the machine's own overhead on the env loop (at this load)."""
+        shortfall is the machine's own overhead on the env loop (at this load); returned as
+        simulated ms per decision (``PlanRequest.slot_overhead_ms``)."""
         from actors.rl.controller import check_components
         from envs.latency_replay import summarize_latency
         from rlvla3.run_config import load_run_config
@@ -293,14 +298,20 @@ class Bench:
         measured = env_stage_alone(cfg, check_components(cfg), a.seconds * dilation,
                                    a.warmup * dilation) * dilation
         allowed = slots * summarize_latency({})["slot_steps_per_s"]
+        decisions_per_s = measured / self.env.steps_per_decision
+        overhead_ms = max(0.0, 1000.0 * (slots / decisions_per_s - self.env.decision_s))
         self.results.setdefault("env_loop", {})[str(gpus)] = {
             "env_slots": slots, "dilation": dilation,
             "env_steps_per_s": round(measured, 1),
             "latencies_allow_env_steps_per_s": round(allowed, 1),
-            "overhead_fraction": round(1.0 - measured / allowed, 3)}
-        self.say(f"  env loop: {measured:.0f} of {allowed:.0f} env steps/s the latencies allow")
+            "overhead_fraction": round(1.0 - measured / allowed, 3),
+            "slot_overhead_ms": round(overhead_ms, 1)}
+        self.say(f"  env loop: {measured:.0f} of {allowed:.0f} env steps/s the latencies allow "
+                 f"({overhead_ms:.0f} simulated ms per decision of overhead)")
+        return overhead_ms
 
-    def full(self, gpus: int, plan, dilation: float, sweep: bool = False) -> dict:
+    def full(self, gpus: int, plan, dilation: float, sweep: bool = False,
+             overhead_ms: float | None = None) -> dict:
         b = plan.best
         planned = plan.as_dict()
         extra = {"split": planned["split"], "global_batch": b.global_batch,
@@ -308,11 +319,26 @@ class Bench:
                  "predicted_env_steps_per_s": round(b.env_steps_per_s, 1),
                  "predicted_trained_env_steps_per_s": round(b.trained_env_steps_per_s, 1),
                  "predicted_bottleneck": b.bottleneck}
+        if overhead_ms is not None:  # the same split and settings, with the loop's overhead
+            extra["slot_overhead_ms"] = round(overhead_ms, 1)
+            extra["predicted_with_overhead"] = round(self.repredict(plan, overhead_ms), 1)
         if sweep:
             extra["planner_split"] = self.plan(gpus).best.rollout_gpus == b.rollout_gpus
         return self.run(gpus, "full", planned_layout(plan, self.args.slots_per_worker,
                                                      self.granularity(gpus)),
                         dilation, b.env_slots, extra)
+
+    def repredict(self, plan, overhead_ms: float) -> float:
+        """Trained env steps/s the planner predicts for ``plan``'s split, slots and cadence
+        when each decision also costs ``overhead_ms`` of the runtime's own time."""
+        from dataclasses import replace
+
+        from rlvla3.plan.gpu import predict
+
+        b = plan.best
+        req = replace(plan.request, slot_overhead_ms=overhead_ms)
+        return predict(self.costs, self.env, req, b.learner_gpus, b.rollout_gpus, b.env_slots,
+                       b.weights_every).trained_env_steps_per_s
 
     def sweep(self, gpus: int, rollout_gpus: list[int]) -> None:
         """Full runs at ``gpus`` with only the split changed (the planner's slots, batching,
@@ -351,6 +377,10 @@ class Bench:
             if "full" in modes:
                 row["predicted_full"] = modes["full"]["predicted_env_steps_per_s"]
                 row["prediction_error"] = modes["full"]["prediction_error"]
+                for key in ("slot_overhead_ms", "predicted_with_overhead",
+                            "prediction_error_with_overhead"):
+                    if key in modes["full"]:
+                        row[key] = modes["full"][key]
             scaling[gpus] = row
         out = {**self.results, "scaling": scaling, "reference": REFERENCE}
         swept = [r for r in runs if r.get("planner_split") is not None]
@@ -393,15 +423,56 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="instead of the modes: full runs at the first --gpus with these "
                         "rollout GPU counts (the planner's among them)")
     p.add_argument("--env-alone", action="store_true",
-                   help="also run every scale's env slots alone (instant actions): the "
-                        "machine's overhead on the env loop")
+                   help="first run every scale's env slots alone (instant actions): the "
+                        "machine's overhead on the env loop, in simulated ms per decision; "
+                        "full runs then also report the planner's prediction with it "
+                        "(--modes '' runs the env loop only)")
+    p.add_argument("--replan", metavar="FULL_JSON",
+                   help="run nothing: compare the full runs of FULL_JSON with the planner's "
+                        "prediction given --overhead-from's env-loop overhead")
+    p.add_argument("--overhead-from", metavar="LOOP_JSON",
+                   help="with --replan: a results file with env_loop entries (--env-alone)")
     p.add_argument("--results-file", metavar="FILE",
                    help="also write the results (JSON) to FILE after every run")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if bool(args.replan) != bool(args.overhead_from):
+        p.error("--replan and --overhead-from go together")
+    return args
+
+
+def replan(args: argparse.Namespace) -> dict:
+    """``--replan FULL --overhead-from LOOP``: the full runs of one results file against the
+    planner's prediction for the same split, slots and cadence with the env-loop overhead
+    another file measured at the same scale and dilation (nothing is run)."""
+    full = json.loads(Path(args.replan).read_text())
+    loops = json.loads(Path(args.overhead_from).read_text()).get("env_loop", {})
+    bench = Bench(argparse.Namespace(**{**vars(args), "cost_model": full["cost_model"]}),
+                  Path("."))
+    rows = []
+    for run in full["runs"]:
+        loop = loops.get(str(run["gpus"]))
+        if run["mode"] != "full" or loop is None:
+            continue
+        if loop["dilation"] != run["dilation"]:
+            raise SystemExit(f"--overhead-from: the env loop at {run['gpus']} GPUs ran at "
+                             f"dilation {loop['dilation']:g}, the full run at {run['dilation']:g}")
+        plan = bench.plan(run["gpus"])
+        predicted = bench.repredict(plan, loop["slot_overhead_ms"])
+        rows.append({"gpus": run["gpus"], "split": run["split"], "dilation": run["dilation"],
+                     "measured": run["trained_env_steps_per_s"],
+                     "predicted": run["predicted_trained_env_steps_per_s"],
+                     "error": run["prediction_error"],
+                     "slot_overhead_ms": loop["slot_overhead_ms"],
+                     "predicted_with_overhead": round(predicted, 1),
+                     "error_with_overhead": round(run["trained_env_steps_per_s"] / predicted
+                                                  - 1.0, 3)})
+    return {"cost_model": full["cost_model"], "replan": rows}
 
 
 def measure(args: argparse.Namespace) -> dict:
+    if args.replan:
+        return replan(args)
     gpus = [int(g) for g in args.gpus.split(",") if g]
     sweep = [int(r) for r in args.sweep_rollout_gpus.split(",") if r]
     start = time.monotonic()

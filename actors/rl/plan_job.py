@@ -138,6 +138,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--slots-per-worker", type=int, default=8)
     p.add_argument("--env-latency", default=MEASURED_LIBERO,
                    help="latency model of the env: a latency JSON file or 'synthetic'")
+    p.add_argument("--slot-overhead-ms", type=float, default=0.0,
+                   help="the runtime's own time per decision on a slot (Ray calls, "
+                        "serialisation); `bench scale --env-alone` measures it")
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)
 
@@ -149,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         env = env_timing({"distribution": args.env_latency})
         plan = make(costs, env, args.gpus, args.sim_cpus, cpus_per_slot=args.cpus_per_slot,
                     global_batch=args.global_batch, granularity=args.granularity,
-                    b_limit=args.b_limit, slots_multiple=args.slots_per_worker)
+                    b_limit=args.b_limit, slots_multiple=args.slots_per_worker,
+                    slot_overhead_ms=args.slot_overhead_ms)
         overrides = plan_overrides(plan, args.slots_per_worker, 1) + [
             "learner.num_gpus=1", "rollout.num_gpus=1"]
     except ValueError as exc:  # ConfigError: a bad figure, GPU count, latency file, ...

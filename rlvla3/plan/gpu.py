@@ -18,8 +18,9 @@ The model, per split (L learner GPUs, R rollout GPUs, S env slots):
   and stalls ``sync_ms`` for it: the fraction ``f = sync_s x X / global_batch / weights_every``
   of its time (X: decisions/s trained) is lost to serving;
 - rollout, per GPU with n = S / R slots, closed loop: a slot spends ``E`` (env time per
-  decision, its episode's reset spread over its decisions) then waits ``r`` for its action, so
-  it asks ``1 / (E + r)`` decisions/s. A GPU that batches whatever is pending and is busy runs
+  decision, its episode's reset spread over its decisions, plus ``slot_overhead_ms``, the
+  runtime's own time per decision) then waits ``r`` for its action, so it asks ``1 / (E + r)``
+  decisions/s. A GPU that batches whatever is pending and is busy runs
   batches of ``B = x a' / (1 - x b')`` (x: its decisions/s, a', b': per-call and per-sample
   cost over ``1 - f``), and a request waits on average half the running batch plus its own:
   ``r = 1.5 (a' + b' B)``; an idle GPU answers in ``a' + b'``. The fixed point of
@@ -105,6 +106,11 @@ class PlanRequest:
     """Slots beyond the number that just feeds the slower GPU stage (queues absorb jitter)."""
     slots_multiple: int = 1
     """The slot count is a multiple of this (e.g. slots per env worker x rollout GPUs)."""
+    slot_overhead_ms: float = 0.0
+    """The runtime's own time per decision on a slot's critical path, outside the env and the
+    inference batch: the Ray calls, serialisation and the env worker's bookkeeping (a few ms
+    on a real cluster; on a simulated cluster this machine's CPU time, dilated). ``rlvla3
+    bench scale --env-alone`` measures it as the env loop's shortfall with instant actions."""
 
     def validate(self) -> None:
         require(self.gpus >= 2, "gpus", f"needs >= 2 GPUs (one to train, one to serve), got "
@@ -120,6 +126,7 @@ class PlanRequest:
         require(self.max_weights_every >= 1, "max_weights_every", "must be >= 1")
         require(self.slot_headroom >= 1, "slot_headroom", "must be >= 1")
         require(self.slots_multiple >= 1, "slots_multiple", "must be >= 1")
+        require(self.slot_overhead_ms >= 0, "slot_overhead_ms", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -247,8 +254,9 @@ def predict(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: int
     train = training_rate(costs, learner_gpus, batch)
     sync_s = costs.sync_ms / 1000.0
     stall, lane = 0.0, None
+    decision_s = env.decision_s + req.slot_overhead_ms / 1000.0  # a slot's own time per decision
     for _ in range(50):  # the stall depends on the rate it limits
-        lane = rollout_gpu(costs, slots / rollout_gpus, env.decision_s,
+        lane = rollout_gpu(costs, slots / rollout_gpus, decision_s,
                            env.requests_per_decision, req.b_limit, stall)
         rate = min(lane.decisions_per_s * rollout_gpus, train)
         new = min(sync_s * rate / batch / weights_every, 0.9)
@@ -262,7 +270,7 @@ def predict(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: int
     infer_cap = (rollout_gpus * free * req.b_limit
                  / ((costs.infer_per_call_ms + costs.infer_per_sample_ms * req.b_limit) / 1000.0)
                  / env.requests_per_decision)
-    capacity = {"env": slots / env.decision_s * spd, "inference": infer_cap * spd,
+    capacity = {"env": slots / decision_s * spd, "inference": infer_cap * spd,
                 "training": train * spd}
     if train <= rollout:
         bottleneck = "training"
