@@ -235,3 +235,18 @@ def test_bench_scale_replans_full_runs_with_a_measured_env_loop_overhead(tmp_pat
     (tmp_path / "loop.json").write_text(json.dumps(loop))
     with pytest.raises(SystemExit, match="dilation 3"):
         bench_scale(args)
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_planned_pacing_admits_every_slot_even_after_a_run_of_longest_episodes(epochs):
+    """The queue admits while ``(backlog + (in_flight + 1) x recent mean length) x epochs /
+    global_batch <= pace_lag``: with every slot in flight, the backlog at its bound and every
+    recent episode of the longest length, the planned bound still admits."""
+    req = PlanRequest(gpus=32, sim_cpus=512, global_batch=840, granularity=4,
+                      update_epochs=epochs)
+    plan = make_plan(H200, LIBERO, req)
+    slots, batch = plan.best.env_slots, plan.best.global_batch
+    backlog = req.pace_backlog * batch
+    lag = (backlog + slots * LIBERO.max_decisions) * epochs / batch  # the last slot's admission
+    assert lag <= plan.pace_lag
+    assert plan.max_staleness >= plan.pace_lag + plan.best.weights_every

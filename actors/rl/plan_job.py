@@ -90,7 +90,7 @@ def plan_run(cfg: RunConfig, gpus: int, sim_cpus: int, cost_model: str = "",
     workers = cfg.env_workers.slots_per_worker
     plan = make(costs, timing_of(cfg.env), gpus, sim_cpus,
                 global_batch=cfg.learner.global_batch, granularity=granularity,
-                slots_multiple=workers)
+                slots_multiple=workers, update_epochs=cfg.algo.update_epochs)
     overrides = plan_overrides(plan, workers, granularity, cfg.learner.micro_batch)
     if cfg.rollout.cost_model.name == REAL:  # a real cluster: one actor per GPU
         overrides += ["learner.num_gpus=1", "rollout.num_gpus=1"]

@@ -106,6 +106,9 @@ class PlanRequest:
     """Slots beyond the number that just feeds the slower GPU stage (queues absorb jitter)."""
     slots_multiple: int = 1
     """The slot count is a multiple of this (e.g. slots per env worker x rollout GPUs)."""
+    update_epochs: int = 1
+    """Optimizer steps (versions) per batch (``algo.update_epochs``): pacing and staleness
+    bounds count versions."""
     slot_overhead_ms: float = 0.0
     """The runtime's own time per decision on a slot's critical path, outside the env and the
     inference batch: the Ray calls, serialisation and the env worker's bookkeeping (a few ms
@@ -127,6 +130,7 @@ class PlanRequest:
         require(self.slot_headroom >= 1, "slot_headroom", "must be >= 1")
         require(self.slots_multiple >= 1, "slots_multiple", "must be >= 1")
         require(self.slot_overhead_ms >= 0, "slot_overhead_ms", "must be >= 0")
+        require(self.update_epochs >= 1, "update_epochs", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -339,8 +343,14 @@ def make_plan(costs: GpuCosts, env: EnvTiming, req: PlanRequest) -> Plan:
     need = lane_rate * a / (1.0 - lane_rate * b) if lane_rate * b < 1.0 else math.inf
     b_max = req.b_limit if math.isinf(need) else min(req.b_limit, max(1, math.ceil(1.5 * need)))
     t_max = 0.0 if need <= 1.0 or math.isinf(need) else min((need - 1.0) / lane_rate, 0.5 * a)
-    pace_lag = req.pace_backlog + (best.env_slots + 1) * env.decisions / best.global_batch + 1.0
-    inherent = best.env_slots * env.max_decisions / best.global_batch
+    # pacing admits every slot: the queue's lag estimate (backlog + in-flight episodes x its
+    # recent mean length, in versions) stays below pace_lag even when every slot is in flight,
+    # the backlog is at its bound and the recent episodes are all of the longest length (a
+    # bound at the mean length held slots back whenever a run of failures raised the mean)
+    epochs = req.update_epochs
+    pace_lag = (req.pace_backlog + (best.env_slots + 1) * env.max_decisions
+                / best.global_batch) * epochs + 1.0
+    inherent = best.env_slots * env.max_decisions * epochs / best.global_batch
     max_staleness = math.ceil(max(pace_lag / 0.75, inherent + req.pace_backlog)
                               + best.weights_every)
     return Plan(req, costs, env, best, b_max, 1000.0 * t_max, pace_lag, max_staleness,
