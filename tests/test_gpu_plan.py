@@ -250,3 +250,6 @@ def test_planned_pacing_admits_every_slot_even_after_a_run_of_longest_episodes(e
     lag = (backlog + slots * LIBERO.max_decisions) * epochs / batch  # the last slot's admission
     assert lag <= plan.pace_lag
     assert plan.max_staleness >= plan.pace_lag + plan.best.weights_every
+    # the plan paces by that lag bound alone: no separate backlog cap that ignores the work
+    # in flight
+    assert "queue.pace_backlog=0" in plan_overrides(plan, 32, 4)
