@@ -308,6 +308,8 @@ class Bench:
             "slot_overhead_ms": round(overhead_ms, 1)}
         self.say(f"  env loop: {measured:.0f} of {allowed:.0f} env steps/s the latencies allow "
                  f"({overhead_ms:.0f} simulated ms per decision of overhead)")
+        if a.results_file:
+            Path(a.results_file).write_text(json.dumps(self.results, indent=1))
         return overhead_ms
 
     def full(self, gpus: int, plan, dilation: float, sweep: bool = False,
