@@ -37,6 +37,7 @@ import shutil
 import struct
 import threading
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,12 +210,15 @@ def save_checkpoint(
 
 def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMeta,
                         optimizer: torch.optim.Optimizer | None = None, keep: int = 2,
-                        rng: torch.Tensor | None = None) -> str:
+                        rng: torch.Tensor | None = None, pinned: Iterable[str] = ()) -> str:
     """Save ``checkpoints/step-<version>`` in a run directory (a local path or URI), point
     ``latest`` at the newest complete checkpoint there and prune all but the newest ``keep``
-    versions. ``latest`` never moves back: a save of an older version arriving after a newer
-    one (two calls into one learner, in either order) is written and then pruned, so ``latest``
-    never names a pruned checkpoint. Returns the new checkpoint's location."""
+    versions, and never a ``pinned`` one (a checkpoint name or location another reader is
+    still loading, e.g. a periodic evaluation's). ``latest`` never moves back: a save of an
+    older version arriving after a newer one (two calls into one learner, in either order) is
+    written and then pruned, so ``latest`` never names a pruned checkpoint. Returns the new
+    checkpoint's location."""
+    pinned = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in pinned}
     root = Storage(join(run_dir, "checkpoints"))
     with _WRITING:
         taken = {key for key in map(_step_key, root.listdir()) if key is not None}
@@ -227,7 +231,8 @@ def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMet
         kept = {newest_copy[v] for v in sorted(newest_copy)[-keep:]}
         for old in root.listdir():
             key = _step_key(old)
-            if key is not None and old not in kept and key < _step_key(complete[-1]):
+            if (key is not None and old not in kept and old not in pinned
+                    and key < _step_key(complete[-1])):
                 root.delete(old)
     return path
 

@@ -270,6 +270,26 @@ def test_an_older_version_saved_after_a_newer_one_leaves_latest_on_the_newer(tmp
     assert kept == ["latest", "step-00000005", "step-00000006"]
 
 
+def test_a_pinned_checkpoint_outlives_newer_saves_and_copies_of_its_version(tmp_path):
+    """A periodic evaluation loads the snapshot it was given while the run goes on saving: a
+    later copy of the same version (the final save) or newer versions must not prune it."""
+    options = {"preset": "tiny", "seed": 3}
+    weights = build_policy(Named("vla", options), SPEC)
+
+    def save(version, pinned=()):
+        return save_run_checkpoint(tmp_path, weights, CheckpointMeta(Named("vla", options), SPEC,
+                                                                     version), pinned=pinned)
+
+    reading = save(12)
+    for version in (12, 13, 14):
+        save(version, pinned=[reading])
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["latest", "step-00000012", "step-00000013", "step-00000014"]
+    save(15)  # the evaluation is done: nothing pinned, the usual pruning
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["latest", "step-00000014", "step-00000015"]
+
+
 def test_shape_overrides_build_the_model_and_travel_with_the_checkpoint(tmp_path):
     options = {"preset": "tiny", "shapes": {"vision_depth": 2, "vision_width": 48}}
     policy = build_policy(Named("vla", options), SPEC)

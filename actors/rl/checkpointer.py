@@ -45,6 +45,8 @@ class Checkpointer:
         self._pending: tuple[int, dict, ray.ObjectRef] | None = None
         self.written: list[SavedCheckpoint] = []
         self.failed: list[str] = []
+        self.pinned: Callable[[], list[str]] = list
+        """The checkpoints a reader still loads (the periodic evaluation's): never pruned."""
 
     def rolled_back(self, learner0, version: int) -> None:
         """The group was rebuilt from the checkpoint at ``version``: count from there, with the
@@ -65,7 +67,7 @@ class Checkpointer:
         if self._pending is not None:  # still writing the previous one: try at the next tick
             return None
         ref = self.learner0.save.remote(self.run_dir, dict(counters),
-                                        sampler_states(self.workers))
+                                        sampler_states(self.workers), self.pinned())
         self._last_version = version
         self._pending = (version, dict(counters), ref)
         if not force:

@@ -246,6 +246,7 @@ class Controller:
         self.checkpoints = Checkpointer(self.learners[0], topo.workers, self.files.uri,
                                         self.cfg.checkpoint_every,
                                         ray.get(self.learners[0].version.remote()), self._log)
+        self.checkpoints.pinned = self.evaluator.reading  # a running eval's snapshot stays
         watchdog = threading.Thread(target=self._watchdog, daemon=True, name="watchdog")
         watchdog.start()
         self.capacity.start()

@@ -39,6 +39,7 @@ class PeriodicEval:
         self.results: list[dict] = []
         self._workers: list | None = None
         self._running = None
+        self._checkpoint = ""
         self._version = 0
         self._last_version = 0
 
@@ -57,8 +58,14 @@ class PeriodicEval:
                                               num_cpus=0)
         jobs = [(t, k) for k in self.cfg.eval_init_state_ids for t in self.tasks]
         self._running = EvalRound(self._workers, jobs, checkpoint)
+        self._checkpoint = checkpoint
         self._version = version
         self._last_version = version
+
+    def reading(self) -> list[str]:
+        """The checkpoint the evaluation in flight loads (its workers load it as they start),
+        which a save must not prune meanwhile."""
+        return [self._checkpoint] if self._running is not None else []
 
     def collect(self, wait_s: float = 0.0) -> dict | None:
         """The finished evaluation's result, or None while it runs (or when none does)."""

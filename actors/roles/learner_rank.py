@@ -357,11 +357,12 @@ class Learner:
         return self.core.version
 
     # ---- checkpoints and reporting --------------------------------------------------------
-    def save(self, run_dir: str, counters: dict, samplers: list | None = None
-             ) -> SavedCheckpoint:
+    def save(self, run_dir: str, counters: dict, samplers: list | None = None,
+             pinned: list[str] | None = None) -> SavedCheckpoint:
         """Copy weights, optimizer state and version between two optimizer steps, then write
         them to the run's storage (a path or URI) while training goes on (with the env
-        workers' sampler states, if given)."""
+        workers' sampler states, if given). ``pinned`` checkpoints are never pruned (a
+        periodic evaluation is still loading them)."""
         with self._saving:  # one save at a time: the next copies into this one's buffers
             start = time.perf_counter()
             with self._stepping:
@@ -370,7 +371,8 @@ class Learner:
                 weights, optimizer, rng = snapshot(self.policy, self.core.optimizer,
                                                    self._snapshot)
             paused = time.perf_counter()
-            path = save_run_checkpoint(run_dir, weights, meta, optimizer, rng=rng)
+            path = save_run_checkpoint(run_dir, weights, meta, optimizer, rng=rng,
+                                       pinned=pinned or ())
             written = time.perf_counter() - paused
             self._snapshot = (weights, optimizer)
         size = sum(f["size"] for f in listed_files(path).values())
