@@ -4,7 +4,7 @@ Role: the pipeline runs without GPUs by simulating the GPU stages with per-call 
 costs (``rlvla3.gpu_costs``). The named calibrations there come from public figures; this entry
 measures the same figures for the VLA on the GPU at hand, so a user can plan and simulate a
 cluster of the GPUs they have (``rollout.cost_model`` / ``learner.cost_model`` =
-``{name: custom, options: ...}``, or ``rlvla3 plan --cost-model custom --cost-options ...``).
+``{name: custom, options: ...}``, or ``rlvla3 plan --cost-model custom --cost FIELD=VALUE ...``).
 
 Measures (working dtype, medians after a warm-up, device synchronised around each call):
 - ``act`` on rollout batches of several sizes; a least-squares line through (B, time) gives
@@ -17,7 +17,8 @@ Measures (working dtype, medians after a warm-up, device synchronised around eac
 - the weights' size in the working dtype: ``model_gb`` (what a rollout GPU receives per sync).
 
 Output: a snapshot with the measured points, ``cost_model`` (ready to paste as a config value)
-and ``plan_args`` (the same figures as ``rlvla3 plan`` arguments). ``pass``: every figure finite and positive and the line fits within ``FIT_TOLERANCE``.
+and ``plan_args`` (the same figures as ``rlvla3 plan`` arguments). ``pass``: every figure finite
+and positive; ``warning`` when the line misses a measured point by more than ``FIT_TOLERANCE``.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def check_costs(ctx) -> Iterator[dict]:
         "infer_per_sample_ms": _round(max(float(slope), 0.0)),
         "train_per_sample_ms": _round(1000 * train_s / n),
         "train_per_step_ms": _round(1000 * step_s),
-        "model_gb": _round(params * policy_bytes(policy) / 1e9),
+        "model_gb": _round(params * next(policy.parameters()).element_size() / 1e9),
         "source": f"rlvla3 bench gpu on {_device_name(dev)}: VLA preset {sz.preset}, "
                   f"{snap['dtype']}, {cfg.denoise_steps} denoising steps, eager",
     }
@@ -99,11 +100,6 @@ def check_costs(ctx) -> Iterator[dict]:
     figures = [v for k, v in options.items() if k != "source"]
     snap["pass"] = all(np.isfinite(v) and v > 0 for v in figures)
     yield snap
-
-
-def policy_bytes(policy: torch.nn.Module) -> int:
-    """Bytes per parameter in the policy's (first parameter's) dtype."""
-    return next(policy.parameters()).element_size()
 
 
 def _device_name(dev: torch.device) -> str:
