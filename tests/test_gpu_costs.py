@@ -22,6 +22,7 @@ from rlvla3.gpu_costs import (
     jitter_factor,
     resolve_costs,
 )
+from rlvla3.model.cost_check import usable
 from rlvla3.run_config import load_run_config
 
 
@@ -75,6 +76,17 @@ def test_measured_calibration_is_the_median_of_the_committed_gpu_runs():
     # a measured cost model in the form `bench gpu` prints resolves as custom figures
     options = {k: v for k, v in measured[0].items() if k != "source"}
     assert resolve_costs(Named("custom", options), "rollout.cost_model").infer_per_sample_ms > 0
+
+
+def test_a_measured_line_below_zero_at_batch_zero_is_usable_but_a_free_model_is_not():
+    """One slow point at the largest batch tilts the fitted line below zero at B = 0; its
+    per-call cost is clipped to 0, which a plan accepts. No cost at all, or NaN, is refused."""
+    measured = {"infer_per_call_ms": 0.0, "infer_per_sample_ms": 18.2, "train_per_sample_ms": 22.4,
+                "train_per_step_ms": 2.7, "model_gb": 0.0007, "source": "a noisy CPU dry run"}
+    assert usable(measured)
+    assert not usable(dict(measured, infer_per_sample_ms=0.0))
+    assert not usable(dict(measured, train_per_sample_ms=float("nan")))
+    assert not usable(dict(measured, train_per_step_ms=-1.0))
 
 
 def test_resolve_overrides_and_custom_figures():

@@ -18,7 +18,10 @@ Measures (working dtype, medians after a warm-up, device synchronised around eac
 
 Output: a snapshot with the measured points, ``cost_model`` (ready to paste as a config value)
 and ``plan_args`` (the same figures as ``rlvla3 plan`` arguments). ``pass``: every figure finite
-and positive; ``warning`` when the line misses a measured point by more than ``FIT_TOLERANCE``.
+and non-negative, and inference and training each cost something (a line whose intercept falls
+below zero, as one slow point at the largest batch makes it, gives a per-call cost of 0: that is
+a valid cost model, flagged by the warning, not a failure); ``warning`` when the line misses a
+measured point by more than ``FIT_TOLERANCE``.
 """
 
 from __future__ import annotations
@@ -97,9 +100,17 @@ def check_costs(ctx) -> Iterator[dict]:
         snap["warning"] = (f"act time is {snap['fit_max_rel_residual']:.0%} off the per-call + "
                            f"per-sample line at some batch size (eager launches are host-bound "
                            f"and vary between runs): take the median of several runs")
-    figures = [v for k, v in options.items() if k != "source"]
-    snap["pass"] = all(np.isfinite(v) and v > 0 for v in figures)
+    snap["pass"] = usable(options)
     yield snap
+
+
+def usable(options: dict) -> bool:
+    """Whether measured cost-model figures can drive a plan: every figure finite and
+    non-negative, and inference, training and the weights each cost something."""
+    figures = [v for k, v in options.items() if k != "source"]
+    return bool(all(np.isfinite(v) and v >= 0 for v in figures)
+                and options["infer_per_call_ms"] + options["infer_per_sample_ms"] > 0
+                and options["train_per_sample_ms"] > 0 and options["model_gb"] > 0)
 
 
 def _device_name(dev: torch.device) -> str:
