@@ -67,12 +67,12 @@ def test_measured_calibration_is_the_median_of_the_committed_gpu_runs():
     runs = sorted((Path(__file__).parents[1] / "results" / "gpu_check").glob("h200_*.json"))
     measured = [json.loads(p.read_text())["entries"]["costs"]["cost_model"]["options"]
                 for p in runs]
-    assert len(measured) == 3
+    assert len(measured) >= 3
     calibration = CALIBRATIONS["pi05_h200_eager"]
     for name in ("infer_per_call_ms", "infer_per_sample_ms", "train_per_sample_ms",
                  "train_per_step_ms", "model_gb"):
         median = statistics.median(m[name] for m in measured)
-        assert getattr(calibration, name) == pytest.approx(median, rel=0.02), name
+        assert getattr(calibration, name) == float(f"{median:.2g}"), name
     # a measured cost model in the form `bench gpu` prints resolves as custom figures
     options = {k: v for k, v in measured[0].items() if k != "source"}
     assert resolve_costs(Named("custom", options), "rollout.cost_model").infer_per_sample_ms > 0
