@@ -143,10 +143,10 @@ CALIBRATIONS: dict[str, GpuCosts] = {
     # Measured (`rlvla3 bench gpu`, entry `costs`, results/gpu_check/): this project's VLA at
     # pi0.5 shapes (3.36B parameters, 224 px, 2 cameras, chunk 50, 4 denoising steps), bf16,
     # eager PyTorch 2.11 with torch's varlen attention, on one H200. Medians of four runs' fits
-    # (two significant figures): act 127-154 ms per call + 5.1-5.9 ms per sample (host-bound launches: the B=1 point moved
-    # from 137 to 198 ms between runs, hence jitter 10%); evaluate forward + backward 20.8-21.4
-    # ms per sample at 32; one AdamW step 48.7-50.7 ms on one GPU (the all-reduce a data-parallel
-    # run adds is not in it); 6.7 GB of bf16 weights.
+    # (two significant figures): act 127-154 ms per call + 5.1-5.9 ms per sample (host-bound
+    # launches: the B=1 point moved from 137 to 198 ms between runs, hence jitter 10%);
+    # evaluate forward + backward 20.8-21.4 ms per sample at 32; one AdamW step 48.7-50.7 ms on
+    # one GPU (the all-reduce a data-parallel run adds is not in it); 6.7 GB of bf16 weights.
     "pi05_h200_eager": GpuCosts(infer_per_call_ms=150.0, infer_per_sample_ms=5.4,
                                 infer_jitter=0.10, train_per_sample_ms=21.0,
                                 train_per_step_ms=49.0, sync_fixed_ms=300.0, model_gb=6.7,
