@@ -403,8 +403,9 @@ def summarize_latency(
     them, i.e. per executed step), ``scene_p99_over_mean`` (median over scenes of the
     within-scene p99 / mean), ``success_rate``, ``episode_s`` (mean episode wall time with its
     reset, before ``time_scale``), ``episode_decisions`` (mean decisions per episode),
-    ``max_decisions`` and ``slot_steps_per_s`` (low-level steps per second one slot delivers
-    when the policy answers instantly).
+    ``max_decisions``, ``slot_steps_per_s`` (low-level steps per second one slot delivers
+    when the policy answers instantly) and ``chunk_cv`` (coefficient of variation of the env
+    steps one decision runs, resets apart).
     """
     if isinstance(options, LatencyReplayConfig):
         config = options
@@ -417,6 +418,7 @@ def summarize_latency(
     lengths = np.empty(episodes, dtype=np.int64)
     successes = 0
     step_chunks: list[np.ndarray] = []
+    chunk_ms: list[np.ndarray] = []  # the env steps of each decision (resets apart)
     ratios = []
     for i in range(episodes):
         resets[i] = model.reset_ms(rng)
@@ -425,10 +427,13 @@ def summarize_latency(
         successes += success_step is not None
         lengths[i] = limit if success_step is None else success_step
         step_chunks.append(model.steps_ms(scene, rng, int(lengths[i])))
+        chunk_ms.append(np.add.reduceat(step_chunks[-1], np.arange(0, lengths[i],
+                                                                   config.chunk_len)))
         if i < 100:
             within = model.steps_ms(scene, rng, 2000)
             ratios.append(np.percentile(within, 99) / within.mean())
     steps = np.concatenate(step_chunks)
+    chunks = np.concatenate(chunk_ms)
     total_s = (resets.sum() + steps.sum()) / 1e3
     return {
         "source": model.description,
@@ -441,6 +446,7 @@ def summarize_latency(
         "episode_decisions": float(np.ceil(lengths / config.chunk_len).mean()),
         "max_decisions": config.max_decisions,
         "slot_steps_per_s": float(lengths.sum() / total_s),
+        "chunk_cv": float(chunks.std() / chunks.mean()),
     }
 
 

@@ -17,6 +17,7 @@ from rlvla3.plan.gpu import (
     PlanRequest,
     make_plan,
     plan_overrides,
+    plan_split,
     predict,
     rollout_gpu,
     split_batch,
@@ -113,15 +114,16 @@ def test_plan_picks_the_fastest_split_in_steps_of_the_granularity():
 
 
 def test_costly_weight_transfers_raise_weights_every():
-    cheap = make_plan(H200, LIBERO, PlanRequest(gpus=16, sim_cpus=512, global_batch=256))
+    req = PlanRequest(gpus=16, sim_cpus=512, global_batch=256)
     costly = GpuCosts(**{**{k: getattr(H200, k) for k in ("infer_per_call_ms",
                                                           "infer_per_sample_ms",
                                                           "train_per_sample_ms",
                                                           "train_per_step_ms")},
                          "sync_fixed_ms": 3000.0, "model_gb": 7.0})
-    slow = make_plan(costly, LIBERO, PlanRequest(gpus=16, sim_cpus=512, global_batch=256))
-    assert slow.best.weights_every > cheap.best.weights_every
-    assert slow.max_staleness >= slow.best.weights_every + slow.pace_lag
+    cheap, slow = (plan_split(c, LIBERO, req, 12, 4) for c in (H200, costly))
+    assert slow.weights_every > cheap.weights_every
+    plan = make_plan(costly, LIBERO, req)
+    assert plan.max_staleness >= plan.best.weights_every + plan.pace_lag
 
 
 def test_plan_applies_to_a_run_config():
@@ -213,24 +215,31 @@ def test_slot_overhead_lengthens_each_slots_decision():
 
 
 def test_bench_scale_replans_full_runs_with_a_measured_env_loop_overhead(tmp_path, capsys):
-    """``bench scale --replan FULL --overhead-from LOOP`` runs nothing: it re-predicts each full
-    run's split with the env loop's overhead measured at the same scale and dilation."""
+    """``bench scale --replan FULL [--overhead-from LOOP]`` runs nothing: it re-predicts each
+    full run's own split, slots and cadence, in closed form and with simulated rollout GPUs,
+    with the env loop's overhead measured at the same scale and dilation when given."""
     from actors.bench.bench_scale import main as bench_scale
 
     full = {"cost_model": "pi05_h200", "runs": [
         {"gpus": 8, "mode": "full", "split": {"learner_gpus": 6, "rollout_gpus": 2},
+         "env_slots": 128, "global_batch": 840, "planned": {"weights_every": 2},
          "dilation": 2.0, "trained_env_steps_per_s": 743.0,
          "predicted_trained_env_steps_per_s": 857.2, "prediction_error": -0.133}]}
     (tmp_path / "full.json").write_text(json.dumps(full))
     loop = {"env_loop": {"8": {"env_slots": 128, "dilation": 2.0, "slot_overhead_ms": 80.0}}}
     (tmp_path / "loop.json").write_text(json.dumps(loop))
+    assert bench_scale(["--replan", str(tmp_path / "full.json"), "--json"]) == 0
+    (plain,) = json.loads(capsys.readouterr().out)["replan"]
+    assert plain["closed_form"] == pytest.approx(857.2, rel=1e-3)  # the run's own prediction
+    assert plain["error_simulated"] == pytest.approx(743.0 / plain["simulated"] - 1, abs=1e-3)
     args = ["--replan", str(tmp_path / "full.json"), "--overhead-from", str(tmp_path / "loop.json"),
             "--json"]
     assert bench_scale(args) == 0
     (row,) = json.loads(capsys.readouterr().out)["replan"]
-    assert row["predicted_with_overhead"] < row["predicted"]  # each decision costs more
-    assert row["error_with_overhead"] == pytest.approx(743.0 / row["predicted_with_overhead"] - 1,
-                                                       abs=1e-3)
+    assert row["slot_overhead_ms"] == 80.0
+    assert row["closed_form"] < plain["closed_form"]  # each decision costs more
+    assert row["simulated"] < plain["simulated"]
+    assert row["error_closed_form"] == pytest.approx(743.0 / row["closed_form"] - 1, abs=1e-3)
     loop["env_loop"]["8"]["dilation"] = 3.0
     (tmp_path / "loop.json").write_text(json.dumps(loop))
     with pytest.raises(SystemExit, match="dilation 3"):

@@ -335,12 +335,15 @@ class Bench:
         when each decision also costs ``overhead_ms`` of the runtime's own time."""
         from dataclasses import replace
 
-        from rlvla3.plan.gpu import predict
+        from rlvla3.plan.gpu import predict, refine
 
         b = plan.best
         req = replace(plan.request, slot_overhead_ms=overhead_ms)
-        return predict(self.costs, self.env, req, b.learner_gpus, b.rollout_gpus, b.env_slots,
-                       b.weights_every).trained_env_steps_per_s
+        pred = predict(self.costs, self.env, req, b.learner_gpus, b.rollout_gpus, b.env_slots,
+                       b.weights_every)
+        if req.simulate_rollout:
+            pred = refine(self.costs, self.env, req, pred)
+        return pred.trained_env_steps_per_s
 
     def sweep(self, gpus: int, rollout_gpus: list[int]) -> None:
         """Full runs at ``gpus`` with only the split changed (the planner's slots, batching,
@@ -431,44 +434,68 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(--modes '' runs the env loop only)")
     p.add_argument("--replan", metavar="FULL_JSON",
                    help="run nothing: compare the full runs of FULL_JSON with the planner's "
-                        "prediction given --overhead-from's env-loop overhead")
+                        "predictions for their own splits (closed form and simulated rollout "
+                        "GPUs), with --overhead-from's env-loop overhead when given")
     p.add_argument("--overhead-from", metavar="LOOP_JSON",
                    help="with --replan: a results file with env_loop entries (--env-alone)")
     p.add_argument("--results-file", metavar="FILE",
                    help="also write the results (JSON) to FILE after every run")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
     args = p.parse_args(argv)
-    if bool(args.replan) != bool(args.overhead_from):
-        p.error("--replan and --overhead-from go together")
+    if args.overhead_from and not args.replan:
+        p.error("--overhead-from goes with --replan")
     return args
 
 
 def replan(args: argparse.Namespace) -> dict:
-    """``--replan FULL --overhead-from LOOP``: the full runs of one results file against the
-    planner's prediction for the same split, slots and cadence with the env-loop overhead
-    another file measured at the same scale and dilation (nothing is run)."""
+    """``--replan FULL [--overhead-from LOOP]``: the full runs of one results file against the
+    planner's predictions for each run's own split, slots, cadence and batch (nothing is run):
+    the closed form and the event-by-event simulation of the rollout GPUs, with the env-loop
+    overhead another file measured at the same scale and dilation when given."""
+    from dataclasses import replace
+
+    from rlvla3.plan.gpu import predict, refine
+
     full = json.loads(Path(args.replan).read_text())
-    loops = json.loads(Path(args.overhead_from).read_text()).get("env_loop", {})
+    loops = (json.loads(Path(args.overhead_from).read_text()).get("env_loop", {})
+             if args.overhead_from else {})
     bench = Bench(argparse.Namespace(**{**vars(args), "cost_model": full["cost_model"]}),
                   Path("."))
     rows = []
     for run in full["runs"]:
         loop = loops.get(str(run["gpus"]))
-        if run["mode"] != "full" or loop is None:
+        if run["mode"] != "full" or (args.overhead_from and loop is None):
             continue
-        if loop["dilation"] != run["dilation"]:
+        missing = [k for k in ("split", "env_slots", "global_batch", "planned",
+                               "trained_env_steps_per_s") if k not in run]
+        if missing:
+            raise SystemExit(f"--replan: the {run['gpus']}-GPU full run of {args.replan} lacks "
+                             f"{', '.join(missing)} (written by an older bench scale)")
+        if loop is not None and loop["dilation"] != run["dilation"]:
             raise SystemExit(f"--overhead-from: the env loop at {run['gpus']} GPUs ran at "
                              f"dilation {loop['dilation']:g}, the full run at {run['dilation']:g}")
-        plan = bench.plan(run["gpus"])
-        predicted = bench.repredict(plan, loop["slot_overhead_ms"])
-        rows.append({"gpus": run["gpus"], "split": run["split"], "dilation": run["dilation"],
-                     "measured": run["trained_env_steps_per_s"],
-                     "predicted": run["predicted_trained_env_steps_per_s"],
-                     "error": run["prediction_error"],
-                     "slot_overhead_ms": loop["slot_overhead_ms"],
-                     "predicted_with_overhead": round(predicted, 1),
-                     "error_with_overhead": round(run["trained_env_steps_per_s"] / predicted
-                                                  - 1.0, 3)})
+        overhead = loop["slot_overhead_ms"] if loop else 0.0
+        req = replace(bench.plan(run["gpus"]).request, slot_overhead_ms=overhead,
+                      global_batch=run["global_batch"])
+        split = run["split"]
+        closed = predict(bench.costs, bench.env, req, split["learner_gpus"],
+                         split["rollout_gpus"], run["env_slots"], run["planned"]["weights_every"])
+        simulated = refine(bench.costs, bench.env, req, closed)
+        measured = run["trained_env_steps_per_s"]
+        row = {"gpus": run["gpus"], "split": split, "env_slots": run["env_slots"],
+               "dilation": run["dilation"], "measured": measured,
+               "predicted": run.get("predicted_trained_env_steps_per_s",
+                                    run.get("predicted_env_steps_per_s")),
+               "error": run.get("prediction_error"), "slot_overhead_ms": overhead,
+               "closed_form": round(closed.trained_env_steps_per_s, 1),
+               "error_closed_form": round(measured / closed.trained_env_steps_per_s - 1.0, 3),
+               "simulated": round(simulated.trained_env_steps_per_s, 1),
+               "error_simulated": round(measured / simulated.trained_env_steps_per_s - 1.0, 3),
+               "simulated_mean_batch": round(simulated.mean_batch, 2),
+               "measured_mean_batch": run.get("mean_batch_size"),
+               "simulated_response_ms": round(simulated.response_ms, 1),
+               "simulated_sync_fraction": round(simulated.sync_stall_fraction, 3)}
+        rows.append(row)
     return {"cost_model": full["cost_model"], "replan": rows}
 
 

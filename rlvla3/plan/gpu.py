@@ -32,6 +32,15 @@ The bottleneck is the stage whose capacity binds (``env`` when the slots, capped
 GPUs (a simulated cluster groups GPUs into actors of that many); the fastest wins, and among
 equally fast splits (within 0.5%) the one with fewer slots.
 
+The closed form spreads a weight transfer thinly over every batch and prices a request at the
+mean batch. Measured runs were 4-23% slower than it (docs/gpu_regime.md): a transfer stops
+the GPU while its slots pile up, and requests land in large batches more often than the mean
+says. So the splits within ``REFINE_WITHIN`` of the fastest are re-predicted by simulating
+one of their rollout GPUs event by event with the pipeline's own batching policy
+(``refine``, ``rlvla3.plan.lane_sim``), and the choice is made on those figures
+(``PlanRequest.simulate_rollout``; the closed form's rate stays in
+``Prediction.analytic_decisions_per_s``).
+
 Invariants: every plan has at least one GPU on each side and at least one slot per rollout
 GPU; predicted rates are in env steps per simulated (real-GPU) second.
 """
@@ -39,10 +48,11 @@ GPU; predicted rates are in env steps per simulated (real-GPU) second.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from rlvla3.config import require
 from rlvla3.gpu_costs import GpuCosts
+from rlvla3.plan.lane_sim import SlotTiming, simulate_lane
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,11 @@ class EnvTiming:
     success_rate: float = 0.0
     """Episodes that end in success (the others ask one more inference, the bootstrap value)."""
     source: str = ""
+    reset_s: float = 0.0
+    """Mean reset time of an episode (part of ``episode_s``)."""
+    chunk_cv: float = 0.0
+    """Coefficient of variation of the env steps one decision runs (resets apart): with the
+    resets, how unevenly a slot's requests arrive."""
 
     def validate(self) -> None:
         require(self.episode_s > 0, "episode_s", "must be > 0")
@@ -104,6 +119,9 @@ class PlanRequest:
     several optimizer steps to finish it starved the learners while it held the slots back
     (``pi05_a100_eager`` at 8 GPUs: 224 trained env steps/s with the cap, 304 without, of 308
     predicted; docs/gpu_regime.md)."""
+    simulate_rollout: bool = True
+    """Re-predict every split within ``REFINE_WITHIN`` of the fastest by simulating its
+    rollout GPUs event by event (``refine``) and choose by that; off: the closed form alone."""
     max_sync_fraction: float = 0.1
     """Larger ``weights_every`` are tried while weight transfers take more than this share of a
     rollout GPU's time (up to ``max_weights_every``); one is kept only if it is faster."""
@@ -168,6 +186,9 @@ class Prediction:
     mean_batch: float
     response_ms: float
     sync_stall_fraction: float
+    analytic_decisions_per_s: float | None = None
+    """The closed form's rate when the figures above come from simulating the rollout GPU
+    (``refine``); None when they are the closed form's."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +207,20 @@ class Plan:
 
     def as_dict(self) -> dict:
         b = self.best
+        predicted = {
+            "env_steps_per_s": round(b.env_steps_per_s, 1),
+            "trained_env_steps_per_s": round(b.trained_env_steps_per_s, 1),
+            "decisions_per_s": round(b.decisions_per_s, 2),
+            "bottleneck": b.bottleneck,
+            "stage_capacity_env_steps_per_s": {k: round(v, 1) for k, v in
+                                               b.capacity_env_steps_per_s.items()},
+            "mean_batch": round(b.mean_batch, 1),
+            "inference_response_ms": round(b.response_ms, 1),
+            "sync_stall_fraction": round(b.sync_stall_fraction, 3),
+        }
+        if b.analytic_decisions_per_s is not None:
+            predicted["closed_form_env_steps_per_s"] = round(
+                b.analytic_decisions_per_s * self.env.steps_per_decision, 1)
         return {
             "gpus": self.request.gpus, "sim_cpus": self.request.sim_cpus,
             "cost_model": {"source": self.costs.source, "summary": self.costs.describe()},
@@ -200,22 +235,18 @@ class Plan:
                        "pace_backlog": 0, "backlog_allowance": self.request.pace_backlog},
             "global_batch": b.global_batch,
             "global_batch_requested": self.request.global_batch,
-            "predicted": {
-                "env_steps_per_s": round(b.env_steps_per_s, 1),
-                "trained_env_steps_per_s": round(b.trained_env_steps_per_s, 1),
-                "decisions_per_s": round(b.decisions_per_s, 2),
-                "bottleneck": b.bottleneck,
-                "stage_capacity_env_steps_per_s": {k: round(v, 1) for k, v in
-                                                   b.capacity_env_steps_per_s.items()},
-                "mean_batch": round(b.mean_batch, 1),
-                "inference_response_ms": round(b.response_ms, 1),
-                "sync_stall_fraction": round(b.sync_stall_fraction, 3),
-            },
+            "predicted": predicted,
             "alternatives": [{"learner_gpus": p.learner_gpus, "rollout_gpus": p.rollout_gpus,
                               "env_slots": p.env_slots,
                               "env_steps_per_s": round(p.env_steps_per_s, 1),
                               "bottleneck": p.bottleneck} for p in self.alternatives],
         }
+
+
+REFINE_WITHIN = 0.15
+"""Splits the closed form puts within this share of the fastest are simulated (``refine``):
+the closed form was 3-23% optimistic against measured runs, so a split further behind cannot
+win."""
 
 
 def split_batch(req: PlanRequest, learner_gpus: int) -> int:
@@ -293,6 +324,45 @@ def predict(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: int
                       stall)
 
 
+def slot_timing(env: EnvTiming, slot_overhead_ms: float = 0.0) -> SlotTiming:
+    """What one env slot does per decision, for the event-by-event rollout simulation."""
+    steps_s = (env.episode_s - env.reset_s) / env.decisions + slot_overhead_ms / 1000.0
+    return SlotTiming(steps_s, env.chunk_cv, env.reset_s, env.decisions,
+                      env.requests_per_decision)
+
+
+def refine(costs: GpuCosts, env: EnvTiming, req: PlanRequest, pred: Prediction,
+           seconds: float = 300.0, seed: int = 0) -> Prediction:
+    """``pred`` with its rollout side simulated event by event (``rlvla3.plan.lane_sim``:
+    batch sizes that vary, weight transfers that stop a GPU while its slots pile up) instead
+    of the closed form. The version cadence depends on the rate it limits: three rounds."""
+    train = training_rate(costs, pred.learner_gpus, pred.global_batch)
+    timing = slot_timing(env, req.slot_overhead_ms)
+    rate, lane = pred.decisions_per_s, None
+    for _ in range(3):
+        lane = simulate_lane(costs, timing, round(pred.env_slots / pred.rollout_gpus),
+                             req.b_limit, pred.global_batch / rate, pred.weights_every,
+                             seconds=seconds, seed=seed)
+        new = min(lane.decisions_per_s * pred.rollout_gpus, train)
+        if abs(new - rate) <= 0.005 * rate:
+            rate = new
+            break
+        rate = new
+    rollout = lane.decisions_per_s * pred.rollout_gpus
+    if train <= rollout:
+        bottleneck = "training"
+    elif lane.busy + lane.sync_fraction >= 0.95:
+        bottleneck = "inference"
+    else:
+        bottleneck = "env"
+    spd = env.steps_per_decision
+    return replace(pred, decisions_per_s=rate, env_steps_per_s=rate * spd,
+                   trained_env_steps_per_s=rate * spd, bottleneck=bottleneck,
+                   mean_batch=lane.mean_batch, response_ms=1000.0 * lane.response_s,
+                   sync_stall_fraction=lane.sync_fraction, analytic_decisions_per_s=(
+                       pred.decisions_per_s))
+
+
 def _round_slots(slots: float, req: PlanRequest, max_slots: int) -> int:
     """``slots`` rounded up to a multiple of ``slots_multiple`` (whole env workers), within
     ``max_slots`` (but never below one multiple)."""
@@ -340,6 +410,12 @@ def make_plan(costs: GpuCosts, env: EnvTiming, req: PlanRequest) -> Plan:
     g = req.granularity
     options = [plan_split(costs, env, req, learner, req.gpus - learner)
                for learner in range(g, req.gpus, g)]
+    while req.simulate_rollout:  # until the fastest split's figures are simulated ones
+        top = max(p.decisions_per_s for p in options)
+        if max(options, key=lambda p: p.decisions_per_s).analytic_decisions_per_s is not None:
+            break
+        options = [refine(costs, env, req, p) if p.analytic_decisions_per_s is None
+                   and p.decisions_per_s >= (1 - REFINE_WITHIN) * top else p for p in options]
     top = max(p.decisions_per_s for p in options)
     best = min((p for p in options if p.decisions_per_s >= 0.995 * top),
                key=lambda p: (p.env_slots, -p.decisions_per_s))
