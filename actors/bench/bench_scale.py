@@ -153,11 +153,20 @@ def planned_layout(plan, slots_per_worker: int, granularity: int) -> list[str]:
         f"env_workers.resources={{sim: {slots_per_worker}}}"]
 
 
-def inspect_costs(controller) -> dict:
-    """The simulated stages' clocks and batching, read from the live actors."""
+def inspect_costs(controller, dilation: float) -> dict:
+    """The simulated stages' clocks and batching, read from the live actors, and where an
+    env slot's wait for an action goes (simulated ms per request, over the whole run): in the
+    rollout server (batch wait, weight swaps, the batch's service) and outside it (the Ray
+    call both ways, serialisation, the env worker's event loop)."""
     topo = controller.topology
     servers = ray.get([s.stats.remote() for s in topo.servers])
     learners = ray.get([lr.stats.remote() for lr in topo.learners])
+    workers = ray.get([w.stats.remote() for w in topo.workers])
+    asked = sum(w.get("infer_requests", 0) for w in workers)
+    answered = sum(s.get("answered", 0) for s in servers)
+    slot_ms = 1000 * sum(w["infer_wait_s"] for w in workers) / asked / dilation if asked else 0.0
+    server_ms = (1000 * sum(s.get("answer_s", 0.0) for s in servers) / answered / dilation
+                 if answered else 0.0)
 
     def total(stats: list[dict], key: str) -> dict:
         clocks = [s[key] for s in stats if key in s]
@@ -177,6 +186,9 @@ def inspect_costs(controller) -> dict:
                          "learner": total(learners, "cost")},
             "batch_size_hist": dict(sorted(sizes.items())),
             "weight_swaps": sum(s["weight_swaps"] for s in servers),
+            "request_ms": ({"slot": round(slot_ms, 1), "in_server": round(server_ms, 1),
+                            "outside_server": round(slot_ms - server_ms, 1)} if asked else
+                           {"slot": None, "in_server": None, "outside_server": None}),
             "batch_policy": servers[0].get("batch_policy", {})}
 
 
@@ -243,7 +255,7 @@ class Bench:
         busy0, total0 = cpu_times()
         load = LoadSampler()
         result = run_mode(mode, overrides, sim_seconds * dilation, a.warmup * dilation,
-                          self.root, name, inspect_costs)
+                          self.root, name, lambda c: inspect_costs(c, dilation))
         busy1, total1 = cpu_times()
         out = {"gpus": gpus, "mode": mode, "env_slots": slots, "dilation": dilation, **extra,
                **to_simulated(result, dilation)}
@@ -259,7 +271,9 @@ class Bench:
         self.say(f"  {mode}: {out['env_steps_per_s']} env steps/s (trained "
                  f"{out['trained_env_steps_per_s']}), mean batch {out['mean_batch_size']}, "
                  f"overhead {out['overhead']['rollout']['real_over_simulated']}/"
-                 f"{out['overhead']['learner']['real_over_simulated']}")
+                 f"{out['overhead']['learner']['real_over_simulated']}, a request "
+                 f"{out['request_ms']['slot']} ms ({out['request_ms']['in_server']} in the "
+                 f"server)")
         self.results["runs"].append(out)
         if a.results_file:
             Path(a.results_file).write_text(json.dumps(self.results, indent=1))

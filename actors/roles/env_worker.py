@@ -93,6 +93,7 @@ class EnvWorker:
         self.counts = {"env_steps": 0, "decisions": 0, "episodes": 0, "successes": 0,
                        "dropped_faults": 0, "dropped_decisions": 0, "shipped_decisions": 0,
                        "shipped_env_steps": 0, "env_busy_s": 0.0, "infer_wait_s": 0.0,
+                       "infer_requests": 0,
                        "queue_wait_s": 0.0, "admit_wait_s": 0.0, "lockstep_skips": 0}
         self.length_hist: dict[int, int] = {}
         """Decisions per finished episode (shipped or dropped): what was produced."""
@@ -163,6 +164,7 @@ class EnvWorker:
             start = time.monotonic()
             bootstrap = (await self._server(slot).act.remote(last.obs)).value
             self.counts["infer_wait_s"] += time.monotonic() - start
+            self.counts["infer_requests"] += 1
         segment = rec.finish(last, bootstrap)
         self.counts["episodes"] += 1
         self.counts["successes"] += int(segment.success)
@@ -219,6 +221,7 @@ class EnvWorker:
                 self._phases[slot] = "infer"
                 chunk = await server.act.remote(obs)
                 self.counts["infer_wait_s"] += time.monotonic() - start
+                self.counts["infer_requests"] += 1
                 await self._step(slot, chunk)
                 if self._recorders[slot] is None:
                     break

@@ -115,6 +115,7 @@ class RolloutServer:
         self.memory = ProcessMemory()
         self._started = time.monotonic()
         self._requests = 0
+        self._answered, self._answer_s = 0, 0.0  # env-slot requests, their time in this actor
         self._next_lane = 0
         self.weights_sources = tuple(weights_sources)
         self._caught_up = not (self.restarted and self.weights_sources)
@@ -177,7 +178,12 @@ class RolloutServer:
         """One env slot's request; batched with whatever else is pending on the next lane."""
         lane = self._ensure(self.lanes[self._next_lane])
         self._next_lane = (self._next_lane + 1) % len(self.lanes)
-        return await lane.batcher.submit((time.monotonic(), obs))
+        start = time.monotonic()
+        try:
+            return await lane.batcher.submit((start, obs))
+        finally:
+            self._answered += 1
+            self._answer_s += time.monotonic() - start
 
     async def act_batch(self, observations: list[Observation]) -> list[ActionChunk]:
         """A whole lockstep group's requests, split evenly over the lanes (each swaps weights
@@ -280,6 +286,8 @@ class RolloutServer:
             "batch_sizes": dict(sizes),
             "mean_batch_size": self._requests / batches if batches else 0.0,
             "mean_batch_wait_ms": 1000 * waits / batched / self.time_dilation if batched else 0.0,
+            "answered": self._answered,
+            "answer_s": self._answer_s,
             "busy_fraction": busy,
             "busy_s": sum(lane.busy_s for lane in self.lanes),
             "version": self.version(),
