@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from rlvla3.gpu_costs import GpuCosts
+from rlvla3.model.check_timing import peak_gb, reset_peak, round_sig, timed
 
 FIT_TOLERANCE = 0.15
 """Largest relative residual of the per-call + per-sample line through the measured points
@@ -41,7 +42,6 @@ B = 1 varied from 137 to 200 ms between runs)."""
 
 def check_costs(ctx) -> Iterator[dict]:
     from rlvla3.config import build
-    from rlvla3.model.gpu_checks import _peak_gb, _reset_peak, _round, timed
     from rlvla3.model.policy import VLAPolicy
     from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
     from rlvla3.model.vla_config import VLAConfig, shapes_for
@@ -59,13 +59,13 @@ def check_costs(ctx) -> Iterator[dict]:
         timed(lambda p=policy, o=obs: p.act(o), 1, dev, warmup=1)
     for b, obs in batches.items():
         seconds = timed(lambda p=policy, o=obs: p.act(o), sz.cost_repeats, dev, warmup=1)
-        snap["act_ms"][str(b)] = _round(1000 * seconds)
+        snap["act_ms"][str(b)] = round_sig(1000 * seconds)
         yield snap
     sizes = np.array(sz.cost_batches, dtype=float)
     ms = np.array(list(snap["act_ms"].values()), dtype=float)
     slope, intercept = np.polyfit(sizes, ms, 1)
     fit = intercept + slope * sizes
-    snap["fit_max_rel_residual"] = _round(float(np.max(np.abs(ms - fit) / ms)))
+    snap["fit_max_rel_residual"] = round_sig(float(np.max(np.abs(ms - fit) / ms)))
 
     n = sz.rl_batch
     obs, _ = libero_like_batch(spec, n, np.random.default_rng(0))
@@ -76,18 +76,18 @@ def check_costs(ctx) -> Iterator[dict]:
         ev = policy.evaluate(obs, actions, latents)
         (ev.log_prob.float().sum() + ev.value.float().sum()).backward()
 
-    _reset_peak(dev)
+    reset_peak(dev)
     train_s = timed(fwd_bwd, sz.rl_repeats, dev)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     step_s = timed(optimizer.step, sz.rl_repeats, dev)
-    snap["train_peak_memory_gb"] = _peak_gb(dev)
+    snap["train_peak_memory_gb"] = peak_gb(dev)
     params = sum(p.numel() for p in policy.parameters())
     options = {
-        "infer_per_call_ms": _round(max(float(intercept), 0.0)),
-        "infer_per_sample_ms": _round(max(float(slope), 0.0)),
-        "train_per_sample_ms": _round(1000 * train_s / n),
-        "train_per_step_ms": _round(1000 * step_s),
-        "model_gb": _round(params * next(policy.parameters()).element_size() / 1e9),
+        "infer_per_call_ms": round_sig(max(float(intercept), 0.0)),
+        "infer_per_sample_ms": round_sig(max(float(slope), 0.0)),
+        "train_per_sample_ms": round_sig(1000 * train_s / n),
+        "train_per_step_ms": round_sig(1000 * step_s),
+        "model_gb": round_sig(params * next(policy.parameters()).element_size() / 1e9),
         "source": f"rlvla3 bench gpu on {_device_name(dev)}: VLA preset {sz.preset}, "
                   f"{snap['dtype']}, {cfg.denoise_steps} denoising steps, eager",
     }

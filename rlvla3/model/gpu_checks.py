@@ -37,9 +37,6 @@ from __future__ import annotations
 
 import gc
 import importlib.util
-import math
-import statistics
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -53,6 +50,7 @@ from rlvla3.model.attention import (
     torch_varlen_available,
     varlen_takes_gqa,
 )
+from rlvla3.model.check_timing import peak_gb, reset_peak, round_sig, timed
 from rlvla3.model.cost_check import check_costs
 from rlvla3.model.fp8 import BlockLinear, EmulatedFp8, Fp8Backend
 
@@ -141,26 +139,6 @@ class Context:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], object], repeats: int, device: torch.device,
-          warmup: int = 1) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _max_rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     """Largest absolute error relative to the reference's largest magnitude."""
     return float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
@@ -168,24 +146,6 @@ def _max_rel(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _fro_rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.float() - ref.float()).norm() / ref.float().norm())
-
-
-def _peak_gb(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    return round(torch.cuda.max_memory_allocated() / 2**30, 3)
-
-
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def _round(x: float | None, digits: int = 4) -> float | None:
-    if x is None or not math.isfinite(x):
-        return x
-    return float(f"{x:.{digits}g}")
 
 
 def fp8_backend(device: torch.device) -> Fp8Backend:
@@ -247,12 +207,12 @@ def check_attention(ctx: Context) -> Iterator[Snapshot]:
         backend = BACKENDS[name]()
         try:
             got = run(backend, ctx.sizes.dtype)
-            errors = {key: _round(_max_rel(a, b)) for key, a, b in
+            errors = {key: round_sig(_max_rel(a, b)) for key, a, b in
                       zip(("out", "dq", "dk", "dv"), got, ref, strict=True)}
             seconds = timed(lambda b=backend: run(b, ctx.sizes.dtype), ctx.sizes.attention_repeats,
                             dev)
             passed = all(errors[key] <= tol for key, tol in ATTENTION_TOLERANCE.items())
-            snap["backends"][name] = {"max_rel_err": errors, "fwd_bwd_ms": _round(seconds * 1e3),
+            snap["backends"][name] = {"max_rel_err": errors, "fwd_bwd_ms": round_sig(seconds * 1e3),
                                       "pass": passed}
         except Exception as exc:  # a backend that fails is a result, not a crash
             passed = False
@@ -261,7 +221,7 @@ def check_attention(ctx: Context) -> Iterator[Snapshot]:
         yield snap
     varlen, padded = snap["backends"].get(best, {}), snap["backends"]["padded"]
     if "fwd_bwd_ms" in varlen and "fwd_bwd_ms" in padded:
-        snap["speedup_over_padded"] = _round(padded["fwd_bwd_ms"] / varlen["fwd_bwd_ms"], 3)
+        snap["speedup_over_padded"] = round_sig(padded["fwd_bwd_ms"] / varlen["fwd_bwd_ms"], 3)
     snap["pass"] = ok
     yield snap
 
@@ -301,7 +261,7 @@ def _training_step(ctx: Context, variants: dict[str, tuple[dict, bool]]) -> Iter
             return per
 
         losses[name] = step().detach().float().cpu()
-        _reset_peak(dev)
+        reset_peak(dev)
         seconds = timed(step, sz.train_repeats, dev, warmup=0)
         real = int(policy.token_counts(obs).sum())
         pb = policy.processor(obs, padded=policy.cfg.padded)
@@ -310,20 +270,20 @@ def _training_step(ctx: Context, variants: dict[str, tuple[dict, bool]]) -> Iter
         snap["variants"][name] = {
             "attention": policy.attention_backend,
             "fp8": backend.detail if backend is not None else None,
-            "tokens_in_stream": stream, "step_s": _round(seconds),
-            "real_tokens_per_s": _round(real / seconds), "peak_memory_gb": _peak_gb(dev),
+            "tokens_in_stream": stream, "step_s": round_sig(seconds),
+            "real_tokens_per_s": round_sig(real / seconds), "peak_memory_gb": peak_gb(dev),
             "loss_finite": bool(torch.isfinite(losses[name]).all()),
         }
         del policy, step
         gc.collect()
-        _reset_peak(dev)
+        reset_peak(dev)
         yield snap
     first, *rest = variants
     ref = losses[first]
     for name in rest:
         diff = float((losses[name] - ref).abs().max() / ref.abs().mean())
-        snap["variants"][name]["loss_max_rel_diff"] = _round(diff)
-        snap["variants"][name]["speedup"] = _round(
+        snap["variants"][name]["loss_max_rel_diff"] = round_sig(diff)
+        snap["variants"][name]["speedup"] = round_sig(
             snap["variants"][first]["step_s"] / snap["variants"][name]["step_s"], 3)
     yield snap
 
@@ -339,7 +299,7 @@ def check_packing(ctx: Context) -> Iterator[Snapshot]:
                                      "packed": ({}, False)}):
         yield snap
     v = snap["variants"]
-    snap["token_ratio"] = _round(v["padded"]["tokens_in_stream"] / snap["real_tokens"])
+    snap["token_ratio"] = round_sig(v["padded"]["tokens_in_stream"] / snap["real_tokens"])
     snap["speedup"] = v["packed"]["speedup"]
     snap["pass"] = (all(x["loss_finite"] for x in v.values())
                     and v["packed"]["loss_max_rel_diff"] <= LOSS_TOLERANCE)
@@ -401,15 +361,15 @@ def check_fp8_linear(ctx: Context) -> Iterator[Snapshot]:
                 y = layer(xin)
                 y.backward(dy)
                 results[label] = [y.detach(), xin.grad, layer.weight.grad]
-                row[f"{label}_rel_err"] = {k: _round(_fro_rel(a, b)) for k, a, b in
+                row[f"{label}_rel_err"] = {k: round_sig(_fro_rel(a, b)) for k, a, b in
                                            zip(("out", "dx", "dw"), results[label], ref,
                                                strict=True)}
-                row[f"{label}_fwd_bwd_ms"] = _round(timed(step, sz.fp8_repeats, dev) * 1e3)
+                row[f"{label}_fwd_bwd_ms"] = round_sig(timed(step, sz.fp8_repeats, dev) * 1e3)
             row["fp8_vs_bf16_rel_err"] = {
-                k: _round(_fro_rel(a, b))
+                k: round_sig(_fro_rel(a, b))
                 for k, a, b in zip(("out", "dx", "dw"), results["fp8"], results["bf16"],
                                    strict=True)}
-            row["speedup"] = _round(row["bf16_fwd_bwd_ms"] / row["fp8_fwd_bwd_ms"], 3)
+            row["speedup"] = round_sig(row["bf16_fwd_bwd_ms"] / row["fp8_fwd_bwd_ms"], 3)
             row["pass"] = all(e <= FP8_TOLERANCE for e in row["fp8_rel_err"].values())
         except Exception as exc:
             row["error"], row["pass"] = f"{type(exc).__name__}: {exc}", False
@@ -420,7 +380,7 @@ def check_fp8_linear(ctx: Context) -> Iterator[Snapshot]:
     if model:
         bf16 = sum(r["count"] * r["bf16_fwd_bwd_ms"] for r in model)
         fp8 = sum(r["count"] * r["fp8_fwd_bwd_ms"] for r in model)
-        snap["model_weighted_speedup"] = _round(bf16 / fp8, 3)
+        snap["model_weighted_speedup"] = round_sig(bf16 / fp8, 3)
     snap["pass"] = ok
     yield snap
 
@@ -452,9 +412,9 @@ def check_rl(ctx: Context) -> Iterator[Snapshot]:
         with torch.no_grad():
             ev = policy.evaluate(obs, torch.as_tensor(out.actions), torch.as_tensor(out.latents))
         diff = ev.log_prob.float().cpu() - torch.as_tensor(out.log_prob)
-        row = {"logprob_max_abs_diff": _round(float(diff.abs().max())),
-               "ratio_max_dev": _round(float((diff.exp() - 1).abs().max())),
-               "logprob_mean": _round(float(ev.log_prob.float().mean())),
+        row = {"logprob_max_abs_diff": round_sig(float(diff.abs().max())),
+               "ratio_max_dev": round_sig(float((diff.exp() - 1).abs().max())),
+               "logprob_mean": round_sig(float(ev.log_prob.float().mean())),
                "finite": bool(np.isfinite(out.log_prob).all() and np.isfinite(out.actions).all())}
         row["ppo_clip_ok"] = row["ratio_max_dev"] <= 0.2  # ratios inside PPO's usual clip
         if dtype == sz.dtype:  # speed in the working dtype only
@@ -465,12 +425,12 @@ def check_rl(ctx: Context) -> Iterator[Snapshot]:
                 e = p.evaluate(obs, torch.as_tensor(out.actions), torch.as_tensor(out.latents))
                 (e.log_prob.sum() + e.value.sum()).backward()
 
-            _reset_peak(dev)
+            reset_peak(dev)
             eval_s = timed(learn, sz.rl_repeats, dev)
-            row.update(act_s=_round(act_s), decisions_per_s=_round(sz.rl_batch / act_s),
-                       evaluate_fwd_bwd_s=_round(eval_s),
-                       evaluate_samples_per_s=_round(sz.rl_batch / eval_s),
-                       peak_memory_gb=_peak_gb(dev))
+            row.update(act_s=round_sig(act_s), decisions_per_s=round_sig(sz.rl_batch / act_s),
+                       evaluate_fwd_bwd_s=round_sig(eval_s),
+                       evaluate_samples_per_s=round_sig(sz.rl_batch / eval_s),
+                       peak_memory_gb=peak_gb(dev))
             policy.zero_grad(set_to_none=True)
         snap["dtypes"][label] = row
         yield snap
