@@ -43,6 +43,10 @@ one of their rollout GPUs event by event with the pipeline's own batching policy
 
 Invariants: every plan has at least one GPU on each side and at least one slot per rollout
 GPU; predicted rates are in env steps per simulated (real-GPU) second.
+
+One module over 400 lines because the model's inputs, its closed form, the search and the
+plan's overrides read as one derivation; the event-by-event simulation, which needs none of
+them, is its own module.
 """
 
 from __future__ import annotations
