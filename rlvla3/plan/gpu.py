@@ -348,10 +348,9 @@ def refine(costs: GpuCosts, env: EnvTiming, req: PlanRequest, pred: Prediction,
                              req.b_limit, pred.global_batch / rate, pred.weights_every,
                              seconds=seconds, seed=seed)
         new = min(lane.decisions_per_s * pred.rollout_gpus, train)
-        if abs(new - rate) <= 0.005 * rate:
-            rate = new
+        settled, rate = abs(new - rate) <= 0.005 * rate, new
+        if settled:
             break
-        rate = new
     rollout = lane.decisions_per_s * pred.rollout_gpus
     if train <= rollout:
         bottleneck = "training"
