@@ -53,6 +53,20 @@ def test_normalised_ratio_is_the_geometric_mean_per_gaussian():
     assert plain.policy.behaviour_weight_mean == pytest.approx(2.0)  # e^2 = 7.4, capped at 2
 
 
+def test_the_default_ratio_gives_each_gaussian_the_whole_policy_gradient():
+    """Inside the clip range the default trust region must leave PPO's gradient as it is:
+    d(-r A)/d element = -r A for every Gaussian of the decision (the joint log-probability
+    sums them). Averaging the per-Gaussian surrogate (``element``) divides that share by E,
+    which slowed ColorReach's learning (docs/rl_at_vla_scale.md)."""
+    elements = torch.full((1, 4), 0.01, dtype=torch.float64, requires_grad=True)
+    zero, adv = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    loss, stats = objective(AlgoConfig("grpo"), _evaluation(elements), zero, adv, zero, zero, zero)
+    loss.backward()
+    r = math.exp(0.04)
+    assert stats.policy.clip_fraction == 0.0
+    np.testing.assert_allclose(elements.grad.numpy(), [[-r] * 4])
+
+
 def test_element_ratios_clip_each_gaussian_and_average_the_surrogate():
     """Per-element log-ratios [0.5, 0, 0, 0] against the proximal policy, A = 1: the first is
     clipped (r = 1.65 > 1.2, no gradient), the other three keep theirs; the decision as a whole
@@ -93,8 +107,9 @@ def test_a_weight_above_the_cap_is_masked_when_asked():
 def test_a_normal_step_of_a_flow_matching_policy_keeps_most_of_its_gradient():
     """The tiny VLA with a Flow-SDE chain of 4 steps and noise 0.01 (4 x 6 x 7 = 168 Gaussians
     per decision), one Adam step at 1e-4 on a GRPO batch: each Gaussian moves by about 0.02
-    nats of KL, the decision by about 4. With the default objective most decisions keep their
-    gradient; a ratio of the whole product clips nearly all of them."""
+    nats of KL, the decision by about 4. With the ratio per Gaussian (``element``, the choice
+    for such chains) most decisions keep their gradient; a ratio of the whole product clips
+    nearly all of them."""
     from rlvla3.model import build_vla_policy
     from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
 
@@ -113,11 +128,12 @@ def test_a_normal_step_of_a_flow_matching_policy_keeps_most_of_its_gradient():
     before = policy.evaluate(obs, actions, latents)
     elements = getattr(before, "log_prob_elements", None)  # the proximal policy: pre-step
     prox = (before.log_prob if elements is None else elements).detach()
-    loss, _ = objective(AlgoConfig("grpo"), before, behav, adv, zero, zero, prox)
+    loss, _ = objective(AlgoConfig("grpo", ratio="element"), before, behav, adv, zero, zero, prox)
     loss.backward()
     optimizer.step()
     after = policy.evaluate(obs, actions, latents)
-    _, default = objective(AlgoConfig("grpo"), after, behav, adv, zero, zero, prox)
+    _, default = objective(AlgoConfig("grpo", ratio="element"), after, behav, adv, zero, zero,
+                           prox)
     assert default.policy.clip_fraction < 0.3, default
     assert default.policy.no_grad_fraction < 0.3, default
     assert 0.005 < default.kl_per_element < 0.1 and default.kl_per_decision > 1.0, default
