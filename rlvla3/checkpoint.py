@@ -22,8 +22,11 @@ complete checkpoint.
 Reading: ``locate_checkpoint`` says where a checkpoint is (itself, or a run directory's
 ``latest``); ``resolve_checkpoint`` gives a local directory holding it (a remote one is
 downloaded into this node's scratch cache, every file checked against the sizes and sha256 in
-``meta.json``; a local one is checked for sizes). Nothing here unpickles arbitrary objects: an
-untrusted checkpoint can at worst fail to load.
+``meta.json``; a local one is checked for sizes). Nothing here unpickles arbitrary objects, and
+a file name ``meta.json`` lists is used only when it is a plain relative name inside the
+checkpoint (``checked_file_name``), checked before anything is written: an untrusted checkpoint
+can at worst fail to load. The scratch cache is shared by the node's users, so a cached copy
+is re-checked against the hashes of the remote ``meta.json`` before it is trusted.
 """
 
 from __future__ import annotations
@@ -264,42 +267,105 @@ def locate_checkpoint(path: str | Path) -> str:
 
 _FETCHED: dict[tuple[str, str], Path] = {}
 """Checkpoints this process has checked: (location, sha256 of meta.json) -> local directory."""
+_NAME_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
+"""One part of a file name a checkpoint may list: no separator, no leading dot (so no ``.``,
+``..`` or hidden file), no control character, no NUL."""
+
+
+def checked_file_name(ckpt: str, name: Any) -> str:
+    """``name`` as ``meta.json`` lists it, if it is a plain relative name inside the checkpoint
+    (``policy.safetensors``, ``model/shard-0.distcp``), else ``CheckpointError`` naming it. The
+    names come from whoever wrote the checkpoint: a name that is absolute, climbs out with
+    ``..``, carries a backslash, a NUL or a control character, or names ``meta.json`` itself is
+    refused before anything is written."""
+    parts = name.split("/") if isinstance(name, str) else []
+    if not parts or len(parts) > 8 or name == "meta.json" or not all(
+            _NAME_PART.match(p) for p in parts):
+        raise CheckpointError(f"{ckpt}: meta.json lists a file named {name!r}, which is not a "
+                              "plain relative name inside the checkpoint; refused")
+    return name
+
+
+def _inside(local: Path, name: str) -> Path:
+    """``local / name``, refused when a directory on the way is a link out of ``local``."""
+    target = local / name
+    root = local.resolve()
+    if not target.parent.resolve().is_relative_to(root) or target.is_symlink():
+        raise CheckpointError(f"{local}: {name} resolves outside the checkpoint's directory "
+                              "(a symbolic link on the way); refused")
+    return target
+
+
+def _listed(ckpt: str, raw: bytes) -> dict[str, dict[str, Any]]:
+    """The files ``meta.json`` lists, each name checked (``checked_file_name``)."""
+    try:
+        files = json.loads(raw).get("files") or {}
+    except (ValueError, AttributeError):
+        raise CheckpointError(f"{ckpt}: meta.json is not a JSON object") from None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{ckpt}: meta.json's files is not a mapping")
+    for name, want in files.items():
+        checked_file_name(ckpt, name)
+        if not isinstance(want, dict) or not isinstance(want.get("size"), int):
+            raise CheckpointError(f"{ckpt}: meta.json gives no size for {name!r}")
+    return files
+
+
+def _matches(local: Path, files: dict[str, dict[str, Any]]) -> bool:
+    """Whether every listed file is in ``local`` with its size and sha256."""
+    for name, want in files.items():
+        path = _inside(local, name)
+        if not path.is_file() or path.stat().st_size != want["size"] or (
+                "sha256" in want and _sha256(path) != want["sha256"]):
+            return False
+    return True
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A local directory holding the checkpoint at ``path`` (a checkpoint or run directory, a
     local path or URI): a local one as it is, a remote one downloaded into this node's scratch
-    cache once. Every file ``meta.json`` lists must have its size (a local checkpoint) or its
-    size and sha256 (a downloaded one), else ``CheckpointError``."""
+    cache. Every file ``meta.json`` lists must be a plain relative name (``checked_file_name``)
+    and have its size (a local checkpoint) or its size and sha256 (a downloaded one), else
+    ``CheckpointError``. The cache is shared by everyone on the node, so a cached copy is
+    trusted only after its files match the hashes of the remote ``meta.json`` again (once per
+    process); a copy that does not is downloaded afresh."""
     ckpt = locate_checkpoint(path)
     store = Storage(ckpt)
     raw = store.read_bytes("meta.json")
     key = (ckpt, hashlib.sha256(raw).hexdigest())
     if key in _FETCHED:
         return _FETCHED[key]
-    files = json.loads(raw).get("files")
+    files = _listed(ckpt, raw)
     if store.local:
         local = Path(store.root)
-        for name, want in (files or {}).items():
-            size = (local / name).stat().st_size if (local / name).is_file() else None
+        for name, want in files.items():
+            file = _inside(local, name)
+            size = file.stat().st_size if file.is_file() else None
             if size != want["size"]:
                 raise CheckpointError(f"{ckpt}: {name} holds {size} bytes, meta.json lists "
                                       f"{want['size']}")
     else:
-        local = scratch_dir() / "checkpoints" / f"{cache_name(ckpt)}-{key[1][:8]}"
-        if not (local / "meta.json").is_file():  # written last: a complete, checked copy
-            listed = files or {n: {"size": s} for n, s in store.sizes().items()
-                               if n != "meta.json"}
+        cache = scratch_dir() / "checkpoints"
+        cache.mkdir(mode=0o700, exist_ok=True)
+        local = cache / f"{cache_name(ckpt)}-{key[1][:8]}"
+        listed = files or {checked_file_name(ckpt, n): {"size": s}
+                           for n, s in store.sizes().items() if n != "meta.json"}
+        cached = (local / "meta.json").is_file() and (local / "meta.json").read_bytes() == raw
+        if cached and not _matches(local, listed):  # complete once, changed since: start over
+            shutil.rmtree(local, ignore_errors=True)
+            cached = False
+        if not cached:  # another process may be downloading here too: same files, same bytes
+            local.mkdir(parents=True, exist_ok=True)
             for name, want in listed.items():
                 try:
-                    moved = store.download(name, local / name)
+                    moved = store.download(name, _inside(local, name))
                 except FileNotFoundError:
                     raise CheckpointError(f"{ckpt}: {name}, listed in meta.json, is missing"
                                           ) from None
                 if moved.size != want["size"] or want.get("sha256", moved.sha256) != moved.sha256:
                     raise CheckpointError(f"{ckpt}: {name} does not match meta.json (size "
                                           f"{moved.size} vs {want['size']}, or its sha256)")
-            (local / "meta.json").write_bytes(raw)
+            (local / "meta.json").write_bytes(raw)  # written last: a complete, checked copy
     _FETCHED[key] = local
     return local
 
@@ -319,7 +385,8 @@ def read_meta(path: str | Path) -> CheckpointMeta:
 def listed_files(path: str | Path) -> dict[str, dict[str, Any]]:
     """The files a checkpoint's ``meta.json`` lists (name -> size, sha256); empty for a
     checkpoint written before they were listed."""
-    return json.loads(Storage(locate_checkpoint(path)).read_text("meta.json")).get("files", {})
+    ckpt = locate_checkpoint(path)
+    return _listed(ckpt, Storage(ckpt).read_bytes("meta.json"))
 
 
 def safetensors_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:

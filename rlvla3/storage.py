@@ -48,8 +48,12 @@ SCRATCH_ENV = "RLVLA3_SCRATCH"
 CHUNK = 64 << 20
 """Bytes per read in streamed transfers (on an object store, one ranged GET each: fewer,
 larger requests)."""
-SECRET_KEYS = ("secret_key", "access_key", "session_token", "token", "password", "sas_token")
-"""URI query options that carry credentials (refused: config.yaml and logs would show them)."""
+SECRET_KEYS = ("secret_key", "access_key", "session_token", "token", "password", "sas_token",
+               "sig", "signature", "access_token", "account_key", "x-amz-signature",
+               "x-amz-credential", "x-amz-security-token", "x-goog-signature",
+               "x-goog-credential")
+"""URI query options that carry credentials (refused: config.yaml and logs would show them):
+S3 and fsspec keys, an Azure SAS's ``sig``, a GCS ``access_token``, pre-signed URL signatures."""
 S3_REQUEST_TIMEOUT_S = 120.0
 """How long an S3 request may wait for its reply. Completing the multipart upload of a large
 file takes a server a while (tens of seconds for a GB on a small one); with the AWS SDK's
