@@ -125,11 +125,13 @@ class AlgoConfig:
     move from the policy the batch was scored by. Every step is a version: staleness and pacing
     count ``update_epochs`` versions per batch (scale ``queue.max_staleness`` with it)."""
     target_kl: float | None = None
-    """Adaptive learning rate (``rlvla3.kl_control``): the ``KL(pi_prox || pi_theta)`` per
-    decision, in nats, that a trust region (a proximal window, or one step without one) should
-    reach. When a window closes with more than twice this, ``learner.lr`` is divided by
-    ``kl_lr_factor``; with less than half, multiplied; within ``[lr x kl_lr_min_scale, lr x
-    kl_lr_max_scale]``. None: the learning rate stays as configured."""
+    """Adaptive learning rate (``rlvla3.kl_control``): the KL per decision, in nats, that a
+    trust region (a proximal window, or one step without one) should move the policy, measured
+    after the region's last update between its start and the updated parameters. When a region
+    closes with more than twice this, ``learner.lr`` is divided by ``kl_lr_factor``; with less
+    than half, multiplied; within ``[lr x kl_lr_min_scale, lr x kl_lr_max_scale]``. Costs one
+    no-grad forward pass of a micro-batch per closed region. None: the rate stays as
+    configured."""
     kl_lr_factor: float = 1.5
     kl_lr_min_scale: float = 0.01
     kl_lr_max_scale: float = 10.0

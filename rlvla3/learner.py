@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlvla3.algos import AlgoConfig, objective
+from rlvla3.algos import AlgoConfig, approx_kl, objective
 from rlvla3.gpu_costs import TrainingCost
 from rlvla3.group_buffer import GroupBuffer
 from rlvla3.kl_control import KlLearningRate
@@ -208,6 +208,11 @@ class StepStats:
     epoch reports ``samples`` 0, as it trains no new sample)."""
     lr: float = 0.0
     """The learning rate after this step (``algo.target_kl`` adapts it)."""
+    update_kl: float | None = None
+    """``KL(pi_start || pi_theta)`` per decision of the trust region that closed at this step,
+    measured after its last update on the step's last micro-batch (averaged over the ranks):
+    ``pi_start`` is the proximal copy with a window, the parameters before the step otherwise.
+    What ``algo.target_kl`` steers by; None when no region closed or no target is set."""
 
     def as_row(self) -> dict:
         """One ``steps.jsonl`` line (plain JSON values)."""
@@ -258,6 +263,9 @@ class LearnerCore:
         self._step_lags: list[np.ndarray] = []
         self._last_micro: Samples | None = None
         """The latest micro-batch trained: ``flush``'s stand-in."""
+        self._probe: tuple[Samples, torch.Tensor] | None = None
+        """The step's last micro-batch and its log-probs under the parameters it was trained
+        with (before the step): where ``algo.target_kl`` measures the update's drift."""
         self.micro_steps = 0
         """Micro-batches run so far (progress, for a rank that waits on data)."""
         self.stop_requested = False
@@ -363,6 +371,7 @@ class LearnerCore:
         and proximal log-probs taken as given (``with_proximal`` adds those of the window)."""
         ev = self.model.evaluate(batch.obs, torch.from_numpy(batch.actions),
                                  torch.from_numpy(batch.latents))
+        own = ev.log_prob if ev.log_prob_elements is None else ev.log_prob_elements
 
         def t(a: np.ndarray) -> torch.Tensor:  # recorded data, on the policy's device
             return torch.from_numpy(np.ascontiguousarray(a)).to(ev.log_prob.device)
@@ -379,6 +388,7 @@ class LearnerCore:
                        "behaviour_weight": policy.behaviour_weight_mean,
                        "truncated_fraction": policy.truncated_fraction,
                        "weights": policy.behaviour_weights,
+                       "own_log_probs": own.detach(),
                        "staleness": float(self.version - batch.policy_versions.mean())}
 
     def _standardise(self, batch: Samples) -> Samples:
@@ -415,6 +425,9 @@ class LearnerCore:
         last = self._done_in_step + len(batch) == self.local_batch
         info = self._backward(batch, last, len(batch) / self.local_batch)
         self._weights.append(info.pop("weights"))
+        own = info.pop("own_log_probs")
+        if last and self.kl_lr is not None:
+            self._probe = (batch, own)
         info["n"] = len(batch)
         self._acc.append(info)
         self._done_in_step += len(batch)
@@ -479,10 +492,13 @@ class LearnerCore:
         shares = np.asarray([a["n"] for a in acc], dtype=np.float64) / self.local_batch
         avg = {k: float(sum(w * a[k] for w, a in zip(shares, acc, strict=True)))
                for k in _AVERAGED}
-        if self.kl_lr is not None and (self.proximal is None
-                                       or self.proximal.synced_at == self.version):
-            total = self.reduce(np.array([avg["kl_per_decision"], 1.0]))  # a window closed
-            self.kl_lr.update(float(total[0] / total[1]))
+        update_kl = None
+        if self.kl_lr is not None and not skipped and (
+                self.proximal is None or self.proximal.synced_at == self.version):
+            total = self.reduce(np.array([self._drift(), 1.0]))  # a trust region closed
+            update_kl = float(total[0] / total[1])
+            self.kl_lr.update(update_kl)
+        self._probe = None
         self._done_in_step = 0
         self._discard_stale()
         if self.clock is not None:
@@ -494,7 +510,30 @@ class LearnerCore:
             avg["kl_per_decision"], avg["no_grad_fraction"], float(grad_norm),
             avg["staleness"], avg["behaviour_weight"],
             tuple(float(q) for q in np.quantile(weights_seen, (0.05, 0.5, 0.95))),
-            avg["truncated_fraction"], skipped, epoch, self.optimizer.param_groups[0]["lr"])
+            avg["truncated_fraction"], skipped, epoch, self.optimizer.param_groups[0]["lr"],
+            update_kl)
+
+    @torch.no_grad()
+    def _drift(self) -> float:
+        """``KL(pi_start || pi_theta)`` per decision on the step's last micro-batch, after the
+        update: one no-grad forward pass of the updated parameters against the log-probs of
+        the trust region's start (the proximal copy's with a window, else those the step was
+        computed with). Taken before the update, as the forward pass of the closing step, it
+        would miss that step: zero for a region of one step."""
+        batch, before = self._probe
+        if self.proximal is not None:
+            before = torch.from_numpy(np.ascontiguousarray(batch.prox_log_probs))
+        ev = self.policy.evaluate(batch.obs, torch.from_numpy(batch.actions),
+                                  torch.from_numpy(batch.latents))
+        elements = ev.log_prob_elements
+        per_element = (before.dim() == 2 and elements is not None
+                       and elements.shape[1] == before.shape[1])
+        after = elements if per_element else ev.log_prob
+        before = before.to(after.device, after.dtype)
+        if not per_element and before.dim() == 2:
+            before = before.sum(-1)
+        count = 1 if elements is None else int(elements.shape[1])
+        return approx_kl(after, before, count)[1]
 
     def _commit(self) -> None:
         """The batch's first step was taken: its decisions count as trained."""
