@@ -111,8 +111,10 @@ def describe(plan: Plan, overrides: list[str]) -> str:
         f"  pacing: pace_lag {d['pacing']['pace_lag']}, max_staleness "
         f"{d['pacing']['max_staleness']}",
         f"  predicted: {p['env_steps_per_s']} env steps/s produced, "
-        f"{p['trained_env_steps_per_s']} trained; bottleneck {p['bottleneck']} "
-        f"(capacity {p['stage_capacity_env_steps_per_s']})"
+        f"{p['trained_env_steps_per_s']} trained; bottleneck {p['bottleneck']} (the lowest "
+        "capacity; env steps/s each stage could take alone: "
+        + ", ".join(f"{k} {v} ({p['stage_utilisation'][k]:.0%} used)"
+                    for k, v in p['stage_capacity_env_steps_per_s'].items()) + ")"
         + (f"; {p['closed_form_env_steps_per_s']} in closed form, before simulating the "
            f"rollout GPUs" if "closed_form_env_steps_per_s" in p else ""),
         "  other splits: " + ", ".join(f"{a['learner_gpus']}/{a['rollout_gpus']}: "
@@ -135,6 +137,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sim-cpus", type=int, required=True, help="CPUs for simulators")
     p.add_argument("--cpus-per-slot", type=float, default=1.0)
     p.add_argument("--global-batch", type=int, default=1024)
+    p.add_argument("--update-epochs", type=int, default=1,
+                   help="optimizer steps per batch (algo.update_epochs): training capacity, "
+                        "weight-sync cadence and pacing count them")
     p.add_argument("--granularity", type=int, default=1,
                    help="search splits in steps of this many GPUs")
     p.add_argument("--b-limit", type=int, default=256, help="largest rollout batch")
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = make(costs, env, args.gpus, args.sim_cpus, cpus_per_slot=args.cpus_per_slot,
                     global_batch=args.global_batch, granularity=args.granularity,
                     b_limit=args.b_limit, slots_multiple=args.slots_per_worker,
-                    slot_overhead_ms=args.slot_overhead_ms,
+                    slot_overhead_ms=args.slot_overhead_ms, update_epochs=args.update_epochs,
                     simulate_rollout=not args.closed_form)
         overrides = plan_overrides(plan, args.slots_per_worker, 1) + [
             "learner.num_gpus=1", "rollout.num_gpus=1"]
