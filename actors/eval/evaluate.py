@@ -207,6 +207,17 @@ def episode_pair(text: str) -> tuple[int, int]:
     return int(task), int(state)
 
 
+def pin_checkpoint(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--checkpoint`` resolved to the one checkpoint directory it names now (a
+    run directory's ``latest``): the identity hashes it, and every worker, a replacement
+    worker included, loads exactly it, even while the run goes on saving newer ones."""
+    if not args.checkpoint:
+        return args
+    from rlvla3.checkpoint import locate_checkpoint
+
+    return argparse.Namespace(**{**vars(args), "checkpoint": locate_checkpoint(args.checkpoint)})
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run (or continue) the evaluation and write its outputs; returns the summary."""
     import ray
@@ -215,6 +226,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from envs import require_extra
 
     require_extra(Named("libero"))  # before anything is written or started
+    shown = args.checkpoint
+    args = pin_checkpoint(args)
     tasks = eval_tasks(args)
     files = Mirror(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}",
                    keep=("eval.json", "episodes.jsonl"))
@@ -290,7 +303,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 {(tasks[t], k) for t, k in jobs}]
         summary = {
             "suite": args.suite,
-            "policy": args.checkpoint or args.policy,
+            "policy": shown or args.policy,
+            **({"checkpoint": args.checkpoint} if args.checkpoint else {}),
             "acting": identity["acting"],
             "language": args.language,
             **({"told": dict(zip(map(str, tasks), told, strict=True))} if told else {}),
