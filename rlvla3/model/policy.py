@@ -159,6 +159,14 @@ class VLAPolicy(nn.Module):
         x0 = torch.randn(shape, generator=self._generator, device=self.device)
         return x0 * self.cfg.init_noise
 
+    def _executed(self, dist: flow.StepDistribution) -> flow.StepDistribution:
+        """``ode_gaussian``'s action Gaussian over the dims the env executes: under ``chain:
+        padded`` the chunk's other dims (25 of a pi0.5 checkpoint's 32 on LIBERO) never reach
+        the env and feed no later step, so they are neither sampled nor scored (they would
+        only add noise to the ratio and the clip fraction)."""
+        a = self.spec.action_dim
+        return flow.StepDistribution(dist.mean[..., :a], dist.std[..., :a])
+
     def _actions(self, chain_end: torch.Tensor) -> np.ndarray:
         """The chain's last state ``[n, H, W]`` as env actions ``[n, H, action_dim]``."""
         x = chain_end[..., : self.spec.action_dim]
@@ -176,10 +184,13 @@ class VLAPolicy(nn.Module):
         if self.cfg.logprob == "ode_gaussian":
             chain, dist = flow.ode_action_distribution(step, x0, self.cfg.denoise_steps,
                                                        self.cfg.noise_level)
+            dist = self._executed(dist)
             if not deterministic:
                 eps = torch.randn(dist.mean.shape, generator=self._generator, device=self.device)
-                chain = torch.cat([chain[:, :-1], (dist.mean + dist.std * eps)[:, None]], 1)
-            logp = flow.gaussian_log_prob(chain[:, -1], dist)
+                end = chain[:, -1].clone()
+                end[..., : self.spec.action_dim] = dist.mean + dist.std * eps
+                chain = torch.cat([chain[:, :-1], end[:, None]], 1)
+            logp = flow.gaussian_log_prob(chain[:, -1, :, : self.spec.action_dim], dist)
         else:
             chain, logp = flow.sample_chain(step, x0, self.cfg.denoise_steps, deterministic,
                                             self._generator)
@@ -215,7 +226,9 @@ class VLAPolicy(nn.Module):
             step = self._step_fn(cache, self.net.suffix_layout(pb, reps=1))
             _, dist = flow.ode_action_distribution(step, chain[:, 0], self.cfg.denoise_steps,
                                                    self.cfg.noise_level)
-            elements = flow.gaussian_log_prob_elements(chain[:, -1], dist)
+            dist = self._executed(dist)
+            elements = flow.gaussian_log_prob_elements(
+                chain[:, -1, :, : self.spec.action_dim], dist)
             return Evaluation(log_prob=elements.sum(1), value=value,
                               entropy=flow.gaussian_entropy(dist), log_prob_elements=elements)
         layout = self.net.suffix_layout(pb, reps=self.cfg.denoise_steps)
