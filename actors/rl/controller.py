@@ -426,7 +426,8 @@ class Controller:
             self._log(f"waiting: {exc}")
             return None
         self._release_lost_workers()
-        killed = self.stop_record is not None and self.stop_record["learners"] == "killed"
+        killed = (self.stop_record is not None
+                  and self.stop_record["learners"] != "stopped together")  # or failed
         history = [] if killed else ray.get(self.learners[0].take_history.remote())
         elapsed = self.budget.elapsed()
         row = monitor.row(snap, elapsed, self.budget.base)
