@@ -368,7 +368,7 @@ def test_learning_signal_improves_the_objective():
     policy = make_policy(1)
     core = LearnerCore(policy, AlgoConfig("ppo"), 32, 32, 3e-3, BatchStart())
     core.add_groups(episodes(segments))
-    from rlvla3.rl_samples import prepare_samples
+    from rlvla3.rl_samples import Samples, prepare_samples
 
     samples = prepare_samples(segments, AlgoConfig("ppo"))
     before = core.loss(core.with_proximal(samples))[0].item()
@@ -633,3 +633,36 @@ def test_task_sampler_state_resumes_the_same_sequence_through_json(informative):
     other = sampler(range(3))
     assert not other.restore(saved, salt=22)  # saved for 4 tasks: a new sequence
     assert {k.task_id for k in take(other, 30)} == {0, 1, 2}
+
+
+def test_group_buffer_takes_micro_batches_without_copying_the_rest_of_an_item():
+    """A long queue item (a whole GRPO group) is taken a micro-batch at a time: each take
+    copies only the rows it returns, and the item's remainder stays in the arrays it arrived
+    in (cutting the remainder off each time copied it again at every micro-batch, images
+    included: quadratic in the group's length). Rows still leave in order, none twice, and
+    peeks, staleness and put-backs see the remainder."""
+    from rlvla3.group_buffer import GroupBuffer
+    from rlvla3.rl_samples import Samples, prepare_samples
+
+    segments = collect_segments(make_policy(1), 12)
+    group = prepare_samples(segments, AlgoConfig("ppo"))
+    n = len(group)
+    buffer = GroupBuffer()
+    buffer.add(group)
+    buffer.add(group.select(np.arange(3)))  # a second item behind it
+    images = next(iter(group.obs.images.values()))
+    taken = []
+    while buffer.size > 3 + 5:
+        batch = buffer.take(5)
+        taken.append(batch)
+        if len(buffer._items) == 2:  # the long item is still there: in its arrays, uncopied
+            head = buffer._items[0].samples
+            assert np.shares_memory(next(iter(head.obs.images.values())), images)
+    rest = buffer.peek(buffer.size)
+    np.testing.assert_array_equal(rest.log_probs[:-3], group.log_probs[5 * len(taken):])
+    np.testing.assert_array_equal(buffer.peek_advantages(2), group.advantages[5 * len(taken):][:2])
+    assert buffer.discard_stale(10**9) and buffer.size == n - 5 * len(taken)  # the second item
+    buffer.put_back([taken[-1]])
+    out = Samples.concat([*taken[:-1], buffer.take(buffer.size)])
+    np.testing.assert_array_equal(out.log_probs, group.log_probs)
+    np.testing.assert_array_equal(out.actions, group.actions)
