@@ -368,7 +368,7 @@ def test_learning_signal_improves_the_objective():
     policy = make_policy(1)
     core = LearnerCore(policy, AlgoConfig("ppo"), 32, 32, 3e-3, BatchStart())
     core.add_groups(episodes(segments))
-    from rlvla3.rl_samples import Samples, prepare_samples
+    from rlvla3.rl_samples import prepare_samples
 
     samples = prepare_samples(segments, AlgoConfig("ppo"))
     before = core.loss(core.with_proximal(samples))[0].item()
