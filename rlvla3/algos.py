@@ -19,12 +19,15 @@ Invariants:
   rollout's share of staleness) is corrected by a truncated importance weight. So a decision
   acted many versions ago is reweighted instead of losing its gradient to a clip around its
   behaviour policy, and the updates of the last few steps still have a trust region.
-- The trust region has the scale of one Gaussian, not of one decision (``algo.ratio``). A
-  flow-matching action expert's decision is a product of many Gaussians (denoising step x chunk
-  step x action dimension: 35 for an ``ode_gaussian`` chunk of 5 x 7, about 350 for a Flow-SDE
-  chain); a ratio of the whole product leaves ``[1 - eps, 1 + eps]`` after changes that are
-  tiny for each Gaussian, so most samples lose their gradient to the clip. The behaviour weight
-  is taken on the same scale as the ratio.
+- The trust region's scale is a choice (``algo.ratio``). A flow-matching action expert's
+  decision is a product of many Gaussians (denoising step x chunk step x action dimension: 35
+  for an ``ode_gaussian`` chunk of 5 x 7, about 350 for a Flow-SDE chain). The default,
+  ``decision``, clips the ratio of the whole product, as PPO defines it: measured to learn
+  with ``ode_gaussian`` chunks (35 Gaussians). Where a decision holds thousands of Gaussians
+  its ratio leaves ``[1 - eps, 1 + eps]`` after changes that are tiny for each, and
+  ``element`` (one ratio per Gaussian) or ``normalised`` (their geometric mean) keeps the
+  gradient; ``pi05_libero`` uses ``element``. The behaviour weight is taken on the same scale
+  as the ratio.
 - Losses are means over the samples they receive; the learner scales them when it accumulates
   micro-batches into a global batch.
 - ``AlgoConfig`` validates its ranges; every error names the dotted field (``algo.clip_eps``).

@@ -8,13 +8,15 @@ turned into per-decision samples with advantages on arrival). Outputs: optimizer
 each, the policy version increases by one and ``weights()`` gives the new parameters.
 
 Invariants:
-- One optimizer step consumes exactly ``local_batch`` samples (``global_batch / world_size``),
-  split into micro-batches of ``micro_batch``; a queue item may straddle two steps, no sample is
-  used in two batches. With ``algo.update_epochs = E`` a batch gets E consecutive optimizer
+- One optimizer step consumes exactly ``local_batch`` samples on this rank (``rank_batches``:
+  the global batch shared out, the first ``global_batch % world_size`` ranks taking one more,
+  so the ranks together take exactly ``global_batch``), split into micro-batches of
+  ``micro_batch``; a queue item may straddle two steps, no sample is used in two batches. With ``algo.update_epochs = E`` a batch gets E consecutive optimizer
   steps (E versions): the first as it streams in, the others on its stored micro-batches, with
   the advantages and proximal log-probs of the first; only the first counts as trained. Each
-  micro-batch's loss is scaled by its share of ``local_batch``, so the accumulated gradient
-  equals that of one full-batch step on the same samples.
+  micro-batch's loss is scaled by its share of ``grad_share`` (``global_batch / world_size``:
+  DDP averages the ranks' gradients), so the accumulated gradient equals that of one step on
+  the whole global batch, also when the ranks' shares differ by one.
 - A decision counts as trained when the optimizer step it went into is taken: the decisions
   taken for the step under way are ``in_step``, and those of a step
   abandoned at a stop (``flush``) go back to the buffer, untrained.
@@ -26,7 +28,7 @@ Invariants:
   shared by every micro-batch and every rank (``AdvantageNormalizer``), so splitting a batch
   into micro-batches or streaming it in does not change the update.
 - Under DDP, gradients are all-reduced only on the last micro-batch of a step (``no_sync``
-  elsewhere); every rank runs the same number of micro-batches per step. Before each optimizer
+  elsewhere): one synchronised backward per rank and step, however many micro-batches. Before each optimizer
   step the ranks agree (one small all-reduce, ``reduce``) on whether every rank finished its
   batch and whether any was asked to stop: a step some rank abandoned is abandoned by all.
 - The learner strategy decides only *when* a micro-batch may start: ``StreamingStart`` as soon
@@ -75,6 +77,13 @@ class StreamingStart:
 
 
 LEARNER_STRATEGIES = {"batch": BatchStart, "streaming": StreamingStart}
+
+
+def rank_batches(global_batch: int, world_size: int) -> list[int]:
+    """Samples per optimizer step of each rank: ``global_batch`` shared out exactly (the first
+    ``global_batch % world_size`` ranks take one more), e.g. 64 over 3 ranks: 22, 21, 21."""
+    base, extra = divmod(global_batch, world_size)
+    return [base + (rank < extra) for rank in range(world_size)]
 
 Reduce = Callable[[np.ndarray], np.ndarray]
 """Sums a float64 vector over the learner ranks (identity for one rank)."""
@@ -233,7 +242,8 @@ class LearnerCore:
     def __init__(self, policy: Policy, algo: AlgoConfig, local_batch: int, micro_batch: int,
                  lr: float, strategy: BatchStart | StreamingStart,
                  ddp_model: nn.Module | None = None, max_staleness: int | None = None,
-                 reduce: Reduce | None = None, cost: TrainingCost | None = None):
+                 reduce: Reduce | None = None, cost: TrainingCost | None = None,
+                 grad_share: float | None = None):
         self.policy = policy
         self.cost = cost
         """Simulated GPU cost (``rlvla3.gpu_costs``): each micro-batch and optimizer step then
@@ -242,6 +252,10 @@ class LearnerCore:
         self.model = ddp_model if ddp_model is not None else policy
         self.algo = algo
         self.local_batch = local_batch
+        self.grad_share = float(grad_share or local_batch)
+        """What this rank's accumulated gradient is an average over (``global_batch /
+        world_size``; DDP then averages over the ranks): ``local_batch`` when every rank takes
+        the same share."""
         self.micro_batch = micro_batch
         self.strategy = strategy
         self.max_staleness = max_staleness
@@ -290,6 +304,12 @@ class LearnerCore:
         """Per trained decision: learner version minus behaviour version."""
         self.length_hist: dict[int, int] = {}
         """Decisions per episode received (the episodes that reached training)."""
+
+    def take_share(self, global_batch: int, world_size: int, rank: int) -> None:
+        """This rank's share of each optimizer step in a group of ``world_size`` ranks (after
+        a rebuild with fewer ranks: the global batch stays exactly ``global_batch``)."""
+        self.local_batch = rank_batches(global_batch, world_size)[rank]
+        self.grad_share = global_batch / world_size
 
     @property
     def buffered(self) -> int:
@@ -423,7 +443,7 @@ class LearnerCore:
         start = time.perf_counter()
         begun = self.clock.now() if self.clock is not None else 0.0
         last = self._done_in_step + len(batch) == self.local_batch
-        info = self._backward(batch, last, len(batch) / self.local_batch)
+        info = self._backward(batch, last, len(batch) / self.grad_share)
         self._weights.append(info.pop("weights"))
         own = info.pop("own_log_probs")
         if last and self.kl_lr is not None:

@@ -61,7 +61,7 @@ from rlvla3.checkpoint import (
 )
 from rlvla3.config import Named
 from rlvla3.gpu_costs import TrainingCost
-from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats
+from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats, rank_batches
 from rlvla3.policies import build_policy
 from rlvla3.protocols import Evaluation
 from rlvla3.run_config import LearnerConfig
@@ -96,9 +96,10 @@ class Learner:
         self.policy = build_policy(policy, spec)
         if cfg.num_gpus > 0 and torch.cuda.is_available():
             self.policy.to("cuda")
-        self.core = LearnerCore(self.policy, algo, cfg.global_batch // world_size, cfg.micro_batch,
-                                cfg.lr, LEARNER_STRATEGIES[strategy](),
-                                max_staleness=max_staleness, reduce=self._all_reduce, cost=cost)
+        self.core = LearnerCore(self.policy, algo, rank_batches(cfg.global_batch, world_size)[rank],
+                                cfg.micro_batch, cfg.lr, LEARNER_STRATEGIES[strategy](),
+                                max_staleness=max_staleness, reduce=self._all_reduce, cost=cost,
+                                grad_share=cfg.global_batch / world_size)
         self.metrics = RoleMetrics("learner", f"learner-{rank}")
         self.memory = ProcessMemory()
         self.servers = [lookup(name) for name in servers]
@@ -149,7 +150,7 @@ class Learner:
             if rank != self.rank:
                 self.queue.learner_buffered.remote(self.rank, 0)  # the old rank's report
             self.rank, self.world_size = rank, world_size
-            self.core.local_batch = self.cfg.global_batch // world_size
+            self.core.take_share(self.cfg.global_batch, world_size, rank)
             self._reported_buffered = -1
             self._report_buffered()
             if rank == 0:  # the servers and the queue follow the restored version
