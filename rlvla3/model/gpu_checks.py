@@ -52,7 +52,8 @@ from rlvla3.model.attention import (
 )
 from rlvla3.model.check_timing import peak_gb, reset_peak, round_sig, timed
 from rlvla3.model.cost_check import check_costs
-from rlvla3.model.fp8 import BlockLinear, EmulatedFp8, Fp8Backend
+from rlvla3.model.fp8 import BlockLinear, Fp8Backend
+from rlvla3.model.fp8_kernels import EmulatedFp8
 
 Snapshot = dict
 Entry = Callable[["Context"], Iterator[Snapshot]]

@@ -31,7 +31,7 @@ from torch import nn
 from rlvla3.config import ConfigError
 from rlvla3.model import flow
 from rlvla3.model.attention import select_backend
-from rlvla3.model.fp8 import select_fp8
+from rlvla3.model.fp8_select import select_fp8
 from rlvla3.model.network import PrefixCache, SuffixLayout, VLANetwork
 from rlvla3.model.normalize import make_normalizer
 from rlvla3.model.processor import PrefixBatch, Processor

@@ -101,8 +101,10 @@ class VLAConfig:
     encoded as blank images and instructions padded to the batch maximum, then masked."""
     fp8: bool = False
     """Backbone and action-expert linears with FP8 e4m3 block-scaled weights/activations."""
-    fp8_backend: Literal["auto", "transformer_engine", "torchao", "emulated"] = "auto"
-    """Which FP8 implementation; ``auto`` prefers real kernels and falls back to emulation."""
+    fp8_backend: Literal["auto", "triton_block", "scaled_mm_block", "scaled_mm_rowwise",
+                         "transformer_engine", "torchao", "emulated"] = "auto"
+    """Which FP8 implementation (``rlvla3.model.fp8_select``): ``auto`` measures the kernels
+    this GPU can run and takes the fastest correct one, and falls back to the emulation."""
     logprob: Literal["flow_sde", "flow_noise", "ode_gaussian"] = "flow_sde"
     """How the denoising chain gets a likelihood: SDE noise at every step (``flow_sde``), a
     learned noise head (``flow_noise``), or the deterministic ODE with Gaussian noise on the
