@@ -280,16 +280,29 @@ class Fp8Linear(Fp8Backend):
         return self.kernels.detail
 
     def weight(self, layer: torch.nn.Module) -> QWeight:
-        """The layer's quantised weight, re-quantised only when the weight changed."""
+        """The layer's quantised weight, re-quantised only when the weight changed, into the
+        tensors it had (so a CUDA graph that reads them sees the new weights)."""
         w = layer.weight
         key = (w.data_ptr(), w._version, w.dtype, w.device, self.kernels.name)
         cached = getattr(layer, "_fp8_weight", None)
         if cached is None or cached[0] != key:
             with torch.no_grad():
-                cached = (key, self.kernels.quant_weight(w.detach()))
+                qw = self.kernels.quant_weight(w.detach())
+                if cached is not None and cached[0][2:] == key[2:]:
+                    old = cached[1]
+                    for a, b in ((old.forward, qw.forward), (old.backward, qw.backward)):
+                        a.data.copy_(b.data)
+                        a.scale.copy_(b.scale)
+                    qw = old
             self.weight_quantisations += 1
-            layer._fp8_weight = cached
+            cached = layer._fp8_weight = (key, qw)
         return cached[1]
+
+    def refresh(self, module: torch.nn.Module) -> None:
+        """Re-quantise, in place, the weights of ``module``'s layers that changed."""
+        for m in module.modules():
+            if getattr(m, "fp8", None) is self:
+                self.weight(m)
 
     def _activation(self, x: torch.Tensor, x2: torch.Tensor, need_cols: bool) -> _ActCache:
         c = self._act

@@ -96,6 +96,10 @@ class VLAConfig:
     """Model size; ``pi05`` is only built on a CUDA device."""
     attention: Literal["auto", "flash", "torch_varlen", "per_segment", "padded"] = "auto"
     """Attention backend; ``auto`` picks flash > torch_varlen on CUDA, per_segment on CPU."""
+    inference: Literal["auto", "eager", "static", "cuda_graph"] = "auto"
+    """How ``act`` runs (``rlvla3.model.inference``): ``eager`` on packed shapes; ``static``
+    at fixed shapes per batch bucket; ``cuda_graph``, static with the denoising loop captured
+    in a CUDA graph and replayed; ``auto``: ``cuda_graph`` on CUDA, ``eager`` elsewhere."""
     padded: bool = False
     """Run the whole model in dynamic-padding mode (the benchmark baseline): absent cameras are
     encoded as blank images and instructions padded to the batch maximum, then masked."""
@@ -232,6 +236,8 @@ class VLAConfig:
             self.image_size == 0 or self.image_size % shapes.patch == 0,
             "image_size", f"must be a multiple of the patch size {shapes.patch}",
         )
+        require(not (self.padded and self.inference in ("static", "cuda_graph")), "inference",
+                "static shapes run the packed model; the padded baseline acts eagerly")
         require(not (self.padded and self.attention not in ("auto", "padded")), "attention",
                 "padded mode runs only with the 'padded' attention backend")
 
