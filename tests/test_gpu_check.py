@@ -54,12 +54,14 @@ def test_the_image_environment_has_no_ray(image_python):
 
 def test_dry_run_passes_every_entry_without_ray(image_python, tmp_path):
     run = subprocess.run(
-        [str(image_python), "-m", "rlvla3", "bench", "gpu", "--json", "--dry-run"],
+        [str(image_python), "-m", "rlvla3", "bench", "gpu", "--json", "--dry-run", "--report",
+         str(tmp_path / "report.json")],
         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
         text=True, timeout=600,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(run.stdout)
+    assert json.loads((tmp_path / "report.json").read_text()) == report
     entries = report["entries"]
     assert list(entries) == list(ENTRIES)
     failed = {k: v for k, v in entries.items() if not v["pass"]}

@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{k}: {e.what}" for k, e in ENTRIES.items()))
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole check (default: 420 on a GPU, 500 dry run)")
-    ap.add_argument("--out", default=None,
+    ap.add_argument("--report", default=None, metavar="FILE",
                     help="also write the JSON report to this file")
     ap.add_argument("--entry", choices=sorted(ENTRIES), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -215,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget or sizes_for(args.dry_run).budget_s
     report = run_check(names, args.dry_run, budget)
     print(json.dumps(report, indent=None if args.json else 2))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    if args.report:
+        Path(args.report).write_text(json.dumps(report, indent=1) + "\n")
     return 0 if report["pass"] else 1
 
 
