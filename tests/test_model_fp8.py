@@ -259,3 +259,20 @@ def test_fp8_model_loss_within_tolerance_of_fp32():
     assert ((a - b).abs() / a).max() < 0.05
     b.sum().backward()
     assert fp8.net.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_a_changed_weight_is_requantised_into_the_same_tensors():
+    """What a captured CUDA graph reads stays where it was: a new version of the weights is
+    quantised into the tensors of the old one (``refresh``), not into new ones."""
+    lin = BlockLinear(256, 128, bias=False)
+    backend = EmulatedFp8()
+    lin.fp8 = backend
+    before = backend.weight(lin)
+    scale = before.forward.scale.clone()
+    with torch.no_grad():
+        lin.weight.mul_(3.0)
+    backend.refresh(lin)
+    after = backend.weight(lin)
+    assert after is before and backend.weight_quantisations == 2
+    torch.testing.assert_close(after.forward.scale, 3 * scale)
+    torch.testing.assert_close(after.backward.scale, 3 * scale.t())

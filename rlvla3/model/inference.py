@@ -20,7 +20,9 @@ which runs):
 - ``cuda_graph``: ``static`` with the loop captured once per (bucket, deterministic) in a
   ``torch.cuda.CUDAGraph`` (one memory pool for all) and replayed: one launch for every
   expert layer of every step. Weights changed in place (``load_state_dict``, an optimizer
-  step) need no re-capture; FP8 weights are re-quantised in place before a replay.
+  step) need no re-capture; FP8 weights are re-quantised in place before a replay. A capture
+  that fails leaves the strategy running the static loop, with a warning and a ``name`` that
+  says why.
 - ``auto``: ``cuda_graph`` on CUDA, ``eager`` elsewhere.
 
 Inputs: the policy, an ``ObsBatch``, ``deterministic``. Output: ``(chain [n, K + 1, H, W],
@@ -200,15 +202,28 @@ class CudaGraphActing(StaticActing):
         super().__init__(buckets)
         self._graphs: dict[tuple[int, bool], _Captured] = {}
         self._pool = None
+        self.failed = ""
+        """Why a capture failed (then every call runs the static loop, and ``name`` says so)."""
 
     def loop(self, policy, buf, noise, deterministic):
         refresh = getattr(policy.fp8_backend, "refresh", None)
         if refresh is not None:  # FP8 weights re-quantised in place if the weights changed
             refresh(policy.net)
+        if self.failed:
+            return super().loop(policy, buf, noise, deterministic)
         key = (buf.b, deterministic)
         captured = self._graphs.get(key)
         if captured is None:
-            captured = self._graphs[key] = self._capture(policy, buf, noise, deterministic)
+            try:
+                captured = self._capture(policy, buf, noise, deterministic)
+            except RuntimeError as exc:  # run on, uncaptured, and say so wherever it reports
+                self.failed = f"{type(exc).__name__}: {exc}"[:300]
+                self.name = f"static (cuda_graph capture failed: {self.failed})"
+                log.warning("CUDA graph capture failed, acting at static shapes without it: %s",
+                            self.failed)
+                torch.cuda.synchronize()
+                return super().loop(policy, buf, noise, deterministic)
+            self._graphs[key] = captured
         captured.graph.replay()
         return captured.chain, captured.logp
 
