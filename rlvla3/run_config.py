@@ -170,6 +170,10 @@ class RolloutConfig:
     """... or when this long has passed since the first pending request."""
     num_cpus: float = 0.5
     num_gpus: float = 0.0
+    gpu_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The policy's dtype on a GPU: ``bfloat16`` halves the weights each call reads and runs
+    the matrix units at their bf16 rate; behaviour log-probabilities then carry bf16 rounding,
+    which the learners' importance ratios see."""
     torch_threads: int = 1
     deterministic: bool = False
     resources: Mapping[str, float] = field(default_factory=dict)

@@ -55,3 +55,25 @@ def test_linear_flops_are_counted_per_call():
         layer(torch.zeros(7, 4))
         conv(torch.zeros(1, 3, 8, 8))
     assert flops[0] == 2 * 7 * 4 * 6 + 2 * (5 * 4 * 4) * (3 * 2 * 2)
+
+
+def test_packing_breakdown_accounts_for_its_time_by_kind(capsys):
+    assert bench_packing.main(["--preset", "tiny", "--samples", "4", "--repeats", "1",
+                               "--max-tokens", "1024", "--breakdown", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for model in ("packed", "padded"):
+        b = out["breakdown"][model]
+        assert b["kernels"] > 0 and b["ms_by_kind"]["matmul"] > 0
+        assert sum(b["ms_by_kind"].values()) == pytest.approx(b["cpu_ms"], rel=0.01)
+
+
+def test_kernel_names_fall_into_kinds():
+    from rlvla3.model.step_profile import kind_of
+
+    assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "matmul"
+    assert kind_of("_block_gemm") == "matmul" and kind_of("aten::addmm") == "matmul"
+    assert kind_of("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>") == "attention"
+    assert kind_of("_quant_tiles") == "fp8_quant"
+    assert kind_of("void at::native::elementwise_kernel<CopyFunctor>") == "copy_index"
+    assert kind_of("void at::native::vectorized_elementwise_kernel<4, MulFunctor>") == (
+        "norm_elementwise")

@@ -142,8 +142,19 @@ def _time_attention(backend, calls: list[AttentionCall], seed: int) -> float:
     return time.perf_counter() - start
 
 
+def _breakdown(policy, obs, actions, rows, noise, t) -> dict:
+    """Kernel kinds of one pass over ``rows`` (``rlvla3.model.step_profile``)."""
+    from rlvla3.model.step_profile import kernel_breakdown
+
+    def one_pass() -> None:
+        for row in rows:
+            _time_row(policy, obs, actions, row, noise, t)
+
+    return kernel_breakdown(one_pass, torch.device("cpu"))
+
+
 def run(preset: str, samples: int, max_tokens: int, max_segments: int, repeats: int,
-        seed: int) -> dict:
+        seed: int, breakdown: bool = False) -> dict:
     side = shapes_for(build(VLAConfig, {"preset": preset})).image_size
     spec = libero_like_spec(image_size=side, chunk_len=50)
     packed = build_vla_policy(spec, {"preset": preset, "seed": seed})
@@ -202,7 +213,10 @@ def run(preset: str, samples: int, max_tokens: int, max_segments: int, repeats: 
                                              pd["attention_gflop_per_s"]))
     bound = med["padded"] / ideal_s
     token_ratio = padded_tokens / real
+    extra = {"breakdown": {name: _breakdown(m, obs, actions, rows, noise, t)
+                           for name, m in models.items()}} if breakdown else {}
     return {
+        **extra,
         "preset": preset,
         "samples": samples,
         "rows": len(rows),
@@ -238,12 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (0: torch's default); one thread keeps the "
                     "measurement stable on a shared machine")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also profile one pass per model: time by kind of op, op count")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     result = run(args.preset, args.samples, args.max_tokens, args.max_segments, args.repeats,
-                 args.seed)
+                 args.seed, args.breakdown)
     if args.json:
         print(json.dumps(result))
     else:

@@ -7,7 +7,8 @@ cluster of the GPUs they have (``rollout.cost_model`` / ``learner.cost_model`` =
 ``{name: custom, options: ...}``, or ``rlvla3 plan --cost-model custom --cost FIELD=VALUE ...``).
 
 Measures (working dtype, medians after a warm-up, device synchronised around each call):
-- ``act`` on rollout batches of several sizes; a least-squares line through (B, time) gives
+- ``act`` on rollout batches of several sizes, through the acting strategy a rollout server
+  gets by default (CUDA graphs on a GPU); a least-squares line through (B, time) gives
   ``infer_per_call_ms`` (intercept) and ``infer_per_sample_ms`` (slope), with the fit's largest
   relative residual so a curve that is not a line is visible;
 - ``evaluate`` forward + backward of a training micro-batch, per sample:
@@ -52,7 +53,8 @@ def check_costs(ctx) -> Iterator[dict]:
     policy = VLAPolicy(spec, cfg, dev).to(sz.dtype)
     snap: dict = {"preset": sz.preset, "dtype": str(sz.dtype).removeprefix("torch."),
                   "chunk_len": spec.chunk_len, "denoise_steps": cfg.denoise_steps,
-                  "attention": policy.attention_backend, "act_ms": {}}
+                  "attention": policy.attention_backend, "acting": policy.acting.name,
+                  "act_ms": {}}
     batches = {b: libero_like_batch(spec, b, np.random.default_rng(b))[0]
                for b in sz.cost_batches}
     for obs in batches.values():  # every shape once first: allocator, kernels and clocks settle
@@ -89,7 +91,8 @@ def check_costs(ctx) -> Iterator[dict]:
         "train_per_step_ms": round_sig(1000 * step_s),
         "model_gb": round_sig(params * next(policy.parameters()).element_size() / 1e9),
         "source": f"rlvla3 bench gpu on {_device_name(dev)}: VLA preset {sz.preset}, "
-                  f"{snap['dtype']}, {cfg.denoise_steps} denoising steps, eager",
+                  f"{snap['dtype']}, {cfg.denoise_steps} denoising steps, act "
+                  f"{policy.acting.name}",
     }
     GpuCosts(**options).validate()  # the figures a cost model accepts
     snap.update(parameters=params, train_batch=n,
