@@ -138,8 +138,6 @@ class AlgoConfig:
     kl_lr_factor: float = 1.5
     kl_lr_min_scale: float = 0.01
     kl_lr_max_scale: float = 10.0
-    max_grad_norm: float = 1.0
-    """Gradient-norm clip applied by the learner before each optimizer step."""
     vf_clip: float | None = None
     """Clip the value prediction to ``old_value +- vf_clip`` in the value loss; None: unclipped."""
 
@@ -168,7 +166,6 @@ class AlgoConfig:
         require(0.0 < self.kl_lr_min_scale <= 1.0 <= self.kl_lr_max_scale, "kl_lr_min_scale",
                 f"the bounds must hold the configured rate: 0 < kl_lr_min_scale <= 1 <= "
                 f"kl_lr_max_scale, got {self.kl_lr_min_scale}, {self.kl_lr_max_scale}")
-        require(self.max_grad_norm > 0.0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
         require(self.proximal in ("window", "step", "behaviour"), "proximal",
                 f"{self.proximal!r} is not one of window, step, behaviour")
         require(self.proximal_window >= 1, "proximal_window", "must be >= 1")
@@ -479,7 +476,6 @@ def objective(
     width of ``evaluation.log_prob_elements`` (1 when the policy gives none). GRPO has no critic,
     so its value term is zero whatever ``vf_coef`` says.
     """
-    import torch
 
     elements = evaluation.log_prob_elements
     if elements is None:  # one Gaussian, as far as the trust region can tell
@@ -520,8 +516,9 @@ def objective(
         evaluation.log_prob, behaviour_log_prob if prox_total is None else prox_total, count)
     if cfg.name == "ppo":
         critic = value_loss(evaluation.value, old_values, returns, cfg.vf_clip)
-    else:
-        critic = torch.zeros((), dtype=policy.dtype, device=policy.device)
+    else:  # no critic; the value head stays in the graph with a zero gradient, so a
+        # data-parallel reduction of every parameter's gradient completes
+        critic = evaluation.value.sum() * 0.0
     entropy = evaluation.entropy.mean()
     loss = policy + cfg.vf_coef * critic - cfg.ent_coef * entropy
     stats = ObjectiveStats(

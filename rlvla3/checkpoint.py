@@ -199,16 +199,92 @@ def save_checkpoint(
         finally:
             if not store.local:
                 shutil.rmtree(stage, ignore_errors=True)
-        payload = {
-            "policy": {"name": meta.policy.name, "options": dict(meta.policy.options)},
-            "spec": dataclasses.asdict(meta.spec),
-            "version": meta.version,
-            "counters": meta.counters,
-            "samplers": meta.samplers,
-            "files": files,
-        }
-        store.write_text("meta.json", json.dumps(payload, indent=2))
+        store.write_text("meta.json", _meta_payload(meta, files))
     return store.uri
+
+
+def _meta_payload(meta: CheckpointMeta, files: dict[str, Any], **extra: Any) -> str:
+    return json.dumps({
+        "policy": {"name": meta.policy.name, "options": dict(meta.policy.options)},
+        "spec": dataclasses.asdict(meta.spec),
+        "version": meta.version,
+        "counters": meta.counters,
+        "samplers": meta.samplers,
+        "files": files,
+        **extra,
+    }, indent=2)
+
+
+def _new_step_dir(root: Storage, version: int) -> str:
+    """``step-<version>``, or ``step-<version>-<k>`` when that version was saved before."""
+    taken = {key for key in map(_step_key, root.listdir()) if key is not None}
+    k = 1 + max((k for v, k in taken if v == version), default=-1)
+    return f"step-{version:08d}" + (f"-{k}" if k else "")
+
+
+def _point_latest_and_prune(root: Storage, keep: int, pinned: Iterable[str]) -> None:
+    """``latest`` at the newest complete checkpoint; all but the newest ``keep`` versions
+    pruned, never a ``pinned`` one, never one newer than ``latest``."""
+    pinned = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in pinned}
+    complete = sorted((n for n in _complete(root)), key=_step_key)
+    root.write_text("latest", complete[-1] + "\n")
+    newest_copy = {_step_key(n)[0]: n for n in complete}  # sorted: the last copy wins
+    kept = {newest_copy[v] for v in sorted(newest_copy)[-keep:]}
+    for old in root.listdir():
+        key = _step_key(old)
+        if (key is not None and old not in kept and old not in pinned
+                and key < _step_key(complete[-1])):
+            root.delete(old)
+
+
+def save_sharded_run_checkpoint(run_dir: str | Path, tensors: dict[str, torch.Tensor],
+                                meta: CheckpointMeta, ranks: Any,
+                                optimizer: dict[str, Any] | None = None,
+                                rng: torch.Tensor | None = None, keep: int = 2,
+                                pinned: Iterable[str] = ()) -> str:
+    """A sharded checkpoint (``rlvla3.engine.sharded``) in ``run_dir/checkpoints``, written
+    by every rank of ``ranks`` at once (a collective: every rank calls it): each rank writes
+    and uploads its own shard file; rank 0, once every rank's file is up and listed, writes
+    ``meta.json`` (sizes and sha256 of every shard, each tensor's whole shape, ``optimizer``:
+    the param groups and the order the optimizer indexes parameters in), then ``latest``, then
+    prunes. Returns the checkpoint's location."""
+    from rlvla3.engine.sharded import FORMAT, cleanup, stage_dir, write_shard
+
+    root = Storage(join(run_dir, "checkpoints"))
+    with _WRITING:
+        name = ranks.gather_objects(_new_step_dir(root, meta.version) if ranks.rank == 0
+                                    else None)[0]
+        target = Storage(join(root.uri, name))
+        stage = stage_dir(scratch_dir())
+        try:
+            written = write_shard(stage, tensors, ranks)
+            extra = {}
+            if ranks.rank == 0 and rng is not None:
+                save_file({"torch": rng.contiguous()}, str(stage / "rng.safetensors"))
+                extra["rng.safetensors"] = stage / "rng.safetensors"
+            if target.local:
+                (Path(target.root) / "shards").mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(stage / written.name, Path(target.root) / written.name)
+                for file_name, path in extra.items():
+                    shutil.copyfile(path, Path(target.root) / file_name)
+            else:
+                target.upload(stage / written.name, written.name)
+                for file_name, path in extra.items():
+                    target.upload(path, file_name)
+            records = ranks.gather_objects(dataclasses.asdict(written))
+            files = {w["name"]: {"size": w["size"], "sha256": w["sha256"]} for w in records}
+            shapes = {k: v for w in records for k, v in w["keys"].items()}
+            if ranks.rank == 0:
+                for file_name, path in extra.items():
+                    files[file_name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+                target.write_text("meta.json", _meta_payload(
+                    meta, files, format=FORMAT, world=ranks.world, tensors=shapes,
+                    optimizer=optimizer or {}))
+                _point_latest_and_prune(root, keep, pinned)
+        finally:
+            cleanup(stage)
+        ranks.barrier()  # no rank returns before meta.json and latest name its checkpoint
+    return target.uri
 
 
 def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMeta,
@@ -221,22 +297,11 @@ def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMet
     older version arriving after a newer one (two calls into one learner, in either order) is
     written and then pruned, so ``latest`` never names a pruned checkpoint. Returns the new
     checkpoint's location."""
-    pinned = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in pinned}
     root = Storage(join(run_dir, "checkpoints"))
     with _WRITING:
-        taken = {key for key in map(_step_key, root.listdir()) if key is not None}
-        k = 1 + max((k for v, k in taken if v == meta.version), default=-1)
-        name = f"step-{meta.version:08d}" + (f"-{k}" if k else "")
+        name = _new_step_dir(root, meta.version)
         path = save_checkpoint(join(root.uri, name), policy, meta, optimizer, rng)
-        complete = sorted((n for n in _complete(root)), key=_step_key)
-        root.write_text("latest", complete[-1] + "\n")
-        newest_copy = {_step_key(n)[0]: n for n in complete}  # sorted: the last copy wins
-        kept = {newest_copy[v] for v in sorted(newest_copy)[-keep:]}
-        for old in root.listdir():
-            key = _step_key(old)
-            if (key is not None and old not in kept and old not in pinned
-                    and key < _step_key(complete[-1])):
-                root.delete(old)
+        _point_latest_and_prune(root, keep, pinned)
     return path
 
 
@@ -393,6 +458,10 @@ def safetensors_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     """Names and shapes of a checkpoint's weights, from the safetensors header alone (two
     ranged reads; nothing downloaded)."""
     store = Storage(locate_checkpoint(path))
+    meta = json.loads(store.read_text("meta.json"))
+    if meta.get("format") == "sharded":
+        return {k.removeprefix("model/"): tuple(v) for k, v in meta.get("tensors", {}).items()
+                if k.startswith("model/")}
     (length,) = struct.unpack("<Q", store.read_range("policy.safetensors", 0, 8))
     header = json.loads(store.read_range("policy.safetensors", 8, length))
     return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
@@ -431,6 +500,22 @@ def check_init_from(path: str | Path, policy: Named, spec: EnvSpec,
     return ckpt
 
 
+def is_sharded(local: Path) -> bool:
+    """Whether the checkpoint in ``local`` was written shard by shard (``rlvla3.engine``)."""
+    return json.loads((Path(local) / "meta.json").read_text()).get("format") == "sharded"
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's whole weights (a sharded one's shards put together)."""
+    local = resolve_checkpoint(path)
+    if not is_sharded(local):
+        return load_file(str(local / "policy.safetensors"))
+    from rlvla3.engine.sharded import RowSource
+
+    source = RowSource(local)
+    return {k.removeprefix("model/"): source.whole(k) for k in source.keys("model/")}
+
+
 def load_policy(path: str | Path) -> tuple[Policy, CheckpointMeta]:
     """Rebuild the policy a checkpoint was saved from and load its weights (strictly)."""
     from rlvla3.policies import build_policy
@@ -438,13 +523,29 @@ def load_policy(path: str | Path) -> tuple[Policy, CheckpointMeta]:
     local = resolve_checkpoint(path)
     meta = read_meta(local)
     policy = build_policy(meta.policy, meta.spec)
-    policy.load_state_dict(load_file(str(local / "policy.safetensors")))
+    policy.load_state_dict(load_weights(local))
     return policy, meta
 
 
 def load_optimizer_state(path: str | Path) -> dict[str, Any] | None:
-    """The optimizer state saved beside the weights, or None; never unpickles objects."""
-    file = resolve_checkpoint(path) / "optimizer.pt"
+    """The optimizer state saved beside the weights in ``Optimizer.state_dict``'s layout
+    (parameters by index; a sharded checkpoint's shards put together), or None; never
+    unpickles objects."""
+    local = resolve_checkpoint(path)
+    if is_sharded(local):
+        from rlvla3.engine.sharded import RowSource
+
+        source = RowSource(local)
+        saved = json.loads((local / "meta.json").read_text()).get("optimizer") or {}
+        order = saved.get("param_order") or []
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for index, name in enumerate(order):
+            for key in source.keys(f"optim/{name}/"):
+                state.setdefault(index, {})[key.rsplit("/", 1)[1]] = source.whole(key)
+        groups = [{**g, "params": list(range(len(order)))} for g in saved.get("param_groups")
+                  or []]
+        return {"state": state, "param_groups": groups} if order else None
+    file = local / "optimizer.pt"
     if not file.is_file():
         return None
     return torch.load(file, map_location="cpu", weights_only=True)

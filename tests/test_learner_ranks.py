@@ -1,34 +1,20 @@
-"""A learner group trains exactly the global batch: with a rank count that does not divide it
-(a group rebuilt after a lost rank: 64 over 3), the ranks share each step's samples out
-unevenly (22, 21, 21) and scale their gradients by their share, so three DDP ranks over gloo
-end with the parameters one rank reaches on the same batches. Each rank is its own process
-(``tests/learner_ranks.py``); no Ray."""
+"""Learner groups train what one rank trains, through one engine (``rlvla3.engine``): DDP
+and FSDP2 groups over gloo, each rank its own process (``rlvla3.engine.equivalence``: the
+same episodes, each global batch shared out over the ranks), end with the parameters one rank
+reaches on the same batches; a rank count that does not divide the global batch (a group
+rebuilt after a lost rank: 64 over 3) shares it out unevenly (22, 21, 21) and scales each
+rank's gradient by its share; and each rank holds what the memory pre-flight says. No Ray.
+
+The full comparison (2 and 4 ranks, 20 steps, PPO and GRPO) is ``rlvla3 bench engine``."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
+import pytest
 import torch
-from safetensors.torch import load_file
 
+from rlvla3.engine.equivalence import max_difference, run_group
 from rlvla3.learner import rank_batches
-
-SCRIPT = Path(__file__).resolve().parent / "learner_ranks.py"
-
-
-def _group(tmp: Path, world: int, global_batch: int = 64, steps: int = 2) -> Path:
-    out = tmp / f"world{world}"
-    init = tmp / f"rendezvous{world}"
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), "--world", str(world), "--rank",
-                               str(r), "--init", str(init), "--out", str(out),
-                               "--global-batch", str(global_batch), "--steps", str(steps)])
-             for r in range(world)]
-    for proc in procs:
-        assert proc.wait(timeout=300) == 0
-    return out
+from rlvla3.plan.memory import engine_bytes
 
 
 def test_the_global_batch_is_shared_out_exactly():
@@ -38,11 +24,26 @@ def test_the_global_batch_is_shared_out_exactly():
 
 
 def test_three_ranks_train_the_whole_global_batch_as_one_rank_does(tmp_path):
-    one = _group(tmp_path, 1)
-    three = _group(tmp_path, 3)
-    trained = [json.loads((three / f"rank{r}.json").read_text()) for r in range(3)]
-    assert sum(t["samples_trained"] for t in trained) == 2 * 64  # not 2 x 63
-    assert {t["version"] for t in trained} == {2}
-    a, b = load_file(str(one / "params.safetensors")), load_file(str(three / "params.safetensors"))
-    for key in a:
-        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-5, msg=key)
+    one, _ = run_group(tmp_path, 1, "ddp", "ppo", steps=2, global_batch=64)
+    three, records = run_group(tmp_path, 3, "ddp", "ppo", steps=2, global_batch=64)
+    assert sum(r["samples_trained"] for r in records) == 2 * 64  # not 2 x 63
+    assert {r["version"] for r in records} == {2}
+    for key in one:
+        torch.testing.assert_close(three[key], one[key], rtol=1e-5, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_fsdp_and_ddp_groups_end_where_one_rank_does_and_fsdp_holds_half(tmp_path, algo):
+    one, single = run_group(tmp_path, 1, "ddp", algo, steps=4)
+    ddp, _ = run_group(tmp_path, 2, "ddp", algo, steps=4)
+    fsdp, sharded = run_group(tmp_path, 2, "fsdp", algo, steps=4)
+    assert max_difference(ddp, one) <= 1e-5 and max_difference(fsdp, one) <= 1e-5
+    whole = single[0]["memory"]
+    params = whole["params"] // 4
+    assert whole["params"] + whole["grads"] + whole["optimizer"] == pytest.approx(
+        engine_bytes(params, "ddp", 1), rel=0.01)
+    for record in sharded:  # each rank holds its half of parameters, gradients and Adam
+        held = record["memory"]["params"] + record["memory"]["grads"] + record["memory"][
+            "optimizer"]
+        assert held == pytest.approx(engine_bytes(params, "fsdp", 2), rel=0.05)
+        assert record["engine"] == "fsdp"

@@ -58,7 +58,7 @@ from envs import dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.config import require, to_dict
 from rlvla3.plan.cluster import actor_specs, check_placement, place
-from rlvla3.plan.memory import MemoryPlan, estimate, model_facts
+from rlvla3.plan.memory import MemoryPlan, choose_strategy, estimate, model_facts
 from rlvla3.policies import build_policy
 from rlvla3.run_config import RunConfig, check_resources
 from rlvla3.storage import Mirror, basename, check_reach, join
@@ -158,10 +158,10 @@ class Controller:
 
     # ---- topology ------------------------------------------------------------------------
     def build(self) -> Topology:
-        cfg = self.cfg
-        ensure_ray(cfg)
+        ensure_ray(self.cfg)
         self.check_storage()
-        self.memory_plan = self._preflight()
+        self.memory_plan = self._preflight()  # resolves learner.strategy: auto
+        cfg = self.cfg
         self.topology = build_topology(cfg, self.spec, self.files.uri, basename(self.files.uri),
                                        self.training.concurrent)
         self.monitor = RunMonitor(self.topology, self.run_dir)
@@ -189,7 +189,11 @@ class Controller:
         for line in check_placement(self.cfg, placement,
                                     can_add_nodes=bool(placement.waiting) and can_add_nodes()):
             self._log(f"placement: {line} (the autoscaler may add it)")
-        plan = estimate(self.cfg, self.spec, placement, model_facts(self.cfg.policy, self.spec))
+        facts = model_facts(self.cfg.policy, self.spec)
+        self.cfg, note = choose_strategy(self.cfg, self.spec, placement, facts)
+        if note:
+            self._log(note)
+        plan = estimate(self.cfg, self.spec, placement, facts)
         totals = ", ".join(f"{p.node.label}: {p.host_mb:,.0f} of {p.node.host_memory_mb:,.0f} MB"
                            for p in plan.nodes if p.components)
         self._log(f"memory plan: {totals}")

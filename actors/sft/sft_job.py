@@ -2,14 +2,15 @@
 
     rlvla3 sft [--preset NAME] [--config FILE] --dataset PATH [--dataset PATH2 --weights 3 1]
                [--policy vla] [--env libero] [--run-dir DIR | --resume RUN_DIR]
-               [--init-from CHECKPOINT] [--workers N] [--max-steps S] [--grad-accum K] [--gpu]
+               [--init-from CHECKPOINT] [--num-learners N] [--max-steps S] [--grad-accum K]
+               [--gpu]
                [--verify-data] [--set section.field=value ...] [--print-config]
 
 The config is the preset (``rlvla3/presets/sft/*.yaml``; ``default`` unless named), then the
 ``--config`` file, then the flags, then ``--set`` overrides. As with ``rlvla3 rl``, a new run
 refuses a ``--run-dir`` that holds another run's checkpoints; ``--resume RUN_DIR`` continues a
-run from its latest checkpoint with its saved ``config.json`` (flags and ``--set`` apply on
-top, e.g. ``--max-steps`` to train on).
+run from its latest checkpoint with its saved ``config.yaml`` (``config.json`` in a run
+written before; flags and ``--set`` apply on top, e.g. ``--max-steps`` to train on).
 
 Checks (``prepare`` and ``connect``, before any actor starts): the config, that every dataset
 path exists and at least one dataset opens, the env (with its optional extra) and the policy,
@@ -19,7 +20,9 @@ A failure is one line on stderr and exit status 2.
 
 Data: the Ray Data lake (``datalake.pipeline``) streams packed rows to every Ray Train worker
 (``get_dataset_shard``: a ``streaming_split`` of one pipeline); token lengths come from the
-policy's ``token_counts`` when it has one (the packed VLA), else the lake's estimate.
+policy's ``token_counts`` when it has one (the packed VLA), else the lake's estimate. The
+workers are a plain ``DataParallelTrainer``: they join their process group themselves, through
+the training engine's ``rlvla3.engine.group`` (as the RL learners do).
 
 The per-worker training loop, its parallel strategies and checkpoints: ``actors.sft.sft_worker``;
 the config: ``actors.sft.sft_config``.
@@ -40,12 +43,12 @@ from typing import Any
 import yaml
 
 from actors.rl.rl_job import refuse_a_used_run_dir
-from actors.sft.sft_config import SFTConfig
+from actors.sft.sft_config import SFTConfig, upgrade
 from actors.sft.sft_worker import train_loop
 from datalake.format import DatasetError, resolve_filesystem
 from datalake.pipeline import Lake, LakeError
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
-from rlvla3.cli_options import add_run_dir
+from rlvla3.cli_options import add_run_dir, deprecated_alias
 from rlvla3.config import (
     ConfigError,
     Named,
@@ -200,7 +203,7 @@ def connect(cfg: SFTConfig) -> None:
     import ray
 
     lc = cfg.lake
-    need = cfg.workers + lc.decode_actors * lc.cpus_per_decoder + lc.expand_cpus
+    need = cfg.num_learners + lc.decode_actors * lc.cpus_per_decoder + lc.expand_cpus
     if not ray.is_initialized():
         from actors.runtime.bootstrap import init_ray
 
@@ -210,14 +213,15 @@ def connect(cfg: SFTConfig) -> None:
     have = ray.cluster_resources().get("CPU", 0.0)
     if need > have:
         raise ConfigError(
-            "workers",
-            f"{cfg.workers} train workers + the lake's {need - cfg.workers:g} CPUs "
+            "num_learners",
+            f"{cfg.num_learners} learner ranks + the lake's {need - cfg.num_learners:g} CPUs "
             f"exceed the cluster's {have:g} CPUs (the data pipeline would stall)",
         )
     gpus = ray.cluster_resources().get("GPU", 0.0)
-    if cfg.use_gpu and gpus < cfg.workers:
+    if cfg.use_gpu and gpus < cfg.num_learners:
         raise ConfigError(
-            "use_gpu", f"--gpu needs {cfg.workers} GPU(s), one per worker; the cluster has {gpus:g}"
+            "use_gpu", f"--gpu needs {cfg.num_learners} GPU(s), one per rank; the cluster has "
+                       f"{gpus:g}"
         )
 
 
@@ -225,14 +229,14 @@ def train(job: SFTJob) -> dict[str, Any]:
     """Start Ray Train on a prepared job and wait; returns a summary (first / last logged loss,
     checkpoint)."""
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     cfg, lake, spec = job.cfg, job.lake, job.spec
     files = Mirror(cfg.run_dir)
-    files.write_text("config.json", json.dumps(to_dict(cfg), indent=2))
+    files.write_text("config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     # Ray Train keeps its own files beside ours, on the same storage
     train_fs, train_path = resolve_filesystem(join(cfg.run_dir, "ray"))
-    trainer = TorchTrainer(
+    trainer = DataParallelTrainer(
         train_loop,
         train_loop_config={
             "sft": to_dict(cfg),
@@ -240,9 +244,8 @@ def train(job: SFTJob) -> dict[str, Any]:
             "cameras": list(lake.cameras),
             "dataset_problems": lake.dataset_problems,
         },
-        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
-            num_workers=cfg.workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": 1}
+            num_workers=cfg.num_learners, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": 1}
         ),
         datasets={"train": lake.samples(_resume_epoch(cfg.run_dir))},
         run_config=RunConfig(name="sft", storage_path=train_path, storage_filesystem=train_fs),
@@ -274,7 +277,7 @@ FLAGS: dict[str, str] = {
     "policy": "policy.name",
     "env": "env.name",
     "init_from": "init_from",
-    "workers": "workers",
+    "num_learners": "num_learners",
     "max_steps": "max_steps",
     "grad_accum": "grad_accum",
     "lr": "lr",
@@ -304,7 +307,9 @@ def parser() -> argparse.ArgumentParser:
         help="start from these weights (a checkpoint or run directory) with a fresh step, "
         "optimizer and schedule; the policy options default to the checkpoint's",
     )
-    p.add_argument("--workers", type=int, help="Ray Train workers (default: 1)")
+    p.add_argument("--num-learners", type=int,
+                   help="learner ranks, one Ray Train worker each (default: 1)")
+    deprecated_alias(p, "--workers", "--num-learners", "num_learners", type=int)
     p.add_argument("--max-steps", type=int, help="optimizer steps of the run (default: 200)")
     p.add_argument("--grad-accum", type=int, help="packed rows per optimizer step per worker")
     p.add_argument("--lr", type=float, help="peak learning rate (default: 3e-4)")
@@ -320,17 +325,13 @@ def parser() -> argparse.ArgumentParser:
 
 def config_mapping(args: argparse.Namespace) -> dict[str, Any]:
     """The mapping ``SFTConfig`` is built from: a new run's preset, ``--config`` file, flags and
-    ``--set`` overrides in that order, or with ``--resume`` the run's saved ``config.json`` with
+    ``--set`` overrides in that order, or with ``--resume`` the run's saved ``config.yaml`` with
     the flags and overrides on top."""
     if args.resume:
         if args.preset or args.config or args.run_dir:
             raise ConfigError("--resume", "continues the run with its saved config: drop "
                               "--preset, --config and --run-dir (flags and --set still apply)")
-        try:
-            mapping = json.loads(Storage(args.resume).read_text("config.json"))
-        except FileNotFoundError:
-            raise ConfigError("--resume", f"{args.resume} has no config.json (not an SFT run "
-                              "directory)") from None
+        mapping = saved_config(args.resume)
         mapping["run_dir"] = args.resume
     else:
         mapping = load_mapping(args.preset or "default", args.config, package=PRESETS)
@@ -343,6 +344,7 @@ def config_mapping(args: argparse.Namespace) -> dict[str, Any]:
             mapping = deep_merge(mapping, _nested(field_path, value))
     for item in args.overrides:
         mapping = deep_merge(mapping, parse_override(item))
+    mapping = upgrade(mapping)
     if not (mapping.get("lake") or {}).get("datasets"):
         raise ConfigError("lake.datasets", "no dataset: give --dataset PATH (repeatable)")
     policy = mapping.setdefault("policy", {"name": "vla"})
@@ -352,6 +354,16 @@ def config_mapping(args: argparse.Namespace) -> dict[str, Any]:
         # Without init_from a VLA is the tiny preset; with it, the checkpoint's model.
         policy["options"] = {"preset": "tiny", **(policy.get("options") or {})}
     return mapping
+
+
+def saved_config(run_dir: str) -> dict[str, Any]:
+    """The config a run directory was started with: ``config.yaml``, or the ``config.json``
+    of a run written before."""
+    store = Storage(run_dir)
+    for name, parse in (("config.yaml", yaml.safe_load), ("config.json", json.loads)):
+        if store.is_file(name):
+            return dict(parse(store.read_text(name)) or {})
+    raise ConfigError("--resume", f"{run_dir} has no config.yaml (not an SFT run directory)")
 
 
 def config_from_args(args: argparse.Namespace) -> SFTConfig:

@@ -122,6 +122,15 @@ class VLAPolicy(nn.Module):
             self.acting = make_acting(self.cfg.inference, self.device, self.cfg.padded)
         return out
 
+    def shard_units(self) -> list[tuple[nn.Module, tuple[str, ...]]]:
+        """The transformer blocks FSDP shards one by one (``rlvla3.engine``), each with the
+        methods besides ``forward`` it is called through: the vision layers, and the backbone
+        and expert layers run as ``qkv`` then ``finish`` (the attention between is the
+        network's)."""
+        net = self.net
+        return [(layer, ()) for layer in net.vision.layers] + [
+            (layer, ("qkv", "finish")) for layer in (*net.layers, *net.expert_layers)]
+
     @property
     def device(self) -> torch.device:
         return self.net.action_in_proj.weight.device
