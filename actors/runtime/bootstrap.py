@@ -16,19 +16,23 @@
   ``host:port``; ``init_ray`` checks it before joining, so that an unreachable cluster is one
   ``ConfigError`` line within seconds, not minutes of Ray's connection retries.
 
-A new local cluster's workers are told its dashboard (``RAY_API_SERVER_ADDRESS``): Ray's
-state API in a worker (Ray Train's placement-group cleaner uses it) would otherwise look for
-"the" Ray of the machine and, with another one running, query that one or fail with a
-traceback. Worker lines that are Ray's own chatter are filtered (``actors.runtime.quiet``).
+A new local cluster's workers are told its address (``RAY_ADDRESS`` in their environment, its
+GCS port chosen before it starts): Ray's state API in a worker (Ray Train's placement-group
+cleaner uses it) would otherwise look for "the" Ray of the machine and, with another one
+running, query that one or fail with a traceback. The dashboard keeps Ray's own choice of port
+(8265, or the next free one). Worker lines that are Ray's own chatter are filtered
+(``actors.runtime.quiet``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 import warnings
+from collections.abc import Iterator
 
 import ray
 
@@ -51,7 +55,8 @@ def was_restarted() -> bool:
 
 
 DASHBOARD_PORT = 8265
-"""Ray's default dashboard port: a local cluster's dashboard takes the first free one from here."""
+"""Ray's default dashboard port: a local cluster's dashboard takes the first free one from here
+(Ray's own search)."""
 
 
 def init_ray(address: str = "", field: str = "ray.address", **kwargs) -> None:
@@ -70,11 +75,13 @@ def init_ray(address: str = "", field: str = "ray.address", **kwargs) -> None:
         context = ray.init(address=address, **kwargs)
     else:
         quiet_token_notice()
-        if kwargs.setdefault("include_dashboard", dashboard_installed()):
-            port = kwargs.setdefault("dashboard_port", free_port(DASHBOARD_PORT))
-            if port:  # inherited by the raylet, so by every worker of this cluster
-                os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
-        context = ray.init(address="local", **kwargs)
+        kwargs.setdefault("include_dashboard", dashboard_installed())
+        # The cluster's own address, known before it starts: the GCS on a port the kernel
+        # picks, and RAY_ADDRESS naming it in the environment its processes inherit (the
+        # raylet's, so every worker's), not in this process's.
+        port = free_port(0)
+        with _environment(RAY_GCS_SERVER_PORT=str(port), RAY_ADDRESS=f"127.0.0.1:{port}"):
+            context = ray.init(address="local", **kwargs)
     install_log_filter()
     where = "joined the Ray cluster" if address else "started a local Ray cluster"
     gcs = (getattr(context, "address_info", None) or {}).get("gcs_address", address)
@@ -87,16 +94,32 @@ def init_ray(address: str = "", field: str = "ray.address", **kwargs) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def free_port(start: int, tries: int = 100) -> int:
-    """The first port from ``start`` on that nothing on this machine listens on."""
-    for port in range(start, start + tries):
+def free_port(start: int = 0) -> int:
+    """A port nothing on this machine listens on: ``start`` when free, else one the kernel
+    picks (``start=0``: the kernel's pick, outside the ports Ray's defaults search)."""
+    for port in (start, 0):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
-    return 0  # Ray picks one
+            return sock.getsockname()[1]
+    raise OSError("no free port on this machine")
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """Set these environment variables while active, then restore what was there."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def check_reachable(address: str, field: str = "ray.address", timeout_s: float = 5.0) -> None:

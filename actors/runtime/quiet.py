@@ -53,10 +53,6 @@ NOISE: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^(Progress bars disabled\. To enable|.{0,3}\s*Dataset \S+ execution finished "
                 r"in [\d.]+ seconds$)"),
      "Ray Data: the lake turns its progress bars off on purpose; a dataset's end of execution"),
-    (re.compile(r"PYTHON worker processes have been started on node: .* maximum expected "
-                r"startup concurrency"),
-     "the raylet counting the worker processes Ray Train and Ray Data start at once on a "
-     "small machine"),
 )
 """(pattern, why it is harmless) of every worker line that is not printed."""
 
