@@ -386,8 +386,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if started_ray:
             from actors.runtime.bootstrap import init_ray
 
-            init_ray(args.address or "", num_cpus=max(args.workers, os.cpu_count() or 1),
-                     include_dashboard=False, log_to_driver=False)
+            init_ray(args.address or "", field="--address",
+                     num_cpus=max(args.workers, os.cpu_count() or 1), include_dashboard=False,
+                     log_to_driver=False)
         spawn_args = dict(seed=args.seed, source=source, placements=args.placements,
                           numerics=args.numerics)
         workers = make_eval_workers(env, min(args.workers, len(todo)), **spawn_args)
