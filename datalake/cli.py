@@ -13,7 +13,10 @@ reads every parquet row group (each problem then names the episodes it affects).
 parallel Ray workers and writes
 the successful episodes as a LeRobot v3.0 dataset. Scenes are fresh placements (never the
 bundled evaluation states) unless ``--placements bundled`` and ``--allow-eval-overlap`` say
-otherwise; the same command re-run continues an interrupted recording.
+otherwise; the same command re-run continues an interrupted recording. Task ids the suite lacks,
+initial scenes out of range, a missing extra or a remote ``--output-dir`` that cannot be
+written are one line and exit status 2 before Ray starts (nothing is written); episodes lost to
+simulator faults end the recording with exit status 1 and a line naming the first cause.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import sys
 import pyarrow.fs as pafs
 
 from datalake.video import CODECS
+from envs.libero.env import SUITE_NUM_TASKS
 from rlvla3.cli_options import add_image_size, add_output_dir, require_output_dir
+from rlvla3.storage import check_writable
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -63,9 +68,41 @@ def _inspect(args: argparse.Namespace) -> int:
     return 1 if report["problems"] else 0
 
 
-def _record(args: argparse.Namespace) -> int:
+def start_ray(num_cpus: int) -> None:
+    """Start (or join, under ``RAY_ADDRESS``) the Ray the recording's workers run on: only
+    Ray's errors reach the terminal from this process (not its start-up notices), and its
+    worker lines carry no colour codes unless stderr is a terminal."""
+    import logging
+
     import ray
 
+    if ray.is_initialized():
+        return
+    if not sys.stderr.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # Ray's own switch
+    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", num_cpus=num_cpus,
+             include_dashboard=False, logging_level=logging.ERROR)
+
+
+def check_record_args(args: argparse.Namespace, inits: list[int]) -> None:
+    """The suite's task ids and initial scenes a recording asks for exist (``ConfigError``
+    naming the option otherwise): a job that cannot run is refused before Ray starts, not
+    counted as a simulator fault after it."""
+    from envs.libero.env import NUM_INIT_STATES, LiberoConfig
+    from rlvla3.config import ConfigError
+
+    n = SUITE_NUM_TASKS[args.suite]
+    for t in args.task_ids:
+        if not 0 <= t < n:
+            raise ConfigError("--task-ids", f"{args.suite} has tasks 0..{n - 1}, got {t}")
+    limit = NUM_INIT_STATES if args.placements == "bundled" else LiberoConfig().fresh_states
+    for k in inits:
+        if not 0 <= k < limit:
+            raise ConfigError("--init-ids/--episodes", f"initial scenes lie in 0..{limit - 1} "
+                              f"({args.placements} placements), got {k}")
+
+
+def _record(args: argparse.Namespace) -> int:
     from datalake.record import libero_recorder, record_dataset
     from datalake.writer import WriterConfig
     from envs.libero.split import check_split, split_note
@@ -76,6 +113,7 @@ def _record(args: argparse.Namespace) -> int:
               "allow_eval_overlap": args.allow_eval_overlap}
     env = Named("libero", {"suite": args.suite, **scenes})
     try:
+        check_record_args(args, inits)
         check_split(env, inits, (), field="--init-ids/--placements")
     except ConfigError as exc:
         print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
@@ -96,12 +134,12 @@ def _record(args: argparse.Namespace) -> int:
             if tuple(spec.image_size) != tuple(args.image_size):
                 raise ConfigError("--policy", f"trained on {list(spec.image_size)} images, "
                                   f"--image-size is {list(args.image_size)}")
+        if "://" in args.output_dir:
+            check_writable(args.output_dir, "--output-dir")
     except (ConfigError, FileNotFoundError) as exc:
         print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
         return 2
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS") or "local", num_cpus=max(args.workers, 1),
-                 include_dashboard=False, configure_logging=False)
+    start_ray(max(args.workers, 1))
     make_env, expert = libero_recorder(
         args.suite, tuple(args.image_size), args.action_noise, args.policy, args.policy_share,
         scenes,
@@ -124,8 +162,9 @@ def _record(args: argparse.Namespace) -> int:
     result["split"] = split
     print(json.dumps(result, indent=2))
     if result.get("unfinished"):
+        first = f" (the first: {result['faults'][0]})" if result.get("faults") else ""
         print(f"rlvla3 datalake record: {len(result['unfinished'])} episodes lost to simulator "
-              "faults; run the same command again to retry them", file=sys.stderr)
+              f"faults{first}; run the same command again to retry them", file=sys.stderr)
         return 1
     return 0 if result["recorded"] else 1
 
@@ -148,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser(
         "record", help="record scripted LIBERO demonstrations as a LeRobot v3.0 dataset"
     )
-    r.add_argument("--suite", default="libero_spatial")
+    r.add_argument("--suite", default="libero_spatial", choices=sorted(SUITE_NUM_TASKS))
     r.add_argument("--task-ids", type=int, nargs="+", default=[0])
     r.add_argument("--episodes", type=int, default=10, help="initial scenes per task (0..N-1)")
     r.add_argument(

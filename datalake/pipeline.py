@@ -372,6 +372,7 @@ class Lake:
             cpu=cfg.max_cpus or None, object_store_memory=cfg.object_store_mb * 2**20 or None
         )
         ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False  # the job prints its own progress
         plan = self.plan(epoch)
         uris = [m.uri if m is not None else "" for m in self.metas]
         items = [{"dataset": d, "position": p} for d, p in plan]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -101,6 +103,20 @@ def _dispatch(table: dict[str, tuple[str, str]], name: str, argv: list[str], wha
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``rlvla3 ARGV``; returns its exit status. A reader that closes stdout early
+    (``rlvla3 rl --print-plan | head``) ends the command quietly, as it would any Unix tool,
+    with the status a shell gives a process ended by SIGPIPE."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Python would report the pipe again while flushing stdout at exit: point it nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())

@@ -309,6 +309,37 @@ def test_a_lost_worker_is_replaced_and_its_episode_runs_again(ray_cluster):
     assert len(faults) == 2 and all(o.fault for o in faults)
 
 
+def test_a_worker_that_cannot_load_its_checkpoint_stops_the_round_before_any_episode(
+        ray_cluster, tmp_path):
+    """A checkpoint whose weights were overwritten: every worker's constructor fails the same
+    way, so the round stops with that error; no episode is recorded as a fault (or a failure)
+    and no replacement is spawned to fail again."""
+    from actors.eval.rounds import EvalRound, make_eval_workers
+    from envs import env_spec
+    from rlvla3.checkpoint import CheckpointMeta, locate_checkpoint, save_run_checkpoint
+    from rlvla3.policies import build_policy
+
+    small = Named("small", {"channels": 4, "hidden": 16})
+    spec = env_spec(ENV)
+    save_run_checkpoint(tmp_path / "run", build_policy(small, spec),
+                        CheckpointMeta(small, spec, 1))
+    (Path(locate_checkpoint(tmp_path / "run")) / "policy.safetensors").write_bytes(b"x" * 5)
+    source = ActionSource("checkpoint", str(tmp_path / "run"))
+    spawned = []
+
+    def spawn():
+        spawned.append(make_eval_workers(ENV, 1, num_cpus=0.5, source=source)[0])
+        return spawned[-1]
+
+    round_ = EvalRound(make_eval_workers(ENV, 1, num_cpus=0.5, source=source), [(0, 0), (0, 1)],
+                       spawn=spawn)
+    with pytest.raises(RuntimeError, match=r"could not start: .*CheckpointError: .*"
+                                           r"policy\.safetensors holds 5 bytes") as stopped:
+        round_.wait()
+    assert type(stopped.value).__name__ == "EvalSetupError"
+    assert round_.outcomes == [] and spawned == []
+
+
 IDENT = {"suite": "libero_spatial", "language": "own", "numerics": "pinned"}
 
 

@@ -34,9 +34,11 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
     elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
         import ray
 
-        from actors.runtime.bootstrap import NAMESPACE
+        from actors.runtime.bootstrap import NAMESPACE, check_reachable
         from actors.runtime.cluster_state import alive_nodes, can_add_nodes
 
+        check_reachable(cfg.ray.address or os.environ["RAY_ADDRESS"],
+                        "ray.address" if cfg.ray.address else "RAY_ADDRESS")
         ray.init(address=cfg.ray.address or None, namespace=NAMESPACE, log_to_driver=False,
                  configure_logging=False)
         try:

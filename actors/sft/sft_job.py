@@ -13,10 +13,13 @@ run from its latest checkpoint with its saved ``config.yaml`` (``config.json`` i
 written before; flags and ``--set`` apply on top, e.g. ``--max-steps`` to train on).
 
 Checks (``prepare`` and ``connect``, before any actor starts): the config, that every dataset
-path exists and at least one dataset opens, the env (with its optional extra) and the policy,
-an ``--init-from`` checkpoint (same policy, env, weight names and shapes), the cluster's CPUs
-and GPUs, and with ``--verify-data`` the data itself (``datalake.verify``).
-A failure is one line on stderr and exit status 2.
+path exists and at least one dataset opens, that its files open (the quick check of
+``datalake inspect``: more frames in unreadable files than ``lake.max_skip_fraction`` stops
+here), the env (with its optional extra) and the policy, an ``--init-from`` checkpoint (same
+policy, env, weight names and shapes), that the run directory can be written (a missing
+bucket), the cluster's CPUs and GPUs, and with ``--verify-data`` the data itself
+(``datalake.verify``). A failure is one line on stderr and exit status 2; so is bad data the
+lake finds only while training (more skipped samples than ``lake.max_skip_fraction``).
 
 Data: the Ray Data lake (``datalake.pipeline``) streams packed rows to every Ray Train worker
 (``get_dataset_shard``: a ``streaming_split`` of one pipeline); token lengths come from the
@@ -60,7 +63,7 @@ from rlvla3.config import (
     to_dict,
 )
 from rlvla3.run_config import adopt_init_policy
-from rlvla3.storage import Mirror, Storage, join
+from rlvla3.storage import Mirror, Storage, check_writable, join
 from rlvla3.types import EnvSpec
 
 PRESETS = "rlvla3.presets.sft"
@@ -167,13 +170,35 @@ def verify_data(lake: Lake, max_skip_fraction: float) -> None:
     print(f"[sft] verify-data: {summary}", file=sys.stderr)
 
 
+def check_files(lake: Lake, max_skip_fraction: float) -> None:
+    """The quick check of ``datalake inspect`` (headers and footers) on every dataset: files
+    that cannot be opened at all take their episodes' frames with them; more of those than
+    ``max_skip_fraction`` of all frames is a ``DatasetError`` naming the first such file,
+    before Ray starts, instead of the lake's abort inside a training worker."""
+    from datalake.report import unreadable_frames
+
+    live = [m for m in lake.metas if m is not None]
+    checked = [unreadable_frames(m) for m in live]
+    problems = [p for found, _ in checked for p in found]
+    lost = sum(n for _, n in checked)
+    total = max(1, sum(m.total_frames for m in live))
+    if problems and lost / total > max_skip_fraction:
+        raise DatasetError(
+            f"{lost} of {total} frames ({lost / total:.0%}) are in files that cannot be read, "
+            f"more than lake.max_skip_fraction={max_skip_fraction:g}; {len(problems)} "
+            f"file(s), the first: {problems[0]} (all of them: rlvla3 datalake inspect PATH)")
+
+
 def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
     """Everything that can fail on user input, before Ray starts: the datasets exist and open,
-    the env (and its optional extra) and the policy resolve, and with ``verify`` the data
-    decodes (``verify_data``). Raises ``ConfigError``, ``DatasetError`` or ``LakeError``."""
+    their files open (``check_files``), the env (and its optional extra) and the policy
+    resolve, the run directory can be written, and with ``verify`` the data decodes
+    (``verify_data``). Raises ``ConfigError``, ``DatasetError`` or ``LakeError``."""
     _check_datasets_exist(cfg.lake.datasets)
     cfg = dataclasses.replace(cfg, run_dir=Storage(cfg.run_dir).uri)  # local: absolute
+    check_writable(cfg.run_dir, "run_dir")
     lake = Lake(cfg.lake)
+    check_files(lake, cfg.lake.max_skip_fraction)
     spec = spec_for(cfg, lake)
     if cfg.env is not None:
         lake_cfg = dataclasses.replace(
@@ -377,6 +402,22 @@ def _nested(dotted: str, value: Any) -> dict[str, Any]:
     return value
 
 
+def user_error(exc: BaseException) -> BaseException | None:
+    """The user's error inside a failed training run: a ``LakeError`` (more bad data than
+    the lake skips), a ``DatasetError`` or a ``ConfigError`` raised in a Ray Train worker
+    arrives wrapped (``ray.train.WorkerGroupError``: each rank's exception, with the original
+    as its cause); None when the failure is none of those."""
+    kinds = (LakeError, DatasetError, ConfigError)
+    seen: list[BaseException] = [exc, *getattr(exc, "worker_failures", {}).values()]
+    while seen:
+        error = seen.pop(0)
+        if isinstance(error, kinds):
+            return error
+        seen += [e for e in (error.__cause__, getattr(error, "cause", None))
+                 if isinstance(e, BaseException)]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:  # every user error: one line, exit status 2, before any actor starts
@@ -391,7 +432,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, DatasetError, LakeError) as exc:  # ValueError: ConfigError and kin
         print(f"rlvla3 sft: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(train(job), indent=2))
+    try:
+        summary = train(job)
+    except Exception as exc:  # bad data found only while training: still one line
+        cause = user_error(exc)
+        if cause is None:
+            raise
+        print(f"rlvla3 sft: {cause}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2))
     return 0
 
 
