@@ -222,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.json:
         print(json_text(summary))
+    stop = summary.get("stop") or {}
+    if stop.get("learners") == "failed":  # a rank crashed while the run stopped
+        print(f"rlvla3 rl: the learners failed while stopping ({'; '.join(stop['errors'])}); "
+              f"the run ends at {stop.get('final_checkpoint')}", file=sys.stderr)
+        return 1
     nothing = trained_nothing(summary, cfg, controller.spec)
     if nothing:
         print(f"rlvla3 rl: {nothing}", file=sys.stderr)
