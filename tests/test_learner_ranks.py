@@ -47,3 +47,37 @@ def test_fsdp_and_ddp_groups_end_where_one_rank_does_and_fsdp_holds_half(tmp_pat
             "optimizer"]
         assert held == pytest.approx(engine_bytes(params, "fsdp", 2), rel=0.05)
         assert record["engine"] == "fsdp"
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_in_a_bucket_written_by_two_ranks_restores_onto_three(tmp_path):
+    """Two FSDP ranks train 3 steps and write a sharded checkpoint to an S3 server on
+    loopback, each rank its own shard; three FSDP ranks restore it (weights, Adam state,
+    version: resharded from 2 to 3) and train 2 more steps. They end where the two ranks
+    end when they train the same 2 steps on without a checkpoint between (GRPO with the
+    proximal policy of the step: nothing a checkpoint does not hold steers the update)."""
+    import os
+
+    from s3_server import S3Server
+
+    from rlvla3.checkpoint import listed_files, read_meta
+
+    server = S3Server(tmp_path)
+    try:
+        server.create_bucket("runs")
+        os.environ.update(server.env)
+        run = server.uri("runs", "sharded")
+        run_group(tmp_path, 2, "fsdp", "grpo", steps=3, save=run, proximal="step")
+        files = listed_files(run)
+        assert sorted(n for n in files if n.startswith("shards/")) == [
+            "shards/rank-00000-of-00002.safetensors", "shards/rank-00001-of-00002.safetensors"]
+        assert read_meta(run).version == 3
+        resumed, records = run_group(tmp_path, 3, "fsdp", "grpo", steps=2, restore=run,
+                                     first_step=3, proximal="step")
+        straight, _ = run_group(tmp_path, 2, "fsdp", "grpo", steps=5, proximal="step")
+    finally:
+        for key in server.env:
+            os.environ.pop(key, None)
+        server.stop()
+    assert {r["version"] for r in records} == {5}
+    assert max_difference(resumed, straight) <= 1e-5

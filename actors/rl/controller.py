@@ -247,7 +247,7 @@ class Controller:
         self._warn_staleness_bound()
         self.budget.begin(self.counters)
         self.steps = StepLog(self.run_dir, self._log)
-        self.checkpoints = Checkpointer(self.learners[0], topo.workers, self.files.uri,
+        self.checkpoints = Checkpointer(self.learners, topo.workers, self.files.uri,
                                         self.cfg.checkpoint_every,
                                         ray.get(self.learners[0].version.remote()), self._log)
         self.checkpoints.pinned = self.evaluator.reading  # a running eval's snapshot stays
@@ -380,7 +380,7 @@ class Controller:
                   f"every rank restarts from the last checkpoint")
         record = self.topology.group.rebuild(cause)
         self.capacity.rebuild_requested.clear()
-        self.checkpoints.rolled_back(self.learners[0], record["version"])
+        self.checkpoints.rolled_back(self.learners, record["version"])
         if self.training.concurrent:
             self.training.start(self.learners)
         self._log(f"learner group: rebuilt with {record['ranks_after']} of "

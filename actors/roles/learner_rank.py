@@ -429,6 +429,10 @@ class Learner:
     def version(self) -> int:
         return self.core.version
 
+    def checkpoint_format(self) -> str:
+        """``sharded`` (every rank writes its shard: FSDP over several ranks) or ``whole``."""
+        return "sharded" if self.core.engine.sharded else "whole"
+
     def checksum(self) -> tuple[int, float]:
         """Version and sum of the parameters this rank holds (its shards under FSDP), read
         between two optimizer steps: ranks of a DDP group at one version agree."""
@@ -452,6 +456,10 @@ class Learner:
         return relative_change(reference.state_dict(), now)
 
     def stats(self) -> dict:
+        if self.core is None:  # a rank of a group not formed yet (``init_group``)
+            return {"incarnation": self.incarnation, "rank": self.rank,
+                    "world_size": self.world_size, "restored_from": self.restored_from,
+                    "waiting_for": "the learner group (init_group)"}
         elapsed = max(time.monotonic() - self._started, 1e-9)
         self.metrics.set("busy_fraction", min(self.core.busy_s / elapsed, 1.0))
         self.metrics.set("data_wait_fraction", min(self.wait_s / elapsed, 1.0))
@@ -476,6 +484,11 @@ class Learner:
         }
         if self.core.clock is not None:  # simulated GPU cost (rlvla3.gpu_costs)
             out["cost"] = self.core.clock.stats.as_dict()
+        published = self.core.last_publish
+        if published is not None:  # what gathering the weights for the servers cost this rank
+            out.update(engine=self.core.engine.name, publish_s=round(published.seconds, 4),
+                       publish_peak_mb=round(published.peak_bytes / 2**20, 2),
+                       publish_dtype=published.dtype)
         if self.last is not None:
             out.update(loss=self.last.loss, entropy=self.last.entropy,
                        kl_per_decision=self.last.kl_per_decision,

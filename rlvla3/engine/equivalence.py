@@ -15,6 +15,7 @@ memory pre-flight's prediction (``rlvla3.plan.memory.engine_bytes``). Prints one
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -30,7 +31,7 @@ POLICIES = {"small": {"channels": 8, "hidden": 32},
             "vla": {"preset": "tiny", "image_size": 16}}
 
 
-def _samples(algo_name: str, episodes: int):
+def _samples(algo_name: str, episodes: int, proximal: str = "window"):
     """The same decisions on every rank: real reach episodes of a seeded policy (GRPO:
     groups of four episodes of one task and initial state)."""
     from envs import env_spec, make_env
@@ -41,7 +42,7 @@ def _samples(algo_name: str, episodes: int):
     from rlvla3.rl_samples import Samples, prepare_samples
     from rlvla3.rollout import RolloutCore, collect_episodes
 
-    algo = AlgoConfig(algo_name, proximal_window=2)
+    algo = AlgoConfig(algo_name, proximal=proximal, proximal_window=2)
     torch.manual_seed(1)
     reach = Named("reach", REACH)
     acting = build_policy(Named("small", POLICIES["small"]), env_spec(reach))
@@ -79,9 +80,16 @@ def rank_main(argv: list[str]) -> None:
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--episodes", type=int, default=48)
+    p.add_argument("--proximal", choices=("window", "step"), default="window")
+    p.add_argument("--save", default="", help="after the steps: a sharded (FSDP) or whole "
+                   "checkpoint of the group in this run directory (a path or URI)")
+    p.add_argument("--restore", default="", help="before the steps: restore this checkpoint "
+                   "(any rank count and format), version and optimizer state included")
+    p.add_argument("--first-step", type=int, default=0,
+                   help="global batch to start from (a restored run goes on where it stood)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    algo, data = _samples(args.algo, args.episodes)
+    algo, data = _samples(args.algo, args.episodes, args.proximal)
     torch.manual_seed(0)
     policy = build_policy(Named(args.policy, POLICIES[args.policy]),
                           env_spec(Named("reach", REACH)))
@@ -94,13 +102,26 @@ def rank_main(argv: list[str]) -> None:
     core = LearnerCore(policy, algo, shares[args.rank], args.micro_batch, 3e-3, BatchStart(),
                        engine=engine)
     core.take_share(args.global_batch, args.world, args.rank)
+    if args.restore:
+        from rlvla3.checkpoint import read_meta, resolve_checkpoint
+        from rlvla3.engine.sharded import RowSource
+
+        core.load(RowSource(resolve_checkpoint(args.restore)), read_meta(args.restore).version,
+                  optimizer=True)
     start = time.perf_counter()
-    for step in range(args.steps):
+    for step in range(args.first_step, args.first_step + args.steps):
         first = (step * args.global_batch) % (len(data) - args.global_batch + 1)
         begin = first + sum(shares[: args.rank])
         core.buffer.add(data.select(np.arange(begin, begin + shares[args.rank])))
         core.run_available(until_version=step + 1)
     seconds = time.perf_counter() - start
+    if args.save:
+        from rlvla3.checkpoint import CheckpointMeta, save_sharded_run_checkpoint
+
+        meta = CheckpointMeta(Named(args.policy, POLICIES[args.policy]),
+                              env_spec(Named("reach", REACH)), core.version)
+        save_sharded_run_checkpoint(args.save, engine.checkpoint_tensors(), meta, ranks,
+                                    engine.optimizer_meta())
     memory = engine.memory()
     weights, published = engine.gather_weights()
     out = Path(args.out)
@@ -122,7 +143,8 @@ def run_group(tmp: Path, world: int, strategy: str = "ddp", algo: str = "ppo",
     rank's record."""
     from safetensors.torch import load_file
 
-    tag = f"{strategy}-{algo}-{world}-" + "-".join(f"{k}{v}" for k, v in options.items())
+    digest = hashlib.sha256(repr(sorted(options.items())).encode()).hexdigest()[:10]
+    tag = f"{strategy}-{algo}-{world}-{digest}"
     out, init = tmp / tag, tmp / f"rendezvous-{tag}"
     extra = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
     procs = [subprocess.Popen([sys.executable, "-m", "rlvla3.engine.equivalence", "rank",
