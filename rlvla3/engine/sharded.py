@@ -125,7 +125,7 @@ class RowSource:
         """Key -> (file, first row, rows) of every piece holding some of it."""
         self.shapes: dict[str, tuple[int, ...]] = {}
         if self.sharded:
-            for name in sorted(meta["files"]):
+            for name in sorted(n for n in meta["files"] if n.startswith(f"{SHARDS}/")):
                 path = self.local / name
                 with safe_open(str(path), "pt") as f:
                     header = f.metadata()
