@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("actors.eval.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),
     "sft": ("actors.sft.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
     "datalake": ("datalake.cli", "inspect LeRobot datasets; record expert demonstrations"),
-    "export": ("rlvla3.model.export", "write a checkpoint as a LeRobot pi05 policy directory"),
+    "export": ("rlvla3.model.export", "write a checkpoint as a LeRobot policy directory (pi05, groot)"),
 }
 
 BENCHMARKS: dict[str, tuple[str, str]] = {

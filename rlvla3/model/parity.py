@@ -167,37 +167,47 @@ def weights_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def round_trip_checkpoint(fixture: Path, out: Path) -> Path:
-    """The fixture's policy with every weight moved by ``N(0, 0.01)`` noise from a seeded numpy
-    generator (the same on every machine), saved as an rlvla3 checkpoint at ``out``."""
+def perturbed_checkpoint(policy, name: str, options: dict, out: Path) -> Path:
+    """``policy`` as RL leaves one: every network weight moved by ``N(0, 0.01)`` noise from a
+    seeded numpy generator (the same on every machine), saved as an rlvla3 checkpoint of policy
+    ``name`` with ``options`` at ``out`` (version 7)."""
     from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
     from rlvla3.config import Named
 
-    meta, t = load_fixture(fixture)
-    policy = fixture_policy(fixture, meta, t)
     rng = np.random.default_rng(1)
     with torch.no_grad():
         for _, p in sorted(policy.net.named_parameters()):
             p.add_(torch.from_numpy(rng.normal(0.0, 0.01, p.shape).astype(np.float32)))
+    return Path(save_checkpoint(out, policy, CheckpointMeta(Named(name, options), policy.spec,
+                                                            7)))
+
+
+def run_export(ckpt: Path, out: Path) -> Path:
+    """``rlvla3 export --format lerobot`` of ``ckpt`` into ``out`` (its summary to stderr)."""
+    from rlvla3.model import export
+
+    with contextlib.redirect_stdout(sys.stderr):  # the command's summary; stdout is the table
+        code = export.main(["--checkpoint", str(ckpt), "--format", "lerobot", "--output-dir",
+                            str(out), "--force"])
+    if code:
+        raise RuntimeError(f"rlvla3 export failed with exit code {code}")
+    return out
+
+
+def round_trip_checkpoint(fixture: Path, out: Path) -> Path:
+    """The fixture's policy, perturbed (``perturbed_checkpoint``), at ``out``."""
+    meta, t = load_fixture(fixture)
     cams = {env: key for key, env in meta["cameras"].items()}
     options = {"preset": "pi05_tiny", "checkpoint": str(fixture), "camera_keys": cams,
                "tokenizer": str(fixture / "tokenizer.model"),
                "eval_noise_seed": meta["eval_noise_seed"]}
-    return Path(save_checkpoint(out, policy, CheckpointMeta(Named("vla", options), policy.spec,
-                                                            7)))
+    return perturbed_checkpoint(fixture_policy(fixture, meta, t), "vla", options, out)
 
 
 def export_round_trip(fixture: Path, out: Path) -> tuple[Path, Path]:
     """``round_trip_checkpoint`` at ``out/checkpoint``, exported to ``out/lerobot``."""
-    from rlvla3.model import export
-
     ckpt = round_trip_checkpoint(fixture, out / "checkpoint")
-    with contextlib.redirect_stdout(sys.stderr):  # the command's summary; stdout is the table
-        code = export.main(["--checkpoint", str(ckpt), "--format", "lerobot", "--out",
-                            str(out / "lerobot"), "--force"])
-    if code:
-        raise RuntimeError(f"rlvla3 export failed with exit code {code}")
-    return ckpt, out / "lerobot"
+    return ckpt, run_export(ckpt, out / "lerobot")
 
 
 @torch.no_grad()

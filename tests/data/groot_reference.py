@@ -1,9 +1,12 @@
 """Write a GR00T-N1.5 parity fixture with LeRobot 0.5.1 itself (run by hand, never in CI).
 
-Run in the scratch environment that ``groot_reference_env.sh`` (beside this file) builds::
+Run in the scratch environment that ``groot_reference_env.sh`` (beside this file) builds (the
+export round trip's middle line runs in rlvla3's environment)::
 
     /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --seed 0 --out tests/data/groot_tiny
-    /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --export DIR --fixture FIXTURE
+    python -m rlvla3.model.groot.parity tests/data/groot_tiny --export-to /tmp/groot_rt
+    /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --export /tmp/groot_rt/lerobot \\
+        --fixture tests/data/groot_tiny
 
 The reference is LeRobot's ``GrootPolicy`` (``GR00TN15``: the vendored Eagle 2.5 backbone,
 ``FlowmatchingActionHead`` with its DiT) at a tiny size, every weight random, run offline:
@@ -35,10 +38,15 @@ self-attention, the state encoding, at each of the 4 Euler steps the chain's inp
 encoding, every DiT block's output and the velocity, the actions (normalised and in env units),
 and the training loss on a fixed batch with fixed tau and noise.
 
-``--export DIR`` loads an ``rlvla3 export`` of the fixture's round-trip checkpoint with
-``GrootPolicy.from_pretrained`` (its ``base_model_path`` pointed at the fixture's Isaac
-directory), runs the fixture's observations from the fixture's noise, and writes LeRobot's
-actions and the digest of the weights it loaded to ``FIXTURE/export_reference.safetensors``.
+``--export DIR --fixture FIXTURE`` is LeRobot's side of the export round trip: DIR is an
+``rlvla3 export`` of the fixture's round-trip checkpoint (``python -m rlvla3.model.groot.parity
+FIXTURE --export-to OUT`` writes it to ``OUT/lerobot``). LeRobot loads it as a user does
+(``GrootPolicy.from_pretrained`` with the export's Eagle assets in ``HF_LEROBOT_HOME``, its
+``base_model_path``, or the fixture's Isaac directory when that path is not on this machine;
+``make_pre_post_processors(pretrained_path=DIR)``), the script checks that LeRobot's weights
+are the export's key for key, runs the fixture's observations from the fixture's noises, and
+writes LeRobot's actions with the digest of the weights it loaded to
+``FIXTURE/export_reference.safetensors``.
 """
 
 from __future__ import annotations
@@ -520,35 +528,35 @@ def make_fixture(seed: int, out: Path) -> None:
 
 
 def check_export(export: Path, fixture: Path) -> None:
+    """LeRobot loads ``export`` (an ``rlvla3 export`` of the fixture's round-trip checkpoint) as
+    a user does and acts on the fixture's observations from the fixture's noises."""
     import torch
     from safetensors.torch import load_file, save_file
 
     home = Path(tempfile.mkdtemp(prefix="groot_home_"))
     cache = setup_home(home)
-    for f in (fixture / "eagle").iterdir():
+    for f in (export / "eagle").iterdir():  # the processor assets the export carries
         shutil.copy(f, cache / f.name)
     from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.policies.factory import make_pre_post_processors
     from lerobot.policies.groot.modeling_groot import GrootPolicy
-    from lerobot.policies.groot.processor_groot import make_groot_pre_post_processors
 
     config = PreTrainedConfig.from_pretrained(export)
-    config.base_model_path = str(fixture / "isaac")
+    if not Path(config.base_model_path).is_dir():
+        # The fixture's LeRobot directory records where it was made; its base is beside it.
+        config.base_model_path = str(fixture / "isaac")
     config.device = "cpu"
-    config.use_bf16 = False
     policy = GrootPolicy.from_pretrained(export, config=config)
     policy.eval()
     loaded = {f"_groot_model.{k}" if not k.startswith("_groot_model.") else k: v
               for k, v in policy.state_dict().items()}
     exported = load_file(str(export / "model.safetensors"))
+    if set(loaded) != set(exported):
+        raise SystemExit(f"keys differ: {sorted(set(loaded) ^ set(exported))[:5]}")
     for key, tensor in exported.items():
         if not torch.equal(loaded[key], tensor):
             raise SystemExit(f"{key} did not arrive in LeRobot's policy")
-    stats = {}
-    flat = load_file(str(export / "policy_preprocessor_step_2_groot_pack_inputs_v3.safetensors"))
-    for key, value in flat.items():
-        feature, stat = key.rsplit(".", 1)
-        stats.setdefault(feature, {})[stat] = value
-    pre, post = make_groot_pre_post_processors(config, dataset_stats=stats)
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(export))
     tensors_from_image_processor(pre)
     meta = json.loads((fixture / "parity.json").read_text())
     t = load_file(str(fixture / "parity.safetensors"))
@@ -559,12 +567,14 @@ def check_export(export: Path, fixture: Path) -> None:
         rows = [run_one(policy, pre, post, lerobot_batch(obs, [i]), t[f"noise.{kind}"][i:i + 1])
                 for i in range(len(obs["tasks"]))]
         out[f"actions.{kind}"] = torch.cat([r["actions"] for r in rows]).contiguous()
-    save_file(out, str(fixture / "export_reference.safetensors"),
-              metadata={"weights_sha256": digest(export / "model.safetensors"),
-                        "loaded_keys": str(len(exported))})
+    from importlib.metadata import version
+
+    info = {"weights_sha256": digest(export / "model.safetensors"),
+            "loaded_keys": str(len(exported)), "base_model_path": config.base_model_path,
+            **{p: version(p) for p in ("lerobot", "torch", "transformers")}}
+    save_file(out, str(fixture / "export_reference.safetensors"), metadata=info)
     shutil.rmtree(home, ignore_errors=True)
-    print(json.dumps({"weights_sha256": digest(export / "model.safetensors"),
-                      "loaded_keys": len(exported), "out": str(fixture / "export_reference.safetensors")}))
+    print(json.dumps({**info, "out": str(fixture / "export_reference.safetensors")}))
 
 
 def main(argv: list[str] | None = None) -> int:

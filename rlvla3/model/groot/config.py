@@ -90,6 +90,10 @@ class GrootShapes:
         return self.dit_heads * self.dit_head_dim
 
 
+EMBODIMENT_TAGS: dict[str, int] = {"new_embodiment": 31, "oxe_droid": 17, "agibot_genie1": 26,
+                                   "gr1": 24, "so100": 2, "unitree_g1": 3}
+"""LeRobot 0.5.1's embodiment tags and the projector rows they select (``embodiment_id``)."""
+
 PRESETS: dict[str, GrootShapes] = {
     "groot_n15": GrootShapes(
         image_size=224, patch=14, vision_width=1152, vision_depth=27, vision_heads=16,

@@ -9,9 +9,19 @@ LeRobot directory as a user does (``policy.options.checkpoint`` + ``tokenizer``)
 the fixture's three observations through rlvla3's processor, network and policy as one packed
 batch (the reference ran each alone).
 
+Export round trip (as for pi0.5, ``rlvla3.model.parity``): ``round_trip_checkpoint`` saves the
+fixture's policy with every weight moved by a seeded amount as an rlvla3 checkpoint;
+``rlvla3 export`` writes it as a LeRobot groot directory, which ``tests/data/groot_reference.py
+--export`` loads with LeRobot's ``GrootPolicy.from_pretrained`` and its processors, runs on the
+fixture's observations and noises, and stores LeRobot's actions and the digest of the weights
+it loaded in ``FIXTURE/export_reference.safetensors``; ``compare_export`` checks that a fresh
+export has that digest and that rlvla3's actions equal LeRobot's.
+
 ``python -m rlvla3.model.groot.parity [FIXTURE]`` prints the table as JSON (default
-``tests/data/groot_tiny``, or ``RLVLA3_GROOT_FIXTURE``); exit status 1 when a stage is above
-``TOLERANCE``.
+``tests/data/groot_tiny``, or ``RLVLA3_GROOT_FIXTURE``), the export rows included when the
+fixture has its export reference; exit status 1 when a stage is above ``TOLERANCE``.
+``--export-to DIR`` writes the round trip's checkpoint (``DIR/checkpoint``) and export
+(``DIR/lerobot``) and prints the digest.
 """
 
 from __future__ import annotations
@@ -20,24 +30,26 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from rlvla3.model.parity import (
+    EXPORT_REFERENCE,
+    TOLERANCE,
+    Stage,
+    _diff,
+    perturbed_checkpoint,
+    run_export,
+    weights_digest,
+)
 from rlvla3.types import EnvSpec, ObsBatch
 
 DEFAULT_FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "data" / "groot_tiny"
-TOLERANCE = 1e-5
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    max_abs_diff: float
-    elements: int
 
 
 def fixture_path() -> Path:
@@ -77,13 +89,6 @@ def fixture_obs(meta: dict, t: dict[str, torch.Tensor], rows: list[int] | None =
     return ObsBatch(images=frames, image_mask={c: np.ones(len(rows), bool) for c in frames},
                     state=t["state"].numpy()[rows],
                     instruction=tuple(meta["instructions"][r] for r in rows))
-
-
-def _diff(name: str, ours, ref) -> Stage:
-    a, b = torch.as_tensor(ours).double(), torch.as_tensor(ref).double()
-    if a.shape != b.shape:
-        raise AssertionError(f"{name}: shape {tuple(a.shape)} vs reference {tuple(b.shape)}")
-    return Stage(name, float((a - b).abs().max()) if a.numel() else 0.0, a.numel())
 
 
 def _worst(name: str, stages: list[Stage]) -> Stage:
@@ -171,15 +176,73 @@ def compare(path: Path) -> list[Stage]:
     return stages
 
 
+def round_trip_checkpoint(fixture: Path, out: Path) -> Path:
+    """The fixture's policy, perturbed (``perturbed_checkpoint``), at ``out``."""
+    meta, t = load_fixture(fixture)
+    return perturbed_checkpoint(fixture_policy(fixture, meta, t), "groot",
+                                fixture_options(fixture, meta), out)
+
+
+def export_round_trip(fixture: Path, out: Path) -> tuple[Path, Path]:
+    """``round_trip_checkpoint`` at ``out/checkpoint``, exported to ``out/lerobot``."""
+    ckpt = round_trip_checkpoint(fixture, out / "checkpoint")
+    return ckpt, run_export(ckpt, out / "lerobot")
+
+
+@torch.no_grad()
+def compare_export(fixture: Path, out: Path) -> list[Stage]:
+    """rlvla3's actions from the round trip's checkpoint, and from its export loaded back by
+    rlvla3, against LeRobot's on the export (``EXPORT_REFERENCE``)."""
+    from safetensors import safe_open
+
+    from rlvla3.checkpoint import load_policy
+    from rlvla3.model.groot import build_groot_policy
+
+    with safe_open(str(fixture / EXPORT_REFERENCE), "pt") as f:
+        digest = f.metadata()["weights_sha256"]
+        ref = {k: f.get_tensor(k) for k in f.keys()}
+    ckpt, exported = export_round_trip(fixture, out)
+    ours = weights_digest(exported / "model.safetensors")
+    if ours != digest:
+        raise AssertionError(f"the export's weights ({ours[:12]}) are not those LeRobot loaded "
+                             f"({digest[:12]}): re-run tests/data/groot_reference.py --export")
+    meta, t = load_fixture(fixture)
+    obs = fixture_obs(meta, t)
+    trained, _ = load_policy(ckpt)
+    reloaded = build_groot_policy(trained.spec, {
+        **fixture_options(fixture, meta, exported), "tokenizer": str(exported / "eagle")})
+    stages = []
+    for name, policy in (("checkpoint", trained), ("export reloaded", reloaded)):
+        for kind in ("sampled", "deterministic"):
+            stages.append(_diff(f"{name}: actions ({kind})",
+                                policy.predict_chunk(obs, t[f"noise.{kind}"]),
+                                ref[f"actions.{kind}"]))
+    untrained = torch.cat([t[f"deterministic.{i}.actions"] for i in range(len(obs))])
+    moved = float((ref["actions.deterministic"] - untrained).abs().max())
+    stages.append(Stage("LeRobot on the export vs the untrained fixture (must differ)", moved,
+                        ref["actions.deterministic"].numel()))
+    return stages
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlvla3.model.groot.parity",
                                 description="rlvla3's GR00T-N1.5 against a LeRobot fixture")
     p.add_argument("fixture", nargs="?", type=Path, default=None)
+    p.add_argument("--export-to", type=Path, default=None,
+                   help="write the export round trip's checkpoint and LeRobot directory here")
     args = p.parse_args(argv)
     path = args.fixture or fixture_path()
+    if args.export_to:
+        ckpt, exported = export_round_trip(path, args.export_to)
+        print(json.dumps({"checkpoint": str(ckpt), "export": str(exported),
+                          "weights_sha256": weights_digest(exported / "model.safetensors")}))
+        return 0
     meta, _ = load_fixture(path)
     stages = compare(path)
-    worst = max(s.max_abs_diff for s in stages)
+    if (path / EXPORT_REFERENCE).is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            stages += compare_export(path, Path(tmp))
+    worst = max(s.max_abs_diff for s in stages if "must differ" not in s.name)
     print(json.dumps({"fixture": str(path), "seed": meta["seed"], "reference": meta["versions"],
                       "tolerance": TOLERANCE, "max_abs_diff": worst,
                       "stages": [asdict(s) for s in stages]}, indent=1))

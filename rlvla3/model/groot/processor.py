@@ -222,7 +222,9 @@ class GrootProcessor:
                  camera_keys: Mapping[str, str], tile: int, max_state_dim: int,
                  normalizer: MinMax, embodiment_id: int):
         self.tokenizer, self.tile, self.max_state_dim = tokenizer, tile, max_state_dim
-        keyed = {camera_keys.get(c, IMAGES + c): c for c in cameras}
+        self.feature_keys = {c: camera_keys.get(c, IMAGES + c) for c in cameras}
+        """Env camera -> LeRobot image feature."""
+        keyed = {k: c for c, k in self.feature_keys.items()}
         self.cameras = tuple(keyed[k] for k in sorted(keyed))  # LeRobot sorts the features
         self.normalizer, self.embodiment_id = normalizer, embodiment_id
         self._cache: dict[str, list[int]] = {}
