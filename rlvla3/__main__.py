@@ -36,7 +36,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                     "dilation check"),
     "batcher": ("actors.bench.bench_batcher", "adaptive vs fixed B_max / T_max at three loads"),
     "learning": ("actors.bench.bench_learning", "sync vs async: success vs env steps and wall time"),
-    "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA model"),
+    "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA or GR00T"),
     "gpu": ("rlvla3.model.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
     "env": ("envs.libero.bench_env", "LIBERO step/reset latency and env steps/s per process count"),
     "lake": ("datalake.bench", "data lake samples/s and data-wait vs a per-sample loader"),
