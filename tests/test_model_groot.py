@@ -5,6 +5,7 @@ prompt on a tokenizer the test builds, the tune flags, and the RL log-probabilit
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -15,8 +16,10 @@ from safetensors.torch import load_file, save_file
 
 from rlvla3.config import ConfigError
 from rlvla3.model.groot import build_groot_policy, parity
-from rlvla3.model.groot.config import PRESETS
+from rlvla3.model.groot.config import PRESETS, shapes_from_configs
+from rlvla3.model.groot.export import SIGLIP_HEAD, unused_weights
 from rlvla3.model.groot.loader import CheckpointLayoutError, load_weights
+from rlvla3.model.groot.network import GrootNetwork
 from rlvla3.model.groot.policy import parameter_count
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
@@ -138,11 +141,23 @@ def test_packed_batch_equals_padded_batch(fixture):
                                atol=1e-5)
 
 
-def test_full_size_network_on_the_meta_device():
-    count = parameter_count(PRESETS["groot_n15"])
-    # GR00T-N1.5-3B's ~2.7B less the 311M of the unused LM head (151,680 x 2,048) and SigLIP's
-    # pooling head: SigLIP ~0.40B, Qwen3 x 12 + embedding ~0.91B, action head ~1.05B.
-    assert 2.3e9 < count < 2.5e9, count
+def test_full_size_network_matches_lerobots_own_build_key_for_key():
+    """LeRobot 0.5.1's ``GR00TN15`` built on the meta device from N1.5's two config files
+    (``tests/data/groot_full_size.py``): our network from the same files has its keys and
+    shapes (with the two parts GR00T never runs, which the export fills), the preset has the
+    files' sizes, and the parameter counts differ by exactly SigLIP's pooling head (the LM
+    head is tied to the embedding there)."""
+    ref = json.loads((Path(__file__).parent / "data" / "groot_n15_keys.json").read_text())
+    shapes = shapes_from_configs(PRESETS["groot_n15"], ref["groot_config"], ref["eagle_config"])
+    assert shapes == PRESETS["groot_n15"]
+    with torch.device("meta"):
+        net = GrootNetwork(shapes)
+    ours = {k: list(v.shape) for k, v in net.state_dict().items()
+            if not k.startswith("value_head.")}
+    unused = {k: list(v) for k, v in unused_weights(shapes).items()}
+    assert {**ours, **unused} == ref["keys"]
+    head = sum(math.prod(v) for k, v in unused.items() if k.startswith(SIGLIP_HEAD))
+    assert parameter_count(shapes) + head == ref["parameters"]
 
 
 def test_missing_tokenizer_is_a_config_error(fixture):

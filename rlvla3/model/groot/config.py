@@ -7,13 +7,16 @@ Eagle 2.5 ``config.json`` of the processor assets), read by ``rlvla3.model.groot
 Output: a frozen ``GrootConfig`` and the frozen ``GrootShapes`` of the network.
 
 Invariants: ``GrootShapes`` holds every size the network needs and nothing else; preset
-``groot_n15`` has GR00T-N1.5-3B's sizes (Eagle 2.5: SigLIP 1152 x 27 at 224 px, pixel shuffle
-0.5, a 2-layer MLP connector, Qwen3-1.7B cut after layer 12, 2,048-wide VL features; action
+``groot_n15`` has GR00T-N1.5-3B's sizes (Eagle 2.5: SigLIP 1152 x 27 at 224 px, no pixel
+shuffle, 256 tokens an image, a one-layer linear connector, Qwen3-1.7B cut after layer 12,
+2,048-wide VL features; action
 head: ``vlln`` + 4 VL self-attention layers of 32 x 64, a DiT of 16 layers of 32 x 48 that
 interleaves cross- and self-attention, embedding width 1,536, hidden 1,024, 32 embodiments,
 state 64, action 32, horizon 16, 4 Euler steps); ``groot_tiny`` is the tiny random
-configuration of the parity fixture (``tests/data/groot_reference.py``). A checkpoint's own
-config files win over the preset, field by field (``shapes_from_configs``).
+configuration of the parity fixture (``tests/data/groot_reference.py``; pixel shuffle and the
+2-layer connector, Eagle's other variant). ``groot_n15`` is checked against LeRobot's own
+full-size build (``tests/data/groot_n15_keys.json``: keys, shapes, parameter count). A
+checkpoint's own config files win over the preset, field by field (``shapes_from_configs``).
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ EMBODIMENT_TAGS: dict[str, int] = {"new_embodiment": 31, "oxe_droid": 17, "agibo
 PRESETS: dict[str, GrootShapes] = {
     "groot_n15": GrootShapes(
         image_size=224, patch=14, vision_width=1152, vision_depth=27, vision_heads=16,
-        vision_mlp=4304, pixel_shuffle=True, connector_layers=2, llm_width=2048, llm_layers=12,
+        vision_mlp=4304, pixel_shuffle=False, connector_layers=1, llm_width=2048, llm_layers=12,
         llm_heads=16, llm_kv_heads=8, llm_head_dim=128, llm_mlp=6144, vocab=151680,
         rope_theta=1e6, project_to_dim=0, vl_layers=4, vl_heads=32, vl_head_dim=64,
         dit_layers=16, dit_heads=32, dit_head_dim=48, hidden=1024,
