@@ -5,12 +5,12 @@ machine is lent (docs/guides/gpu-check.md).
 Entries (``rlvla3.model.gpu_checks``): packed varlen attention vs the exact per-segment path;
 packed vs padded bf16 training step at pi0.5 shapes; FP8 block-scaled linears (torchao) vs bf16;
 the RL path (``act`` / ``evaluate``, log-probability agreement, decisions/s); the FP8 training
-step. ``--dry-run`` runs exactly this code on CPU at tiny shapes (per-segment attention,
+step; the VLA's cost model; GR00T-N1.5's cost model and packed vs padded step (``groot``). ``--dry-run`` runs exactly this code on CPU at tiny shapes (per-segment attention,
 emulated FP8), so CI keeps the command from rotting. Without a GPU and without ``--dry-run`` it
 prints a JSON object saying it skipped, and exits 0.
 
 Isolation and time: each entry runs in its own Python process, killed at the entry's timeout or
-when the whole budget (``--budget``, about five and a half minutes on a GPU) is spent; a hang, a
+when the whole budget (``--budget``, eight minutes on a GPU) is spent; a hang, a
 crash or a CUDA error stays in its entry, which then fails and still reports what it measured
 (entries print a complete snapshot after each step). Imports: torch, numpy and the Ray-free
 core only (the GPU image has no Ray); torchao, triton, flash-attn and transformer-engine when
@@ -130,6 +130,8 @@ def _summary(entries: dict) -> dict:
     out["rl_decisions_per_s"] = next((r["decisions_per_s"] for r in rl.values()
                                       if "decisions_per_s" in r), None)
     out["cost_model"] = entries.get("costs", {}).get("cost_model")
+    out["groot_cost_model"] = entries.get("groot", {}).get("cost_model")
+    out["groot_packing_speedup"] = entries.get("groot", {}).get("packing", {}).get("speedup")
     return out
 
 
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(ENTRIES),
                     help=f"comma-separated entries to run (default: {','.join(ENTRIES)})")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the whole check (default: 330 on a GPU, 500 dry run)")
+                    help="seconds for the whole check (default: 480 on a GPU, 500 dry run)")
     ap.add_argument("--entry", choices=sorted(ENTRIES), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.entry:

@@ -28,6 +28,8 @@ Entries:
   against the same step in bf16.
 - ``costs`` (``rlvla3.model.cost_check``): this GPU's per-call, per-sample and per-step figures
   as a ``custom`` cost model for the simulated-GPU pipeline and the planner.
+- ``groot`` (``rlvla3.model.groot_check``): the same figures for GR00T-N1.5 and its packed vs
+  padded training step (what a ``groot_h200_eager`` cost model is calibrated from).
 
 Timings are medians of ``repeats`` after a warm-up, with the device synchronised around each.
 Peak memory is ``torch.cuda.max_memory_allocated`` (None on CPU).
@@ -53,6 +55,7 @@ from rlvla3.model.attention import (
 from rlvla3.model.check_timing import peak_gb, reset_peak, round_sig, timed
 from rlvla3.model.cost_check import check_costs
 from rlvla3.model.fp8 import BlockLinear, EmulatedFp8, Fp8Backend
+from rlvla3.model.groot_check import check_groot
 
 Snapshot = dict
 Entry = Callable[["Context"], Iterator[Snapshot]]
@@ -72,8 +75,9 @@ class Fp8Layer:
 
 @dataclass(frozen=True)
 class CheckSizes:
-    """The work each entry does; ``GPU`` fits the whole check in about five minutes on an
-    H200, ``DRY_RUN`` exercises the same code on CPU in seconds."""
+    """The work each entry does; ``GPU`` fits the whole check in about eight minutes on an
+    H200 (the VLA's entries five, GR00T's up to two and a half), ``DRY_RUN`` exercises the
+    same code on CPU in seconds."""
 
     preset: str
     dtype: torch.dtype
@@ -116,8 +120,8 @@ GPU = CheckSizes(
     attention_repeats=10, train_samples=16, train_repeats=5, fp8_layers=_PI05_LAYERS,
     fp8_repeats=10, rl_batch=32, rl_repeats=3,
     timeouts={"attention": 60, "packing": 120, "fp8_linear": 150, "rl": 90,
-              "fp8_training": 120, "costs": 120},
-    budget_s=330,
+              "fp8_training": 120, "costs": 120, "groot": 150},
+    budget_s=480,
 )
 
 DRY_RUN = CheckSizes(
@@ -127,7 +131,7 @@ DRY_RUN = CheckSizes(
                 Fp8Layer("padded.72x200", 50, 72, 200, 0)),
     fp8_repeats=1, rl_batch=3, rl_repeats=1, cost_batches=(1, 2, 4), cost_repeats=1,
     timeouts={"attention": 120, "packing": 120, "fp8_linear": 120, "rl": 120,
-              "fp8_training": 120, "costs": 120},
+              "fp8_training": 120, "costs": 120, "groot": 120},
     budget_s=500,  # each entry takes seconds; the slack is for a machine shared with others
 )
 
@@ -447,5 +451,6 @@ ENTRIES: dict[str, Entry] = {
     "rl": check_rl,
     "fp8_training": check_fp8_training,
     "costs": check_costs,
+    "groot": check_groot,
 }
 """In run order: the most informative and cheapest first."""
