@@ -95,16 +95,18 @@ turn on the stove and put the moka pot on it. Don't drop the robot's cup!
 SAMPLING_SEED_OFFSET, EVAL_SEED_OFFSET = 101, 202
 
 
-def eagle_config(vocab: int, image_token: int) -> dict:
-    """The tiny Eagle 2.5 ``config.json`` (the real one: SigLIP 1152 x 27, Qwen3-1.7B)."""
+def eagle_config(vocab: int, image_token: int, linear: bool = False) -> dict:
+    """The tiny Eagle 2.5 ``config.json`` (the real one: SigLIP 1152 x 27, Qwen3-1.7B): pixel
+    shuffle and the 2-layer connector, or with ``linear`` N1.5's own connector (no pixel
+    shuffle, one linear layer)."""
     return {
         "architectures": ["Eagle25VLForConditionalGeneration"],
         "auto_map": {"AutoConfig": "configuration_eagle2_5_vl.Eagle25VLConfig",
                      "AutoModel": "modeling_eagle2_5_vl.Eagle25VLForConditionalGeneration"},
         "model_type": "eagle_2_5_vl", "downsample_ratio": 0.5, "dynamic_image_size": True,
         "force_image_size": IMAGE, "image_token_index": image_token, "max_dynamic_tiles": 1,
-        "min_dynamic_tiles": 1, "mlp_connector_layers": 2, "select_layer": -1,
-        "template": "qwen3-chat", "use_pixel_shuffle": True, "use_thumbnail": False,
+        "min_dynamic_tiles": 1, "mlp_connector_layers": 1 if linear else 2, "select_layer": -1,
+        "template": "qwen3-chat", "use_pixel_shuffle": not linear, "use_thumbnail": False,
         "_attn_implementation": "sdpa",
         "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32,
                           "intermediate_size": 64, "num_attention_heads": 2,
@@ -149,7 +151,7 @@ def groot_config(eagle_vocab: int) -> dict:
     }
 
 
-def write_eagle_assets(directory: Path) -> dict:
+def write_eagle_assets(directory: Path, linear: bool = False) -> dict:
     """The processor assets (tokenizer, chat template, configs) and the Eagle ``config.json``."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -192,23 +194,23 @@ def write_eagle_assets(directory: Path) -> dict:
     (directory / "processor_config.json").write_text(json.dumps({
         "processor_class": "Eagle25VLProcessor",
         "auto_map": {"AutoProcessor": "processing_eagle2_5_vl.Eagle25VLProcessor"},
-        "tokens_per_tile": TOKENS_PER_TILE, "image_placeholder": "image",
+        "tokens_per_tile": TOKENS_PER_TILE * (4 if linear else 1), "image_placeholder": "image",
         "video_placeholder": "video", "image_start_token": "<img>",
         "image_end_token": "</img>"}))
     (directory / "generation_config.json").write_text(json.dumps({}))
     vocab_size = len(vocab) + len(SPECIAL)
-    config = eagle_config(vocab_size, added["<IMG_CONTEXT>"])
+    config = eagle_config(vocab_size, added["<IMG_CONTEXT>"], linear)
     (directory / "config.json").write_text(json.dumps(config, indent=1))
     return config
 
 
-def setup_home(home: Path) -> Path:
+def setup_home(home: Path, linear: bool = False) -> Path:
     """``HF_LEROBOT_HOME`` with the Eagle assets in place (before LeRobot is imported)."""
     os.environ["HF_LEROBOT_HOME"] = str(home)
     os.environ["HF_HUB_OFFLINE"] = "1"
     cache = home / ASSETS_REPO
     if not (cache / "config.json").is_file():
-        write_eagle_assets(cache)
+        write_eagle_assets(cache, linear)
     import importlib.util
 
     import torch
@@ -454,14 +456,14 @@ def digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def make_fixture(seed: int, out: Path) -> None:
+def make_fixture(seed: int, out: Path, linear: bool = False) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     home = Path(tempfile.mkdtemp(prefix="groot_home_"))
-    cache = setup_home(home)
+    cache = setup_home(home, linear)
     eagle_dir = out / "eagle"
     eagle_dir.mkdir()
     for f in sorted(cache.iterdir()):
@@ -583,11 +585,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     p.add_argument("--export", type=Path, help="an rlvla3 export of the fixture to check")
     p.add_argument("--fixture", type=Path, help="the fixture the export was made from")
+    p.add_argument("--linear-connector", action="store_true",
+                   help="N1.5's connector: no pixel shuffle, one linear (16 tokens a tile)")
     args = p.parse_args(argv)
     if args.export:
         check_export(args.export, args.fixture)
     else:
-        make_fixture(args.seed, args.out)
+        make_fixture(args.seed, args.out, args.linear_connector)
     return 0
 
 
