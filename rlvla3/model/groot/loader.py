@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvla3.model.groot.network import GrootNetwork
-from rlvla3.model.loader import CheckpointLayoutError
+from rlvla3.model.loader import CheckpointLayoutError, refuse_mismatch
 
 LEROBOT_PREFIX = "_groot_model."
 UNUSED_KEYS = (r"backbone\.eagle_model\.vision_model\.vision_model\.head\..*",
@@ -126,14 +126,7 @@ def load_weights(net: GrootNetwork, ckpt: GrootCheckpoint | str | Path) -> list[
                    if not any(re.fullmatch(p, k) for p in UNUSED_KEYS))
     shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
               for k in sorted(expected & set(state)) if state[k].shape != own[k].shape]
-    if missing or extra or shapes:
-        lines = [f"checkpoint {ckpt.path} does not match the model:"]
-        for title, items in (("missing keys", missing), ("unexpected keys", extra),
-                             ("shape mismatches", shapes)):
-            if items:
-                lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:20])
-                             + (" ..." if len(items) > 20 else ""))
-        raise CheckpointLayoutError("\n".join(lines))
+    refuse_mismatch(ckpt.path, missing, extra, shapes)
     with torch.no_grad():
         for key in expected:
             own[key].copy_(state[key].to(own[key].dtype))

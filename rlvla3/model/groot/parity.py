@@ -26,12 +26,9 @@ fixture has its export reference; exit status 1 when a stage is above ``TOLERANC
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +40,20 @@ from rlvla3.model.parity import (
     TOLERANCE,
     Stage,
     _diff,
+    check_digest,
+    export_stages,
     perturbed_checkpoint,
+    read_export_reference,
+    run_cli,
     run_export,
-    weights_digest,
 )
 from rlvla3.types import EnvSpec, ObsBatch
 
 DEFAULT_FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "data" / "groot_tiny"
+
+__all__ = ["EXPORT_REFERENCE", "TOLERANCE", "Stage", "compare", "compare_export",
+           "export_round_trip", "fixture_obs", "fixture_options", "fixture_path",
+           "fixture_policy", "fixture_spec", "load_fixture", "main", "round_trip_checkpoint"]
 
 
 def fixture_path() -> Path:
@@ -192,61 +196,28 @@ def export_round_trip(fixture: Path, out: Path) -> tuple[Path, Path]:
 @torch.no_grad()
 def compare_export(fixture: Path, out: Path) -> list[Stage]:
     """rlvla3's actions from the round trip's checkpoint, and from its export loaded back by
-    rlvla3, against LeRobot's on the export (``EXPORT_REFERENCE``)."""
-    from safetensors import safe_open
-
+    rlvla3, against LeRobot's on the export (``EXPORT_REFERENCE``), from the fixture's
+    noises."""
     from rlvla3.checkpoint import load_policy
     from rlvla3.model.groot import build_groot_policy
 
-    with safe_open(str(fixture / EXPORT_REFERENCE), "pt") as f:
-        digest = f.metadata()["weights_sha256"]
-        ref = {k: f.get_tensor(k) for k in f.keys()}
+    digest, ref = read_export_reference(fixture)
     ckpt, exported = export_round_trip(fixture, out)
-    ours = weights_digest(exported / "model.safetensors")
-    if ours != digest:
-        raise AssertionError(f"the export's weights ({ours[:12]}) are not those LeRobot loaded "
-                             f"({digest[:12]}): re-run tests/data/groot_reference.py --export")
+    check_digest(exported, digest, "tests/data/groot_reference.py --export")
     meta, t = load_fixture(fixture)
     obs = fixture_obs(meta, t)
     trained, _ = load_policy(ckpt)
     reloaded = build_groot_policy(trained.spec, {
         **fixture_options(fixture, meta, exported), "tokenizer": str(exported / "eagle")})
-    stages = []
-    for name, policy in (("checkpoint", trained), ("export reloaded", reloaded)):
-        for kind in ("sampled", "deterministic"):
-            stages.append(_diff(f"{name}: actions ({kind})",
-                                policy.predict_chunk(obs, t[f"noise.{kind}"]),
-                                ref[f"actions.{kind}"]))
     untrained = torch.cat([t[f"deterministic.{i}.actions"] for i in range(len(obs))])
-    moved = float((ref["actions.deterministic"] - untrained).abs().max())
-    stages.append(Stage("LeRobot on the export vs the untrained fixture (must differ)", moved,
-                        ref["actions.deterministic"].numel()))
-    return stages
+    return export_stages(ref, {"checkpoint": trained, "export reloaded": reloaded},
+                         lambda policy, kind: policy.predict_chunk(obs, t[f"noise.{kind}"]),
+                         untrained)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlvla3.model.groot.parity",
-                                description="rlvla3's GR00T-N1.5 against a LeRobot fixture")
-    p.add_argument("fixture", nargs="?", type=Path, default=None)
-    p.add_argument("--export-to", type=Path, default=None,
-                   help="write the export round trip's checkpoint and LeRobot directory here")
-    args = p.parse_args(argv)
-    path = args.fixture or fixture_path()
-    if args.export_to:
-        ckpt, exported = export_round_trip(path, args.export_to)
-        print(json.dumps({"checkpoint": str(ckpt), "export": str(exported),
-                          "weights_sha256": weights_digest(exported / "model.safetensors")}))
-        return 0
-    meta, _ = load_fixture(path)
-    stages = compare(path)
-    if (path / EXPORT_REFERENCE).is_file():
-        with tempfile.TemporaryDirectory() as tmp:
-            stages += compare_export(path, Path(tmp))
-    worst = max(s.max_abs_diff for s in stages if "must differ" not in s.name)
-    print(json.dumps({"fixture": str(path), "seed": meta["seed"], "reference": meta["versions"],
-                      "tolerance": TOLERANCE, "max_abs_diff": worst,
-                      "stages": [asdict(s) for s in stages]}, indent=1))
-    return 0 if worst <= TOLERANCE else 1
+    return run_cli(argv, "python -m rlvla3.model.groot.parity",
+                   "rlvla3's GR00T-N1.5 against a LeRobot fixture", sys.modules[__name__])
 
 
 if __name__ == "__main__":
