@@ -36,7 +36,7 @@ def fixture():
 def test_every_stage_matches_lerobot(fixture):
     stages = parity.compare(FIXTURE)
     names = [s.name for s in stages]
-    for needed in ("tokens (ids, exact)", "vision tokens (pixel shuffle + connector)",
+    for needed in ("tokens (ids, exact)", "vision tokens (after the connector)",
                    "LLM hidden at the selected layer", "VL features after self-attention",
                    "state encoding", "training loss (fixed tau and noise)",
                    "actions (deterministic, act)"):

@@ -28,7 +28,7 @@ def test_groot_libero_sft_then_rl_then_eval_with_the_tiny_groot(tmp_path):
     demos = tmp_path / "demos"  # LIBERO's shapes: agentview + wrist, state 8, action 7
     write_dataset(demos, synthetic.episodes(4, 20, 30, size=(64, 64)),
                   WriterConfig(codec="h264", episodes_per_file=4))
-    sft = json.loads(run_rlvla3(["sft", "--preset", "groot_libero", "--config",
+    sft = last_json(run_rlvla3(["sft", "--preset", "groot_libero", "--config",
                                  "tests/data/groot_sft_cpu.yaml", "--dataset", str(demos),
                                  "--run-dir", str(tmp_path / "sft"), "--max-steps", "4",
                                  "--set", "log_every=2", "--set", "checkpoint_every=4"], 600))

@@ -43,5 +43,8 @@ def run_rlvla3(args: list[str], timeout: int) -> str:
 
 
 def last_json(stdout: str) -> dict:
-    """The JSON object on the last line of a command's output."""
-    return json.loads(stdout.strip().splitlines()[-1])
+    """The JSON object that ends a command's output (one line, or indented from a line that
+    opens with ``{``), after any progress lines."""
+    lines = stdout.strip().splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("{"))
+    return json.loads("\n".join(lines[start:]))

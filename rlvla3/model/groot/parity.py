@@ -123,7 +123,7 @@ def compare(path: Path) -> list[Stage]:
         _diff("pixels (48x64 -> 56, bicubic)", batch.pixels, torch.cat(ref("sampled", "pixels"))),
     ]
     images = net.image_tokens(batch.pixels)
-    stages.append(_diff("vision tokens (pixel shuffle + connector)", images,
+    stages.append(_diff("vision tokens (after the connector)", images,
                         torch.cat(ref("sampled", "vision"))))
     cache = net.encode(batch)
     for name, ours, key in (("LLM hidden at the selected layer", cache.llm_hidden, "llm_hidden"),
