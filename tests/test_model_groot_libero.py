@@ -42,7 +42,7 @@ def test_groot_libero_sft_then_rl_then_eval_with_the_tiny_groot(tmp_path):
                                     f"init_from={tmp_path / 'sft'}", "--run-dir", str(run),
                                     "--json"], 600))
     assert summary["policy"] == "groot" and summary["algo"] == "grpo"
-    assert summary["episodes"] >= 4 and summary["trained_decisions"] > 0
+    assert summary["episodes"] >= 4 and summary["trained_decisions"] >= 8
     assert summary["policy_version"] >= 2 and summary["restarts"] == 0
     latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
     meta = json.loads((latest / "meta.json").read_text())
@@ -50,8 +50,8 @@ def test_groot_libero_sft_then_rl_then_eval_with_the_tiny_groot(tmp_path):
     assert meta["spec"]["chunk_len"] == 16
 
     result = last_json(run_rlvla3(["eval", "--checkpoint", str(run), "--task-ids", "0",
-                                   "--episodes-per-task", "2", "--max-steps", "32", "--workers",
+                                   "--episodes-per-task", "2", "--max-steps", "16", "--workers",
                                    "1", "--videos", "0", "--output-dir", str(tmp_path / "eval"),
                                    "--json"], 600))
     assert result["episodes"] == 2 and result["complete"] and result["faults"] == 0
-    assert result["acting"] == "deterministic" and result["env_steps"] == 64
+    assert result["acting"] == "deterministic" and result["env_steps"] == 32
