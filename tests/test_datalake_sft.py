@@ -205,6 +205,20 @@ def test_sft_takes_the_vla_state_bins_and_action_scale_from_the_datasets_stats(t
     assert sft_job.with_dataset_stats(small, lake) == small
 
 
+def test_sft_takes_groots_min_max_normalisation_from_the_datasets_stats(tmp_path):
+    from datalake.pipeline import Lake
+
+    write_dataset(tmp_path / "d", synthetic.episodes(2, 10, 12, size=(16, 16)), WriterConfig())
+    stats = json.loads((tmp_path / "d" / "meta" / "stats.json").read_text())
+    cfg = build(sft_job.SFTConfig, {"lake": {"datasets": [str(tmp_path / "d")]},
+                                    "policy": {"name": "groot", "options": {"tokenizer": "x"}}})
+    options = sft_job.with_dataset_stats(cfg, Lake(cfg.lake)).policy.options
+    for kind, key in (("state", "observation.state"), ("action", "action")):
+        np.testing.assert_allclose(options[f"{kind}_min"], stats[key]["min"], atol=1e-6)
+        np.testing.assert_allclose(options[f"{kind}_max"], stats[key]["max"], atol=1e-6)
+    assert "state_low" not in options and "action_mean" not in options
+
+
 def test_init_from_is_checked_before_any_worker_and_brings_its_policy_options(tmp_path):
     write_dataset(tmp_path / "d", synthetic.episodes(2, 10, 12, size=(16, 16)), WriterConfig())
 

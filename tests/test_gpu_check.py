@@ -120,6 +120,20 @@ def test_dry_run_passes_every_entry_without_ray(image_python, tmp_path):
     assert report["summary"]["cost_model"] == costs["cost_model"]
     assert costs["plan_args"].startswith("--cost-model custom --cost infer_per_call_ms=")
 
+    # GR00T-N1.5's entry: the same cost figures for its policy, and the planner plans with them.
+    groot = entries["groot"]
+    assert groot["preset"] == "groot_tiny" and list(groot["costs"]["act_ms"]) == ["1", "2", "4"]
+    assert groot["costs"]["model"] == "GR00T-N1.5 preset groot_tiny"
+    packing = groot["packing"]
+    assert (packing["variants"]["packed"]["attention"],
+            packing["variants"]["padded"]["attention"]) == ("per_segment", "padded")
+    assert packing["padded_stream_tokens"] > packing["real_tokens"]
+    assert report["summary"]["groot_cost_model"] == groot["cost_model"]
+    from actors.rl import plan_job
+
+    assert plan_job.main([*groot["plan_args"].split(), "--gpus", "8", "--sim-cpus", "128",
+                          "--json"]) == 0
+
 
 def test_an_entry_past_its_time_is_killed_and_reported():
     result = bench_gpu.run_entry("attention", dry_run=True, timeout=0.5)

@@ -42,6 +42,21 @@ def test_packing_benchmark_reports_speedup_token_ratio_and_bound(capsys):
         out["speedup"] / out["upper_bound_speedup"], abs=1e-3)
 
 
+def test_packing_benchmark_measures_groot_by_the_same_code(capsys):
+    assert bench_packing.main(["--preset", "groot_tiny", "--samples", "6", "--repeats", "1",
+                               "--max-tokens", "512", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["preset"] == "groot_tiny" and out["rows"] >= 2
+    # GR00T pads only its prompts (both cameras are always there): fewer padded tokens than
+    # the VLA, but the same accounting: real < padded, attention work grows faster than tokens.
+    assert out["real_tokens"] < out["padded_tokens"]
+    packed, padded = out["cost"]["packed"], out["cost"]["padded"]
+    assert (packed["backend"], padded["backend"]) == ("per_segment", "padded")
+    assert packed["linear_gflop"] < padded["linear_gflop"]
+    assert padded["attention_gflop"] / packed["attention_gflop"] > out["token_ratio"]
+    assert out["packed_tokens_per_s"] > 0 and out["padded_tokens_per_s"] > 0
+
+
 def test_attention_work_counts_what_each_kernel_computes():
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)  # segments of 3 and 5 tokens
     call = bench_packing.AttentionCall((8, 2, 4), (8, 1, 4), cu, cu, 5, 5, None)

@@ -40,6 +40,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,7 @@ from actors.rl.rl_job import refuse_a_used_run_dir
 from actors.sft.sft_config import SFTConfig, upgrade
 from actors.sft.sft_worker import train_loop
 from datalake.format import DatasetError, resolve_filesystem
-from datalake.pipeline import Lake, LakeError
+from datalake.pipeline import ACTION_KEY, STATE_KEY, Lake, LakeError
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.cli_options import add_run_dir, deprecated_alias
 from rlvla3.config import (
@@ -89,24 +90,35 @@ def spec_for(cfg: SFTConfig, lake: Lake) -> EnvSpec:
     )
 
 
+STAT_FILLS: dict[str, list[tuple[tuple[str, str], Callable[[Lake], Any], int, str]]] = {
+    "vla": [
+        (("state_low", "state_high"), Lake.state_range, 4,
+         "no state stats in the datasets: the VLA bins the state over [-1, 1]"),
+        (("action_mean", "action_std"), Lake.action_stats, 5,
+         "no action stats in the datasets: the VLA learns raw actions"),
+    ],
+    "groot": [
+        (("state_min", "state_max"), lambda lake: lake.min_max(STATE_KEY), 6,
+         "no state min/max in the datasets: GR00T normalises the state over [-1, 1]"),
+        (("action_min", "action_max"), lambda lake: lake.min_max(ACTION_KEY), 6,
+         "no action min/max in the datasets: GR00T learns raw actions"),
+    ],
+}
+"""Per policy: the option pairs the datasets' stats fill, from which statistic, the digits
+kept, and what is said when the datasets lack it."""
+
+
 def with_dataset_stats(cfg: SFTConfig, lake: Lake) -> SFTConfig:
     """The packed VLA bins its state tokens over ``state_low..state_high`` and standardises its
-    actions by ``action_mean/action_std``; what the config leaves unset comes from the
-    datasets' stats (the checkpoint keeps them, so eval and RL see the same state bins and
-    actions in the same units)."""
+    actions by ``action_mean/action_std``; GR00T min-max normalises state and actions to
+    [-1, 1] (``state_min`` ... ``action_max``, as LeRobot's groot does with the dataset's
+    stats). What the config leaves unset comes from the datasets' stats (the checkpoint keeps
+    them, so eval and RL see the same units)."""
     options = dict(cfg.policy.options)
-    if cfg.policy.name != "vla":
-        return cfg
-    fills = [
-        (("state_low", "state_high"), lake.state_range, 4,
-         "no state stats in the datasets: the VLA bins the state over [-1, 1]"),
-        (("action_mean", "action_std"), lake.action_stats, 5,
-         "no action stats in the datasets: the VLA learns raw actions"),
-    ]
-    for keys, source, digits, missing in fills:
+    for keys, source, digits, missing in STAT_FILLS.get(cfg.policy.name, []):
         if options.get(keys[0]):
             continue
-        values = source()
+        values = source(lake)
         if values is None:
             print(f"[sft] {missing}", file=sys.stderr)
             continue
@@ -268,6 +280,7 @@ def train(job: SFTJob) -> dict[str, Any]:
             "spec": dataclasses.asdict(spec),
             "cameras": list(lake.cameras),
             "dataset_problems": lake.dataset_problems,
+            "cwd": os.getcwd(),
         },
         scaling_config=ScalingConfig(
             num_workers=cfg.num_learners, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": 1}

@@ -35,6 +35,7 @@ end) and to stdout as progress lines.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -95,6 +96,8 @@ def train_loop(config: dict[str, Any]) -> None:
 
     from rlvla3.policies import build_policy
 
+    if os.path.isdir(config["cwd"]):  # relative paths (a checkpoint, a tokenizer) mean what
+        os.chdir(config["cwd"])  # they meant where the job started; Ray Train moved us away
     cfg = build(SFTConfig, config["sft"])
     spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["spec"].items()})
     ctx = ray.train.get_context()

@@ -7,12 +7,12 @@ strategy (eager, static, CUDA graph) at batch 1-64; every FP8 kernel candidate p
 (``fp8_linear``, which chooses one) and the FP8 training step with its loss over 50 steps
 (``fp8_training``, with that choice); packed vs padded training step with MFU and a kernel
 breakdown (``packing``); this GPU's cost model (``costs``); varlen attention (``attention``);
-the RL path (``rl``). ``--dry-run`` runs exactly this code on CPU at tiny shapes (per-segment
+the RL path (``rl``); GR00T-N1.5's cost model and packed vs padded step (``groot``). ``--dry-run`` runs exactly this code on CPU at tiny shapes (per-segment
 attention, emulated FP8, no capture), so CI keeps the command from rotting. Without a GPU and
 without ``--dry-run`` it prints a JSON object saying it skipped, and exits 0.
 
 Isolation and time: each entry runs in its own Python process, killed at the entry's timeout or
-when the whole budget (``--budget``, seven minutes on a GPU; a warm H200 needs about five) is
+when the whole budget (``--budget``, eight minutes on a GPU; a warm H200 needs about six) is
 spent; a hang, a
 crash or a CUDA error stays in its entry, which then fails and still reports what it measured
 (entries print a complete snapshot after each step). Imports: torch, numpy and the Ray-free
@@ -146,6 +146,8 @@ SUMMARY = {
     "packed_mfu": ("packing", "variants", "packed", "mfu"),
     "attention_speedup_over_padded": ("attention", "speedup_over_padded"),
     "cost_model": ("costs", "cost_model"),
+    "groot_cost_model": ("groot", "cost_model"),
+    "groot_packing_speedup": ("groot", "packing", "speedup"),
 }
 """Headline figure -> where it sits in the entries."""
 
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated entries to run (default: all): " + "; ".join(
                         f"{k}: {e.what}" for k, e in ENTRIES.items()))
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the whole check (default: 420 on a GPU, 500 dry run)")
+                    help="seconds for the whole check (default: 480 on a GPU, 500 dry run)")
     ap.add_argument("--report", default=None, metavar="FILE",
                     help="also write the JSON report to this file")
     ap.add_argument("--entry", choices=sorted(ENTRIES), help=argparse.SUPPRESS)

@@ -1,6 +1,7 @@
 """The entries of the GPU check (``rlvla3 bench gpu``): the table ``ENTRIES`` (run order, time
 limit, one line each) and the entries that share this module's context and sizes; the others
-live in ``act_check``, ``fp8_check`` and ``cost_check``. A new model's entry is a generator of
+live in ``act_check``, ``fp8_check``, ``cost_check`` and ``groot_check`` (GR00T-N1.5's cost
+model and packed step). A new model's entry is a generator of
 snapshots and one row of the table.
 
 Inputs: a ``Context`` (device and ``CheckSizes``: pi0.5 shapes on a GPU, fitted to its memory
@@ -48,6 +49,7 @@ from rlvla3.model.check_timing import peak_gb, reset_peak, round_sig, timed
 from rlvla3.model.cost_check import check_costs
 from rlvla3.model.fp8_check import check_fp8_linear, check_fp8_training
 from rlvla3.model.fp8_select import select_fp8
+from rlvla3.model.groot_check import check_groot
 from rlvla3.model.step_profile import kernel_breakdown, matrix_tflops, step_flops
 
 Snapshot = dict
@@ -68,8 +70,9 @@ class Fp8Layer:
 
 @dataclass(frozen=True)
 class CheckSizes:
-    """The work each entry does; ``GPU`` fits the whole check in about five minutes on an
-    H200, ``DRY_RUN`` exercises the same code on CPU in seconds."""
+    """The work each entry does; ``GPU`` fits the whole check in about eight minutes on an
+    H200 (the VLA's entries five, GR00T's up to two and a half), ``DRY_RUN`` exercises the
+    same code on CPU in seconds."""
 
     preset: str
     dtype: torch.dtype
@@ -92,7 +95,7 @@ class CheckSizes:
     """AdamW steps of ``fp8_training``'s loss comparison."""
     loss_samples: int = 8
     loss_lr: float = 1e-5
-    budget_s: float = 420.0
+    budget_s: float = 480.0
     """Seconds for the whole check; an entry gets at most what is left."""
     entry_timeout_s: float | None = None
     """Seconds every entry may take (None: each entry's own ``gpu_timeout_s``)."""
@@ -405,5 +408,7 @@ ENTRIES: dict[str, CheckEntry] = {
     "attention": CheckEntry(check_attention, 60, "varlen attention backends vs the exact "
                                                  "per-segment reference"),
     "rl": CheckEntry(check_rl, 60, "act / evaluate log-probability agreement, decisions/s"),
+    "groot": CheckEntry(check_groot, 150, "GR00T-N1.5: a cost model of this GPU and the "
+                                          "packed vs padded step"),
 }
 """In run order, the issue's headline figures first. A new model's entry is one more row."""
