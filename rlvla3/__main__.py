@@ -43,7 +43,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "env": ("envs.libero.bench_env", "LIBERO step/reset latency and env steps/s per process count"),
     "lake": ("datalake.bench", "data lake samples/s and data-wait vs a per-sample loader"),
     "soak": ("actors.bench.bench_soak", "long run with periodic kills: recovery time, memory over time"),
-    "engine": ("rlvla3.engine.equivalence", "FSDP2 and DDP learner groups against one rank: "
+    "engine": ("actors.bench.bench_engine", "FSDP2 and DDP learner groups against one rank: "
                "parameters after N steps, bytes per rank against the pre-flight"),
     "storage": ("actors.bench.bench_storage", "checkpoint save/restore on a run's storage vs a local disk"),
 }

@@ -41,8 +41,9 @@ from pathlib import Path
 
 import torch
 
+from rlvla3.model.check_context import Context, sizes_for
 from rlvla3.model.fp8_check import BENCH_FP8
-from rlvla3.model.gpu_checks import ENTRIES, Context, sizes_for
+from rlvla3.model.gpu_checks import ENTRIES
 
 MIN_ENTRY_S = 15.0
 """An entry is not started with less budget left than this."""

@@ -41,9 +41,6 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -52,6 +49,7 @@ import torch
 from torch import nn
 
 from rlvla3.config import build
+from rlvla3.model.step_profile import AttentionCall, AttentionRecorder, count_linear_flops
 from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.types import EnvSpec, ObsBatch
 
@@ -150,69 +148,13 @@ def _time_row(work: Workload, policy, obs, actions, row) -> float:
     return time.perf_counter() - start
 
 
-@dataclass(frozen=True)
-class AttentionCall:
-    """The arguments of one attention-backend call, enough to replay it on fresh tensors."""
-
-    q_shape: tuple[int, ...]
-    k_shape: tuple[int, ...]
-    cu_q: torch.Tensor
-    cu_k: torch.Tensor
-    max_q: int
-    max_k: int
-    key_valid: torch.Tensor | None
-    causal: bool = False
-
-    def work(self, padded: bool) -> int:
-        """Query-key pairs times heads times head dim that the kernel computes."""
-        heads, dim = self.q_shape[1], self.q_shape[2]
-        if padded:
-            pairs = (len(self.cu_q) - 1) * self.max_q * self.max_k
-        else:
-            pairs = int((torch.diff(self.cu_q).long() * torch.diff(self.cu_k).long()).sum())
-        return pairs * heads * dim
-
-
-class _Recorder:
-    """Stands in for a network's attention backend; records each call, then delegates."""
-
-    def __init__(self, backend):
-        self.backend = backend
-        self.calls: list[AttentionCall] = []
-
-    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None, causal=False):
-        self.calls.append(AttentionCall(tuple(q.shape), tuple(k.shape), cu_q, cu_k, max_q, max_k,
-                                        key_valid, causal))
-        return self.backend(q, k, v, cu_q, cu_k, max_q, max_k, key_valid, causal=causal)
-
-
-@contextmanager
-def _count_linear_flops() -> Iterator[list[int]]:
-    """Forward FLOPs of every ``nn.Linear`` / ``nn.Conv2d`` call inside the block."""
-    total = [0]
-
-    def hook(module: nn.Module, inputs: object, output: torch.Tensor) -> None:
-        if isinstance(module, nn.Linear):
-            rows = output.numel() // module.out_features
-            total[0] += 2 * rows * module.in_features * module.out_features
-        elif isinstance(module, nn.Conv2d):  # each output sums in_channels x kernel products
-            kh, kw = module.kernel_size
-            total[0] += 2 * output.numel() * (module.in_channels // module.groups) * kh * kw
-
-    handle = nn.modules.module.register_module_forward_hook(hook)
-    try:
-        yield total
-    finally:
-        handle.remove()
-
-
 def _profile(work: Workload, policy, obs, actions, rows) -> tuple[list[AttentionCall], int]:
     """Attention calls and forward linear FLOPs of one pass over ``rows`` (not timed)."""
     net = policy.net
-    recorder = _Recorder(net.attention)
+    recorder = AttentionRecorder(net.attention)
     net.attention = recorder
     try:
-        with _count_linear_flops() as flops:
+        with count_linear_flops() as flops:
             for row in rows:
                 _time_row(work, policy, obs, actions, row)
     finally:

@@ -132,7 +132,7 @@ def _loss_curve(ctx, fp8: str | None) -> tuple[list[float], float, str | None, f
 
 
 def check_fp8_training(ctx) -> Iterator[dict]:
-    from rlvla3.model.gpu_checks import LOSS_TOLERANCE, training_step
+    from rlvla3.model.check_context import LOSS_TOLERANCE, training_step
 
     dev, sz = ctx.device, ctx.sizes
     fp8 = fp8_choice(dev)

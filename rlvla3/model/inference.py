@@ -48,10 +48,23 @@ import torch
 from rlvla3.model.network import DenseSuffix, PrefixCache
 
 if TYPE_CHECKING:
-    from rlvla3.model.policy import ChainNoise, VLAPolicy
+    from rlvla3.model.policy import VLAPolicy
     from rlvla3.types import ObsBatch
 
 log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class ChainNoise:
+    """The random numbers of one ``act`` call, drawn before the chain runs."""
+
+    x0: torch.Tensor
+    """``[n, H, W]`` the chain's start."""
+    steps: torch.Tensor | None = None
+    """``[K, n, H, W]`` each step's noise (sampling under Flow-SDE / Flow-Noise)."""
+    final: torch.Tensor | None = None
+    """``[n, H, A]`` the chunk's noise on the executed action dims (sampling under
+    ODE-Gaussian)."""
+
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 """Batch sizes the static strategies pad to; larger batches round up to a multiple of 256."""
@@ -179,8 +192,6 @@ class StaticActing(Acting):
     def loop(self, policy: VLAPolicy, buf: StaticBuffers, noise: ChainNoise,
              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """The denoising loop on ``buf`` (nothing in it reads the host or draws noise)."""
-        from rlvla3.model.policy import ChainNoise
-
         cache = PrefixCache(buf.keys, buf.values, None)
         static_noise = ChainNoise(buf.x0, None if noise.steps is None else buf.steps,
                                   None if noise.final is None else buf.final)

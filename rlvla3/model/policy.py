@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from rlvla3.config import ConfigError
 from rlvla3.model import flow
 from rlvla3.model.attention import select_backend
 from rlvla3.model.fp8_select import select_fp8
-from rlvla3.model.inference import make_acting
+from rlvla3.model.inference import ChainNoise, make_acting
 from rlvla3.model.network import DenseSuffix, PrefixCache, SuffixLayout, VLANetwork
 from rlvla3.model.normalize import make_normalizer
 from rlvla3.model.processor import PrefixBatch, Processor
@@ -43,19 +43,6 @@ from rlvla3.protocols import Evaluation
 from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ChainNoise:
-    """The random numbers of one ``act`` call, drawn before the chain runs."""
-
-    x0: torch.Tensor
-    """``[n, H, W]`` the chain's start."""
-    steps: torch.Tensor | None = None
-    """``[K, n, H, W]`` each step's noise (sampling under Flow-SDE / Flow-Noise)."""
-    final: torch.Tensor | None = None
-    """``[n, H, A]`` the chunk's noise on the executed action dims (sampling under
-    ODE-Gaussian)."""
 
 
 class VLAPolicy(nn.Module):

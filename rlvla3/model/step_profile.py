@@ -17,13 +17,71 @@ kind. Used by the GPU check's ``packing`` entry (and on a CPU by its dry run).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from rlvla3.model.bench_packing import _count_linear_flops, _Recorder
 from rlvla3.model.check_timing import round_sig, timed
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """The arguments of one attention-backend call, enough to replay it on fresh tensors."""
+
+    q_shape: tuple[int, ...]
+    k_shape: tuple[int, ...]
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+    key_valid: torch.Tensor | None
+    causal: bool = False
+
+    def work(self, padded: bool) -> int:
+        """Query-key pairs times heads times head dim that the kernel computes."""
+        heads, dim = self.q_shape[1], self.q_shape[2]
+        if padded:
+            pairs = (len(self.cu_q) - 1) * self.max_q * self.max_k
+        else:
+            pairs = int((torch.diff(self.cu_q).long() * torch.diff(self.cu_k).long()).sum())
+        return pairs * heads * dim
+
+
+class AttentionRecorder:
+    """Stands in for a network's attention backend; records each call, then delegates."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.calls: list[AttentionCall] = []
+
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None, causal=False):
+        self.calls.append(AttentionCall(tuple(q.shape), tuple(k.shape), cu_q, cu_k, max_q, max_k,
+                                        key_valid, causal))
+        return self.backend(q, k, v, cu_q, cu_k, max_q, max_k, key_valid, causal=causal)
+
+
+@contextmanager
+def count_linear_flops() -> Iterator[list[int]]:
+    """Forward FLOPs of every ``nn.Linear`` / ``nn.Conv2d`` call inside the block."""
+    total = [0]
+
+    def hook(module: nn.Module, inputs: object, output: torch.Tensor) -> None:
+        if isinstance(module, nn.Linear):
+            rows = output.numel() // module.out_features
+            total[0] += 2 * rows * module.in_features * module.out_features
+        elif isinstance(module, nn.Conv2d):  # each output sums in_channels x kernel products
+            kh, kw = module.kernel_size
+            total[0] += 2 * output.numel() * (module.in_channels // module.groups) * kh * kw
+
+    handle = nn.modules.module.register_module_forward_hook(hook)
+    try:
+        yield total
+    finally:
+        handle.remove()
+
 
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("attention", re.compile(r"flash|fmha|attention|sdpa|varlen", re.I)),
@@ -39,10 +97,10 @@ KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 def step_flops(net: nn.Module, step: Callable[[], object], padded: bool) -> int:
     """FLOPs of one forward + backward of ``step`` (which runs ``net``)."""
-    recorder = _Recorder(net.attention)
+    recorder = AttentionRecorder(net.attention)
     net.attention = recorder
     try:
-        with _count_linear_flops() as linear:
+        with count_linear_flops() as linear:
             step()
     finally:
         net.attention = recorder.backend

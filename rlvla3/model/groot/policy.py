@@ -32,7 +32,7 @@ from torch import nn
 
 from rlvla3.model import flow
 from rlvla3.model.attention import select_backend
-from rlvla3.model.fp8 import select_fp8
+from rlvla3.model.fp8_select import select_fp8
 from rlvla3.model.groot.config import GrootConfig, GrootShapes
 from rlvla3.model.groot.head import flow_loss, training_time
 from rlvla3.model.groot.network import GrootNetwork, VLCache
