@@ -7,8 +7,8 @@ episodes (PPO episodes, or GRPO groups of four of one task and state), each glob
 out over the ranks in order (``rlvla3.learner.rank_batches``). After the last step the ranks
 gather the weights and rank 0 writes them; every rank writes what it trained and the bytes it
 held (``TrainingEngine.memory``). ``run_group`` starts a group and reads what it wrote;
-``matrix`` compares FSDP2 and DDP groups of 2 and 4 ranks with one rank, for PPO and GRPO
-(the largest parameter difference after the steps), and the measured bytes per rank with the
+``matrix`` compares FSDP2 and DDP groups of 2 and 4 ranks with one rank, for PPO, GRPO and
+SFT steps (the largest parameter difference after the steps), and the measured bytes per rank with the
 memory pre-flight's prediction (``rlvla3.plan.memory.engine_bytes``). Prints one JSON object.
 """
 
@@ -74,7 +74,9 @@ def rank_main(argv: list[str]) -> None:
     p.add_argument("--init", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
-    p.add_argument("--algo", choices=("ppo", "grpo"), default="ppo")
+    p.add_argument("--algo", choices=("ppo", "grpo", "sft"), default="ppo",
+                   help="the RL learner core (ppo, grpo) or supervised steps on the "
+                   "episodes' action chunks through the engine as the SFT worker drives it")
     p.add_argument("--policy", choices=tuple(POLICIES), default="small")
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--micro-batch", type=int, default=8)
@@ -89,7 +91,8 @@ def rank_main(argv: list[str]) -> None:
                    help="global batch to start from (a restored run goes on where it stood)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    algo, data = _samples(args.algo, args.episodes, args.proximal)
+    algo, data = _samples("ppo" if args.algo == "sft" else args.algo, args.episodes,
+                          args.proximal)
     torch.manual_seed(0)
     policy = build_policy(Named(args.policy, POLICIES[args.policy]),
                           env_spec(Named("reach", REACH)))
@@ -97,8 +100,11 @@ def rank_main(argv: list[str]) -> None:
     if args.world > 1:
         ranks = group.join("gloo", "", 0, args.rank, args.world, torch.device("cpu"),
                            init_method=f"file://{args.init}")
-    engine = rl_engine(policy, algo, 3e-3, EngineConfig(strategy=args.strategy), ranks)
     shares = rank_batches(args.global_batch, args.world)
+    if args.algo == "sft":
+        sft_main(args, policy, data, ranks, shares)
+        return
+    engine = rl_engine(policy, algo, 3e-3, EngineConfig(strategy=args.strategy), ranks)
     core = LearnerCore(policy, algo, shares[args.rank], args.micro_batch, 3e-3, BatchStart(),
                        engine=engine)
     core.take_share(args.global_batch, args.world, args.rank)
@@ -128,6 +134,48 @@ def rank_main(argv: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{args.rank}.json").write_text(json.dumps({
         "version": core.version, "samples_trained": core.samples_trained,
+        "engine": engine.name, "seconds": seconds, "memory": memory.__dict__,
+        "publish_s": published.seconds, "publish_peak_bytes": published.peak_bytes}))
+    if args.rank == 0:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "params.safetensors"))
+    group.leave()
+
+
+def sft_main(args: argparse.Namespace, policy, data, ranks, shares: list[int]) -> None:
+    """``--algo sft``: each global batch's rows, this rank's share in micro-batches of
+    ``micro_batch``, through the engine as ``actors.sft.sft_worker`` drives it (the
+    ``sft_loss`` of each, divided by the micro-batches per step; reduced on the last; one
+    clipped AdamW step)."""
+    from rlvla3.engine import group
+    from rlvla3.engine.config import EngineConfig
+    from rlvla3.engine.engine import TrainingEngine
+
+    if len(set(shares)) > 1 or shares[0] % args.micro_batch:
+        raise SystemExit("--algo sft: the global batch must split into equal micro-batches")
+    engine = TrainingEngine(policy, EngineConfig(strategy=args.strategy), ranks, "sft_loss",
+                            lambda params: torch.optim.AdamW(params, lr=3e-3))
+    micro = shares[0] // args.micro_batch
+    start = time.perf_counter()
+    for step in range(args.first_step, args.first_step + args.steps):
+        first = (step * args.global_batch) % (len(data) - args.global_batch + 1)
+        begin = first + sum(shares[: args.rank])
+        for m in range(micro):
+            rows = data.select(np.arange(begin + m * args.micro_batch,
+                                         begin + (m + 1) * args.micro_batch))
+            actions = torch.from_numpy(rows.actions)
+            mask = torch.ones(actions.shape[:2], dtype=torch.bool)
+            with engine.accumulate(last=m == micro - 1):
+                (engine.call("sft_loss", rows.obs, actions, mask) / micro).backward()
+        engine.step()
+    seconds = time.perf_counter() - start
+    memory = engine.memory()
+    weights, published = engine.gather_weights()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{args.rank}.json").write_text(json.dumps({
+        "version": args.steps, "samples_trained": args.steps * shares[args.rank],
         "engine": engine.name, "seconds": seconds, "memory": memory.__dict__,
         "publish_s": published.seconds, "publish_peak_bytes": published.peak_bytes}))
     if args.rank == 0:
@@ -170,12 +218,15 @@ def matrix(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for algo in args.algos.split(","):
             reference, one = run_group(Path(tmp), 1, "ddp", algo, **options)
-            row = {}
+            row: dict = {}
             for world in [int(w) for w in args.ranks.split(",")]:
+                weights = {}
                 for strategy in ("ddp", "fsdp"):
-                    weights, records = run_group(Path(tmp), world, strategy, algo, **options)
+                    weights[strategy], records = run_group(Path(tmp), world, strategy, algo,
+                                                           **options)
                     row[f"{strategy}_{world}"] = {
-                        "max_abs_difference_vs_1_rank": max_difference(weights, reference),
+                        "max_abs_difference_vs_1_rank": max_difference(weights[strategy],
+                                                                       reference),
                         "samples_trained": sum(r["samples_trained"] for r in records),
                         "seconds": round(max(r["seconds"] for r in records), 2)}
                     if algo == args.algos.split(",")[0]:
@@ -187,9 +238,15 @@ def matrix(args: argparse.Namespace) -> dict:
                             "strategy": strategy, "ranks": world, "measured_bytes": measured,
                             "predicted_bytes": predicted,
                             "error": round(measured / predicted - 1.0, 4)})
+                row[f"fsdp_vs_ddp_{world}"] = max_difference(weights["fsdp"], weights["ddp"])
             results["algos"][algo] = {"one_rank_samples": one[0]["samples_trained"], **row}
-    worst = max(v["max_abs_difference_vs_1_rank"] for row in results["algos"].values()
-                for k, v in row.items() if isinstance(v, dict))
+    # SFT draws its flow-matching noise per rank: a group's draws are not one rank's, so SFT
+    # is held to FSDP against DDP (same seeds, same data); RL to both
+    worst = max(max(v for k, v in row.items() if k.startswith("fsdp_vs_ddp"))
+                if algo == "sft" else
+                max(v["max_abs_difference_vs_1_rank"] if isinstance(v, dict) else v
+                    for k, v in row.items() if k != "one_rank_samples")
+                for algo, row in results["algos"].items())
     results["max_abs_difference"] = worst
     results["pass"] = worst <= args.tolerance and all(
         abs(m["error"]) <= 0.15 for m in results["memory"])
@@ -204,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rlvla3 bench engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", default="2,4", help="group sizes to compare with one rank")
-    p.add_argument("--algos", default="ppo,grpo")
+    p.add_argument("--algos", default="ppo,grpo,sft")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--policy", choices=tuple(POLICIES), default="small")
     p.add_argument("--tolerance", type=float, default=1e-5)
