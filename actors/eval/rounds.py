@@ -25,7 +25,7 @@ this module:
   another simulator (a reset takes 5.2 s here instead of 2.8 s), and state-major order would
   otherwise change task at every episode.
 - ``summarise(outcomes, tasks)``: per task and for the suite, successes with Wilson 95%
-  intervals (``rlvla3.stats``) over the episodes that ran to their end, the faults apart, and
+  intervals (``rlvla3.confidence``) over the episodes that ran to their end, the faults apart, and
   each episode's outcome.
 - ``evaluate_checkpoint(...)``: the blocking form of the above, returning ``summarise``'s dict.
 
@@ -40,8 +40,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actors.eval.worker import ActionSource, EpisodeOutcome, EvalWorker
+from rlvla3.confidence import rate
 from rlvla3.config import Named
-from rlvla3.stats import rate
 
 Job = tuple[int, int]
 """(env task id, initial state id)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rlvla3.stats import tally
+from rlvla3.confidence import tally
 
 
 def add_counts(a, b):
