@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("actors.eval.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),
     "sft": ("actors.sft.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
     "datalake": ("datalake.cli", "inspect LeRobot datasets; record expert demonstrations"),
-    "export": ("rlvla3.model.export", "write a checkpoint as a LeRobot policy directory (pi05, groot)"),
+    "export": ("rlvla3.policies.export", "write a checkpoint as a LeRobot policy directory (pi05, groot)"),
 }
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
@@ -38,8 +38,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                     "dilation check"),
     "batcher": ("actors.bench.bench_batcher", "adaptive vs fixed B_max / T_max at three loads"),
     "learning": ("actors.bench.bench_learning", "sync vs async: success vs env steps and wall time"),
-    "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA or GR00T"),
-    "gpu": ("rlvla3.model.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
+    "packing": ("rlvla3.compute.bench_packing", "packed vs padded SFT throughput of the VLA or GR00T"),
+    "gpu": ("rlvla3.compute.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
     "env": ("envs.libero.bench_env", "LIBERO step/reset latency and env steps/s per process count"),
     "lake": ("datalake.bench", "data lake samples/s and data-wait vs a per-sample loader"),
     "soak": ("actors.bench.bench_soak", "long run with periodic kills: recovery time, memory over time"),

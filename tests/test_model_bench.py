@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rlvla3.model import bench_packing, step_profile
+from rlvla3.compute import bench_packing, step_profile
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -83,7 +83,7 @@ def test_packing_breakdown_accounts_for_its_time_by_kind(capsys):
 
 
 def test_kernel_names_fall_into_kinds():
-    from rlvla3.model.step_profile import kind_of
+    from rlvla3.compute.step_profile import kind_of
 
     assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "matmul"
     assert kind_of("_block_gemm") == "matmul" and kind_of("aten::addmm") == "matmul"

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlvla3.model.check_timing import round_sig, timed
+from rlvla3.compute.check_timing import round_sig, timed
 from rlvla3.model.fp8 import BlockLinear, Fp8Backend, hopper
 from rlvla3.model.fp8_kernels import (
     ROW,

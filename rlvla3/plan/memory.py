@@ -286,7 +286,7 @@ def vla_activation_bytes(options: Mapping, spec: EnvSpec, dtype_bytes: int = 4,
     attending to the prefix's keys and values gathered per chunk. A fused attention kernel (flash
     on GPU) keeps no copies; the exact per-segment CPU path copies q, k and v per segment
     (``fused_attention=False``: ``2 q + 2 kv`` more per token and layer)."""
-    from rlvla3.model.vla_config import VLAConfig, shapes_for
+    from rlvla3.policies.vla.config import VLAConfig, shapes_for
 
     cfg = build(VLAConfig, options)
     s = shapes_for(cfg)
@@ -308,7 +308,7 @@ def vla_inference_bytes(options: Mapping, spec: EnvSpec, dtype_bytes: int = 4,
     values for every layer (the action expert reads them at every denoising step) plus one
     layer's widest intermediates (``2 w + 2 mlp`` per token; layers run one after another and
     nothing is kept for a backward pass)."""
-    from rlvla3.model.vla_config import VLAConfig, shapes_for
+    from rlvla3.policies.vla.config import VLAConfig, shapes_for
 
     cfg = build(VLAConfig, options)
     s = shapes_for(cfg)
@@ -369,8 +369,8 @@ def vla_meta_network(options: Mapping, spec: EnvSpec):
     """The VLA's network as built, without allocating it (meta tensors)."""
     import torch
 
-    from rlvla3.model.network import VLANetwork
-    from rlvla3.model.vla_config import VLAConfig, shapes_for
+    from rlvla3.policies.vla.config import VLAConfig, shapes_for
+    from rlvla3.policies.vla.network import VLANetwork
 
     cfg = build(VLAConfig, options)
     with torch.device("meta"):
