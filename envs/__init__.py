@@ -14,8 +14,11 @@ cluster's head node sizes the policy for simulators that live on other nodes.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rlvla3.config import ConfigError, Named
 from rlvla3.protocols import Env
@@ -26,21 +29,21 @@ ENVS: dict[str, str] = {
     "reach": "envs.reach:make_reach_env",
     "latency_replay": "envs.latency_replay:make_latency_replay_env",
     "libero": "envs.libero.env:make_libero_env",
-    "isaaclab": "envs.isaaclab:make_isaaclab_env",
+    "isaaclab": "envs.isaaclab.env:make_isaaclab_env",
 }
 
 SPECS: dict[str, str] = {
     "reach": "envs.reach:reach_spec",
     "latency_replay": "envs.latency_replay:latency_replay_spec",
     "libero": "envs.libero.env:libero_spec",
-    "isaaclab": "envs.isaaclab:isaaclab_spec",
+    "isaaclab": "envs.isaaclab.env:isaaclab_spec",
 }
 
 OPTIONS: dict[str, str] = {
     "reach": "envs.reach:ReachConfig",
     "latency_replay": "envs.latency_replay:LatencyReplayConfig",
     "libero": "envs.libero.env:LiberoConfig",
-    "isaaclab": "envs.isaaclab:IsaacLabConfig",
+    "isaaclab": "envs.isaaclab.env:IsaacLabConfig",
 }
 """The dataclass each env's ``env.options`` build into (the docs' config reference)."""
 
@@ -50,16 +53,19 @@ class Extra:
     """The optional dependency an env's simulator needs."""
 
     module: str
-    """Top-level module that must be importable."""
+    """Top-level module that must be importable (empty: see ``check``)."""
     install: str
     """The command that installs it."""
+    check: str = ""
+    """``module:function(options) -> str``: why the env cannot start here ("" when it can),
+    for a simulator that runs in an environment of its own instead of this process."""
 
 
 EXTRAS: dict[str, Extra] = {
     "libero": Extra("libero", 'pip install -e ".[libero]"'),
-    "isaaclab": Extra(
-        "isaaclab", 'pip install -e ".[isaaclab]" (with Isaac Sim, on a node with an RTX GPU)'
-    ),
+    "metaworld": Extra("metaworld", 'pip install -e ".[metaworld]"'),
+    "isaaclab": Extra("", "python -m rlvla3 envs setup isaaclab",
+                      check="envs.isaaclab.setup:missing"),
 }
 
 
@@ -70,10 +76,16 @@ def _importable(module: str) -> bool:
         return False
 
 
-def missing_extra(name: str) -> str:
-    """Why env ``name`` cannot run in this process ("" when it can, or needs no extra)."""
+def missing_extra(name: str, options: Mapping[str, Any] | None = None) -> str:
+    """Why env ``name`` (with ``options``) cannot run here ("" when it can, or needs no
+    extra)."""
     extra = EXTRAS.get(name)
-    if extra is None or _importable(extra.module):
+    if extra is None:
+        return ""
+    if extra.check:
+        module, _, function = extra.check.partition(":")
+        return getattr(importlib.import_module(module), function)(options or {})
+    if _importable(extra.module):
         return ""
     return (f"env '{name}' needs the '{name}' extra, which is not installed here "
             f"(no module '{extra.module}'): {extra.install}")
@@ -83,7 +95,7 @@ def require_extra(choice: Named, path: str = "env") -> None:
     """Raise ``ConfigError`` (naming the install command) if ``choice``'s simulator package is
     missing from this process."""
     resolve(ENVS, choice.name, f"{path}.name")
-    why = missing_extra(choice.name)
+    why = missing_extra(choice.name, choice.options)
     if why:
         raise ConfigError(f"{path}.name", why)
 
