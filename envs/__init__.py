@@ -29,6 +29,7 @@ ENVS: dict[str, str] = {
     "reach": "envs.reach:make_reach_env",
     "latency_replay": "envs.latency_replay:make_latency_replay_env",
     "libero": "envs.libero.env:make_libero_env",
+    "metaworld": "envs.metaworld.env:make_metaworld_env",
     "isaaclab": "envs.isaaclab.env:make_isaaclab_env",
 }
 
@@ -36,6 +37,7 @@ SPECS: dict[str, str] = {
     "reach": "envs.reach:reach_spec",
     "latency_replay": "envs.latency_replay:latency_replay_spec",
     "libero": "envs.libero.env:libero_spec",
+    "metaworld": "envs.metaworld.env:metaworld_spec",
     "isaaclab": "envs.isaaclab.env:isaaclab_spec",
 }
 
@@ -43,6 +45,7 @@ OPTIONS: dict[str, str] = {
     "reach": "envs.reach:ReachConfig",
     "latency_replay": "envs.latency_replay:LatencyReplayConfig",
     "libero": "envs.libero.env:LiberoConfig",
+    "metaworld": "envs.metaworld.env:MetaWorldConfig",
     "isaaclab": "envs.isaaclab.env:IsaacLabConfig",
 }
 """The dataclass each env's ``env.options`` build into (the docs' config reference)."""
@@ -98,6 +101,39 @@ def require_extra(choice: Named, path: str = "env") -> None:
     why = missing_extra(choice.name, choice.options)
     if why:
         raise ConfigError(f"{path}.name", why)
+
+
+SPLITS: dict[str, str] = {
+    "libero": "envs.libero.split:check_split",
+    "metaworld": "envs.metaworld.split:check_split",
+    "isaaclab": "envs.isaaclab.env:check_split",
+}
+"""Envs whose initial states are split into training and evaluation ones: the function
+``(env, train_init_ids)`` that refuses (``ConfigError``) training on evaluation states."""
+
+EVAL_STATES: dict[str, tuple[str, dict[str, str]]] = {
+    "libero": ("placements", {"bundled": "bundled", "fresh": "fresh"}),
+    "metaworld": ("split", {"bundled": "test", "fresh": "train"}),
+    "isaaclab": ("split", {"bundled": "test", "fresh": "train"}),
+}
+"""How evaluation picks its initial states: the option it sets, by ``placements``
+(``bundled``: the benchmark's own evaluation states; ``fresh``: the training distribution)."""
+
+
+def check_training_split(choice: Named, train_init_ids: Any = ()) -> None:
+    """Refuse training that starts from the states evaluation uses (``SPLITS``)."""
+    target = SPLITS.get(choice.name)
+    if target is not None:
+        module, _, function = target.partition(":")
+        getattr(importlib.import_module(module), function)(choice, list(train_init_ids))
+
+
+def eval_env(choice: Named, placements: str = "bundled") -> Named:
+    """``choice`` as evaluation runs it: on its evaluation states (or on ``placements``)."""
+    if choice.name not in EVAL_STATES:
+        return choice
+    option, values = EVAL_STATES[choice.name]
+    return Named(choice.name, {**dict(choice.options), option: values[placements]})
 
 
 TIME_SCALES: dict[str, str] = {"latency_replay": "time_scale", "reach": "latency_scale"}

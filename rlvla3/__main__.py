@@ -24,10 +24,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("actors.rl.plan_job", "plan a cluster from GPU costs: GPU split, env slots, batching, "
                                 "pacing, predicted env steps/s"),
     "status": ("actors.observe.status", "live state of the runs on a cluster (table or JSON)"),
-    "eval": ("actors.eval.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),
+    "eval": ("actors.eval.evaluate", "closed-loop evaluation on LIBERO or MetaWorld: success "
+                                 "table, videos, chart"),
     "sft": ("actors.sft.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
     "datalake": ("datalake.cli", "inspect LeRobot datasets; record expert demonstrations"),
     "export": ("rlvla3.model.export", "write a checkpoint as a LeRobot pi05 policy directory"),
+    "envs": ("envs.cli", "build a simulator's own environment (Isaac Lab, Python 3.12); status"),
 }
 
 BENCHMARKS: dict[str, tuple[str, str]] = {

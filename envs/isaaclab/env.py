@@ -63,6 +63,8 @@ class IsaacLabConfig:
     split: Literal["train", "test"] = "train"
     train_states: int = 10_000
     test_states: int = 50
+    allow_eval_overlap: bool = False
+    """Allow training on the test split (outputs then say so)."""
     state_dim: int = 0
     """Gym tasks only: length of the state vector (ours know theirs)."""
     action_dim: int = 0
@@ -126,6 +128,17 @@ class IsaacLabConfig:
             raise IndexError(f"init_state_id {init_state_id} out of range 0..{limit - 1} "
                              f"({self.split} split)")
         return init_state_id + (TEST_OFFSET if self.split == "test" else 0)
+
+
+def check_split(env: Any, train_init_ids: Any = ()) -> None:
+    """Refuse training on the test split unless ``allow_eval_overlap`` is set."""
+    from rlvla3.config import ConfigError
+
+    cfg = build(IsaacLabConfig, env.options, "env.options")
+    if cfg.split == "test" and not cfg.allow_eval_overlap:
+        raise ConfigError("env.options.split", "training would start from the test layouts, "
+                          "which evaluation uses: train on split: train, or set "
+                          "env.options.allow_eval_overlap: true")
 
 
 def spec_of(cfg: IsaacLabConfig) -> EnvSpec:
