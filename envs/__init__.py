@@ -6,10 +6,15 @@ validates ``options`` into the env's own config dataclass (errors name ``path``.
 the policy before any actor starts.
 
 Envs whose simulator is an optional extra are listed in ``EXTRAS``; ``require_extra`` checks
-(without importing the simulator) that its package is importable in this process and otherwise
-raises a ``ConfigError`` that names the install command. A job calls it before any actor
-starts when its env workers will run beside it; ``env_spec`` does not, since a driver on a
-cluster's head node sizes the policy for simulators that live on other nodes.
+(without importing the simulator) that its package is importable in this process, or that the
+environment it runs in exists (Isaac Lab's own Python 3.12), and otherwise raises a
+``ConfigError`` that names the install command. A job calls it before any actor starts when its
+env workers will run beside it; ``env_spec`` does not, since a driver on a cluster's head node
+sizes the policy for simulators that live on other nodes.
+
+Envs with a train/test split of initial states (``SPLITS``, ``EVAL_STATES``):
+``check_training_split`` refuses training on the states evaluation uses, and ``eval_env`` gives
+an env's options as evaluation runs it.
 """
 
 from __future__ import annotations

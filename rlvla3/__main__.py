@@ -40,7 +40,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "learning": ("actors.bench.bench_learning", "sync vs async: success vs env steps and wall time"),
     "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA model"),
     "gpu": ("rlvla3.model.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
-    "env": ("envs.libero.bench_env", "LIBERO step/reset latency and env steps/s per process count"),
+    "env": ("envs.bench_env", "simulator step/reset latency and env steps/s (LIBERO, MetaWorld, "
+                              "Isaac Lab)"),
     "lake": ("datalake.bench", "data lake samples/s and data-wait vs a per-sample loader"),
     "soak": ("actors.bench.bench_soak", "long run with periodic kills: recovery time, memory over time"),
     "storage": ("actors.bench.bench_storage", "checkpoint save/restore on a run's storage vs a local disk"),

@@ -54,7 +54,7 @@ PANDA = json.loads((ASSETS / "panda.json").read_text())
 ARM_JOINTS = [f"panda_joint{i}" for i in range(1, 8)]
 
 COLOURS = REACH_COLOURS
-CUBE = 0.05
+CUBE = 0.06
 """Cube side (m)."""
 TABLE_TOP = 0.0
 """Height of the table surface in the env frame (the robot base stands on it)."""
@@ -97,7 +97,7 @@ def _camera(name: str, size: tuple[int, int]) -> TiledCameraCfg:
         offset=TiledCameraCfg.OffsetCfg(pos=(1.2, 0.0, 0.6), rot=(0.0, 0.0, 0.0, 1.0),
                                         convention="world"),
         data_types=["rgb"],
-        spawn=sim_utils.PinholeCameraCfg(focal_length=14.0 if name == "wrist" else 18.0,
+        spawn=sim_utils.PinholeCameraCfg(focal_length=14.0 if name == "wrist" else 22.0,
                                          horizontal_aperture=20.955,
                                          clipping_range=(0.01, 5.0)),
         width=size[1],
@@ -158,7 +158,7 @@ class ReachEnvCfg(DirectRLEnvCfg):
     max_move = 0.03
     """m of TCP motion per env step at action 1."""
     ik_damping = 0.05
-    success_radius = 0.05
+    success_radius = 0.06
     progress_scale = 10.0
     success_bonus = 1.0
     cameras: tuple[str, ...] = ("front", "wrist")
@@ -317,8 +317,8 @@ class ReachEnv(DirectRLEnv):
         self.scene.update(dt=0.0)
         self.last_distance[ids] = self._distance()[ids]
         if "front" in self.cameras:
-            eyes = origins + torch.tensor([1.35, 0.0, 0.95], device=self.device)
-            looks = origins + torch.tensor([0.35, 0.0, 0.12], device=self.device)
+            eyes = origins + torch.tensor([1.1, 0.0, 0.8], device=self.device)
+            looks = origins + torch.tensor([0.42, 0.0, 0.0], device=self.device)
             self.cameras["front"].set_world_poses_from_view(eyes, looks, env_ids=ids)
 
     # -- episode keys ----------------------------------------------------------------------
