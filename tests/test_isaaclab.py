@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs import missing_extra, require_extra
+from envs import check_training_split, eval_env, missing_extra, require_extra
 from envs.isaaclab import setup
 from envs.isaaclab.batched import BatchedSlots, spec_of
 from envs.isaaclab.client import IsaacLabServer, ServerConfig
@@ -204,6 +204,11 @@ def test_config_spec_split_and_errors():
         isaaclab_spec({"task": "cartpole", "cameras": ["front"]})
     with pytest.raises(ConfigError, match="state_dim"):
         isaaclab_spec({"task": "Isaac-Lift-Cube-Franka-v0"})
+    train = Named("isaaclab", {"task": "reach"})
+    check_training_split(train)
+    assert eval_env(train).options["split"] == "test"
+    with pytest.raises(ConfigError, match="env.options.split"):
+        check_training_split(eval_env(train))
 
 
 def test_without_the_isaaclab_environment_the_error_says_how_to_build_it(monkeypatch, tmp_path):

@@ -66,10 +66,11 @@ BODY_NAMES = {
 """MuJoCo body -> USD rigid body; jointless bodies below one are merged into it."""
 TCP_BODY = "gripper0_eef"
 """The tool centre point: between the fingertips."""
-HOME = {"panda_joint1": 0.0, "panda_joint2": -0.3, "panda_joint3": 0.0, "panda_joint4": -2.4,
-        "panda_joint5": 0.0, "panda_joint6": 2.1, "panda_joint7": 0.785,
+HOME = {"panda_joint1": 0.0, "panda_joint2": 0.1438, "panda_joint3": 0.0, "panda_joint4": -2.3972,
+        "panda_joint5": 0.0, "panda_joint6": 2.5407, "panda_joint7": 0.785,
         "panda_finger_joint1": 0.04, "panda_finger_joint2": -0.04}
-"""A pose with the hand above the table, pointing down, fingers open."""
+"""The start pose: the tool centre point 16 cm above the table at x = 0.5 m, the hand pointing
+down, fingers open (solved once by least squares on this model's kinematics)."""
 WHITE, DARK = (0.92, 0.92, 0.93), (0.25, 0.25, 0.25)
 COLOURS = {"panda_link0": WHITE, "panda_link1": WHITE, "panda_link2": WHITE,
            "panda_link3": WHITE, "panda_link4": WHITE, "panda_link5": WHITE,
