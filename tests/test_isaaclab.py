@@ -227,6 +227,7 @@ needs_isaaclab = pytest.mark.skipif(
     reason="the Isaac Lab environment is not built here (python -m rlvla3 envs setup isaaclab)")
 
 
+@pytest.mark.slow
 @needs_isaaclab
 def test_isaaclab_reach_rollout_on_newton_kitless():
     """The real task: Isaac Lab 3.0, Newton physics on Warp's CPU device, two cameras."""
@@ -263,3 +264,20 @@ def test_isaaclab_reach_rollout_on_newton_kitless():
     finally:
         for slot in slots:
             slot.close()
+
+
+@pytest.mark.slow
+@needs_isaaclab
+def test_isaaclab_stock_cartpole_runs_kitless_on_a_local_usd():
+    """The smallest check: Isaac Lab's own Cartpole task, its USD from Newton's package."""
+    slot = make_isaaclab_env({"task": "cartpole", "num_envs": 1, "chunk_len": 10}, seed=0)
+    try:
+        first = slot.reset(0, 3)
+        again = slot.reset(0, 3)
+        assert first.instruction == "balance the pole" and first.state.shape == (4,)
+        assert np.allclose(first.state, again.state)  # a layout seeds the initial state
+        assert not np.allclose(first.state, slot.reset(0, 4).state)
+        result = slot.step(np.zeros((10, 1)))
+        assert result.steps == 10 and not result.fault and result.reward != 0.0
+    finally:
+        slot.close()

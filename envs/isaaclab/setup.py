@@ -12,7 +12,8 @@ when its ``rlvla3-env.json`` exists, which is written last (an interrupted build
 from scratch the next time). Warp compiles its kernels into ``warp-cache/`` inside it (the
 server sets ``WARP_CACHE_PATH``), so the first start of a task pays the compilation (about
 90 s here) once per environment, and a CI run that builds the environment keeps the cache for
-its own runs; ``--warm TASK`` pays it during setup.
+its own runs; ``--warm TASK`` pays it during setup. Builds of one environment are serialised by
+a lock file beside it, so a second ``ensure`` waits for a build in progress and then returns.
 
 Which Python 3.12: ``--python`` or ``$RLVLA3_PYTHON312``, else ``python3.12`` on ``PATH``, else
 a pyenv 3.12 (``$PYENV_ROOT/versions/3.12.*``); an error says what to install otherwise.
@@ -22,6 +23,7 @@ CUDA build with its NVIDIA libraries; no CPU build of it is reachable through Py
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -30,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,9 +130,30 @@ def _size(path: Path) -> int:
     return total
 
 
+@contextlib.contextmanager
+def _building(kit: bool) -> Iterator[None]:
+    """Hold the build lock of this environment: a second ``ensure`` (another process on the
+    node, a CI step while a background one builds) waits for the first, then finds it ready."""
+    import fcntl
+
+    root().mkdir(parents=True, exist_ok=True)
+    with open(root() / f".{env_dir(kit).name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def ensure(python: str = "", kit: bool = False, warm: tuple[str, ...] = ()) -> dict[str, Any]:
     """Build the environment unless it is ready; warm the Warp cache of ``warm`` tasks.
-    Returns its record with ``cached`` (it was ready before) and the seconds each part took."""
+    Returns its record with ``cached`` (it was ready before) and the seconds each part took.
+    Concurrent calls for one environment run one after the other (``_building``)."""
+    with _building(kit):
+        return _ensure(python, kit, warm)
+
+
+def _ensure(python: str, kit: bool, warm: tuple[str, ...]) -> dict[str, Any]:
     info = located(kit)
     cached = info is not None
     if info is None:
@@ -157,7 +181,13 @@ def ensure(python: str = "", kit: bool = False, warm: tuple[str, ...] = ()) -> d
         (path / MARKER).write_text(json.dumps(record, indent=2) + "\n")
         info = located(kit)
     assert info is not None
-    warmed = {task: round(warm_task(task, kit), 1) for task in warm}
+    warmed = dict(info.get("warm_s", {}))
+    for task in warm:
+        if task not in warmed:  # its kernels are in the environment's cache once started
+            warmed[task] = round(warm_task(task, kit), 1)
+            marker = Path(info["dir"]) / MARKER
+            record = json.loads(marker.read_text())
+            marker.write_text(json.dumps({**record, "warm_s": warmed}, indent=2) + "\n")
     return {**info, "cached": cached, **({"warm_s": warmed} if warmed else {})}
 
 
