@@ -258,7 +258,7 @@ def test_isaaclab_reach_rollout_on_newton_kitless():
             t.join(timeout=300)
         assert results[0].steps == results[1].steps == 4 and not results[1].fault
         drop = obs[1].state[2] - results[1].obs.state[2]
-        assert 0.02 < drop < 0.13  # down at most 3 cm a step; the held arm stays put
+        assert 0.06 < drop < 0.16  # about 3 cm a step down; the held arm stays put
         assert abs(obs[0].state[2] - results[0].obs.state[2]) < 0.01
         assert cfg.layout(7) == 7
     finally:

@@ -120,7 +120,7 @@ class ReachSceneCfg(InteractiveSceneCfg):
         init_state=ArticulationCfg.InitialStateCfg(joint_pos=dict(PANDA["home"])),
         actuators={
             "arm": ImplicitActuatorCfg(joint_names_expr=["panda_joint[1-7]"],
-                                       stiffness=2000.0, damping=100.0),
+                                       stiffness=40000.0, damping=600.0),
             "fingers": ImplicitActuatorCfg(joint_names_expr=["panda_finger_joint.*"],
                                            stiffness=2000.0, damping=100.0),
         },
