@@ -71,7 +71,8 @@ class Extra:
 
 EXTRAS: dict[str, Extra] = {
     "libero": Extra("libero", 'pip install -e ".[libero]"'),
-    "metaworld": Extra("metaworld", 'pip install -e ".[metaworld]"'),
+    "metaworld": Extra("metaworld", 'pip install -e ".[metaworld]" && pip install --no-deps '
+                       "metaworld==3.1.1"),
     "isaaclab": Extra("", "python -m rlvla3 envs setup isaaclab",
                       check="envs.isaaclab.setup:missing"),
 }

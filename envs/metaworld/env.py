@@ -22,9 +22,12 @@ Rendering: shadows are off by default (``shadows: false``): MetaWorld's light ca
 into a 4096-pixel shadow map, and on Mesa llvmpipe that alone makes a frame 10x slower (about
 250 ms against 25 ms at 64-224 px here); multisampling stays as MetaWorld sets it.
 
-Versions: ``metaworld`` 3.1.1 pins ``mujoco==3.3.0`` and fails at construction on newer MuJoCo
-(3.17 grew its weld constraint data to 12 numbers); LIBERO (robosuite 1.4) runs on 3.3.0 too,
-so ``pip install -e ".[libero,metaworld]"`` resolves both onto MuJoCo 3.3.0.
+Versions: ``metaworld`` 3.1.1 pins ``mujoco==3.3.0``, and LIBERO's results here were measured on
+MuJoCo 3.17 (a scene settles differently on 3.3.0: libero_spatial task 5's fresh scene 0 leans
+16 degrees instead of about 50). MetaWorld is therefore installed without its pin
+(``pip install --no-deps metaworld==3.1.1`` beside the ``metaworld`` extra, which brings its
+other dependencies) and ``envs.metaworld.tasks.import_metaworld`` fits its one incompatibility
+with newer MuJoCo (the weld constraint data it writes); on 3.3.0 nothing is changed.
 
 Crash isolation: the simulator runs in its own process (``envs.process_env.ProcessEnv``) unless
 ``process: false`` (the scripted expert reads the in-process env's privileged state).
@@ -167,6 +170,9 @@ class MetaWorldEnv:
     def _task_env(self, name: str) -> Any:
         env = self._envs.pop(name, None)
         if env is None:
+            from envs.metaworld.tasks import import_metaworld
+
+            import_metaworld()
             from metaworld.env_dict import ALL_V3_ENVIRONMENTS
 
             while len(self._envs) >= self.cfg.cached_envs:

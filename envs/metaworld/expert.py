@@ -42,6 +42,9 @@ class ExpertEpisode:
 
 
 def scripted_policy(task_name: str) -> Any:
+    from envs.metaworld.tasks import import_metaworld
+
+    import_metaworld()
     from metaworld.policies import ENV_POLICY_MAP
 
     return ENV_POLICY_MAP[task_name]()

@@ -16,7 +16,8 @@ state: the random vector MetaWorld draws at reset (object and goal positions), f
 
 Both are pure functions of their key: every process builds the same state for the same key.
 
-MetaWorld ships no language: ``INSTRUCTIONS`` is one imperative sentence per task, written
+``import_metaworld`` imports MetaWorld fitted to the installed MuJoCo (the project's 3.17 as well
+as MetaWorld's own pin, 3.3.0). MetaWorld ships no language: ``INSTRUCTIONS`` is one imperative sentence per task, written
 here from the task's definition (its name and success condition).
 """
 
@@ -101,8 +102,36 @@ NUM_TEST_STATES = 50
 """States MetaWorld's benchmarks hand out per task."""
 
 
-def _benchmark(benchmark: str, seed: int) -> Any:
+WELD_DATA = 11
+"""Numbers MetaWorld 3.1.1 writes into each weld constraint (``reset_mocap_welds``): MuJoCo
+3.3.0's ``mjNEQDATA``; newer MuJoCo (3.17 here) has 12, the last a scale that defaults to 1."""
+
+
+def import_metaworld() -> Any:
+    """``metaworld``, fitted to the installed MuJoCo: on a MuJoCo whose weld constraints hold
+    more than ``WELD_DATA`` numbers, MetaWorld's mocap weld reset (which assigns exactly 11 and
+    so fails at construction) writes its 11 into the leading entries and leaves the rest at
+    MuJoCo's compiled defaults. Idempotent; every MetaWorld env is built after it."""
     import metaworld
+    import mujoco
+    from metaworld.sawyer_xyz_env import SawyerMocapBase
+
+    if mujoco.mjNEQDATA > WELD_DATA and not getattr(SawyerMocapBase, "_rlvla3_fitted", False):
+
+        def reset_mocap_welds(self: Any) -> None:
+            if self.model.nmocap > 0 and self.model.eq_data is not None:
+                for i in range(self.model.eq_data.shape[0]):
+                    if self.model.eq_type[i] == mujoco.mjtEq.mjEQ_WELD:
+                        self.model.eq_data[i, :WELD_DATA] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0,
+                                                             0.0, 0.0, 0.0, 5.0)
+
+        SawyerMocapBase.reset_mocap_welds = reset_mocap_welds
+        SawyerMocapBase._rlvla3_fitted = True
+    return metaworld
+
+
+def _benchmark(benchmark: str, seed: int) -> Any:
+    metaworld = import_metaworld()
 
     return {"mt10": metaworld.MT10, "ml10": metaworld.ML10, "mt50": metaworld.MT50}[benchmark](
         seed=seed)
@@ -123,6 +152,7 @@ def test_vectors(benchmark: str, seed: int) -> dict[str, tuple[np.ndarray, ...]]
 
 def env_kwargs(name: str) -> dict[str, Any]:
     """The keyword arguments MetaWorld sets a task up with (its ``task_id`` dropped)."""
+    import_metaworld()
     from metaworld import env_dict
 
     kwargs = dict(env_dict.MT50_V3_ARGS_KWARGS[name]["kwargs"])
@@ -133,6 +163,7 @@ def env_kwargs(name: str) -> dict[str, Any]:
 def task_data(env: Any, name: str, rand_vec: np.ndarray) -> Any:
     """A MetaWorld ``Task`` that freezes ``rand_vec`` (fully observable: the scripted expert
     reads the goal; the policy sees only images, the hand and the gripper)."""
+    import_metaworld()
     from metaworld.types import Task
 
     data = {**env_kwargs(name), "rand_vec": np.asarray(rand_vec), "env_cls": type(env),
