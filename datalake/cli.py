@@ -102,10 +102,9 @@ def _record(args: argparse.Namespace) -> int:
     inits = args.init_ids if args.init_ids else list(range(args.episodes))
     try:
         env, scenes, split = _record_target(args)
-        check_training_split(env, inits)
+        check_training_split(env, inits, field="--init-ids/--placements")
     except ConfigError as exc:
-        print(f"rlvla3 datalake record: {exc} (--placements/--allow-eval-overlap)",
-              file=sys.stderr)
+        print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
         return 2
     if split["eval_overlap"]:
         print("rlvla3 datalake record: WARNING: these demonstrations start from states that "

@@ -126,12 +126,14 @@ EVAL_STATES: dict[str, tuple[str, dict[str, str]]] = {
 (``bundled``: the benchmark's own evaluation states; ``fresh``: the training distribution)."""
 
 
-def check_training_split(choice: Named, train_init_ids: Any = ()) -> None:
-    """Refuse training that starts from the states evaluation uses (``SPLITS``)."""
+def check_training_split(choice: Named, train_init_ids: Any = (), field: str = "") -> None:
+    """Refuse training that starts from the states evaluation uses (``SPLITS``); the error
+    names ``field`` when given (a command's flags), else the config field."""
     target = SPLITS.get(choice.name)
     if target is not None:
         module, _, function = target.partition(":")
-        getattr(importlib.import_module(module), function)(choice, list(train_init_ids))
+        named = {"field": field} if field else {}
+        getattr(importlib.import_module(module), function)(choice, list(train_init_ids), **named)
 
 
 def eval_env(choice: Named, placements: str = "bundled") -> Named:

@@ -130,13 +130,13 @@ class IsaacLabConfig:
         return init_state_id + (TEST_OFFSET if self.split == "test" else 0)
 
 
-def check_split(env: Any, train_init_ids: Any = ()) -> None:
+def check_split(env: Any, train_init_ids: Any = (), field: str = "env.options.split") -> None:
     """Refuse training on the test split unless ``allow_eval_overlap`` is set."""
     from rlvla3.config import ConfigError
 
     cfg = build(IsaacLabConfig, env.options, "env.options")
     if cfg.split == "test" and not cfg.allow_eval_overlap:
-        raise ConfigError("env.options.split", "training would start from the test layouts, "
+        raise ConfigError(field, "training would start from the test layouts, "
                           "which evaluation uses: train on split: train, or set "
                           "env.options.allow_eval_overlap: true")
 
