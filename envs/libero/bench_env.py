@@ -10,7 +10,8 @@ Measures, through the same process-isolated env the RL workers use (``make_liber
   step) against the same kind of chunk stepped one action per call (rendered after every step),
   alternating on one env process.
 - throughput: low-level env steps per second summed over 1, 2 and 4 env processes, each driven
-  by its own thread with 5-step action chunks, resets included as episodes end.
+  by its own thread with 5-step action chunks, resets included as episodes end; per process,
+  and per CPU-second the env processes used (what a loaded machine does not distort).
 
 ``--write-latency PATH`` writes the fast-render step and reset samples as JSON for the
 latency-replay env::
@@ -175,11 +176,12 @@ def measure_throughput(suite: str, procs: int, seconds: float, image: int, seed:
             start.wait()
         except threading.BrokenBarrierError:
             raise RuntimeError(f"env processes failed to start: {errors}") from None
-        base = sum(counts)
+        base, cpu0 = sum(counts), _cpu_seconds(envs)
         t0 = time.perf_counter()
         time.sleep(seconds)
         total = sum(counts) - base
         elapsed = time.perf_counter() - t0
+        cpu = _cpu_seconds(envs) - cpu0
         stop.set()
         for t in threads:
             t.join(timeout=120)
@@ -190,11 +192,28 @@ def measure_throughput(suite: str, procs: int, seconds: float, image: int, seed:
     _log(f"{procs} processes: {rate:.1f} steps/s")
     return {
         "steps_per_s": round(rate, 2),
+        "steps_per_s_per_process": round(rate / procs, 2),
         "steps": total,
         "seconds": round(elapsed, 1),
+        "env_cpu_s": round(cpu, 1),
+        "steps_per_cpu_s": round(total / cpu, 2) if cpu > 0 else None,
         "faults": sum(faults),
         "errors": errors,
     }
+
+
+def _cpu_seconds(envs: list) -> float:
+    """User + system CPU seconds the env processes have used (their children included)."""
+    import psutil
+
+    total = 0.0
+    for env in envs:
+        try:
+            times = psutil.Process(env.pid).cpu_times()
+        except psutil.NoSuchProcess:  # restarted after a fault: its time is not counted
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 def _command(args: argparse.Namespace) -> str:

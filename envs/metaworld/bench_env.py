@@ -35,7 +35,10 @@ def _cpu_seconds(pids: list[int]) -> float:
 
     total = 0.0
     for pid in pids:
-        times = psutil.Process(pid).cpu_times()
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:  # restarted after a fault: its time is not counted
+            continue
         total += times.user + times.system
     return total
 
