@@ -222,6 +222,7 @@ def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluste
 
 
 ISAACLAB = ["env.name=isaaclab", "env.options.task=reach", "env.options.num_envs=2",
+            "env.options.image_size=[16, 16]",
             "env.options.chunk_len=4"]
 """The same run on Isaac Lab kit-less: two env workers, each one server of two sub-envs."""
 
