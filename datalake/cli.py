@@ -13,7 +13,10 @@ reads every parquet row group (each problem then names the episodes it affects).
 scripted policy per task) on ``--episodes`` initial scenes of each task in parallel Ray workers
 and writes the successful episodes as a LeRobot v3.0 dataset. Scenes are fresh placements (never the
 bundled evaluation states) unless ``--placements bundled`` and ``--allow-eval-overlap`` say
-otherwise; the same command re-run continues an interrupted recording.
+otherwise; the same command re-run continues an interrupted recording. Task ids the suite lacks,
+initial scenes out of range, a missing extra or a remote ``--output-dir`` that cannot be
+written are one line and exit status 2 before Ray starts (nothing is written); episodes lost to
+simulator faults end the recording with exit status 1 and a line naming the first cause.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from datalake.video import CODECS
+from envs.libero.env import SUITE_NUM_TASKS
+from envs.metaworld.tasks import BENCHMARK_TASKS
 from rlvla3.cli_options import add_image_size, add_output_dir, require_output_dir
+from rlvla3.storage import check_writable
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -64,17 +70,52 @@ def _inspect(args: argparse.Namespace) -> int:
     return 1 if report["problems"] else 0
 
 
-def _metaworld_benchmarks() -> tuple[str, ...]:
-    from envs.metaworld.tasks import BENCHMARK_TASKS
+def start_ray(num_cpus: int) -> None:
+    """Start (or join, under ``RAY_ADDRESS``) the Ray the recording's workers run on: only
+    Ray's errors reach the terminal from this process (not its start-up notices), and its
+    worker lines carry no colour codes unless stderr is a terminal."""
+    import logging
 
-    return tuple(BENCHMARK_TASKS)
+    import ray
+
+    if ray.is_initialized():
+        return
+    if not sys.stderr.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # Ray's own switch
+    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", num_cpus=num_cpus,
+             include_dashboard=False, logging_level=logging.ERROR)
 
 
-def _record_target(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+def check_record_args(args: argparse.Namespace, inits: list[int]) -> None:
+    """The suite's task ids and initial scenes a recording asks for exist (``ConfigError``
+    naming the option otherwise): a job that cannot run is refused before Ray starts, not
+    counted as a simulator fault after it."""
+    from envs.libero.env import NUM_INIT_STATES, LiberoConfig
+    from rlvla3.config import ConfigError
+
+    if args.suite in BENCHMARK_TASKS:
+        from envs.metaworld.env import MetaWorldConfig
+        from envs.metaworld.tasks import NUM_TEST_STATES
+
+        n = len(BENCHMARK_TASKS[args.suite])
+        limit = NUM_TEST_STATES if args.placements == "bundled" else MetaWorldConfig().train_states
+    else:
+        n = SUITE_NUM_TASKS[args.suite]
+        limit = NUM_INIT_STATES if args.placements == "bundled" else LiberoConfig().fresh_states
+    for t in args.task_ids:
+        if not 0 <= t < n:
+            raise ConfigError("--task-ids", f"{args.suite} has tasks 0..{n - 1}, got {t}")
+    for k in inits:
+        if not 0 <= k < limit:
+            raise ConfigError("--init-ids/--episodes", f"initial scenes lie in 0..{limit - 1} "
+                              f"({args.placements} placements), got {k}")
+
+
+def _record_target(args: argparse.Namespace, inits: list[int]) -> tuple[Any, dict, dict]:
     """The env the recording runs on (``Named``), its scene options and its split note."""
     from rlvla3.config import Named
 
-    if args.suite in _metaworld_benchmarks():
+    if args.suite in BENCHMARK_TASKS:
         from envs.metaworld.split import split_note
 
         scenes = {"split": "test" if args.placements == "bundled" else "train",
@@ -84,7 +125,6 @@ def _record_target(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[
         return env, scenes, split_note(env)
     from envs.libero.split import split_note
 
-    inits = args.init_ids if args.init_ids else list(range(args.episodes))
     scenes = {"placements": args.placements, "placement_seed": args.placement_seed,
               "allow_eval_overlap": args.allow_eval_overlap}
     env = Named("libero", {"suite": args.suite, **scenes})
@@ -92,8 +132,6 @@ def _record_target(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[
 
 
 def _record(args: argparse.Namespace) -> int:
-    import ray
-
     from datalake.record import libero_recorder, metaworld_recorder, record_dataset
     from datalake.writer import WriterConfig
     from envs import check_training_split
@@ -101,7 +139,8 @@ def _record(args: argparse.Namespace) -> int:
 
     inits = args.init_ids if args.init_ids else list(range(args.episodes))
     try:
-        env, scenes, split = _record_target(args)
+        check_record_args(args, inits)
+        env, scenes, split = _record_target(args, inits)
         check_training_split(env, inits, field="--init-ids/--placements")
     except ConfigError as exc:
         print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
@@ -123,12 +162,12 @@ def _record(args: argparse.Namespace) -> int:
             if tuple(spec.image_size) != tuple(args.image_size):
                 raise ConfigError("--policy", f"trained on {list(spec.image_size)} images, "
                                   f"--image-size is {list(args.image_size)}")
+        if "://" in args.output_dir:
+            check_writable(args.output_dir, "--output-dir")
     except (ConfigError, FileNotFoundError) as exc:
         print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
         return 2
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS") or "local", num_cpus=max(args.workers, 1),
-                 include_dashboard=False, configure_logging=False)
+    start_ray(max(args.workers, 1))
     if env.name == "metaworld":
         make_env, expert = metaworld_recorder(args.suite, tuple(args.image_size),
                                               args.action_noise, scenes)
@@ -156,8 +195,9 @@ def _record(args: argparse.Namespace) -> int:
     result["split"] = split
     print(json.dumps(result, indent=2))
     if result.get("unfinished"):
+        first = f" (the first: {result['faults'][0]})" if result.get("faults") else ""
         print(f"rlvla3 datalake record: {len(result['unfinished'])} episodes lost to simulator "
-              "faults; run the same command again to retry them", file=sys.stderr)
+              f"faults{first}; run the same command again to retry them", file=sys.stderr)
         return 1
     return 0 if result["recorded"] else 1
 
@@ -182,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "dataset"
     )
     r.add_argument("--suite", default="libero_spatial",
+                   choices=sorted(SUITE_NUM_TASKS) + sorted(BENCHMARK_TASKS),
                    help="a LIBERO suite, or a MetaWorld benchmark (mt10, ml10, mt50)")
     r.add_argument("--task-ids", type=int, nargs="+", default=[0])
     r.add_argument("--episodes", type=int, default=10, help="initial scenes per task (0..N-1)")

@@ -325,14 +325,22 @@ class Lake:
     def total_frames(self) -> int:
         return sum(m.total_frames for m in self.metas if m is not None)
 
+    def min_max(self, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per-dimension (min, max) of feature ``key`` over every dataset's
+        ``meta/stats.json``; None when a dataset has no min/max of it."""
+        live = [m for m in self.metas if m is not None]
+        if not live or not all({"min", "max"} <= set(m.stats.get(key, {})) for m in live):
+            return None
+        return (np.min([m.stats[key]["min"] for m in live], axis=0),
+                np.max([m.stats[key]["max"] for m in live], axis=0))
+
     def state_range(self, margin: float = 0.05) -> tuple[np.ndarray, np.ndarray] | None:
         """Per-dimension (low, high) of the state over every dataset's ``meta/stats.json``,
         each side widened by ``margin`` of the span; None when a dataset has no state stats."""
-        live = [m for m in self.metas if m is not None]
-        if not live or not all("min" in m.stats.get(STATE_KEY, {}) for m in live):
+        bounds = self.min_max(STATE_KEY)
+        if bounds is None:
             return None
-        low = np.min([m.stats[STATE_KEY]["min"] for m in live], axis=0)
-        high = np.max([m.stats[STATE_KEY]["max"] for m in live], axis=0)
+        low, high = bounds
         pad = np.maximum(high - low, 1e-3) * margin
         return low - pad, high + pad
 
@@ -372,6 +380,7 @@ class Lake:
             cpu=cfg.max_cpus or None, object_store_memory=cfg.object_store_mb * 2**20 or None
         )
         ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False  # the job prints its own progress
         plan = self.plan(epoch)
         uris = [m.uri if m is not None else "" for m in self.metas]
         items = [{"dataset": d, "position": p} for d, p in plan]

@@ -235,7 +235,8 @@ def record_dataset(
               if job in staging.outcomes and not staging.outcomes[job]["recorded"]]
     if faults:  # keep the staging: the next run retries these
         return {"out": out, "jobs": len(jobs), "recorded": 0, "failed": failed,
-                "unfinished": [list(j) for j in faults]}
+                "unfinished": [list(j) for j in faults],
+                "faults": [staging.outcomes[j]["why"] for j in faults if j in staging.outcomes]}
     recorded = [job for job in jobs if staging.outcomes[job]["recorded"]]
     writer: LeRobotWriter | None = None
     for job in recorded:

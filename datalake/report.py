@@ -6,7 +6,9 @@ shape differs from ``info.json``, missing or unopenable videos, episodes whose f
 the end of their video) with the file it concerns. That check reads metadata only (footers,
 stream headers) and stays fast; ``verify=True`` adds the deep check of ``datalake.verify``
 (decode every video through the last frame its episodes need, read every parquet row group),
-whose problems also name the episodes affected.
+whose problems also name the episodes affected. ``unreadable_frames`` is the quick check as
+``rlvla3 sft`` runs it before it starts: the files that cannot be opened and the frames they
+take with them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ def _size_on_disk(fs: pafs.FileSystem, base: str) -> int:
     return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
 
 
-def _check_data(meta: DatasetMeta, problems: list[str]) -> None:
+def _check_data(meta: DatasetMeta, problems: list[str],
+                bad: dict[str, str] | None = None) -> None:
+    """Footers of the data files: rows and feature widths; ``bad`` gets each file that cannot
+    be read at all (relative path -> the problem)."""
+    bad = {} if bad is None else bad
     rows_expected: dict[str, int] = defaultdict(int)
     for ep in meta.episodes:
         rows_expected[ep.data_file] += ep.length
@@ -39,10 +45,10 @@ def _check_data(meta: DatasetMeta, problems: list[str]) -> None:
                 f.seek(0)
                 rows = pq.read_metadata(f).num_rows
         except FileNotFoundError:
-            problems.append(f"missing data file {path}")
+            problems.append(bad.setdefault(rel, f"missing data file {path}"))
             continue
         except (pa.ArrowException, OSError) as exc:
-            problems.append(f"unreadable data file {path}: {exc}")
+            problems.append(bad.setdefault(rel, f"unreadable data file {path}: {exc}"))
             continue
         if rows != expected:
             problems.append(f"{path}: {rows} rows, episode metadata expects {expected}")
@@ -66,7 +72,11 @@ def _check_data(meta: DatasetMeta, problems: list[str]) -> None:
                 )
 
 
-def _check_videos(meta: DatasetMeta, problems: list[str]) -> dict[str, dict[str, Any]]:
+def _check_videos(meta: DatasetMeta, problems: list[str],
+                  bad: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Stream headers of the videos: codec, size, duration against the frames the episodes
+    need; ``bad`` gets each video that cannot be opened (relative path -> the problem)."""
+    bad = {} if bad is None else bad
     needed: dict[str, float] = defaultdict(float)
     for ep in meta.episodes:
         for rel, _, end in ep.videos.values():
@@ -100,10 +110,23 @@ def _check_videos(meta: DatasetMeta, problems: list[str]) -> dict[str, dict[str,
                     f"{path}: video ends at {duration:.3f}s, episodes need frames up to {end:.3f}s"
                 )
         except FileNotFoundError:
-            problems.append(f"missing video {path}")
-        except (av.FFmpegError, IndexError, OSError) as exc:
-            problems.append(f"unreadable video {path}: {exc}")
+            problems.append(bad.setdefault(rel, f"missing video {path}"))
+        except (av.FFmpegError, IndexError, AttributeError, OSError) as exc:  # no stream
+            problems.append(bad.setdefault(rel, f"unreadable video {path}: {exc}"))
     return found
+
+
+def unreadable_frames(meta: DatasetMeta) -> tuple[list[str], int]:
+    """The quick check of ``inspect`` (headers and footers only) as the lake will meet it:
+    the problems of files that cannot be opened at all, and how many frames lie in the
+    episodes that need one of them (the lake skips those). Problems a file can still be read
+    around (a short video, a wrong width) are left to the lake, which skips and counts them."""
+    bad: dict[str, str] = {}
+    _check_data(meta, [], bad)
+    _check_videos(meta, [], bad)
+    lost = sum(ep.length for ep in meta.episodes
+               if ep.data_file in bad or any(v[0] in bad for v in ep.videos.values()))
+    return list(bad.values()), lost
 
 
 def inspect_dataset(uri: str, verify: bool = False, workers: int = 4) -> dict[str, Any]:

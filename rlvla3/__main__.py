@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -28,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                  "table, videos, chart"),
     "sft": ("actors.sft.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
     "datalake": ("datalake.cli", "inspect LeRobot datasets; record expert demonstrations"),
-    "export": ("rlvla3.model.export", "write a checkpoint as a LeRobot pi05 policy directory"),
+    "export": ("rlvla3.model.export", "write a checkpoint as a LeRobot policy directory (pi05, groot)"),
     "envs": ("envs.cli", "build a simulator's own environment (Isaac Lab, Python 3.12); status"),
 }
 
@@ -38,12 +40,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                     "dilation check"),
     "batcher": ("actors.bench.bench_batcher", "adaptive vs fixed B_max / T_max at three loads"),
     "learning": ("actors.bench.bench_learning", "sync vs async: success vs env steps and wall time"),
-    "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA model"),
+    "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA or GR00T"),
     "gpu": ("rlvla3.model.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
     "env": ("envs.bench_env", "simulator step/reset latency and env steps/s (LIBERO, MetaWorld, "
                               "Isaac Lab)"),
     "lake": ("datalake.bench", "data lake samples/s and data-wait vs a per-sample loader"),
     "soak": ("actors.bench.bench_soak", "long run with periodic kills: recovery time, memory over time"),
+    "engine": ("rlvla3.engine.equivalence", "FSDP2 and DDP learner groups against one rank: "
+               "parameters after N steps, bytes per rank against the pre-flight"),
     "storage": ("actors.bench.bench_storage", "checkpoint save/restore on a run's storage vs a local disk"),
 }
 
@@ -102,6 +106,20 @@ def _dispatch(table: dict[str, tuple[str, str]], name: str, argv: list[str], wha
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``rlvla3 ARGV``; returns its exit status. A reader that closes stdout early
+    (``rlvla3 rl --print-plan | head``) ends the command quietly, as it would any Unix tool,
+    with the status a shell gives a process ended by SIGPIPE."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Python would report the pipe again while flushing stdout at exit: point it nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())

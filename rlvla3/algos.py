@@ -19,12 +19,15 @@ Invariants:
   rollout's share of staleness) is corrected by a truncated importance weight. So a decision
   acted many versions ago is reweighted instead of losing its gradient to a clip around its
   behaviour policy, and the updates of the last few steps still have a trust region.
-- The trust region has the scale of one Gaussian, not of one decision (``algo.ratio``). A
-  flow-matching action expert's decision is a product of many Gaussians (denoising step x chunk
-  step x action dimension: 35 for an ``ode_gaussian`` chunk of 5 x 7, about 350 for a Flow-SDE
-  chain); a ratio of the whole product leaves ``[1 - eps, 1 + eps]`` after changes that are
-  tiny for each Gaussian, so most samples lose their gradient to the clip. The behaviour weight
-  is taken on the same scale as the ratio.
+- The trust region's scale is a choice (``algo.ratio``). A flow-matching action expert's
+  decision is a product of many Gaussians (denoising step x chunk step x action dimension: 35
+  for an ``ode_gaussian`` chunk of 5 x 7, about 350 for a Flow-SDE chain). The default,
+  ``decision``, clips the ratio of the whole product, as PPO defines it: measured to learn
+  with ``ode_gaussian`` chunks (35 Gaussians). Where a decision holds thousands of Gaussians
+  its ratio leaves ``[1 - eps, 1 + eps]`` after changes that are tiny for each, and
+  ``element`` (one ratio per Gaussian) or ``normalised`` (their geometric mean) keeps the
+  gradient; ``pi05_libero`` uses ``element``. The behaviour weight is taken on the same scale
+  as the ratio.
 - Losses are means over the samples they receive; the learner scales them when it accumulates
   micro-batches into a global batch.
 - ``AlgoConfig`` validates its ranges; every error names the dotted field (``algo.clip_eps``).
@@ -125,16 +128,16 @@ class AlgoConfig:
     move from the policy the batch was scored by. Every step is a version: staleness and pacing
     count ``update_epochs`` versions per batch (scale ``queue.max_staleness`` with it)."""
     target_kl: float | None = None
-    """Adaptive learning rate (``rlvla3.kl_control``): the ``KL(pi_prox || pi_theta)`` per
-    decision, in nats, that a trust region (a proximal window, or one step without one) should
-    reach. When a window closes with more than twice this, ``learner.lr`` is divided by
-    ``kl_lr_factor``; with less than half, multiplied; within ``[lr x kl_lr_min_scale, lr x
-    kl_lr_max_scale]``. None: the learning rate stays as configured."""
+    """Adaptive learning rate (``rlvla3.kl_control``): the KL per decision, in nats, that a
+    trust region (a proximal window, or one step without one) should move the policy, measured
+    after the region's last update between its start and the updated parameters. When a region
+    closes with more than twice this, ``learner.lr`` is divided by ``kl_lr_factor``; with less
+    than half, multiplied; within ``[lr x kl_lr_min_scale, lr x kl_lr_max_scale]``. Costs one
+    no-grad forward pass of a micro-batch per closed region. None: the rate stays as
+    configured."""
     kl_lr_factor: float = 1.5
     kl_lr_min_scale: float = 0.01
     kl_lr_max_scale: float = 10.0
-    max_grad_norm: float = 1.0
-    """Gradient-norm clip applied by the learner before each optimizer step."""
     vf_clip: float | None = None
     """Clip the value prediction to ``old_value +- vf_clip`` in the value loss; None: unclipped."""
 
@@ -163,7 +166,6 @@ class AlgoConfig:
         require(0.0 < self.kl_lr_min_scale <= 1.0 <= self.kl_lr_max_scale, "kl_lr_min_scale",
                 f"the bounds must hold the configured rate: 0 < kl_lr_min_scale <= 1 <= "
                 f"kl_lr_max_scale, got {self.kl_lr_min_scale}, {self.kl_lr_max_scale}")
-        require(self.max_grad_norm > 0.0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
         require(self.proximal in ("window", "step", "behaviour"), "proximal",
                 f"{self.proximal!r} is not one of window, step, behaviour")
         require(self.proximal_window >= 1, "proximal_window", "must be >= 1")
@@ -474,7 +476,6 @@ def objective(
     width of ``evaluation.log_prob_elements`` (1 when the policy gives none). GRPO has no critic,
     so its value term is zero whatever ``vf_coef`` says.
     """
-    import torch
 
     elements = evaluation.log_prob_elements
     if elements is None:  # one Gaussian, as far as the trust region can tell
@@ -515,8 +516,9 @@ def objective(
         evaluation.log_prob, behaviour_log_prob if prox_total is None else prox_total, count)
     if cfg.name == "ppo":
         critic = value_loss(evaluation.value, old_values, returns, cfg.vf_clip)
-    else:
-        critic = torch.zeros((), dtype=policy.dtype, device=policy.device)
+    else:  # no critic; the value head stays in the graph with a zero gradient, so a
+        # data-parallel reduction of every parameter's gradient completes
+        critic = evaluation.value.sum() * 0.0
     entropy = evaluation.entropy.mean()
     loss = policy + cfg.vf_coef * critic - cfg.ent_coef * entropy
     stats = ObjectiveStats(

@@ -22,8 +22,11 @@ complete checkpoint.
 Reading: ``locate_checkpoint`` says where a checkpoint is (itself, or a run directory's
 ``latest``); ``resolve_checkpoint`` gives a local directory holding it (a remote one is
 downloaded into this node's scratch cache, every file checked against the sizes and sha256 in
-``meta.json``; a local one is checked for sizes). Nothing here unpickles arbitrary objects: an
-untrusted checkpoint can at worst fail to load.
+``meta.json``; a local one is checked for sizes). Nothing here unpickles arbitrary objects, and
+a file name ``meta.json`` lists is used only when it is a plain relative name inside the
+checkpoint (``checked_file_name``), checked before anything is written: an untrusted checkpoint
+can at worst fail to load. The scratch cache is shared by the node's users, so a cached copy
+is re-checked against the hashes of the remote ``meta.json`` before it is trusted.
 """
 
 from __future__ import annotations
@@ -196,16 +199,92 @@ def save_checkpoint(
         finally:
             if not store.local:
                 shutil.rmtree(stage, ignore_errors=True)
-        payload = {
-            "policy": {"name": meta.policy.name, "options": dict(meta.policy.options)},
-            "spec": dataclasses.asdict(meta.spec),
-            "version": meta.version,
-            "counters": meta.counters,
-            "samplers": meta.samplers,
-            "files": files,
-        }
-        store.write_text("meta.json", json.dumps(payload, indent=2))
+        store.write_text("meta.json", _meta_payload(meta, files))
     return store.uri
+
+
+def _meta_payload(meta: CheckpointMeta, files: dict[str, Any], **extra: Any) -> str:
+    return json.dumps({
+        "policy": {"name": meta.policy.name, "options": dict(meta.policy.options)},
+        "spec": dataclasses.asdict(meta.spec),
+        "version": meta.version,
+        "counters": meta.counters,
+        "samplers": meta.samplers,
+        "files": files,
+        **extra,
+    }, indent=2)
+
+
+def _new_step_dir(root: Storage, version: int) -> str:
+    """``step-<version>``, or ``step-<version>-<k>`` when that version was saved before."""
+    taken = {key for key in map(_step_key, root.listdir()) if key is not None}
+    k = 1 + max((k for v, k in taken if v == version), default=-1)
+    return f"step-{version:08d}" + (f"-{k}" if k else "")
+
+
+def _point_latest_and_prune(root: Storage, keep: int, pinned: Iterable[str]) -> None:
+    """``latest`` at the newest complete checkpoint; all but the newest ``keep`` versions
+    pruned, never a ``pinned`` one, never one newer than ``latest``."""
+    pinned = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in pinned}
+    complete = sorted((n for n in _complete(root)), key=_step_key)
+    root.write_text("latest", complete[-1] + "\n")
+    newest_copy = {_step_key(n)[0]: n for n in complete}  # sorted: the last copy wins
+    kept = {newest_copy[v] for v in sorted(newest_copy)[-keep:]}
+    for old in root.listdir():
+        key = _step_key(old)
+        if (key is not None and old not in kept and old not in pinned
+                and key < _step_key(complete[-1])):
+            root.delete(old)
+
+
+def save_sharded_run_checkpoint(run_dir: str | Path, tensors: dict[str, torch.Tensor],
+                                meta: CheckpointMeta, ranks: Any,
+                                optimizer: dict[str, Any] | None = None,
+                                rng: torch.Tensor | None = None, keep: int = 2,
+                                pinned: Iterable[str] = ()) -> str:
+    """A sharded checkpoint (``rlvla3.engine.sharded``) in ``run_dir/checkpoints``, written
+    by every rank of ``ranks`` at once (a collective: every rank calls it): each rank writes
+    and uploads its own shard file; rank 0, once every rank's file is up and listed, writes
+    ``meta.json`` (sizes and sha256 of every shard, each tensor's whole shape, ``optimizer``:
+    the param groups and the order the optimizer indexes parameters in), then ``latest``, then
+    prunes. Returns the checkpoint's location."""
+    from rlvla3.engine.sharded import FORMAT, cleanup, stage_dir, write_shard
+
+    root = Storage(join(run_dir, "checkpoints"))
+    with _WRITING:
+        name = ranks.gather_objects(_new_step_dir(root, meta.version) if ranks.rank == 0
+                                    else None)[0]
+        target = Storage(join(root.uri, name))
+        stage = stage_dir(scratch_dir())
+        try:
+            written = write_shard(stage, tensors, ranks)
+            extra = {}
+            if ranks.rank == 0 and rng is not None:
+                save_file({"torch": rng.contiguous()}, str(stage / "rng.safetensors"))
+                extra["rng.safetensors"] = stage / "rng.safetensors"
+            if target.local:
+                (Path(target.root) / "shards").mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(stage / written.name, Path(target.root) / written.name)
+                for file_name, path in extra.items():
+                    shutil.copyfile(path, Path(target.root) / file_name)
+            else:
+                target.upload(stage / written.name, written.name)
+                for file_name, path in extra.items():
+                    target.upload(path, file_name)
+            records = ranks.gather_objects(dataclasses.asdict(written))
+            files = {w["name"]: {"size": w["size"], "sha256": w["sha256"]} for w in records}
+            shapes = {k: v for w in records for k, v in w["keys"].items()}
+            if ranks.rank == 0:
+                for file_name, path in extra.items():
+                    files[file_name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+                target.write_text("meta.json", _meta_payload(
+                    meta, files, format=FORMAT, world=ranks.world, tensors=shapes,
+                    optimizer=optimizer or {}))
+                _point_latest_and_prune(root, keep, pinned)
+        finally:
+            cleanup(stage)
+        ranks.barrier()  # no rank returns before meta.json and latest name its checkpoint
+    return target.uri
 
 
 def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMeta,
@@ -218,22 +297,11 @@ def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMet
     older version arriving after a newer one (two calls into one learner, in either order) is
     written and then pruned, so ``latest`` never names a pruned checkpoint. Returns the new
     checkpoint's location."""
-    pinned = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in pinned}
     root = Storage(join(run_dir, "checkpoints"))
     with _WRITING:
-        taken = {key for key in map(_step_key, root.listdir()) if key is not None}
-        k = 1 + max((k for v, k in taken if v == meta.version), default=-1)
-        name = f"step-{meta.version:08d}" + (f"-{k}" if k else "")
+        name = _new_step_dir(root, meta.version)
         path = save_checkpoint(join(root.uri, name), policy, meta, optimizer, rng)
-        complete = sorted((n for n in _complete(root)), key=_step_key)
-        root.write_text("latest", complete[-1] + "\n")
-        newest_copy = {_step_key(n)[0]: n for n in complete}  # sorted: the last copy wins
-        kept = {newest_copy[v] for v in sorted(newest_copy)[-keep:]}
-        for old in root.listdir():
-            key = _step_key(old)
-            if (key is not None and old not in kept and old not in pinned
-                    and key < _step_key(complete[-1])):
-                root.delete(old)
+        _point_latest_and_prune(root, keep, pinned)
     return path
 
 
@@ -264,42 +332,105 @@ def locate_checkpoint(path: str | Path) -> str:
 
 _FETCHED: dict[tuple[str, str], Path] = {}
 """Checkpoints this process has checked: (location, sha256 of meta.json) -> local directory."""
+_NAME_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
+"""One part of a file name a checkpoint may list: no separator, no leading dot (so no ``.``,
+``..`` or hidden file), no control character, no NUL."""
+
+
+def checked_file_name(ckpt: str, name: Any) -> str:
+    """``name`` as ``meta.json`` lists it, if it is a plain relative name inside the checkpoint
+    (``policy.safetensors``, ``model/shard-0.distcp``), else ``CheckpointError`` naming it. The
+    names come from whoever wrote the checkpoint: a name that is absolute, climbs out with
+    ``..``, carries a backslash, a NUL or a control character, or names ``meta.json`` itself is
+    refused before anything is written."""
+    parts = name.split("/") if isinstance(name, str) else []
+    if not parts or len(parts) > 8 or name == "meta.json" or not all(
+            _NAME_PART.match(p) for p in parts):
+        raise CheckpointError(f"{ckpt}: meta.json lists a file named {name!r}, which is not a "
+                              "plain relative name inside the checkpoint; refused")
+    return name
+
+
+def _inside(local: Path, name: str) -> Path:
+    """``local / name``, refused when a directory on the way is a link out of ``local``."""
+    target = local / name
+    root = local.resolve()
+    if not target.parent.resolve().is_relative_to(root) or target.is_symlink():
+        raise CheckpointError(f"{local}: {name} resolves outside the checkpoint's directory "
+                              "(a symbolic link on the way); refused")
+    return target
+
+
+def _listed(ckpt: str, raw: bytes) -> dict[str, dict[str, Any]]:
+    """The files ``meta.json`` lists, each name checked (``checked_file_name``)."""
+    try:
+        files = json.loads(raw).get("files") or {}
+    except (ValueError, AttributeError):
+        raise CheckpointError(f"{ckpt}: meta.json is not a JSON object") from None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{ckpt}: meta.json's files is not a mapping")
+    for name, want in files.items():
+        checked_file_name(ckpt, name)
+        if not isinstance(want, dict) or not isinstance(want.get("size"), int):
+            raise CheckpointError(f"{ckpt}: meta.json gives no size for {name!r}")
+    return files
+
+
+def _matches(local: Path, files: dict[str, dict[str, Any]]) -> bool:
+    """Whether every listed file is in ``local`` with its size and sha256."""
+    for name, want in files.items():
+        path = _inside(local, name)
+        if not path.is_file() or path.stat().st_size != want["size"] or (
+                "sha256" in want and _sha256(path) != want["sha256"]):
+            return False
+    return True
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A local directory holding the checkpoint at ``path`` (a checkpoint or run directory, a
     local path or URI): a local one as it is, a remote one downloaded into this node's scratch
-    cache once. Every file ``meta.json`` lists must have its size (a local checkpoint) or its
-    size and sha256 (a downloaded one), else ``CheckpointError``."""
+    cache. Every file ``meta.json`` lists must be a plain relative name (``checked_file_name``)
+    and have its size (a local checkpoint) or its size and sha256 (a downloaded one), else
+    ``CheckpointError``. The cache is shared by everyone on the node, so a cached copy is
+    trusted only after its files match the hashes of the remote ``meta.json`` again (once per
+    process); a copy that does not is downloaded afresh."""
     ckpt = locate_checkpoint(path)
     store = Storage(ckpt)
     raw = store.read_bytes("meta.json")
     key = (ckpt, hashlib.sha256(raw).hexdigest())
     if key in _FETCHED:
         return _FETCHED[key]
-    files = json.loads(raw).get("files")
+    files = _listed(ckpt, raw)
     if store.local:
         local = Path(store.root)
-        for name, want in (files or {}).items():
-            size = (local / name).stat().st_size if (local / name).is_file() else None
+        for name, want in files.items():
+            file = _inside(local, name)
+            size = file.stat().st_size if file.is_file() else None
             if size != want["size"]:
                 raise CheckpointError(f"{ckpt}: {name} holds {size} bytes, meta.json lists "
                                       f"{want['size']}")
     else:
-        local = scratch_dir() / "checkpoints" / f"{cache_name(ckpt)}-{key[1][:8]}"
-        if not (local / "meta.json").is_file():  # written last: a complete, checked copy
-            listed = files or {n: {"size": s} for n, s in store.sizes().items()
-                               if n != "meta.json"}
+        cache = scratch_dir() / "checkpoints"
+        cache.mkdir(mode=0o700, exist_ok=True)
+        local = cache / f"{cache_name(ckpt)}-{key[1][:8]}"
+        listed = files or {checked_file_name(ckpt, n): {"size": s}
+                           for n, s in store.sizes().items() if n != "meta.json"}
+        cached = (local / "meta.json").is_file() and (local / "meta.json").read_bytes() == raw
+        if cached and not _matches(local, listed):  # complete once, changed since: start over
+            shutil.rmtree(local, ignore_errors=True)
+            cached = False
+        if not cached:  # another process may be downloading here too: same files, same bytes
+            local.mkdir(parents=True, exist_ok=True)
             for name, want in listed.items():
                 try:
-                    moved = store.download(name, local / name)
+                    moved = store.download(name, _inside(local, name))
                 except FileNotFoundError:
                     raise CheckpointError(f"{ckpt}: {name}, listed in meta.json, is missing"
                                           ) from None
                 if moved.size != want["size"] or want.get("sha256", moved.sha256) != moved.sha256:
                     raise CheckpointError(f"{ckpt}: {name} does not match meta.json (size "
                                           f"{moved.size} vs {want['size']}, or its sha256)")
-            (local / "meta.json").write_bytes(raw)
+            (local / "meta.json").write_bytes(raw)  # written last: a complete, checked copy
     _FETCHED[key] = local
     return local
 
@@ -319,13 +450,18 @@ def read_meta(path: str | Path) -> CheckpointMeta:
 def listed_files(path: str | Path) -> dict[str, dict[str, Any]]:
     """The files a checkpoint's ``meta.json`` lists (name -> size, sha256); empty for a
     checkpoint written before they were listed."""
-    return json.loads(Storage(locate_checkpoint(path)).read_text("meta.json")).get("files", {})
+    ckpt = locate_checkpoint(path)
+    return _listed(ckpt, Storage(ckpt).read_bytes("meta.json"))
 
 
 def safetensors_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     """Names and shapes of a checkpoint's weights, from the safetensors header alone (two
     ranged reads; nothing downloaded)."""
     store = Storage(locate_checkpoint(path))
+    meta = json.loads(store.read_text("meta.json"))
+    if meta.get("format") == "sharded":
+        return {k.removeprefix("model/"): tuple(v) for k, v in meta.get("tensors", {}).items()
+                if k.startswith("model/")}
     (length,) = struct.unpack("<Q", store.read_range("policy.safetensors", 0, 8))
     header = json.loads(store.read_range("policy.safetensors", 8, length))
     return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
@@ -364,6 +500,22 @@ def check_init_from(path: str | Path, policy: Named, spec: EnvSpec,
     return ckpt
 
 
+def is_sharded(local: Path) -> bool:
+    """Whether the checkpoint in ``local`` was written shard by shard (``rlvla3.engine``)."""
+    return json.loads((Path(local) / "meta.json").read_text()).get("format") == "sharded"
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's whole weights (a sharded one's shards put together)."""
+    local = resolve_checkpoint(path)
+    if not is_sharded(local):
+        return load_file(str(local / "policy.safetensors"))
+    from rlvla3.engine.sharded import RowSource
+
+    source = RowSource(local)
+    return {k.removeprefix("model/"): source.whole(k) for k in source.keys("model/")}
+
+
 def load_policy(path: str | Path) -> tuple[Policy, CheckpointMeta]:
     """Rebuild the policy a checkpoint was saved from and load its weights (strictly)."""
     from rlvla3.policies import build_policy
@@ -371,13 +523,29 @@ def load_policy(path: str | Path) -> tuple[Policy, CheckpointMeta]:
     local = resolve_checkpoint(path)
     meta = read_meta(local)
     policy = build_policy(meta.policy, meta.spec)
-    policy.load_state_dict(load_file(str(local / "policy.safetensors")))
+    policy.load_state_dict(load_weights(local))
     return policy, meta
 
 
 def load_optimizer_state(path: str | Path) -> dict[str, Any] | None:
-    """The optimizer state saved beside the weights, or None; never unpickles objects."""
-    file = resolve_checkpoint(path) / "optimizer.pt"
+    """The optimizer state saved beside the weights in ``Optimizer.state_dict``'s layout
+    (parameters by index; a sharded checkpoint's shards put together), or None; never
+    unpickles objects."""
+    local = resolve_checkpoint(path)
+    if is_sharded(local):
+        from rlvla3.engine.sharded import RowSource
+
+        source = RowSource(local)
+        saved = json.loads((local / "meta.json").read_text()).get("optimizer") or {}
+        order = saved.get("param_order") or []
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for index, name in enumerate(order):
+            for key in source.keys(f"optim/{name}/"):
+                state.setdefault(index, {})[key.rsplit("/", 1)[1]] = source.whole(key)
+        groups = [{**g, "params": list(range(len(order)))} for g in saved.get("param_groups")
+                  or []]
+        return {"state": state, "param_groups": groups} if order else None
+    file = local / "optimizer.pt"
     if not file.is_file():
         return None
     return torch.load(file, map_location="cpu", weights_only=True)

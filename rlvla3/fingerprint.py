@@ -77,7 +77,11 @@ def checkpoint_identity(path: str | Path) -> dict[str, Any]:
     from rlvla3.checkpoint import listed_files, locate_checkpoint, read_meta, resolve_checkpoint
 
     ckpt = locate_checkpoint(path)
-    sha = listed_files(ckpt).get("policy.safetensors", {}).get("sha256")
+    files = listed_files(ckpt)
+    sha = files.get("policy.safetensors", {}).get("sha256")
+    shards = sorted(f"{n}:{f['sha256']}" for n, f in files.items() if n.startswith("shards/"))
+    if sha is None and shards:  # a sharded checkpoint: the hash of its shards' hashes
+        sha = hashlib.sha256("\n".join(shards).encode()).hexdigest()
     return {
         "path": ckpt,
         "version": read_meta(ckpt).version,

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -181,6 +181,40 @@ def resolve_costs(choice: Named, path: str) -> GpuCosts | None:
     if choice.name == CUSTOM and not costs.source:
         costs = replace(costs, source="custom figures")
     return costs
+
+
+MEASURED_SYNC_FIXED_MS = 300.0
+"""The fixed part of a weight transfer, which one GPU cannot measure (as in ``_PI05_SYNC``)."""
+
+
+def costs_from_gpu_check(report: Mapping[str, Any]) -> GpuCosts:
+    """The cost model a ``rlvla3 bench gpu`` report measured (its ``costs`` entry: ``act``
+    through the rollout server's default acting strategy, ``evaluate`` forward + backward,
+    one AdamW step, the weights' size), with the weight transfer's fixed part of the other
+    calibrations. Raises ``ValueError`` naming what the report lacks."""
+    entry = report.get("entries", {}).get("costs")
+    if not entry or "cost_model" not in entry:
+        raise ValueError("the report has no 'costs' entry with a cost model: run "
+                         "`rlvla3 bench gpu --only costs` (or the whole check)")
+    if not entry.get("pass"):
+        raise ValueError(f"the report's 'costs' entry did not pass: {entry.get('error', '')}")
+    options = dict(entry["cost_model"]["options"])
+    options.setdefault("sync_fixed_ms", MEASURED_SYNC_FIXED_MS)
+    costs = build(GpuCosts, options, "costs")
+    costs.validate()
+    return costs
+
+
+def calibration_source(name: str, costs: GpuCosts, figures: int = 2) -> str:
+    """``costs`` as an entry of ``CALIBRATIONS`` (figures rounded to ``figures`` significant
+    digits, as the committed calibrations are), ready to paste into this module."""
+    def r(x: float) -> float:
+        return float(f"{x:.{figures}g}")
+
+    parts = [f"{f.name}={r(getattr(costs, f.name))!r}" for f in fields(GpuCosts)
+             if f.name != "source" and getattr(costs, f.name) != getattr(GpuCosts(), f.name)]
+    body = ",\n        ".join(parts + [f"source={costs.source!r}"])
+    return f'"{name}": GpuCosts(\n        {body}),'
 
 
 def check_costs(costs: GpuCosts | None, needs: tuple[str, ...], path: str) -> None:

@@ -35,6 +35,20 @@ class _Item:
     """Policy version of the item's oldest decision."""
     started: bool = False
     """Some of its rows have been taken: it is trained to the end, never discarded."""
+    offset: int = 0
+    """Rows before this one have been taken: the item keeps the arrays it arrived in, and a
+    take copies only the rows it returns (cutting the remainder off each time would copy it
+    again at every micro-batch: quadratic in the item's length, images included)."""
+
+    @property
+    def left(self) -> int:
+        return len(self.samples) - self.offset
+
+    def rows(self, n: int) -> Samples:
+        """The next ``n`` rows (a copy of those rows alone)."""
+        if self.offset == 0 and n == len(self.samples):
+            return self.samples
+        return self.samples.select(np.arange(self.offset, self.offset + n))
 
 
 class GroupBuffer:
@@ -58,14 +72,13 @@ class GroupBuffer:
         parts, need = [], n
         while need > 0:
             head = self._items[0]
-            if len(head.samples) <= need:
-                parts.append(self._items.popleft().samples)
-                need -= len(head.samples)
-            else:
-                parts.append(head.samples.select(np.arange(need)))
-                head.samples = head.samples.select(np.arange(need, len(head.samples)))
-                head.started = True
-                need = 0
+            count = min(need, head.left)
+            parts.append(head.rows(count))
+            head.offset += count
+            head.started = True
+            need -= count
+            if head.left == 0:
+                self._items.popleft()
         self.size -= n
         return parts[0] if len(parts) == 1 else Samples.concat(parts)
 
@@ -73,7 +86,7 @@ class GroupBuffer:
         """The next ``n`` rows (``n <= size``) without taking them."""
         parts, need = [], n
         for item in self._items:
-            parts.append(item.samples.select(np.arange(min(need, len(item.samples)))))
+            parts.append(item.rows(min(need, item.left)))
             need -= len(parts[-1])
             if need <= 0:
                 break
@@ -83,7 +96,7 @@ class GroupBuffer:
         """Advantages of the next ``n`` rows (``n <= size``)."""
         out, need = [], n
         for item in self._items:
-            out.append(item.samples.advantages[:need])
+            out.append(item.samples.advantages[item.offset:item.offset + need])
             need -= len(out[-1])
             if need <= 0:
                 break

@@ -10,9 +10,12 @@ level: ``KL(pi_prox || pi_theta)`` per decision, averaged over the learner ranks
 
 Inputs: ``AlgoConfig.target_kl`` (nats per decision; None: the learning rate stays fixed),
 ``kl_lr_factor``, ``kl_lr_min_scale`` / ``kl_lr_max_scale`` (bounds as multiples of the
-configured learning rate). The learner calls ``update`` with the drift measured when a trust
-region closes: at the step that refreshes the proximal copy (``proximal: window``), so the KL is
-that of a whole window; every step otherwise.
+configured learning rate). The learner calls ``update`` when a trust region closes (the step
+that refreshes the proximal copy under ``proximal: window``, every step otherwise) with the
+drift of the whole region: ``KL(pi_start || pi_theta)`` per decision, measured *after* the
+region's last update by a no-grad forward pass of the updated parameters on the step's last
+micro-batch (``LearnerCore._drift``). A KL read in the closing step's own forward pass would
+miss that step's update (zero for a region of one step, and the rate would only ever grow).
 
 Output: the new learning rate, set on every parameter group. The rate lives in the optimizer's
 state, so a checkpoint restores it; the controller keeps nothing else.

@@ -8,13 +8,15 @@ turned into per-decision samples with advantages on arrival). Outputs: optimizer
 each, the policy version increases by one and ``weights()`` gives the new parameters.
 
 Invariants:
-- One optimizer step consumes exactly ``local_batch`` samples (``global_batch / world_size``),
-  split into micro-batches of ``micro_batch``; a queue item may straddle two steps, no sample is
-  used in two batches. With ``algo.update_epochs = E`` a batch gets E consecutive optimizer
+- One optimizer step consumes exactly ``local_batch`` samples on this rank (``rank_batches``:
+  the global batch shared out, the first ``global_batch % world_size`` ranks taking one more,
+  so the ranks together take exactly ``global_batch``), split into micro-batches of
+  ``micro_batch``; a queue item may straddle two steps, no sample is used in two batches. With ``algo.update_epochs = E`` a batch gets E consecutive optimizer
   steps (E versions): the first as it streams in, the others on its stored micro-batches, with
   the advantages and proximal log-probs of the first; only the first counts as trained. Each
-  micro-batch's loss is scaled by its share of ``local_batch``, so the accumulated gradient
-  equals that of one full-batch step on the same samples.
+  micro-batch's loss is scaled by its share of ``grad_share`` (``global_batch / world_size``:
+  DDP averages the ranks' gradients), so the accumulated gradient equals that of one step on
+  the whole global batch, also when the ranks' shares differ by one.
 - A decision counts as trained when the optimizer step it went into is taken: the decisions
   taken for the step under way are ``in_step``, and those of a step
   abandoned at a stop (``flush``) go back to the buffer, untrained.
@@ -25,8 +27,12 @@ Invariants:
 - PPO advantages are standardised with constants that are fixed for a whole optimizer step and
   shared by every micro-batch and every rank (``AdvantageNormalizer``), so splitting a batch
   into micro-batches or streaming it in does not change the update.
-- Under DDP, gradients are all-reduced only on the last micro-batch of a step (``no_sync``
-  elsewhere); every rank runs the same number of micro-batches per step. Before each optimizer
+- The policy is held and stepped by a ``TrainingEngine`` (``rlvla3.engine``: one rank, DDP or
+  FSDP2); gradients are reduced across ranks only on the last micro-batch of a step. Every
+  rank runs the same number of micro-batches per step (``micro_per_step``, from the largest
+  rank's share: sizes differ by at most one sample between ranks), so the ranks' collectives
+  (under FSDP every forward and backward is one) line up; a rank that leaves a step stands in
+  for each micro-batch it has not run (``flush``). Before each optimizer
   step the ranks agree (one small all-reduce, ``reduce``) on whether every rank finished its
   batch and whether any was asked to stop: a step some rank abandoned is abandoned by all.
 - The learner strategy decides only *when* a micro-batch may start: ``StreamingStart`` as soon
@@ -37,7 +43,7 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -45,9 +51,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from torch import nn
 
-from rlvla3.algos import AlgoConfig, objective
+from rlvla3.algos import AlgoConfig, approx_kl, objective
+from rlvla3.engine.config import EngineConfig
+from rlvla3.engine.engine import TrainingEngine
+from rlvla3.engine.group import Ranks
 from rlvla3.gpu_costs import TrainingCost
 from rlvla3.group_buffer import GroupBuffer
 from rlvla3.kl_control import KlLearningRate
@@ -75,6 +83,13 @@ class StreamingStart:
 
 
 LEARNER_STRATEGIES = {"batch": BatchStart, "streaming": StreamingStart}
+
+
+def rank_batches(global_batch: int, world_size: int) -> list[int]:
+    """Samples per optimizer step of each rank: ``global_batch`` shared out exactly (the first
+    ``global_batch % world_size`` ranks take one more), e.g. 64 over 3 ranks: 22, 21, 21."""
+    base, extra = divmod(global_batch, world_size)
+    return [base + (rank < extra) for rank in range(world_size)]
 
 Reduce = Callable[[np.ndarray], np.ndarray]
 """Sums a float64 vector over the learner ranks (identity for one rank)."""
@@ -145,23 +160,21 @@ class AdvantageNormalizer:
 
 
 class ProximalWindow:
-    """The proximal policy of decoupled PPO (``proximal: window``): a frozen copy of the
-    learner's parameters, refreshed every ``every`` optimizer steps and after any load."""
+    """The proximal policy of decoupled PPO (``proximal: window``): the engine's frozen copy
+    of the learner's parameters (held as the policy is: sharded under FSDP), refreshed every
+    ``every`` optimizer steps and after any load."""
 
-    def __init__(self, policy: Policy, every: int):
-        import copy
-
-        self.policy = policy
+    def __init__(self, engine: TrainingEngine, every: int):
+        self.engine = engine
         self.every = every
-        self.copy = copy.deepcopy(policy).requires_grad_(False)
         self.synced_at = 0
         """Learner version whose parameters the copy holds."""
 
     @torch.no_grad()
     def log_probs(self, batch: Samples) -> np.ndarray:
         """``[n]``, or ``[n, E]`` per Gaussian when the policy reports them."""
-        ev = self.copy.evaluate(batch.obs, torch.from_numpy(batch.actions),
-                                torch.from_numpy(batch.latents))
+        ev = self.engine.shadow.evaluate(batch.obs, torch.from_numpy(batch.actions),
+                                         torch.from_numpy(batch.latents))
         log_prob = ev.log_prob if ev.log_prob_elements is None else ev.log_prob_elements
         return log_prob.float().cpu().numpy()
 
@@ -171,7 +184,7 @@ class ProximalWindow:
 
     def sync(self, version: int) -> None:
         """Take the learner's current parameters (after a step, a restore or ``init_from``)."""
-        self.copy.load_state_dict(self.policy.state_dict())
+        self.engine.refresh_shadow()
         self.synced_at = version
 
 
@@ -208,6 +221,11 @@ class StepStats:
     epoch reports ``samples`` 0, as it trains no new sample)."""
     lr: float = 0.0
     """The learning rate after this step (``algo.target_kl`` adapts it)."""
+    update_kl: float | None = None
+    """``KL(pi_start || pi_theta)`` per decision of the trust region that closed at this step,
+    measured after its last update on the step's last micro-batch (averaged over the ranks):
+    ``pi_start`` is the proximal copy with a window, the parameters before the step otherwise.
+    What ``algo.target_kl`` steers by; None when no region closed or no target is set."""
 
     def as_row(self) -> dict:
         """One ``steps.jsonl`` line (plain JSON values)."""
@@ -222,26 +240,46 @@ _AVERAGED = ("loss", "policy_loss", "value_loss", "entropy", "clip_fraction", "k
              "truncated_fraction")
 
 
+def rl_engine(policy: Policy, algo: AlgoConfig, lr: float, cfg: EngineConfig | None = None,
+              ranks: Ranks | None = None) -> TrainingEngine:
+    """The engine an RL learner rank trains through: Adam (eps 1e-5) at ``lr``, gradients of
+    ``evaluate``, a frozen proximal copy under ``proximal: window``."""
+    return TrainingEngine(policy, cfg or EngineConfig(), ranks or Ranks(), "evaluate",
+                          lambda params: torch.optim.Adam(params, lr=lr, eps=1e-5),
+                          keep_shadow=algo.proximal == "window")
+
+
 class LearnerCore:
-    """Micro-batched, accumulating PPO/GRPO learner over a policy (optionally DDP-wrapped)."""
+    """Micro-batched, accumulating PPO/GRPO learner over a ``TrainingEngine``."""
 
     def __init__(self, policy: Policy, algo: AlgoConfig, local_batch: int, micro_batch: int,
                  lr: float, strategy: BatchStart | StreamingStart,
-                 ddp_model: nn.Module | None = None, max_staleness: int | None = None,
-                 reduce: Reduce | None = None, cost: TrainingCost | None = None):
-        self.policy = policy
+                 engine: TrainingEngine | None = None, max_staleness: int | None = None,
+                 reduce: Reduce | None = None, cost: TrainingCost | None = None,
+                 grad_share: float | None = None, micro_per_step: int | None = None):
+        """``engine``: the policy under its strategy (default: one rank, the plain module);
+        ``grad_share`` and ``micro_per_step``: this rank's place in a group (``take_share``)."""
+        self.engine = engine or rl_engine(policy, algo, lr)
+        self.policy = self.engine.policy
         self.cost = cost
         """Simulated GPU cost (``rlvla3.gpu_costs``): each micro-batch and optimizer step then
         lasts as long as on the GPUs it stands for (None: as long as it takes here)."""
         self.clock = cost.clock() if cost is not None else None
-        self.model = ddp_model if ddp_model is not None else policy
         self.algo = algo
         self.local_batch = local_batch
+        self.grad_share = float(grad_share or local_batch)
+        """What this rank's accumulated gradient is an average over (``global_batch /
+        world_size``; DDP then averages over the ranks): ``local_batch`` when every rank takes
+        the same share."""
         self.micro_batch = micro_batch
+        self.micro_per_step = micro_per_step or math.ceil(local_batch / micro_batch)
+        """Micro-batches of every optimizer step, the same on every rank."""
         self.strategy = strategy
         self.max_staleness = max_staleness
-        self.reduce = reduce or (lambda x: x)
-        self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr, eps=1e-5)
+        self.reduce = reduce or self.engine.reduce
+        self.optimizer = self.engine.optimizer
+        self.last_publish = None
+        """What the last ``weights`` call cost (``rlvla3.engine.engine.Published``)."""
         self.kl_lr = (KlLearningRate(self.optimizer, lr, algo.target_kl, algo.kl_lr_factor,
                                      algo.kl_lr_min_scale, algo.kl_lr_max_scale)
                       if algo.target_kl is not None else None)
@@ -251,6 +289,8 @@ class LearnerCore:
         self.version = 0
         self.buffer = GroupBuffer()
         self._done_in_step = 0
+        self._micro_done = 0
+        """Micro-batches of the step under way run so far (this epoch)."""
         self._acc: list[dict[str, float]] = []
         self._weights: list[np.ndarray] = []
         self._step_raw: list[Samples] = []
@@ -258,6 +298,9 @@ class LearnerCore:
         self._step_lags: list[np.ndarray] = []
         self._last_micro: Samples | None = None
         """The latest micro-batch trained: ``flush``'s stand-in."""
+        self._probe: tuple[Samples, torch.Tensor] | None = None
+        """The step's last micro-batch and its log-probs under the parameters it was trained
+        with (before the step): where ``algo.target_kl`` measures the update's drift."""
         self.micro_steps = 0
         """Micro-batches run so far (progress, for a rank that waits on data)."""
         self.stop_requested = False
@@ -265,13 +308,19 @@ class LearnerCore:
         tells every rank."""
         self.stop_agreed = False
         """Some rank was asked to stop, as of the last step agreement."""
+        self.snapshot_wanted = False
+        """Set (from another thread) when a sharded checkpoint is asked of this rank: at the
+        first step agreement where every rank wants one, each copies its shard of that
+        version (``snapshot``)."""
+        self.snapshot: tuple[int, dict[str, torch.Tensor]] | None = None
+        """``(version, this rank's checkpoint tensors)`` of the last agreed snapshot."""
         self.busy_s = 0.0
         self.samples_trained = 0
         self.counts = {"received_decisions": 0, "received_episodes": 0, "received_groups": 0,
                        "short_groups": 0, "singleton_groups": 0, "trained_env_steps": 0,
                        "discarded_decisions": 0, "discarded_env_steps": 0, "discarded_groups": 0,
                        "skipped_steps": 0, "abandoned_steps": 0}
-        self.proximal = ProximalWindow(policy, algo.proximal_window) \
+        self.proximal = ProximalWindow(self.engine, algo.proximal_window) \
             if algo.proximal == "window" else None
         self.epoch = 0
         """Epoch of the step under way (0: the batch is still streaming in)."""
@@ -282,6 +331,50 @@ class LearnerCore:
         """Per trained decision: learner version minus behaviour version."""
         self.length_hist: dict[int, int] = {}
         """Decisions per episode received (the episodes that reached training)."""
+
+    def take_share(self, global_batch: int, world_size: int, rank: int) -> None:
+        """This rank's share of each optimizer step in a group of ``world_size`` ranks (after
+        a rebuild with fewer ranks: the global batch stays exactly ``global_batch``), in as
+        many micro-batches as the largest share needs."""
+        shares = rank_batches(global_batch, world_size)
+        self.local_batch = shares[rank]
+        self.grad_share = global_batch / world_size
+        self.micro_per_step = math.ceil(max(shares) / self.micro_batch)
+
+    # -- control from the rank's other threads -----------------------------------------------
+    def request_stop(self) -> None:
+        """This rank was asked to stop: the next step agreement tells every rank."""
+        self.stop_requested = True
+
+    def reset_stop(self) -> None:
+        self.stop_requested = self.stop_agreed = False
+
+    def want_snapshot(self) -> None:
+        """A sharded checkpoint is asked of this rank (see ``snapshot_wanted``)."""
+        self.snapshot = None
+        self.snapshot_wanted = True
+
+    def take_snapshot(self) -> None:
+        """Copy this rank's checkpoint tensors now (between two steps), for a save."""
+        self.snapshot = (self.version, self.engine.checkpoint_tensors())
+        self.snapshot_wanted = False
+
+    @property
+    def snapshot_ready(self) -> bool:
+        return self.snapshot is not None
+
+    def pop_snapshot(self) -> tuple[int, dict[str, torch.Tensor]]:
+        taken, self.snapshot = self.snapshot, None
+        return taken
+
+    def load(self, source: object, version: int, optimizer: bool) -> None:
+        """Weights (and the optimizer state, with the version) from a checkpoint
+        (``rlvla3.engine.sharded.RowSource``); the proximal copy follows."""
+        self.engine.restore(source, optimizer=optimizer)
+        if optimizer:
+            self.version = version
+        if self.proximal is not None:
+            self.proximal.sync(self.version)
 
     @property
     def buffered(self) -> int:
@@ -339,17 +432,17 @@ class LearnerCore:
                 self._micro_step(self._replay.popleft())
             else:
                 remaining = self.local_batch - self._done_in_step
-                size = min(self.micro_batch, remaining)
+                size = self._next_size()
                 if not self.normalizer.ready:
                     if self.buffered < self.local_batch:
                         return steps
                     self.normalizer.seed(self.buffer.peek_advantages(self.local_batch))
-                if not self.strategy.may_start(self.buffered, remaining, self.micro_batch):
+                if not self.strategy.may_start(self.buffered, remaining, size):
                     return steps
                 raw = self.buffer.take(size)
                 self._step_raw.append(raw)
                 self._micro_step(self._standardise(raw))
-            if self._done_in_step == self.local_batch:
+            if self._micro_done == self.micro_per_step:
                 stats = self._optimizer_step()
                 if stats is None:  # abandoned by the ranks' agreement
                     return steps
@@ -358,11 +451,20 @@ class LearnerCore:
                     on_step(stats)
         return steps
 
+    def _next_size(self) -> int:
+        """Samples of the next micro-batch: ``micro_batch``, but at least one left for each
+        micro-batch still to run (so every rank runs ``micro_per_step``, also the one whose
+        share is a sample short)."""
+        remaining = self.local_batch - self._done_in_step
+        left = max(self.micro_per_step - self._micro_done, 1)
+        return max(1, min(self.micro_batch, remaining - (left - 1)))
+
     def loss(self, batch: Samples) -> tuple[torch.Tensor, dict]:
         """The PPO/GRPO objective on one micro-batch (mean over its samples); advantages
         and proximal log-probs taken as given (``with_proximal`` adds those of the window)."""
-        ev = self.model.evaluate(batch.obs, torch.from_numpy(batch.actions),
-                                 torch.from_numpy(batch.latents))
+        ev = self.engine.call("evaluate", batch.obs, torch.from_numpy(batch.actions),
+                              torch.from_numpy(batch.latents))
+        own = ev.log_prob if ev.log_prob_elements is None else ev.log_prob_elements
 
         def t(a: np.ndarray) -> torch.Tensor:  # recorded data, on the policy's device
             return torch.from_numpy(np.ascontiguousarray(a)).to(ev.log_prob.device)
@@ -379,6 +481,7 @@ class LearnerCore:
                        "behaviour_weight": policy.behaviour_weight_mean,
                        "truncated_fraction": policy.truncated_fraction,
                        "weights": policy.behaviour_weights,
+                       "own_log_probs": own.detach(),
                        "staleness": float(self.version - batch.policy_versions.mean())}
 
     def _standardise(self, batch: Samples) -> Samples:
@@ -401,10 +504,8 @@ class LearnerCore:
 
     def _backward(self, batch: Samples, sync: bool, scale: float) -> dict:
         """Forward and backward of one micro-batch, its loss scaled by ``scale``; with ``sync``
-        DDP all-reduces the accumulated gradients (the step's last micro-batch)."""
-        context = contextlib.nullcontext() if sync or not hasattr(self.model, "no_sync") \
-            else self.model.no_sync()
-        with context:
+        the ranks reduce the accumulated gradients (the step's last micro-batch)."""
+        with self.engine.accumulate(sync):
             loss, info = self.loss(batch)
             (loss * scale).backward()
         return info
@@ -412,12 +513,16 @@ class LearnerCore:
     def _micro_step(self, batch: Samples) -> None:
         start = time.perf_counter()
         begun = self.clock.now() if self.clock is not None else 0.0
-        last = self._done_in_step + len(batch) == self.local_batch
-        info = self._backward(batch, last, len(batch) / self.local_batch)
+        last = self._micro_done + 1 == self.micro_per_step
+        info = self._backward(batch, last, len(batch) / self.grad_share)
         self._weights.append(info.pop("weights"))
+        own = info.pop("own_log_probs")
+        if last and self.kl_lr is not None:
+            self._probe = (batch, own)
         info["n"] = len(batch)
         self._acc.append(info)
         self._done_in_step += len(batch)
+        self._micro_done += 1
         self.micro_steps += 1
         self._last_micro = batch
         if self.epoch == 0:  # a later epoch trains no new decision
@@ -429,11 +534,12 @@ class LearnerCore:
     def flush(self) -> bool:
         """Leave a step this rank cannot finish (the run is stopping and no more data comes)
         in step with the other ranks, which may wait for it in a collective: run the
-        collectives the step would run (the first step's normaliser seed, the gradient
-        all-reduce of a last micro-batch, here a stand-in whose loss is scaled by 0, and the
-        step agreement), which abandons the step on every rank: no optimizer step, and the
-        micro-batches taken for it go back to the buffer, untrained. Returns False when this
-        rank holds no sample to stand in with (it cannot join; the caller's timeout applies)."""
+        collectives the step would run (the first step's normaliser seed, one forward and
+        backward for each micro-batch this rank has not run, here a stand-in whose loss is
+        scaled by 0, the last one reducing the gradients, and the step agreement), which
+        abandons the step on every rank: no optimizer step, and the micro-batches taken for it
+        go back to the buffer, untrained. Returns False when this rank holds no sample to stand
+        in with (it cannot join; the caller's timeout applies)."""
         stand_in = self._last_micro
         if stand_in is None and self.buffered:
             stand_in = self.with_proximal(self.buffer.peek(min(self.micro_batch, self.buffered)))
@@ -441,7 +547,8 @@ class LearnerCore:
             return False
         if not self.normalizer.ready:
             self.normalizer.seed(np.zeros(0))
-        self._backward(stand_in, sync=True, scale=0.0)
+        for left in range(self.micro_per_step - self._micro_done, 0, -1):
+            self._backward(stand_in, sync=left == 1, scale=0.0)
         self._optimizer_step(abandon=True)
         return True
 
@@ -449,18 +556,16 @@ class LearnerCore:
         """Agree with the other ranks, then step (or abandon the step on every rank)."""
         start = time.perf_counter()
         begun = self.clock.now() if self.clock is not None else 0.0
-        flags = self.reduce(np.array([float(abandon), float(self.stop_requested)]))
+        flags = self.reduce(np.array([float(abandon), float(self.stop_requested),
+                                      float(self.snapshot_wanted), 1.0]))  # ..., ranks
         self.stop_agreed = bool(flags[1] > 0)
+        snapshot_now = flags[2] >= flags[3]  # every rank wants one
         if flags[0] > 0:
             self._abandon_step()
             return None
-        grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.algo.max_grad_norm)
-        skipped = not bool(torch.isfinite(grad_norm))
-        if skipped:  # a NaN or inf loss or gradient: the weights stay as they are, counted
-            self.counts["skipped_steps"] += 1
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        result = self.engine.step()  # clipped; a NaN or inf gradient: no update, counted
+        grad_norm, skipped = result.grad_norm, result.skipped
+        self.counts["skipped_steps"] += skipped
         self.version += 1
         epoch = self.epoch
         if epoch == 0:
@@ -479,22 +584,50 @@ class LearnerCore:
         shares = np.asarray([a["n"] for a in acc], dtype=np.float64) / self.local_batch
         avg = {k: float(sum(w * a[k] for w, a in zip(shares, acc, strict=True)))
                for k in _AVERAGED}
-        if self.kl_lr is not None and (self.proximal is None
-                                       or self.proximal.synced_at == self.version):
-            total = self.reduce(np.array([avg["kl_per_decision"], 1.0]))  # a window closed
-            self.kl_lr.update(float(total[0] / total[1]))
-        self._done_in_step = 0
+        update_kl = None
+        if self.kl_lr is not None and not skipped and (
+                self.proximal is None or self.proximal.synced_at == self.version):
+            total = self.reduce(np.array([self._drift(), 1.0]))  # a trust region closed
+            update_kl = float(total[0] / total[1])
+            self.kl_lr.update(update_kl)
+        self._probe = None
+        self._done_in_step = self._micro_done = 0
         self._discard_stale()
         if self.clock is not None:
             self.clock.pay(self.cost.step_ms, begun)
         self.busy_s += time.perf_counter() - start
+        if snapshot_now:  # every rank at this same version
+            self.take_snapshot()
         return StepStats(
             self.version, 0 if epoch else self.local_batch, avg["loss"], avg["policy_loss"],
             avg["value_loss"], avg["entropy"], avg["clip_fraction"], avg["kl_per_element"],
             avg["kl_per_decision"], avg["no_grad_fraction"], float(grad_norm),
             avg["staleness"], avg["behaviour_weight"],
             tuple(float(q) for q in np.quantile(weights_seen, (0.05, 0.5, 0.95))),
-            avg["truncated_fraction"], skipped, epoch, self.optimizer.param_groups[0]["lr"])
+            avg["truncated_fraction"], skipped, epoch, self.optimizer.param_groups[0]["lr"],
+            update_kl)
+
+    @torch.no_grad()
+    def _drift(self) -> float:
+        """``KL(pi_start || pi_theta)`` per decision on the step's last micro-batch, after the
+        update: one no-grad forward pass of the updated parameters against the log-probs of
+        the trust region's start (the proximal copy's with a window, else those the step was
+        computed with). Taken before the update, as the forward pass of the closing step, it
+        would miss that step: zero for a region of one step."""
+        batch, before = self._probe
+        if self.proximal is not None:
+            before = torch.from_numpy(np.ascontiguousarray(batch.prox_log_probs))
+        ev = self.engine.call("evaluate", batch.obs, torch.from_numpy(batch.actions),
+                              torch.from_numpy(batch.latents))
+        elements = ev.log_prob_elements
+        per_element = (before.dim() == 2 and elements is not None
+                       and elements.shape[1] == before.shape[1])
+        after = elements if per_element else ev.log_prob
+        before = before.to(after.device, after.dtype)
+        if not per_element and before.dim() == 2:
+            before = before.sum(-1)
+        count = 1 if elements is None else int(elements.shape[1])
+        return approx_kl(after, before, count)[1]
 
     def _commit(self) -> None:
         """The batch's first step was taken: its decisions count as trained."""
@@ -510,14 +643,16 @@ class LearnerCore:
         """Every rank agreed to drop the step under way (only ever a batch's first epoch: a
         rank never lacks data for a later one): gradients zeroed, its decisions back in the
         buffer, the version unchanged."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.engine.zero_grad()
         self.normalizer.abort_step()
         self.buffer.put_back(self._step_raw)
         self._step_raw, self._step_lags, self._epoch_batches = [], [], []
         self._acc, self._weights = [], []
-        self._done_in_step = 0
+        self._done_in_step = self._micro_done = 0
         self.counts["abandoned_steps"] += 1
 
-    def weights(self) -> dict[str, np.ndarray]:
-        """Current parameters and buffers as numpy arrays (CPU copies)."""
-        return {k: v.detach().cpu().numpy().copy() for k, v in self.policy.state_dict().items()}
+    def weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
+        """Current parameters and buffers, whole, on the host (in ``dtype`` where given), on
+        rank 0; None elsewhere. A collective under FSDP (every rank calls it)."""
+        weights, self.last_publish = self.engine.gather_weights(dtype)
+        return weights

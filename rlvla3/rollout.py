@@ -54,7 +54,8 @@ class RolloutCore:
         return True
 
     def load(self, tensors: Mapping[str, np.ndarray], version: int) -> None:
-        self.policy.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in tensors.items()})
+        self.policy.load_state_dict({k: v if isinstance(v, torch.Tensor) else
+                                     torch.tensor(np.asarray(v)) for k, v in tensors.items()})
         self.version = version
         self.swaps += 1
 

@@ -16,13 +16,16 @@ each strategy can also be chosen on its own.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rlvla3.algos import AlgoConfig
 from rlvla3.batch_policy import batch_policy_config
+from rlvla3.cli_options import DEPRECATED
 from rlvla3.config import Named, build, deep_merge, load_mapping, require
+from rlvla3.engine.config import EngineConfig
 from rlvla3.gpu_costs import REAL, check_costs, resolve_costs
 from rlvla3.storage import StorageConfig
 
@@ -170,6 +173,10 @@ class RolloutConfig:
     """... or when this long has passed since the first pending request."""
     num_cpus: float = 0.5
     num_gpus: float = 0.0
+    gpu_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The policy's dtype on a GPU: ``bfloat16`` halves the weights each call reads and runs
+    the matrix units at their bf16 rate; behaviour log-probabilities then carry bf16 rounding,
+    which the learners' importance ratios see."""
     torch_threads: int = 1
     deterministic: bool = False
     resources: Mapping[str, float] = field(default_factory=dict)
@@ -240,7 +247,8 @@ class QueueConfig:
 
 @dataclass(frozen=True)
 class LearnerConfig:
-    """The learner group (torch.distributed, DDP)."""
+    """The learner group: ranks on torch.distributed, training through one engine
+    (``rlvla3.engine``: DDP or FSDP2)."""
 
     num_learners: int = 1
     global_batch: int = 256
@@ -248,6 +256,21 @@ class LearnerConfig:
     micro_batch: int = 64
     """Samples per forward/backward on one learner."""
     lr: float = 3e-4
+    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
+    """``ddp``: every rank holds the whole model, its gradients and Adam state; ``fsdp``:
+    FSDP2 shards them over the ranks (1/N each) and checkpoints are sharded (every rank writes
+    its shard). ``auto``: DDP where the learner GPUs hold the whole model, else FSDP where the
+    shards fit, decided by the memory pre-flight before any actor starts
+    (``rlvla3.plan.memory.choose_strategy``; one rank or CPUs: ``ddp``)."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip before each optimizer step (was ``algo.max_grad_norm``)."""
+    mixed_precision: Literal["auto", "off", "bf16"] = "auto"
+    """FSDP: bf16 compute with float32 gradient reduction (``auto``: on a GPU)."""
+    offload: bool = False
+    """FSDP: keep the shards and the optimizer step in host memory."""
+    publish_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The dtype of the weights published to the rollout servers (gathered one parameter at
+    a time; ``bfloat16`` halves what travels and what rank 0 holds)."""
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     torch_threads: int = 1
@@ -294,6 +317,12 @@ class LearnerConfig:
                 "must be divisible by num_learners")
         require(self.lr > 0, "lr", "must be > 0")
         require(self.backend in ("auto", "gloo", "nccl"), "backend", "must be auto, gloo or nccl")
+        self.engine().validate()
+
+    def engine(self) -> EngineConfig:
+        """The engine's share of this section."""
+        return EngineConfig(self.strategy, self.max_grad_norm, self.mixed_precision,
+                            self.offload)
         require(self.weight_sync in ("object_store", "collective"), "weight_sync",
                 "must be object_store or collective")
         require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
@@ -452,14 +481,27 @@ def load_run_config(preset: str | None = "default", config_file: str | None = No
                                                                    overrides))))
 
 
+RENAMED = {("algo", "max_grad_norm"): ("learner", "max_grad_norm")}
+"""Old spellings of fields, read with one warning line (``docs/changes.md``)."""
+
+
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """A config written before ``storage`` named its local root ``run_root``: the same
-    setting (a ``storage.root`` also given wins)."""
-    if "run_root" not in data:
-        return data
+    """A config written with an old spelling: ``run_root`` (now ``storage.root``) and the
+    ``RENAMED`` fields, moved to their new place (the new spelling, also given, wins)."""
     data = dict(data)
-    root = data.pop("run_root")
-    return deep_merge({"storage": {"root": root}}, data)
+    if "run_root" in data:
+        root = data.pop("run_root")
+        data = deep_merge({"storage": {"root": root}}, data)
+    for (section, old), (new_section, new) in RENAMED.items():
+        part = data.get(section)
+        if isinstance(part, Mapping) and old in part:
+            part = dict(part)
+            value = part.pop(old)
+            data[section] = part
+            print(f"rlvla3: config field '{section}.{old}' is spelled '{new_section}.{new}' "
+                  f"now; the old spelling {DEPRECATED}", file=sys.stderr)
+            data = deep_merge({new_section: {new: value}}, data)
+    return data
 
 
 def adopt_init_policy(data: dict[str, Any]) -> dict[str, Any]:

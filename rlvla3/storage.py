@@ -48,8 +48,12 @@ SCRATCH_ENV = "RLVLA3_SCRATCH"
 CHUNK = 64 << 20
 """Bytes per read in streamed transfers (on an object store, one ranged GET each: fewer,
 larger requests)."""
-SECRET_KEYS = ("secret_key", "access_key", "session_token", "token", "password", "sas_token")
-"""URI query options that carry credentials (refused: config.yaml and logs would show them)."""
+SECRET_KEYS = ("secret_key", "access_key", "session_token", "token", "password", "sas_token",
+               "sig", "signature", "access_token", "account_key", "x-amz-signature",
+               "x-amz-credential", "x-amz-security-token", "x-goog-signature",
+               "x-goog-credential")
+"""URI query options that carry credentials (refused: config.yaml and logs would show them):
+S3 and fsspec keys, an Azure SAS's ``sig``, a GCS ``access_token``, pre-signed URL signatures."""
 S3_REQUEST_TIMEOUT_S = 120.0
 """How long an S3 request may wait for its reply. Completing the multipart upload of a large
 file takes a server a while (tens of seconds for a GB on a small one); with the AWS SDK's
@@ -377,3 +381,27 @@ def check_reach(location: str, shared: bool, nodes: int, can_grow: bool, field: 
             f"its checkpoints); use a URI every node reaches (--storage s3://BUCKET/runs, "
             f"gs://..., hdfs://...) or, for a mount every node shares (NFS), set "
             f"storage.shared=true"))
+
+
+def check_writable(location: str | Path, field: str) -> None:
+    """Before a job starts anything: that ``location`` (a run or output directory) can be
+    written, so that a bucket that does not exist, missing credentials or a read-only
+    directory is ``ConfigError(field, ...)``, one line, instead of a failure at the job's first
+    save. A remote location gets a small file written and deleted; a local one is checked
+    where it exists, or its nearest existing parent, and nothing is created."""
+    store = Storage(location)
+    if store.local:
+        path = Path(store.root)
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(field, f"cannot write to {location}: {path} is not a directory "
+                                     "this user can write to")
+        return
+    probe = f".write-check-{uuid.uuid4().hex[:8]}"
+    try:
+        store.write_bytes(probe, b"")
+        store.delete(probe)
+    except OSError as exc:
+        reason = " ".join(str(exc).split()).split(" (Request ID")[0]
+        raise ConfigError(field, f"cannot write to {location}: {reason}") from None

@@ -5,8 +5,8 @@
 
 A test is marked ``integration`` (it starts Ray) when it uses ``ray_cluster``, when its
 module starts Ray itself (``STARTS_RAY``: a multi-node ``ray.cluster_utils`` cluster, a head
-started with ``ray start``, a ``ray.init`` of its own), or when the test runs an RL or eval job
-in a subprocess (``RUNS_A_JOB``; ``--print-config`` and ``--print-plan`` start nothing), so that
+started with ``ray start``, a ``ray.init`` of its own), or when the test runs an RL, eval or SFT
+job in a subprocess (``RUNS_A_JOB``; ``--print-config`` and ``--print-plan`` start nothing), so that
 ``-m "not slow and not integration"`` selects the tests that need no Ray cluster: minutes.
 In that block ``ray.init`` is refused, so a test that starts Ray without being marked fails
 with a message saying so instead of quietly slowing the block down.
@@ -25,7 +25,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 STARTS_RAY = re.compile(r"ray\.cluster_utils|cluster_scenarios|\bray\.init\(|\"start\", \"--head\"")
 """What in a test module's source means that it starts Ray itself."""
-RUNS_A_JOB = re.compile(r'"-m", "rlvla3", "(?:rl|eval)"')
+RUNS_A_JOB = re.compile(r'"-m", "rlvla3", "(?:rl|eval|sft)"')
 """What in a test function's source means that it runs a job, which starts Ray, in a subprocess."""
 
 

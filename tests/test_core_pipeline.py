@@ -246,7 +246,8 @@ def test_target_kl_adapts_the_rate_when_a_proximal_window_closes(target, directi
                                                    1e-3 * factor**2])
     kl_reductions = [v for v in reduced if len(v) == 2 and v[1] == 1.0]
     assert len(kl_reductions) == 2  # once per closed window, on every rank alike
-    assert all(s.kl_per_decision > 0 for s in stats[1::2])  # the window had drifted
+    assert [s.update_kl is None for s in stats] == [True, False, True, False]
+    assert all(s.update_kl > 0 for s in stats[1::2])  # the window had drifted
     assert core.optimizer.state_dict()["param_groups"][0]["lr"] == pytest.approx(
         1e-3 * factor**2)
     fixed = LearnerCore(make_policy(2), AlgoConfig("ppo", proximal_window=2), local_batch=batch,
@@ -254,6 +255,59 @@ def test_target_kl_adapts_the_rate_when_a_proximal_window_closes(target, directi
     assert fixed.kl_lr is None
 
 
+@pytest.mark.parametrize("proximal", ["step", "behaviour"])
+def test_target_kl_measures_each_step_after_its_update(proximal):
+    """Without a window every step is a trust region: the KL is that of the update just
+    applied, measured after it. Read in the step's own forward pass it would be exactly 0
+    and the rate would grow by the factor every step up to its cap whatever the update did;
+    a target far below any real drift must bring the rate down every step."""
+    segments = collect_segments(make_policy(1), 24)
+    batch = sum(len(s) for s in segments) // 4
+    algo = AlgoConfig("ppo", proximal=proximal, target_kl=1e-9, kl_lr_factor=1.5)
+    core = LearnerCore(make_policy(2), algo, local_batch=batch, micro_batch=batch // 2,
+                       lr=1e-3, strategy=BatchStart())
+    stats = []
+    core.add_groups(episodes(segments))
+    core.run_available(on_step=stats.append, until_version=4)
+    assert [s.lr for s in stats] == pytest.approx([1e-3 / 1.5 ** (k + 1) for k in range(4)])
+    assert all(s.update_kl is not None and s.update_kl > 0 for s in stats)
+
+
+def test_target_kl_measures_the_whole_window():
+    """A window of three steps: the KL the controller reads at its close is that between the
+    parameters at the window's start and after its third update, on the closing step's last
+    micro-batch (not the two steps a forward pass before the last update would see)."""
+    from rlvla3.algos import approx_kl
+
+    class Recording(LearnerCore):
+        def _drift(self):
+            self.probes.append(self._probe[0])
+            return super()._drift()
+
+    segments = collect_segments(make_policy(1), 24)
+    batch = sum(len(s) for s in segments) // 4
+    algo = AlgoConfig("ppo", proximal_window=3, target_kl=1e-3)
+    core = Recording(make_policy(2), algo, local_batch=batch, micro_batch=batch, lr=1e-2,
+                     strategy=BatchStart())
+    core.probes = []
+    start = copy.deepcopy(core.policy)
+    stats, versions = [], []
+
+    def on_step(step):
+        stats.append(step)
+        versions.append(copy.deepcopy(core.policy))
+
+    core.add_groups(episodes(segments))
+    core.run_available(on_step=on_step, until_version=3)
+    probe = core.probes[0]
+    obs, actions, latents = probe.obs, torch.from_numpy(probe.actions), torch.from_numpy(
+        probe.latents)
+    with torch.no_grad():  # per Gaussian, as the trust region sees them
+        before = start.evaluate(obs, actions, latents).log_prob_elements
+        kl = [approx_kl(v.evaluate(obs, actions, latents).log_prob_elements, before,
+                        before.shape[1])[1] for v in versions]
+    assert stats[-1].update_kl == pytest.approx(kl[2], rel=1e-5)  # after the third update
+    assert abs(kl[2] - kl[1]) > 1e-3 * kl[2] > 0  # not what two steps had moved
 def test_advantage_normaliser_uses_whole_batches_of_all_ranks():
     from rlvla3.learner import AdvantageNormalizer
 
@@ -579,3 +633,36 @@ def test_task_sampler_state_resumes_the_same_sequence_through_json(informative):
     other = sampler(range(3))
     assert not other.restore(saved, salt=22)  # saved for 4 tasks: a new sequence
     assert {k.task_id for k in take(other, 30)} == {0, 1, 2}
+
+
+def test_group_buffer_takes_micro_batches_without_copying_the_rest_of_an_item():
+    """A long queue item (a whole GRPO group) is taken a micro-batch at a time: each take
+    copies only the rows it returns, and the item's remainder stays in the arrays it arrived
+    in (cutting the remainder off each time copied it again at every micro-batch, images
+    included: quadratic in the group's length). Rows still leave in order, none twice, and
+    peeks, staleness and put-backs see the remainder."""
+    from rlvla3.group_buffer import GroupBuffer
+    from rlvla3.rl_samples import Samples, prepare_samples
+
+    segments = collect_segments(make_policy(1), 12)
+    group = prepare_samples(segments, AlgoConfig("ppo"))
+    n = len(group)
+    buffer = GroupBuffer()
+    buffer.add(group)
+    buffer.add(group.select(np.arange(3)))  # a second item behind it
+    images = next(iter(group.obs.images.values()))
+    taken = []
+    while buffer.size > 3 + 5:
+        batch = buffer.take(5)
+        taken.append(batch)
+        if len(buffer._items) == 2:  # the long item is still there: in its arrays, uncopied
+            head = buffer._items[0].samples
+            assert np.shares_memory(next(iter(head.obs.images.values())), images)
+    rest = buffer.peek(buffer.size)
+    np.testing.assert_array_equal(rest.log_probs[:-3], group.log_probs[5 * len(taken):])
+    np.testing.assert_array_equal(buffer.peek_advantages(2), group.advantages[5 * len(taken):][:2])
+    assert buffer.discard_stale(10**9) and buffer.size == n - 5 * len(taken)  # the second item
+    buffer.put_back([taken[-1]])
+    out = Samples.concat([*taken[:-1], buffer.take(buffer.size)])
+    np.testing.assert_array_equal(out.log_probs, group.log_probs)
+    np.testing.assert_array_equal(out.actions, group.actions)

@@ -16,6 +16,7 @@ from datalake import cli, synthetic
 from datalake.writer import WriterConfig, write_dataset
 from rlvla3.checkpoint import (
     CheckpointMeta,
+    listed_files,
     load_optimizer_state,
     load_policy,
     read_meta,
@@ -43,7 +44,7 @@ def _config(dataset, run_dir, steps):
             },
             "policy": {"name": "small", "options": {"channels": 8, "hidden": 64}},
             "run_dir": str(run_dir),
-            "workers": 2,
+            "num_learners": 2,
             "max_steps": steps,
             "log_every": 4,
             "checkpoint_every": 8,
@@ -95,7 +96,7 @@ def test_sft_lowers_loss_checkpoints_and_resumes(ray_cluster, tmp_path):
     # the first run was at step 16; a fresh start's is near the first run's first) with its
     # own step count and optimizer.
     tuned = dataclasses.replace(_config(data, tmp_path / "tuned", 4), init_from=str(run_dir),
-                                workers=1)
+                                num_learners=1)
     again = sft_job.run(tuned)
     assert again["init_from"].endswith("step-00000020") and read_meta(again["run_dir"]).version == 4
     assert again["first_loss"] < summary["last_loss"] < summary["first_loss"], (again, summary)
@@ -117,7 +118,8 @@ def test_lr_schedule_warms_up_then_follows_the_cosine():
 
 
 @pytest.mark.slow
-def test_sft_fsdp_resumes_shards_and_checkpoints_the_whole_vla_on_cpu(ray_cluster, tmp_path):
+def test_sft_fsdp_resumes_a_whole_checkpoint_and_writes_a_sharded_one_on_cpu(ray_cluster,
+                                                                            tmp_path):
     from datalake.pipeline import Lake
 
     data, run_dir = tmp_path / "demos", tmp_path / "run"
@@ -126,7 +128,7 @@ def test_sft_fsdp_resumes_shards_and_checkpoints_the_whole_vla_on_cpu(ray_cluste
         "lake": {"datasets": [str(data)], "image_size": [16, 16], "chunk_len": 4,
                  "decode_actors": 1, "max_tokens": 400, "shuffle_buffer": 32, "pack_window": 32},
         "policy": {"name": "vla", "options": {"preset": "tiny", "image_size": 16}},
-        "run_dir": str(run_dir), "workers": 2, "strategy": "fsdp", "grad_accum": 2,
+        "run_dir": str(run_dir), "num_learners": 2, "strategy": "fsdp", "grad_accum": 2,
         "max_steps": 6, "log_every": 2, "checkpoint_every": 6, "lr": 3e-3,
     })
     # Start from a plain (unsharded) checkpoint at step 2: initial weights, an optimizer
@@ -146,17 +148,22 @@ def test_sft_fsdp_resumes_shards_and_checkpoints_the_whole_vla_on_cpu(ray_cluste
 
     summary = sft_job.run(cfg)
     assert summary["steps"] == 6 and summary["last_loss"] < summary["first_loss"]
+    # every rank wrote its shard; the checkpoint's weights are the shards put together
+    saved_files = listed_files(run_dir)
+    assert sorted(n for n in saved_files if n.startswith("shards/")) == [
+        "shards/rank-00000-of-00002.safetensors", "shards/rank-00001-of-00002.safetensors"]
+    assert "policy.safetensors" not in saved_files
     policy, meta = load_policy(run_dir)
     assert meta.version == 6
     # Each weight of a sharded block is split by rows over the two ranks: both halves
-    # trained means the checkpoint gathered both ranks' shards.
+    # trained means the shards of both ranks hold trained rows.
     before, after = start.state_dict(), policy.state_dict()
     for name in ("net.expert_layers.0.mlp.up_proj.weight", "net.vision.layers.0.mlp.fc1.weight",
                  "net.layers.0.self_attn.k_proj.weight"):
         half = len(before[name]) // 2
         assert not torch.equal(after[name][:half], before[name][:half]), name
         assert not torch.equal(after[name][half:], before[name][half:]), name
-    # The optimizer state went through the shards and back in a plain optimizer's layout:
+    # The optimizer state, from the shards, in a plain optimizer's layout:
     # it loads into one over the checkpoint's policy; the resumed moments were stepped on
     # (4 steps after the 2 saved), those of the value head (no SFT gradient) kept as saved.
     state = load_optimizer_state(run_dir)
@@ -196,6 +203,20 @@ def test_sft_takes_the_vla_state_bins_and_action_scale_from_the_datasets_stats(t
     small = build(sft_job.SFTConfig, {"lake": {"datasets": [str(tmp_path / "d")]},
                                       "policy": {"name": "small"}})
     assert sft_job.with_dataset_stats(small, lake) == small
+
+
+def test_sft_takes_groots_min_max_normalisation_from_the_datasets_stats(tmp_path):
+    from datalake.pipeline import Lake
+
+    write_dataset(tmp_path / "d", synthetic.episodes(2, 10, 12, size=(16, 16)), WriterConfig())
+    stats = json.loads((tmp_path / "d" / "meta" / "stats.json").read_text())
+    cfg = build(sft_job.SFTConfig, {"lake": {"datasets": [str(tmp_path / "d")]},
+                                    "policy": {"name": "groot", "options": {"tokenizer": "x"}}})
+    options = sft_job.with_dataset_stats(cfg, Lake(cfg.lake)).policy.options
+    for kind, key in (("state", "observation.state"), ("action", "action")):
+        np.testing.assert_allclose(options[f"{kind}_min"], stats[key]["min"], atol=1e-6)
+        np.testing.assert_allclose(options[f"{kind}_max"], stats[key]["max"], atol=1e-6)
+    assert "state_low" not in options and "action_mean" not in options
 
 
 def test_init_from_is_checked_before_any_worker_and_brings_its_policy_options(tmp_path):

@@ -109,6 +109,25 @@ def test_episode_lists_read_as_ranges():
     assert format_episodes([5]) == "episode 5"
 
 
+@pytest.mark.slow
+def test_sft_on_a_video_cut_short_ends_in_one_line_not_in_tracebacks(dataset, tmp_path):
+    """The video's header survives, so the quick check passes and the lake finds the damage
+    while training: more samples skipped than lake.max_skip_fraction. The job ends with that
+    error in one line (exit 2); Ray Train's reports of it (the worker's traceback, its
+    controller's) are not printed."""
+    _truncate_video(dataset)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlvla3", "sft", "--dataset", str(dataset), "--max-steps", "5",
+         "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("rlvla3 sft: skipped ") and VIDEO in last, proc.stderr[-3000:]
+    assert "more than max_skip_fraction" in last
+
+
 def test_sft_verify_data_stops_before_ray_with_one_line(dataset, tmp_path):
     _corrupt_row_group(dataset, 0)
     proc = subprocess.run(

@@ -326,3 +326,32 @@ def test_every_relative_link_resolves():
                 broken.append(f"{path.relative_to(REPO)}: {target}")
     assert not broken, "\n".join(broken)
     assert sum(len(_links(p)) for p in PAGES) > 50
+
+
+PROGRESS_LABELS = ("steps", "trained", "ep", "return", "success", "lag p50/max", "disc", "batch",
+                   "queue", "busy env/roll/learn", "wait")
+"""The abbreviations of ``rlvla3 rl``'s progress line, in the order it prints them."""
+
+
+def test_every_abbreviation_of_the_progress_line_is_explained():
+    """The line the monitor prints holds these labels and no other word (besides ``v`` before
+    the version and ``/s``), and the metrics page's table explains each one."""
+    from actors.observe.monitor import RunMonitor
+
+    row = {"env_steps": 1025, "env_steps_per_s": 12.2, "trained_env_steps_per_s": 1.9,
+           "episodes": 4, "episode_return": 0.5, "success_rate": 0.25, "policy_version": 1,
+           "staleness_p50": 0.0, "staleness_max": 2.0, "discarded_decision_fraction": 0.01,
+           "mean_batch_size": 1.0, "queue_depth": 0, "busy_env": 0.66, "busy_rollout": 0.1,
+           "busy_learner": 0.03, "learner_data_wait": 0.9, "env_slots_live": 4,
+           "env_slots_waiting": 0}
+    rest = RunMonitor.line(None, row, 84.1)
+    for label in PROGRESS_LABELS:
+        assert label in rest, (label, rest)
+        rest = rest.replace(label, "", 1)
+    assert not re.search(r"[a-z]{2,}", rest.replace("/s", "")), rest
+    page = (REPO / "docs" / "concepts" / "metrics.md").read_text()
+    section = page[page.index("## The progress line"):]
+    explained = " ".join(line.split("|")[1] for line in section.splitlines()
+                         if line.startswith("| `"))  # the first cell of each table row
+    for label in PROGRESS_LABELS:
+        assert f"`{label}`" in explained, label

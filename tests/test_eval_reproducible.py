@@ -309,6 +309,37 @@ def test_a_lost_worker_is_replaced_and_its_episode_runs_again(ray_cluster):
     assert len(faults) == 2 and all(o.fault for o in faults)
 
 
+def test_a_worker_that_cannot_load_its_checkpoint_stops_the_round_before_any_episode(
+        ray_cluster, tmp_path):
+    """A checkpoint whose weights were overwritten: every worker's constructor fails the same
+    way, so the round stops with that error; no episode is recorded as a fault (or a failure)
+    and no replacement is spawned to fail again."""
+    from actors.eval.rounds import EvalRound, make_eval_workers
+    from envs import env_spec
+    from rlvla3.checkpoint import CheckpointMeta, locate_checkpoint, save_run_checkpoint
+    from rlvla3.policies import build_policy
+
+    small = Named("small", {"channels": 4, "hidden": 16})
+    spec = env_spec(ENV)
+    save_run_checkpoint(tmp_path / "run", build_policy(small, spec),
+                        CheckpointMeta(small, spec, 1))
+    (Path(locate_checkpoint(tmp_path / "run")) / "policy.safetensors").write_bytes(b"x" * 5)
+    source = ActionSource("checkpoint", str(tmp_path / "run"))
+    spawned = []
+
+    def spawn():
+        spawned.append(make_eval_workers(ENV, 1, num_cpus=0.5, source=source)[0])
+        return spawned[-1]
+
+    round_ = EvalRound(make_eval_workers(ENV, 1, num_cpus=0.5, source=source), [(0, 0), (0, 1)],
+                       spawn=spawn)
+    with pytest.raises(RuntimeError, match=r"could not start: .*CheckpointError: .*"
+                                           r"policy\.safetensors holds 5 bytes") as stopped:
+        round_.wait()
+    assert type(stopped.value).__name__ == "EvalSetupError"
+    assert round_.outcomes == [] and spawned == []
+
+
 IDENT = {"suite": "libero_spatial", "language": "own", "numerics": "pinned"}
 
 
@@ -345,3 +376,43 @@ def test_an_output_written_before_the_scene_rule_is_not_resumed(tmp_path):
     EvalOutput(tmp_path / "now", now).close()  # the same rule resumes
     args = parse_args(["--suite", "libero_spatial", "--policy", "random"])
     assert _identity(args, env_options(args, eval_tasks(args)))["scenes"] == SCENE_RULE
+
+
+@pytest.mark.libero
+@pytest.mark.slow
+@pytest.mark.skipif(find_spec("libero") is None, reason="LIBERO not installed")
+def test_an_evaluation_of_a_run_that_goes_on_saving_loads_the_checkpoint_it_hashed(
+        ray_cluster, tmp_path, monkeypatch):
+    """``--checkpoint RUN_DIR`` while the run is still training: the run saves a newer
+    checkpoint (here one that cannot load) after the evaluation hashed ``latest`` and before
+    its workers start; every worker loads the checkpoint the fingerprint names."""
+    import shutil
+
+    from envs.libero.simulator import libero_available
+
+    why = libero_available()
+    if why:
+        pytest.skip(why)
+    from actors.eval import evaluate
+    from rlvla3.checkpoint import locate_checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(SFT, run)
+    first = locate_checkpoint(run)
+    newer = run / "checkpoints" / "step-00009999"
+    shutil.copytree(first, newer)
+    (newer / "policy.safetensors").write_bytes(b"not the weights")  # not what meta.json lists
+    opened = evaluate.EvalOutput
+
+    def training_goes_on(*a, **k):  # the identity is taken; the run saves a newer checkpoint
+        (run / "checkpoints" / "latest").write_text("step-00009999\n")
+        return opened(*a, **k)
+
+    monkeypatch.setattr(evaluate, "EvalOutput", training_goes_on)
+    out = tmp_path / "eval"
+    assert evaluate.main(["--suite", "libero_spatial", "--checkpoint", str(run), "--episodes",
+                          "2:7", "--max-steps", "10", "--videos", "0", "--workers", "1",
+                          "--output-dir", str(out), "--json"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["complete"] and results["faults"] == 0 and results["episodes"] == 1
+    assert results["checkpoint"] == first == results["fingerprint"]["checkpoint"]["path"]

@@ -135,6 +135,18 @@ def test_summary_rows_give_wilson_intervals_per_task_and_suite():
     assert [e["init_state"] for e in summary["tasks"]["7"]["by_init_state"]] == list(range(8))
 
 
+def test_an_episode_a_fault_ended_is_counted_apart_not_as_a_failure():
+    rows = [{"task": 0, "init_state": k, "success": k < 3, "steps": 9, "instruction": "x"}
+            for k in range(4)]
+    rows.append({"task": 0, "init_state": 4, "success": False, "steps": 0, "instruction": "",
+                 "fault": "eval worker lost 3 times: ActorDiedError"})
+    summary = summarise_rows(rows, [0])
+    assert summary["episodes"] == 4 and summary["successes"] == 3 and summary["faults"] == 1
+    assert summary["success_rate"] == 0.75 and summary["tasks"]["0"]["faults"] == 1
+    assert summary["tasks"]["0"]["success_rate"] == 0.75
+    assert summary["tasks"]["0"]["by_init_state"][4]["fault"].startswith("eval worker lost")
+
+
 def test_fingerprint_fields_and_differences():
     versions = package_versions()
     assert {"mujoco", "robosuite", "libero", "torch", "ray", "rlvla3", "python"} <= set(versions)
@@ -207,6 +219,40 @@ def test_compare_two_results_files_pairs_episodes_and_warns_on_fingerprints(tmp_
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["fingerprint_differences"] == [
         "checkpoint: A and B hold the same weights (sha256 f25e528cddff)"]
+
+
+def test_compare_refuses_an_incomplete_evaluation_unless_told_to_pair_what_both_ran(
+        tmp_path, capsys):
+    """An evaluation with a faulted episode, or fewer episodes than it planned, is not
+    compared: one line names it and the way to finish it. ``--allow-incomplete`` compares
+    the episodes both sides ran to their end, and says so."""
+    from actors.eval.evaluate import main
+
+    fp = fingerprint({"image_size": [64, 64]}, {"gl_renderer": "llvmpipe"})
+    a = _results(tmp_path / "a.json", {0: [False] * 5 + [True] * 5}, fp)
+    b = tmp_path / "b.json"
+    _results(b, {0: [True] * 10}, fp)
+    data = json.loads(b.read_text())
+    data["tasks"]["0"]["by_init_state"][9] = {"init_state": 9, "success": False, "steps": 0,
+                                              "fault": "eval worker lost 3 times"}
+    b.write_text(json.dumps({**data, "complete": False, "faults": 1, "episodes_planned": 10}))
+    out = tmp_path / "cmp"
+    assert main(["--compare", a, str(b), "--output-dir", str(out), "--json"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert lines[0].startswith("rlvla3 eval: ") and "b is incomplete" in lines[0]
+    assert "9 of 10 planned episodes ran to their end" in lines[0]
+    assert "1 ended by a fault (the first: eval worker lost 3 times)" in lines[0]
+    assert captured.out == "" and not (out / "comparison.json").exists()
+
+    assert main(["--compare", a, str(b), "--allow-incomplete", "--output-dir", str(out),
+                 "--json"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert "b is incomplete" in captured.err and "--allow-incomplete" in captured.err
+    assert report["paired"]["pairs"] == 9  # the faulted episode is no failure of the policy
+    assert report["paired"]["only_b"] == 5 and report["unpaired_episodes"] == 1
 
 
 def test_a_resummarised_evaluation_fingerprints_the_episodes_it_counts():

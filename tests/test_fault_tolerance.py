@@ -13,7 +13,7 @@ import ray
 from tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
-from rlvla3.checkpoint import read_meta
+from rlvla3.checkpoint import listed_files, read_meta
 from rlvla3.run_config import load_run_config
 
 FAST = [*TINY_RUN, "log_every_s=0.5", "checkpoint_every=2"]
@@ -162,13 +162,17 @@ def _sums_at_one_version(learners, timeout_s: float = 60.0) -> tuple[float, floa
 
 
 @pytest.mark.slow
-def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluster, tmp_path):
-    """Two learner ranks. Rank 1 dies and comes back: every rank restarts from the last
-    checkpoint (weights, optimizer, version) and the group trains on with two ranks. Rank 1
-    dies for good (its resources gone): the group trains on with one rank."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluster, tmp_path,
+                                                                      strategy):
+    """Two learner ranks (DDP, or FSDP: sharded checkpoints, each rank restoring its shard).
+    Rank 1 dies and comes back: every rank restarts from the last checkpoint (weights,
+    optimizer, version) and the group trains on with two ranks. Rank 1 dies for good (its
+    resources gone): the group trains on with one rank, from the sharded checkpoint too."""
     cfg = load_run_config("smoke", overrides=FAST + [
         "total_env_steps=100000000", "learner.num_learners=2", "learner.global_batch=32",
-        "learner.micro_batch=16", "learner.num_cpus=0.5", "ray.node_wait_s=45"])
+        "learner.micro_batch=16", "learner.num_cpus=0.5", "ray.node_wait_s=45",
+        f"learner.strategy={strategy}"])
     controller = Controller(cfg, tmp_path / "group", quiet=True)
     topo = controller.build()
     group = topo.group
@@ -188,7 +192,12 @@ def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluste
         assert all(r["restored_from"] == first["restored_from"] for r in ranks)
         _wait_for(lambda: version() >= restored + 3, "training after the rebuild")
         sum0, sum1 = _sums_at_one_version(group.active)
-        assert sum0 == pytest.approx(sum1, rel=1e-6)  # ... and they train in lockstep
+        if strategy == "ddp":  # whole copies: equal; shards: each its half
+            assert sum0 == pytest.approx(sum1, rel=1e-6)  # ... and they train in lockstep
+        else:
+            assert all(r["engine"] == "fsdp" for r in ray.get(
+                [lr.stats.remote() for lr in group.active]))
+            assert any(n.startswith("shards/") for n in listed_files(tmp_path / "group"))
 
         ray.kill(topo.learners[1], no_restart=True)  # its resources are gone for good
         _wait_for(lambda: len(group.rebuilds) == 2, "the second rebuild")

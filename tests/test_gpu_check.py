@@ -22,9 +22,11 @@ import torch
 
 from rlvla3.model import bench_gpu
 from rlvla3.model.attention import PerSegmentAttention, repeat_kv
-from rlvla3.model.gpu_checks import ENTRIES, FP8_TOLERANCE, LOGPROB_TOLERANCE
+from rlvla3.model.gpu_checks import ENTRIES, LOGPROB_TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[1]
+FP8_TOLERANCE = 0.1
+"""FP8 output and gradients against float32 (e4m3 alone gives about 0.037)."""
 VENV = Path(os.environ.get("RLVLA3_GPU_IMAGE_VENV", "/tmp/rlvla3-gpu-image-venv"))
 REQUIREMENTS = ("torch==2.13.0", "numpy", "safetensors", "pyyaml")
 
@@ -52,12 +54,14 @@ def test_the_image_environment_has_no_ray(image_python):
 
 def test_dry_run_passes_every_entry_without_ray(image_python, tmp_path):
     run = subprocess.run(
-        [str(image_python), "-m", "rlvla3", "bench", "gpu", "--json", "--dry-run"],
+        [str(image_python), "-m", "rlvla3", "bench", "gpu", "--json", "--dry-run", "--report",
+         str(tmp_path / "report.json")],
         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
         text=True, timeout=600,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(run.stdout)
+    assert json.loads((tmp_path / "report.json").read_text()) == report
     entries = report["entries"]
     assert list(entries) == list(ENTRIES)
     failed = {k: v for k, v in entries.items() if not v["pass"]}
@@ -78,23 +82,57 @@ def test_dry_run_passes_every_entry_without_ray(image_python, tmp_path):
     assert entries["packing"]["token_ratio"] > 1
 
     fp8 = entries["fp8_linear"]
-    assert fp8["backend"] == "emulated"
-    padded = fp8["layers"]["padded.72x200"]
-    assert (padded["in"], padded["out"]) == (72, 200)
+    assert fp8["chosen"] == fp8["backend"] == "emulated"
+    padded = fp8["candidates"]["emulated"]["layers"]["padded.72x200"]
+    assert (padded["in"], padded["out"]) == (72, 200) and padded["correct"]
     assert all(0 < e <= FP8_TOLERANCE for e in padded["fp8_rel_err"].values())
+    assert all(0.01 < e < 0.06 for e in padded["format_rel_err"].values())  # e4m3's floor
     assert fp8["model_weighted_speedup"] > 0
 
     rl = entries["rl"]["dtypes"]
     assert rl["float32"]["logprob_max_abs_diff"] <= LOGPROB_TOLERANCE
     assert rl["bfloat16"]["decisions_per_s"] > 0
-    assert entries["fp8_training"]["variants"]["fp8"]["fp8"] == "emulated"
+    training = entries["fp8_training"]
+    assert training["variants"]["fp8"]["fp8"].startswith("torch (emulated FP8")
+    run = training["loss_run"]
+    assert len(run["fp8_curve"]) == len(run["bf16_curve"]) == run["steps"]
+    assert run["max_rel_diff"] < 0.1 and run["fp8_curve"] != run["bf16_curve"]
     assert report["summary"]["packing_speedup"] == entries["packing"]["speedup"]
+
+    packing = entries["packing"]
+    assert packing["flop_ratio"] > 1 and packing["matrix_tflops"] > 0
+    for variant in packing["variants"].values():
+        assert 0 < variant["mfu"] <= variant["hardware_utilisation"] + 1e-9
+        kinds = variant["kernels"]
+        assert kinds["kernels"] > 0 and kinds["ms_by_kind"]["matmul"] > 0
+        assert sum(kinds["ms_by_kind"].values()) == pytest.approx(kinds["cpu_ms"], rel=0.01)
+
+    act = entries["act"]
+    assert set(act["strategies"]) == {"eager", "static"}  # no capture without CUDA
+    assert act["agreement"]["static"]["pass"]
+    assert list(act["strategies"]["static"]["act_ms"]) == ["1", "2", "4"]
+    assert act["strategies"]["static"]["fit"]["per_sample_ms"] is not None
+    assert report["summary"]["act_ms_batch1"] == act["act_ms_batch1"] > 0
 
     costs = entries["costs"]
     assert list(costs["act_ms"]) == ["1", "2", "4"]
     assert costs["cost_model"]["name"] == "custom"
     assert report["summary"]["cost_model"] == costs["cost_model"]
     assert costs["plan_args"].startswith("--cost-model custom --cost infer_per_call_ms=")
+
+    # GR00T-N1.5's entry: the same cost figures for its policy, and the planner plans with them.
+    groot = entries["groot"]
+    assert groot["preset"] == "groot_tiny" and list(groot["costs"]["act_ms"]) == ["1", "2", "4"]
+    assert groot["costs"]["model"] == "GR00T-N1.5 preset groot_tiny"
+    packing = groot["packing"]
+    assert (packing["variants"]["packed"]["attention"],
+            packing["variants"]["padded"]["attention"]) == ("per_segment", "padded")
+    assert packing["padded_stream_tokens"] > packing["real_tokens"]
+    assert report["summary"]["groot_cost_model"] == groot["cost_model"]
+    from actors.rl import plan_job
+
+    assert plan_job.main([*groot["plan_args"].split(), "--gpus", "8", "--sim-cpus", "128",
+                          "--json"]) == 0
 
 
 def test_an_entry_past_its_time_is_killed_and_reported():

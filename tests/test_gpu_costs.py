@@ -226,3 +226,34 @@ def test_weights_every_holds_versions_back_until_far_enough_ahead():
     assert core.swap_pending(min_lead=3) and core.version == 3
     core.offer_weights(WeightsMessage(1, weights), force=True)  # a rollback always applies
     assert core.swap_pending(min_lead=3) and core.version == 1
+
+
+def test_a_gpu_check_report_becomes_a_calibration_and_a_plan_beside_todays(capsys, tmp_path):
+    """The committed H200 report's ``costs`` entry turns into a cost model, a calibration entry
+    that evaluates back to it (two significant figures), and a second plan."""
+    from actors.rl.plan_job import main
+    from rlvla3.gpu_costs import calibration_source, costs_from_gpu_check
+
+    path = Path(__file__).parents[1] / "results" / "gpu_check" / "h200_check.json"
+    report = json.loads(path.read_text())
+    costs = costs_from_gpu_check(report)
+    options = report["entries"]["costs"]["cost_model"]["options"]
+    assert costs.infer_per_call_ms == options["infer_per_call_ms"]
+    assert costs.sync_fixed_ms == 300.0 and costs.source == options["source"]
+    name, value = eval("{" + calibration_source("pi05_h200_new", costs) + "}",
+                       {"GpuCosts": GpuCosts}).popitem()
+    assert name == "pi05_h200_new"
+    assert value.train_per_sample_ms == float(f"{options['train_per_sample_ms']:.2g}")
+    with pytest.raises(ValueError, match="no 'costs' entry"):
+        costs_from_gpu_check({"entries": {}})
+
+    assert main(["--cost-model", "pi05_h200_eager", "--gpus", "8", "--sim-cpus", "128",
+                 "--closed-form", "--gpu-check", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    today, measured = out["plans"].values()
+    assert today["cost_model"] != measured["cost_model"]
+    assert "GpuCosts(" in out["calibration"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert main(["--cost-model", "pi05_h200", "--gpus", "8", "--sim-cpus", "128",
+                 "--gpu-check", str(bad)]) == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -262,3 +263,74 @@ def test_planned_pacing_admits_every_slot_even_after_a_run_of_longest_episodes(e
     # the plan paces by that lag bound alone: no separate backlog cap that ignores the work
     # in flight
     assert "queue.pace_backlog=0" in plan_overrides(plan, 32, 4)
+
+
+def test_update_epochs_divide_the_training_rate_and_multiply_the_weight_versions():
+    """Each batch gets ``update_epochs`` optimizer steps: the learners train half the
+    decisions per second at two epochs, and a rollout GPU sees twice the versions, so the same
+    weights_every stalls it twice as often. The plan then puts more GPUs on training."""
+    req1 = PlanRequest(gpus=16, sim_cpus=512, global_batch=960)
+    req2 = PlanRequest(gpus=16, sim_cpus=512, global_batch=960, update_epochs=2)
+    assert training_rate(H200, 8, 960, 2) == pytest.approx(training_rate(H200, 8, 960) / 2)
+    one, two = (predict(H200, LIBERO, r, 8, 8, 400, 1) for r in (req1, req2))
+    assert two.capacity_env_steps_per_s["training"] == pytest.approx(
+        one.capacity_env_steps_per_s["training"] / 2)
+    assert two.trained_env_steps_per_s < one.trained_env_steps_per_s
+    fast_learners = replace(req1, global_batch=96)  # rollout-bound: the stall is what differs
+    s1 = predict(H200, LIBERO, fast_learners, 15, 1, 64, 8).sync_stall_fraction
+    s2 = predict(H200, LIBERO, replace(fast_learners, update_epochs=2), 15, 1, 64,
+                 8).sync_stall_fraction
+    assert s2 > 1.7 * s1 > 0
+    plan1, plan2 = (make_plan(H200, LIBERO, replace(r, simulate_rollout=False))
+                    for r in (req1, req2))
+    assert plan2.best.learner_gpus > plan1.best.learner_gpus
+
+
+def test_the_bottleneck_is_the_stage_of_the_lowest_capacity_and_none_is_exceeded():
+    """The stage named is the one with the lowest capacity, and the predicted rate is within
+    every stage's capacity, for the closed form and for the simulated rollout GPUs."""
+    for gpus, cpus in ((16, 512), (32, 1024), (8, 64)):
+        plan = make_plan(H200, LIBERO, PlanRequest(gpus=gpus, sim_cpus=cpus, global_batch=960))
+        for pred in [plan.best, *plan.alternatives]:
+            cap = pred.capacity_env_steps_per_s
+            assert pred.bottleneck == min(cap, key=cap.get)
+            assert all(pred.env_steps_per_s <= v * 1.001 for v in cap.values()), (pred, cap)
+
+
+@pytest.mark.parametrize("gpus", [8, 12, 16, 24, 32, 48, 64])
+def test_bench_scale_lays_out_whole_actors_per_node_at_any_gpu_count(gpus):
+    """The simulated cluster of ``bench scale`` (``ceil(gpus / 8)`` nodes of 8 GPUs and a
+    simulator node) holds every actor of the planned full run and of the colocated baseline:
+    actors of ``gpus / 8`` GPUs did not pack into 8-GPU nodes at 24 GPUs."""
+    import argparse
+    import math
+    from pathlib import Path
+
+    from actors.bench.bench_scale import (
+        GPUS_PER_NODE,
+        WORKLOAD,
+        Bench,
+        colocated_layout,
+        parse_args,
+        planned_layout,
+    )
+    from rlvla3.plan.cluster import NodeInfo, place
+
+    args = parse_args(["--cost-model", "pi05_h200", "--gpus", str(gpus)])
+    bench = Bench(argparse.Namespace(**vars(args)), Path("."))
+    plan = bench.plan(gpus)  # as the benchmark plans it, with its own actor size
+    per_actor = plan.request.granularity
+    slots_per_worker, sim_cpus = args.slots_per_worker, bench.sim_cpus(gpus)
+    nodes = [NodeInfo("head", "", {"CPU": 0.0}, 1e6, 1e5, driver=True)]
+    nodes += [NodeInfo(f"gpu{i}", "", {"CPU": 16.0, "sim_gpu": 8.0}, 1e6, 1e5)
+              for i in range(math.ceil(gpus / GPUS_PER_NODE))]
+    nodes.append(NodeInfo("sim", "", {"CPU": 64.0, "sim": float(sim_cpus)}, 1e6, 1e5))
+    costs = ["rollout.cost_model=pi05_h200", "learner.cost_model=pi05_h200",
+             "ray.check_memory=false"]
+    for layout, batch in ((planned_layout(plan, slots_per_worker, per_actor),
+                           plan.best.global_batch),
+                          (colocated_layout(gpus, sim_cpus, slots_per_worker), 840)):
+        cfg = load_run_config("default", overrides=WORKLOAD + costs + layout + [
+            f"learner.global_batch={batch}"])
+        placement = place(cfg, nodes)
+        assert placement.blocking is None and not placement.waiting, layout

@@ -101,10 +101,10 @@ def test_a_step_abandoned_by_the_ranks_agreement_trains_nothing_and_keeps_its_da
     agreed. Training later takes the same step as a core that never saw the abandon."""
     segments = collect_segments(make_policy(1), 6)
     batch = 16
-    peer = {"flags": np.array([1.0, 1.0])}  # the other rank: abandon, stop
+    peer = {"flags": np.array([1.0, 1.0, 0.0, 1.0])}  # the other rank: abandon, stop
 
-    def reduce(values: np.ndarray) -> np.ndarray:
-        return values + peer["flags"] if len(values) == 2 else values
+    def reduce(values: np.ndarray) -> np.ndarray:  # the step agreement is the 4-vector
+        return values + peer["flags"] if len(values) == 4 else values
 
     algo = AlgoConfig("ppo")
     core = LearnerCore(make_policy(2), algo, batch, 8, 1e-2, StreamingStart(), reduce=reduce)
@@ -116,7 +116,7 @@ def test_a_step_abandoned_by_the_ranks_agreement_trains_nothing_and_keeps_its_da
     assert core.buffered == received and core.stop_agreed
     assert core.counts["abandoned_steps"] == 1 and parameter_sum(core.policy) == weights
     assert all(p.grad is None for p in core.policy.parameters())
-    peer["flags"] = np.zeros(2)
+    peer["flags"] = np.array([0.0, 0.0, 0.0, 1.0])
     assert core.run_available(until_version=1) == 1 and not core.stop_agreed
     plain = LearnerCore(make_policy(2), algo, batch, 8, 1e-2, StreamingStart())
     plain.add_groups(episodes(segments))
@@ -152,7 +152,7 @@ def test_the_proximal_copy_is_refreshed_every_window_steps_and_only_then():
     seen = []
     for version in range(1, 8):
         core.run_available(until_version=version)
-        same = parameter_sum(core.proximal.copy) == parameter_sum(policy)
+        same = parameter_sum(core.engine.shadow) == parameter_sum(policy)
         seen.append((version, core.proximal.synced_at, same))
     assert seen == [(1, 0, False), (2, 0, False), (3, 3, True), (4, 3, False), (5, 3, False),
                     (6, 6, True), (7, 6, False)]

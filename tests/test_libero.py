@@ -77,6 +77,21 @@ def test_import_never_prompts_even_without_a_libero_config(tmp_path):
     assert done.stdout.strip() == "''"  # importable, and nothing read from stdin
 
 
+def test_importing_the_simulator_prints_no_macro_file_advice():
+    """robosuite advises, in three warnings from every process that imports it, to write a
+    private macro file; every env worker of a run printed them. They are dropped where they
+    start (``ensure_libero_config``); its other warnings still print."""
+    code = ("from envs.libero.simulator import libero_available; print(repr(libero_available()));"
+            "from robosuite.utils.log_utils import ROBOSUITE_DEFAULT_LOGGER as log;"
+            "log.warning('another robosuite warning')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(
+                              __file__))))
+    assert done.returncode == 0 and done.stdout.strip() == "''", done.stderr
+    assert "macro" not in done.stderr, done.stderr
+    assert "another robosuite warning" in done.stderr
+
+
 @pytest.mark.parametrize(
     "suite,task", [("libero_object", 3), ("libero_goal", 5), ("libero_10", 2), ("libero_90", 40)]
 )

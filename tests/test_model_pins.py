@@ -30,6 +30,8 @@ def test_committed_checkpoint_acts_as_pinned(run):
                 if k.startswith(run + ".")}
     assert expected and set(now) == set(expected)
     for key, value in expected.items():
-        # Bit for bit on the machine that wrote the pins; other CPUs' kernels may round the
-        # last bit differently, hence the float32-rounding tolerance.
-        torch.testing.assert_close(now[key], value, rtol=1e-6, atol=1e-6, msg=key)
+        # Bit for bit on the machine that wrote the pins; other CPUs' kernels round the last
+        # bits differently, and a sampled chain carries that through its steps (3.4e-6 on
+        # actions of about 1 on an AMD EPYC): a tolerance of a few float32 roundings of a
+        # 5-step chain. A changed default moves these outputs by orders of magnitude more.
+        torch.testing.assert_close(now[key], value, rtol=1e-5, atol=1e-5, msg=key)

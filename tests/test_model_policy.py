@@ -415,3 +415,32 @@ def test_rl_core_pipeline_runs_with_the_vla_policy():
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     assert learner.run_available() >= 1 and learner.version >= 1
     assert any(not torch.equal(before[k], v) for k, v in policy.state_dict().items())
+
+
+def test_ode_gaussian_on_a_padded_chain_scores_only_the_executed_dims():
+    """With ``chain: padded`` (pi0.5's 32-wide chain) the action Gaussian is scored on the
+    env's action dims alone: the padding dims of the chunk never reach the env, so they are
+    not sampled, and changing them changes no log-probability. Under Flow-SDE every dim
+    feeds the next step and is scored."""
+    spec = libero_like_spec(image_size=56, chunk_len=4)
+    policy = build_vla_policy(spec, {"preset": "pi05_tiny", "logprob": "ode_gaussian",
+                                     "chain": "padded", "noise_level": 0.05,
+                                     "init_noise": 0.0, "seed": 3})  # both start at zero
+    assert policy.chain_width == 32 > spec.action_dim
+    obs, _ = libero_like_batch(spec, 3, np.random.default_rng(0))
+    out, mode = policy.act(obs), policy.act(obs, deterministic=True)
+    np.testing.assert_array_equal(out.latents[:, -1, :, spec.action_dim:],
+                                  mode.latents[:, -1, :, spec.action_dim:])  # not sampled
+    chain = torch.tensor(out.latents)
+    with torch.no_grad():
+        ev = policy.evaluate(obs, torch.tensor(out.actions), chain)
+    assert ev.log_prob_elements.shape == (3, spec.chunk_len * spec.action_dim)
+    np.testing.assert_allclose(ev.log_prob.numpy(), out.log_prob, rtol=1e-4, atol=1e-3)
+    chain[:, -1, :, spec.action_dim:] += 1.0  # only the padding moves
+    with torch.no_grad():
+        moved = policy.evaluate(obs, torch.tensor(out.actions), chain)
+    torch.testing.assert_close(moved.log_prob, ev.log_prob)
+    sde = build_vla_policy(spec, {"preset": "pi05_tiny", "chain": "padded", "seed": 3})
+    with torch.no_grad():
+        steps = sde.evaluate(obs, torch.tensor(out.actions), torch.tensor(out.latents))
+    assert steps.log_prob_elements.shape[1] == sde.cfg.denoise_steps * spec.chunk_len * 32

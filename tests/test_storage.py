@@ -235,6 +235,40 @@ def test_settings_refused_before_anything_runs():
     check_reach("runs/x", shared=False, nodes=1, can_grow=False, field="storage.root")
 
 
+def test_a_job_writing_to_a_bucket_that_does_not_exist_stops_before_ray_with_one_line(
+        s3, tmp_path, capsys):
+    """``rl --storage``, ``sft --run-dir``, ``eval --output-dir`` and ``datalake record
+    --output-dir`` in a bucket that does not exist: one line naming the field and the missing
+    bucket, exit status 2, before Ray starts (this test process refuses ``ray.init``)."""
+    from importlib.util import find_spec
+
+    from actors.rl import rl_job
+    from actors.sft import sft_job
+    from datalake import cli, synthetic
+    from datalake.writer import WriterConfig, write_dataset
+
+    data = tmp_path / "ds"
+    write_dataset(data, synthetic.episodes(2, 6, 8, size=(16, 16)), WriterConfig(codec="av1"))
+    missing = s3.uri("no-such-bucket", "x")
+    runs = [(rl_job.main, ["--preset", "smoke", "--storage", missing, "--set", "name=a"],
+             "rlvla3 rl: invalid config: config field 'storage.root': cannot write to"),
+            (sft_job.main, ["--dataset", str(data), "--run-dir", missing],
+             "rlvla3 sft: config field 'run_dir': cannot write to")]
+    if find_spec("libero") is not None:  # both need the simulator's extra before the bucket
+        from actors.eval import evaluate
+
+        runs += [(evaluate.main, ["--policy", "random", "--episodes", "0:0", "--output-dir",
+                                  missing], "rlvla3 eval: config field '--output-dir': cannot "
+                                            "write to"),
+                 (cli.main, ["record", "--episodes", "1", "--output-dir", missing],
+                  "rlvla3 datalake record: config field '--output-dir': cannot write to")]
+    for main, argv, start in runs:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(start), err
+        assert "NO_SUCH_BUCKET" in err[0] and "Traceback" not in err[0]
+
+
 @pytest.mark.slow
 def test_sft_keeps_its_run_in_a_bucket_and_resumes_from_it(s3, tmp_path):
     """``rlvla3 sft`` with its dataset and its run directory in the bucket: checkpoints,

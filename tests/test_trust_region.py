@@ -1,5 +1,8 @@
-"""The trust region at the scale of one Gaussian: a flow-matching decision is a product of many
-Gaussians, and its PPO ratio must not be the ratio of the whole product."""
+"""The trust region's scale (``algo.ratio``): a flow-matching decision is a product of many
+Gaussians. The default clips the ratio of the whole decision, as PPO does, and gives each
+Gaussian the whole policy gradient; ``element`` clips one ratio per Gaussian and
+``normalised`` their geometric mean, for decisions of thousands of Gaussians whose product's
+ratio would leave the clip range after tiny per-Gaussian changes."""
 
 from __future__ import annotations
 

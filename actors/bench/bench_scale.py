@@ -13,9 +13,10 @@ LIBERO's latencies measured here (``latency_replay``), everything dilated by one
 
 Layouts (how the modes use the GPUs):
 - ``full`` (RL-VLA3): the planner's split (``rlvla3.plan.gpu``), env slots, batching
-  (adaptive), weight-sync cadence and pacing; actors stand for ``gpus / 8`` GPUs each
-  (``rollout.lanes``, ``learner.ranks_per_actor``) so that a node holds whole actors and this
-  machine runs a handful of processes.
+  (adaptive), weight-sync cadence and pacing; actors stand for ``granularity(gpus)`` GPUs each
+  (``rollout.lanes``, ``learner.ranks_per_actor``): the largest divisor of 8 up to ``gpus /
+  8``, so that a node holds whole actors at any GPU count (24 GPUs: actors of 2, four to a
+  node) and this machine runs a handful of processes.
 - ``sync`` / ``sync_autoreset`` (the baselines, RLinf-style colocation): every GPU both
   serves rollouts and trains, in turn; per node one rollout server of 8 lanes and one learner
   actor of 8 ranks, each holding half the node's ``sim_gpu`` (they never run at once). Every
@@ -128,6 +129,14 @@ def start_cluster(gpus: int, sim_cpus: int):
     return cluster
 
 
+def granularity(gpus: int) -> int:
+    """GPUs per simulated actor at ``gpus``: the largest divisor of ``GPUS_PER_NODE`` up to
+    ``gpus / GPUS_PER_NODE`` (at least 1), so that every node holds whole actors and the
+    cluster's ``ceil(gpus / 8)`` nodes hold them all."""
+    most = max(1, gpus // GPUS_PER_NODE)
+    return max(d for d in range(1, GPUS_PER_NODE + 1) if GPUS_PER_NODE % d == 0 and d <= most)
+
+
 def colocated_layout(gpus: int, slots: int, slots_per_worker: int) -> list[str]:
     """Sync baselines: per node one server of 8 lanes and one learner of 8 ranks, each on
     half of the node's GPUs (time-shared: rollout and training never overlap)."""
@@ -143,13 +152,13 @@ def colocated_layout(gpus: int, slots: int, slots_per_worker: int) -> list[str]:
             f"env_workers.resources={{sim: {slots_per_worker}}}"]
 
 
-def planned_layout(plan, slots_per_worker: int, granularity: int) -> list[str]:
-    """The full mode as planned, each actor standing for ``granularity`` GPUs."""
+def planned_layout(plan, slots_per_worker: int, per_actor: int) -> list[str]:
+    """The full mode as planned, each actor standing for ``per_actor`` GPUs."""
     from rlvla3.plan.gpu import plan_overrides
 
-    return plan_overrides(plan, slots_per_worker, granularity) + [
-        f"learner.resources={{sim_gpu: {granularity}}}",
-        f"rollout.resources={{sim_gpu: {granularity}}}",
+    return plan_overrides(plan, slots_per_worker, per_actor) + [
+        f"learner.resources={{sim_gpu: {per_actor}}}",
+        f"rollout.resources={{sim_gpu: {per_actor}}}",
         f"env_workers.resources={{sim: {slots_per_worker}}}"]
 
 
@@ -215,6 +224,7 @@ class Bench:
         self.costs = resolve_costs(Named(args.cost_model), "--cost-model")
         self.env = env_timing()
         self.results: dict = {"cost_model": args.cost_model, "costs": self.costs.describe(),
+                              "update_epochs": args.update_epochs,
                               "cost_source": self.costs.source, "env": self.env.source,
                               "runs": []}
         self.count = 0
@@ -226,15 +236,12 @@ class Bench:
         from actors.rl.plan_job import make
 
         return make(self.costs, self.env, gpus, self.sim_cpus(gpus),
-                    global_batch=self.args.global_batch, granularity=self.granularity(gpus),
+                    global_batch=self.args.global_batch, granularity=granularity(gpus),
                     slots_multiple=self.args.slots_per_worker,
-                    slot_overhead_ms=slot_overhead_ms)
+                    slot_overhead_ms=slot_overhead_ms, update_epochs=self.args.update_epochs)
 
     def sim_cpus(self, gpus: int) -> int:
         return self.args.sim_cpus_per_gpu * gpus
-
-    def granularity(self, gpus: int) -> int:
-        return max(1, gpus // GPUS_PER_NODE)
 
     def dilation(self, plan) -> float:
         if self.args.dilation != "auto":
@@ -245,7 +252,7 @@ class Bench:
             extra: dict) -> dict:
         a = self.args
         sim_seconds = a.sync_seconds if mode in SYNC_MODES else a.seconds
-        overrides = WORKLOAD + layout + [
+        overrides = WORKLOAD + [f"algo.update_epochs={a.update_epochs}"] + layout + [
             f"rollout.cost_model={a.cost_model}", f"learner.cost_model={a.cost_model}",
             f"time_dilation={dilation}", f"learner.global_batch={extra.get('global_batch', a.global_batch)}"]
         self.count += 1
@@ -341,7 +348,7 @@ class Bench:
         if sweep:
             extra["planner_split"] = self.plan(gpus).best.rollout_gpus == b.rollout_gpus
         return self.run(gpus, "full", planned_layout(plan, self.args.slots_per_worker,
-                                                     self.granularity(gpus)),
+                                                     granularity(gpus)),
                         dilation, b.env_slots, extra)
 
     def repredict(self, plan, overhead_ms: float) -> float:
@@ -429,6 +436,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=840,
                    help="decisions per optimizer step (840 divides by every learner actor "
                         "count the layouts use)")
+    p.add_argument("--update-epochs", type=int, default=1,
+                   help="optimizer steps per batch (algo.update_epochs), in the runs and the plan")
     p.add_argument("--seconds", type=float, default=100.0,
                    help="simulated seconds per full run")
     p.add_argument("--sync-seconds", type=float, default=220.0,
@@ -473,7 +482,8 @@ def replan(args: argparse.Namespace) -> dict:
     full = json.loads(Path(args.replan).read_text())
     loops = (json.loads(Path(args.overhead_from).read_text()).get("env_loop", {})
              if args.overhead_from else {})
-    bench = Bench(argparse.Namespace(**{**vars(args), "cost_model": full["cost_model"]}),
+    bench = Bench(argparse.Namespace(**{**vars(args), "cost_model": full["cost_model"],
+                                        "update_epochs": full.get("update_epochs", 1)}),
                   Path("."))
     rows = []
     for run in full["runs"]:

@@ -18,7 +18,9 @@ Role: pure functions over ``results.json`` dicts (no Ray, no simulator), used by
 
 Invariant: every figure is computed on the paired episodes only, so the two sides' rates,
 intervals and their difference describe the same episodes (unpaired ones are counted in
-``unpaired_episodes`` and left out).
+``unpaired_episodes`` and left out); an episode a fault ended is never an outcome, so it
+pairs with nothing. ``rlvla3 eval --compare`` refuses an incomplete evaluation before it
+gets here, unless told ``--allow-incomplete``.
 """
 
 from __future__ import annotations
@@ -58,11 +60,13 @@ def load_results(path: str | Path) -> dict[str, Any] | None:
 
 
 def outcomes_by_episode(results: dict[str, Any]) -> dict[tuple[str, int], bool]:
-    """``(suite task, initial state) -> success`` of every episode in a results dict."""
+    """``(suite task, initial state) -> success`` of every episode in a results dict that ran
+    to its end (one a fault ended is no outcome of the policy)."""
     return {
         (task, int(e["init_state"])): bool(e["success"])
         for task, row in results["tasks"].items()
         for e in row["by_init_state"]
+        if not e.get("fault")
     }
 
 

@@ -69,6 +69,7 @@ from actors.eval.output_dir import EvalOutput, planned
 from actors.eval.recheck import recheck, recheck_line, recheck_status
 from actors.eval.rounds import (
     EvalRound,
+    EvalSetupError,
     episode_row,
     make_eval_workers,
     protocol_jobs,
@@ -80,7 +81,7 @@ from rlvla3.cli_options import add_image_size
 from rlvla3.config import Named
 from rlvla3.fingerprint import fingerprint
 from rlvla3.numerics import NUMERICS
-from rlvla3.storage import Mirror, join
+from rlvla3.storage import Mirror, check_writable, join
 
 
 def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
@@ -120,6 +121,8 @@ def _table(summary: dict[str, Any]) -> Any:
         title += f" ({summary['acting']})"
     if summary.get("language", "own") != "own":
         title += f" (told {summary['language']} instructions)"
+    if incomplete_line(summary):
+        title += f" [bold red]{incomplete_line(summary)}[/]"
     table = Table(title=title)
     for col in ("task", "instruction", "episodes", "successes", "success", "95% CI"):
         table.add_column(col, justify="left" if col == "instruction" else "right")
@@ -193,6 +196,56 @@ def episode_pair(text: str) -> tuple[int, int]:
     return int(task), int(state)
 
 
+def pin_checkpoint(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--checkpoint`` resolved to the one checkpoint directory it names now (a
+    run directory's ``latest``): the identity hashes it, and every worker, a replacement
+    worker included, loads exactly it, even while the run goes on saving newer ones."""
+    if not args.checkpoint:
+        return args
+    from rlvla3.checkpoint import locate_checkpoint
+
+    return argparse.Namespace(**{**vars(args), "checkpoint": locate_checkpoint(args.checkpoint)})
+
+
+def check_checkpoint(path: str) -> None:
+    """Before Ray starts: the checkpoint every worker will load is whole, or
+    ``CheckpointError`` names what is wrong. ``resolve_checkpoint`` checks the files
+    ``meta.json`` lists (sizes; a downloaded copy's sha256 too); the weights' safetensors
+    header must parse and cover the file; a local ``policy.safetensors`` must hash to the
+    sha256 ``meta.json`` lists, so the fingerprint names the bytes that are evaluated."""
+    from safetensors import SafetensorError, safe_open
+
+    from rlvla3.checkpoint import CheckpointError, listed_files, resolve_checkpoint
+    from rlvla3.fingerprint import sha256_file
+
+    weights = resolve_checkpoint(path) / "policy.safetensors"
+    try:
+        with safe_open(str(weights), "pt"):
+            pass
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path}: policy.safetensors is not a readable safetensors file "
+                              f"({exc})") from None
+    want = listed_files(path).get("policy.safetensors", {}).get("sha256")
+    if want and sha256_file(weights) != want:
+        raise CheckpointError(f"{path}: policy.safetensors does not match the sha256 meta.json "
+                              "lists (changed since it was saved)")
+
+
+def incomplete_line(summary: dict[str, Any]) -> str:
+    """Empty for an evaluation whose planned episodes all ran to their end; else one line that
+    says how many did, how many a fault ended (and the first fault), and how to finish it."""
+    rows = [e for row in summary["tasks"].values() for e in row["by_init_state"]]
+    faults = [e for e in rows if e.get("fault")]
+    ended = len(rows) - len(faults)
+    planned = summary.get("episodes_planned", len(rows))
+    if summary.get("complete", True) and not faults and ended >= planned:
+        return ""
+    line = f"INCOMPLETE: {ended} of {planned} planned episodes ran to their end"
+    if faults:
+        line += f"; {len(faults)} ended by a fault (the first: {faults[0]['fault']})"
+    return line
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run (or continue) the evaluation and write its outputs; returns the summary."""
     import ray
@@ -202,6 +255,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     suite = suite_of(args.suite)
     require_extra(Named(suite.env_name))  # before anything is written or started
+    shown = args.checkpoint
+    args = pin_checkpoint(args)
+    if args.checkpoint:
+        check_checkpoint(args.checkpoint)
+    if args.output_dir:
+        check_writable(args.output_dir, "--output-dir")
     tasks = eval_tasks(args)
     files = Mirror(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}",
                    keep=("eval.json", "episodes.jsonl"))
@@ -267,19 +326,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             console.print(f"[bold yellow]WARNING[/]: setup changed since the first episodes: "
                           f"{change}")
 
-    def summary_now(complete: bool) -> dict[str, Any]:
+    def summary_now(final: bool) -> dict[str, Any]:
         seconds = output.base_seconds + (time.perf_counter() - t0)
         rows = [r for r in output.rows if (r["task"], r["init_state"]) in
                 {(tasks[t], k) for t, k in jobs}]
+        counts = summarise_rows(rows, tasks)
         summary = {
             "suite": args.suite,
-            "policy": args.checkpoint or args.policy,
+            "policy": shown or args.policy,
+            **({"checkpoint": args.checkpoint} if args.checkpoint else {}),
             "acting": identity["acting"],
             "language": args.language,
             **({"told": dict(zip(map(str, tasks), told, strict=True))} if told else {}),
             "placements": args.placements,
-            **summarise_rows(rows, tasks),
-            "complete": complete,
+            **counts,
+            # every planned episode ran to its end: none is missing, none a fault ended
+            "complete": final and not counts["faults"] and counts["episodes"] == len(jobs),
             "episodes_planned": len(jobs),
             "episodes_per_s": len(rows) / seconds if seconds > 0 else 0.0,
             "seconds": round(seconds, 1),
@@ -307,8 +369,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if started_ray:
             from actors.runtime.bootstrap import init_ray
 
-            init_ray(args.address or "", num_cpus=max(args.workers, os.cpu_count() or 1),
-                     include_dashboard=False, log_to_driver=False)
+            init_ray(args.address or "", field="--address",
+                     num_cpus=max(args.workers, os.cpu_count() or 1), include_dashboard=False,
+                     log_to_driver=False)
         spawn_args = dict(seed=args.seed, source=source, placements=args.placements,
                           numerics=args.numerics)
         workers = make_eval_workers(env, min(args.workers, len(todo)), **spawn_args)
@@ -330,7 +393,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             name = f"task{task}_init{outcome.init_state_id}_{kind}.mp4"
                             write_video(out / name, outcome.frames, fps=max(1, round(20 / chunk)))
                             files.push(name)
-                        write_results(summary_now(complete=False))
+                        write_results(summary_now(final=False))
                         files.push()
                         wins = sum(r["success"] for r in output.rows)
                         progress.update(bar, advance=1,
@@ -343,7 +406,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ray.kill(worker)
             if started_ray:
                 ray.shutdown()
-    summary = summary_now(complete=True)
+    summary = summary_now(final=True)
     output.set_seconds(time.perf_counter() - t0)
     output.close()
     write_results(summary)
@@ -351,6 +414,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     files.push()
     files.close()
     console.print(_table(summary))
+    if incomplete_line(summary):
+        console.print(f"[bold red]{incomplete_line(summary)}[/]: run the same command again "
+                      "to run what is missing (--compare refuses an incomplete evaluation)")
     return summary
 
 
@@ -359,16 +425,21 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     """``--compare A B [C ...]``: read or produce every results, then the paired comparison of
     B against A (with more, each against A and a Holm-adjusted summary)."""
     console = _console()
+    names = _labels(args.compare)
+    stored = [load_results(target) for target in args.compare]
+    for name, loaded in zip(names, stored, strict=True):  # before any checkpoint is evaluated
+        if loaded is not None:
+            _require_complete(loaded, name, args.allow_incomplete, console)
     base = Mirror(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     results = []
-    for label, target in zip(string.ascii_lowercase, args.compare, strict=False):
-        loaded = load_results(target)
+    for label, name, target, loaded in zip(string.ascii_lowercase, names, args.compare, stored,
+                                           strict=False):
         if loaded is None:
             sub = argparse.Namespace(**{**vars(args), "checkpoint": target, "policy": None,
                                         "output_dir": join(base.uri, label), "compare": None})
             loaded = run(sub)
+            _require_complete(loaded, name, args.allow_incomplete, console)
         results.append(loaded)
-    names = _labels(args.compare)
     family = compare_family(results, names)
     markdown = []
     for (name, report), other in zip(family["comparisons"].items(), results[1:], strict=True):
@@ -391,6 +462,26 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     console.print(f"wrote {join(base.uri, 'comparison.json')} and "
                   f"{join(base.uri, 'comparison.md')}")
     return out
+
+
+def _require_complete(results: dict[str, Any], name: str, allowed: bool, console: Any) -> None:
+    """A compared evaluation must have run every planned episode to its end (``ConfigError``
+    naming it otherwise): an episode a fault ended or one never run is not a failure of the
+    policy. With ``--allow-incomplete`` it is compared on the episodes both sides ran to their
+    end, and a warning says so."""
+    from rlvla3.config import ConfigError
+
+    why = incomplete_line(results)
+    if not why:
+        return
+    why = why.replace("INCOMPLETE: ", "")
+    if not allowed:
+        raise ConfigError("--compare", f"{name} is incomplete ({why}): finish it by running the "
+                          "command that wrote it again (same --output-dir), or add "
+                          "--allow-incomplete to compare only the episodes both sides ran to "
+                          "their end")
+    console.print(f"[bold yellow]WARNING[/]: {name} is incomplete ({why}): comparing only the "
+                  "episodes both sides ran to their end (--allow-incomplete)")
 
 
 def _labels(targets: Sequence[str]) -> list[str]:
@@ -426,6 +517,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     who.add_argument("--compare", nargs="+", metavar="A B",
                      help="checkpoints or results.json files: paired comparison of B - A; "
                      "with more (A B C ...), each against A, p-values also Holm-adjusted")
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="with --compare: accept an evaluation with missing or faulted "
+                        "episodes and compare only the episodes both sides ran to their end "
+                        "(default: refuse it)")
     parser.add_argument("--placements", choices=["bundled", "fresh"], default="bundled",
                         help="bundled initial states (the published protocol) or fresh ones")
     parser.add_argument("--placement-seed", type=int, default=0,
@@ -506,7 +601,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = recheck(args, run)
         else:
             summary = compare(args) if args.compare else run(args)
-    except (ConfigError, OSError) as exc:  # user errors, storage unreachable: one line, exit 2
+    except BrokenPipeError:  # stdout closed early: not a storage error
+        raise
+    except (ConfigError, OSError, EvalSetupError) as exc:  # user errors, storage: one line
         print(f"rlvla3 eval: {exc}", file=sys.stderr)
         return 2
     if args.json:
@@ -514,7 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.recheck:
         _console().print(recheck_line(summary))
         return recheck_status(summary)
-    return 0
+    return 1 if not args.compare and incomplete_line(summary) else 0
 
 
 if __name__ == "__main__":

@@ -19,12 +19,15 @@ this module:
   says when all have. A worker that is lost (killed for memory, crashed, its node gone) costs
   no episode: it is replaced (when the round can spawn workers) and its episode runs again,
   up to ``retries`` times, before the episode is recorded with ``fault``; an episode's
-  outcome is never decided by the infrastructure while it can still run. A worker stays on the task it just ran while that task's next episode is at most
+  outcome is never decided by the infrastructure while it can still run. A worker whose
+  constructor raised (a checkpoint that does not load) is not lost but could never run:
+  the round stops with ``EvalSetupError`` before any episode is counted. A worker stays on the task it just ran while that task's next episode is at most
   ``lead_states`` initial states ahead of the queue (``next_job``): changing task builds
   another simulator (a reset takes 5.2 s here instead of 2.8 s), and state-major order would
   otherwise change task at every episode.
 - ``summarise(outcomes, tasks)``: per task and for the suite, successes with Wilson 95%
-  intervals (``rlvla3.stats``) and each episode's outcome.
+  intervals (``rlvla3.stats``) over the episodes that ran to their end, the faults apart, and
+  each episode's outcome.
 - ``evaluate_checkpoint(...)``: the blocking form of the above, returning ``summarise``'s dict.
 
 Invariant: an episode is identified by (suite task, initial state); ``summarise`` keys tasks by
@@ -135,7 +138,11 @@ class EvalRound:
 
     def _lose(self, worker: Any, job: Job, exc: Exception) -> EpisodeOutcome | None:
         """``worker`` is gone: replace it when a spawner is given, and run ``job`` again
-        (None) until it has lost ``retries`` workers, then record it as a fault."""
+        (None) until it has lost ``retries`` workers, then record it as a fault. A worker
+        whose constructor raised was never there: ``EvalSetupError``, nothing recorded."""
+        if getattr(exc, "actor_init_failed", False):
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            raise EvalSetupError(f"an eval worker could not start: {lines[-1]}")
         self.workers.remove(worker)
         self._swaps.pop(worker, None)
         lost = self._lost[job] = self._lost.get(job, 0) + 1
@@ -236,28 +243,39 @@ def episode_row(outcome: EpisodeOutcome, suite_task: int) -> dict[str, Any]:
 
 
 def summarise_rows(rows: Sequence[dict[str, Any]], tasks: Sequence[int]) -> dict[str, Any]:
-    """Per task (suite ids ``tasks``) and overall success with Wilson intervals."""
+    """Per task (suite ids ``tasks``) and overall success with Wilson intervals, over the
+    episodes that ran to their end: an episode a fault ended (a lost worker, a crashed
+    simulator) says nothing about the policy, so it is counted in ``faults`` and listed in
+    ``by_init_state`` with its ``fault``, never as a failure."""
     per_task: dict[str, dict[str, Any]] = {}
     for task in tasks:
         mine = sorted((r for r in rows if r["task"] == task), key=lambda r: r["init_state"])
-        wins = sum(r["success"] for r in mine)
+        ended = [r for r in mine if not r.get("fault")]
         per_task[str(task)] = {
             "instruction": next((r["instruction"] for r in mine if r["instruction"]), ""),
-            **rate(wins, len(mine)),
+            **rate(sum(r["success"] for r in ended), len(ended)),
+            "faults": len(mine) - len(ended),
             "by_init_state": [
                 {k: r[k] for k in ("init_state", "success", "steps", "fault", "digest") if k in r}
                 for r in mine
             ],
         }
     counted = [r for r in rows if r["task"] in set(tasks)]
+    ended = [r for r in counted if not r.get("fault")]
     rates = [row["success_rate"] for row in per_task.values() if row["episodes"]]
     return {
         "tasks": per_task,
-        **rate(sum(r["success"] for r in counted), len(counted)),
+        **rate(sum(r["success"] for r in ended), len(ended)),
         "mean_task_success": sum(rates) / len(rates) if rates else 0.0,
         "env_steps": sum(r["steps"] for r in counted),
-        "faults": sum(1 for r in counted if r.get("fault")),
+        "faults": len(counted) - len(ended),
     }
+
+
+class EvalSetupError(RuntimeError):
+    """An eval worker could not be built (its constructor raised: a checkpoint that does not
+    load, an env option the simulator refuses). Building it again fails the same way, so the
+    round stops with this error instead of counting its episodes as faults."""
 
 
 def summarise(outcomes: Sequence[EpisodeOutcome], tasks: Sequence[int]) -> dict[str, Any]:

@@ -245,7 +245,7 @@ class RunMonitor:
                 self._tb.add_scalar(f"task_share/{task}", rate["share"], step)
         for h in history:
             for key, value in h.items():
-                if key != "version":
+                if key != "version" and value is not None:  # update_kl: closed regions only
                     self._tb.add_scalar(f"learner/{key}", value, h["version"])
         self._tb.flush()
 

@@ -3,7 +3,16 @@
 Examples::
 
     python -m rlvla3 status --address 127.0.0.1:6379          # a table, one row per run
-    python -m rlvla3 status --address auto --json             # the same rows as JSON
+    python -m rlvla3 status --json                            # the Ray of this machine, as JSON
+
+Which cluster: ``--address HOST:PORT`` (an ``rlvla3`` job prints its own when it starts:
+``Ray: started a local Ray cluster at HOST:PORT``), else ``RAY_ADDRESS``, else the one Ray
+cluster that runs on this machine; with several there (a shared machine), none is guessed:
+the command lists them and asks for ``--address``. The output names the cluster it read (the
+table's title; a line on stderr with ``--json``). Nothing answering at the address within
+``--timeout-s`` is one line and exit status 2, as every user error of ``rlvla3`` is (a wrong
+port is known at once; an address that accepts connections but is no Ray cluster after
+``--timeout-s``, when the command stops without waiting for Ray's connection retries).
 
 Every run's controller keeps a named ``RunStatus`` actor (``rlvla3-status:<run name>`` in the
 ``rlvla3`` namespace) holding its latest progress row. This command connects to the cluster as a
@@ -21,17 +30,21 @@ Under token authentication (Ray 2.60's default for ``ray start``) the token come
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Iterator
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.roles.run_status import NAME_PREFIX
-from actors.runtime.bootstrap import NAMESPACE
+from actors.runtime.bootstrap import NAMESPACE, check_reachable
 from actors.runtime.cluster_state import autoscaler
+from rlvla3.config import ConfigError
 
 FIELDS: tuple[tuple[str, str, str], ...] = (
     # (row key, label, format); the table has one column per run, so it stays narrow
@@ -66,11 +79,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvla3 status", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
-                   help="the cluster's GCS address host:port, or 'auto' (default: RAY_ADDRESS "
-                        "or auto)")
+                   help="the cluster's GCS address host:port, or 'auto': the one Ray cluster "
+                        "running on this machine (default: RAY_ADDRESS, else auto)")
     p.add_argument("--json", action="store_true", help="print the runs as a JSON list")
     p.add_argument("--timeout-s", type=float, default=10.0,
-                   help="how long to wait for each run's status actor to answer")
+                   help="how long to wait for the cluster, and for each run's status actor, "
+                        "to answer")
     return p
 
 
@@ -128,12 +142,13 @@ def _cell(row: dict, key: str, fmt: str) -> str:
     return format(int(value) if fmt == "d" else value, fmt)
 
 
-def render(rows: list[dict]) -> None:
+def render(rows: list[dict], address: str = "") -> None:
     """Print the rows as a rich table: one line per field, one column per run."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="rlvla3 runs")
+    table = Table(title=f"rlvla3 runs on the Ray cluster at {address}" if address
+                  else "rlvla3 runs")
     table.add_column("run")
     for row in rows:
         table.add_column(row["run"], justify="right")
@@ -142,24 +157,87 @@ def render(rows: list[dict]) -> None:
     Console().print(table)
 
 
+def resolve_address(address: str) -> str:
+    """``host:port`` of the cluster to read: ``address`` itself, or for ``auto`` the one Ray
+    cluster running on this machine (``ConfigError('--address', ...)`` when there is none, or
+    several: which one is meant is not guessed)."""
+    if address != "auto":
+        return address
+    from ray._private.services import find_gcs_addresses
+
+    found = sorted(find_gcs_addresses())
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ConfigError("--address", "no Ray cluster runs on this machine: give the "
+                                       "cluster's --address HOST:PORT")
+    raise ConfigError("--address", f"{len(found)} Ray clusters run on this machine "
+                      f"({', '.join(found)}): name one with --address (an rlvla3 job prints "
+                      "its own when it starts: 'Ray: started a local Ray cluster at ...')")
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull() -> Iterator[None]:
+    """While active, file descriptor 2 (where Ray's C++ client logs its retries) goes nowhere."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def connect(address: str, timeout_s: float) -> bool:
+    """Join the cluster at ``address`` as a light driver; False when it has not answered
+    within ``timeout_s`` (Ray's own client would retry for minutes). Ray's exceptions (a
+    refused token, say) are raised."""
+    done, errors = threading.Event(), []
+
+    def join() -> None:
+        try:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
+                     logging_level="ERROR", configure_logging=False)
+        except Exception as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    with _stderr_to_devnull():
+        threading.Thread(target=join, daemon=True, name="connect").start()
+        answered = done.wait(timeout_s)
+    if errors:
+        raise errors[0]
+    return answered
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False,
-                 logging_level="WARNING", configure_logging=False)
-    except ConnectionError as exc:
-        print(f"rlvla3 status: cannot connect to {args.address}: {exc}", file=sys.stderr)
-        return 1
+        address = resolve_address(args.address)
+        check_reachable(address, "--address", args.timeout_s)
+        if not connect(address, args.timeout_s):
+            print(f"rlvla3 status: config field '--address': no Ray cluster answered at "
+                  f"{address} within {args.timeout_s:g}s (--timeout-s)", file=sys.stderr,
+                  flush=True)
+            sys.stdout.flush()
+            os._exit(2)  # Ray's connection attempt goes on in a thread that cannot be stopped
+    except (ConfigError, ConnectionError) as exc:
+        print(f"rlvla3 status: {exc}", file=sys.stderr)
+        return 2
     try:
         rows = collect(args.timeout_s)
     finally:
         ray.shutdown()
     if args.json:
+        print(f"rlvla3 status: the Ray cluster at {address}", file=sys.stderr)
         print(json.dumps(rows))
     elif rows:
-        render(rows)
+        render(rows, address)
     else:
-        print(f"rlvla3 status: no rlvla3 runs on {args.address}")
+        print(f"rlvla3 status: no rlvla3 runs on the Ray cluster at {address}")
     return 0
 
 

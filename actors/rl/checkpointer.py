@@ -1,13 +1,14 @@
 """When an RL run saves its state, and what a resumed run restores beside the learner's.
 
-``Checkpointer`` saves learner 0's weights, optimizer state and counters every
+``Checkpointer`` saves the learners' weights, optimizer state and counters every
 ``checkpoint_every`` versions and on demand, with each env worker's episode sampler state, so
 that ``restore_samplers`` lets a resumed run continue its episode sequence: each task's pass over
 its initial states and the task shares go on where they stood, instead of starting again from
 the seed and repeating the scenes the run has already trained on. A worker that does not answer
 within ``SAMPLER_TIMEOUT_S`` (lost with its node) is saved as None and resumes on a new sequence.
 Episodes in flight at the save are not run again on resume. Checkpoints go to the run's storage
-(a local path or URI) from whichever node holds learner 0.
+(a local path or URI): whole from learner 0 (DDP, one rank), or sharded from every rank at once
+(FSDP: each rank writes its shard from its own node; the learner's ``checkpoint_format``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ class Checkpointer:
     fails (storage unreachable) is reported and the run goes on; ``latest`` still names the
     last complete checkpoint."""
 
-    def __init__(self, learner0, workers: list, run_dir: str, every: int, version: int,
+    def __init__(self, learners: list, workers: list, run_dir: str, every: int, version: int,
                  log: Callable[[str], None] = print):
-        self.learner0 = learner0
+        self._group(learners)
         self.workers = workers
         self.run_dir = run_dir
         self.every = every
@@ -43,15 +44,23 @@ class Checkpointer:
         self._last_version = version
         self._saved: tuple[int, dict, str] | None = None
         self._pending: tuple[int, dict, ray.ObjectRef] | None = None
+        self._others: list[ray.ObjectRef] = []
+        """The other ranks' calls of a sharded save."""
         self.written: list[SavedCheckpoint] = []
         self.failed: list[str] = []
         self.pinned: Callable[[], list[str]] = list
         """The checkpoints a reader still loads (the periodic evaluation's): never pruned."""
 
-    def rolled_back(self, learner0, version: int) -> None:
+    def _group(self, learners: list) -> None:
+        """The ranks a save asks: every rank for a sharded checkpoint, else rank 0."""
+        self.learner0 = learners[0]
+        sharded = ray.get(self.learner0.checkpoint_format.remote()) == "sharded"
+        self.savers = list(learners) if sharded else [self.learner0]
+
+    def rolled_back(self, learners: list, version: int) -> None:
         """The group was rebuilt from the checkpoint at ``version``: count from there, with the
-        group's new rank 0."""
-        self.learner0 = learner0
+        group's new ranks."""
+        self._group(learners)
         self._last_version = version
         self._saved = None
 
@@ -66,8 +75,11 @@ class Checkpointer:
             return None
         if self._pending is not None:  # still writing the previous one: try at the next tick
             return None
-        ref = self.learner0.save.remote(self.run_dir, dict(counters),
-                                        sampler_states(self.workers), self.pinned())
+        samplers, pinned = sampler_states(self.workers), self.pinned()
+        refs = [lr.save.remote(self.run_dir, dict(counters), samplers, pinned)
+                for lr in self.savers]
+        ref = refs[0]
+        self._others = refs[1:]
         self._last_version = version
         self._pending = (version, dict(counters), ref)
         if not force:
@@ -86,6 +98,7 @@ class Checkpointer:
         self._pending = None
         try:
             saved: SavedCheckpoint = ray.get(ref)
+            ray.get(self._others)  # every rank's shard is written (rank 0 waited for them)
         except (ray.exceptions.RayError, OSError) as exc:
             self.failed.append(f"v{version}: {str(exc).splitlines()[0][:200]}")
             self.log(f"warning: the checkpoint at v{version} was not written "

@@ -58,7 +58,7 @@ from envs import check_training_split, dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.config import require, to_dict
 from rlvla3.plan.cluster import actor_specs, check_placement, place
-from rlvla3.plan.memory import MemoryPlan, estimate, model_facts
+from rlvla3.plan.memory import MemoryPlan, choose_strategy, estimate, model_facts
 from rlvla3.policies import build_policy
 from rlvla3.run_config import RunConfig, check_resources
 from rlvla3.storage import Mirror, basename, check_reach, join
@@ -155,10 +155,10 @@ class Controller:
 
     # ---- topology ------------------------------------------------------------------------
     def build(self) -> Topology:
-        cfg = self.cfg
-        ensure_ray(cfg)
+        ensure_ray(self.cfg)
         self.check_storage()
-        self.memory_plan = self._preflight()
+        self.memory_plan = self._preflight()  # resolves learner.strategy: auto
+        cfg = self.cfg
         self.topology = build_topology(cfg, self.spec, self.files.uri, basename(self.files.uri),
                                        self.training.concurrent)
         self.monitor = RunMonitor(self.topology, self.run_dir)
@@ -186,7 +186,11 @@ class Controller:
         for line in check_placement(self.cfg, placement,
                                     can_add_nodes=bool(placement.waiting) and can_add_nodes()):
             self._log(f"placement: {line} (the autoscaler may add it)")
-        plan = estimate(self.cfg, self.spec, placement, model_facts(self.cfg.policy, self.spec))
+        facts = model_facts(self.cfg.policy, self.spec)
+        self.cfg, note = choose_strategy(self.cfg, self.spec, placement, facts)
+        if note:
+            self._log(note)
+        plan = estimate(self.cfg, self.spec, placement, facts)
         totals = ", ".join(f"{p.node.label}: {p.host_mb:,.0f} of {p.node.host_memory_mb:,.0f} MB"
                            for p in plan.nodes if p.components)
         self._log(f"memory plan: {totals}")
@@ -240,7 +244,7 @@ class Controller:
         self._warn_staleness_bound()
         self.budget.begin(self.counters)
         self.steps = StepLog(self.run_dir, self._log)
-        self.checkpoints = Checkpointer(self.learners[0], topo.workers, self.files.uri,
+        self.checkpoints = Checkpointer(self.learners, topo.workers, self.files.uri,
                                         self.cfg.checkpoint_every,
                                         ray.get(self.learners[0].version.remote()), self._log)
         self.checkpoints.pinned = self.evaluator.reading  # a running eval's snapshot stays
@@ -373,7 +377,7 @@ class Controller:
                   f"every rank restarts from the last checkpoint")
         record = self.topology.group.rebuild(cause)
         self.capacity.rebuild_requested.clear()
-        self.checkpoints.rolled_back(self.learners[0], record["version"])
+        self.checkpoints.rolled_back(self.learners, record["version"])
         if self.training.concurrent:
             self.training.start(self.learners)
         self._log(f"learner group: rebuilt with {record['ranks_after']} of "
@@ -423,7 +427,8 @@ class Controller:
             self._log(f"waiting: {exc}")
             return None
         self._release_lost_workers()
-        killed = self.stop_record is not None and self.stop_record["learners"] == "killed"
+        killed = (self.stop_record is not None
+                  and self.stop_record["learners"] != "stopped together")  # or failed
         history = [] if killed else ray.get(self.learners[0].take_history.remote())
         elapsed = self.budget.elapsed()
         row = monitor.row(snap, elapsed, self.budget.base)

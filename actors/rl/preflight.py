@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from rlvla3.plan.cluster import Placement, check_placement, nodes_from_cluster_config, place
-from rlvla3.plan.memory import MemoryPlan, estimate, local_node, model_facts
+from rlvla3.plan.memory import MemoryPlan, choose_strategy, estimate, local_node, model_facts
 from rlvla3.run_config import RunConfig
 
 
@@ -34,9 +34,11 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
     elif cfg.ray.address or os.environ.get("RAY_ADDRESS"):
         import ray
 
-        from actors.runtime.bootstrap import NAMESPACE
+        from actors.runtime.bootstrap import NAMESPACE, check_reachable
         from actors.runtime.cluster_state import alive_nodes, can_add_nodes
 
+        check_reachable(cfg.ray.address or os.environ["RAY_ADDRESS"],
+                        "ray.address" if cfg.ray.address else "RAY_ADDRESS")
         ray.init(address=cfg.ray.address or None, namespace=NAMESPACE, log_to_driver=False,
                  configure_logging=False)
         try:
@@ -59,7 +61,11 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
     if placement is None:
         placement = place(cfg, nodes)
     waiting = check_placement(cfg, placement, can_add_nodes=can_add)
-    memory = estimate(cfg, spec, placement, model_facts(cfg.policy, spec))
+    facts = model_facts(cfg.policy, spec)
+    cfg, note = choose_strategy(cfg, spec, placement, facts)
+    if note:
+        waiting = [*waiting, note]
+    memory = estimate(cfg, spec, placement, facts)
     return placement, memory, waiting
 
 

@@ -12,15 +12,20 @@ Examples::
     python -m rlvla3 rl --plan --plan-gpus 16 --plan-sim-cpus 256 --plan-cost-model pi05_h200
 
 The config is validated (including env and policy options, the env's optional extra when its
-workers run on this machine, the cluster's resources and the memory pre-flight) before any
-actor starts; an error is one line on stderr that names the field, and the job exits with
-status 2. On a cluster of more than one node, a run whose storage is a local path is refused
+workers run on this machine, that the run directory can be written, the cluster's resources
+and the memory pre-flight) before any actor starts; an error is one line on stderr that names
+the field, and the job exits with status 2 (so does a cluster that does not answer at
+``ray.address``). On a cluster of more than one node, a run whose storage is a local path is refused
 that way (``storage.root``): use a URI every node reaches, or declare a shared mount with
 ``storage.shared=true`` (``rlvla3.storage``).
 
 SIGTERM (``ray job stop``, a scheduler's preemption) or Ctrl-C ends the run as its budget would:
 the current step finishes, a checkpoint and ``summary.json`` are written (``stopped_by`` names
-the signal) and the job exits 0; a second signal stops at once. ``ray job stop`` waits
+the signal) and the job exits 0; a second signal stops at once.
+
+A run that ends without one optimizer step (a budget below what the first global batch needs)
+says so in one line, with what that batch needs, and exits with status 1. With ``--json``
+the summary is the only thing on stdout (progress lines go to stderr). ``ray job stop`` waits
 ``RAY_JOB_STOP_WAIT_TIME_S`` (3 s by default; pass it in the job's runtime env) before it kills
 the driver.
 """
@@ -36,10 +41,12 @@ import time
 
 import yaml
 
+from actors.rl.summary import trained_nothing
+from actors.runtime.jsonout import json_text, stdout_to_stderr
 from rlvla3.cli_options import add_run_dir
 from rlvla3.config import ConfigError, build, preset_names
 from rlvla3.run_config import RunConfig, load_run_config, upgrade
-from rlvla3.storage import Storage, join
+from rlvla3.storage import Storage, check_writable, join
 
 PRESETS = "rlvla3.presets"
 """The package whose YAML files are the ``--preset`` choices of ``rlvla3 rl``."""
@@ -149,6 +156,28 @@ def apply_plan(args: argparse.Namespace) -> None:
     args.overrides = overrides + list(args.overrides)
 
 
+def _storage_field(args: argparse.Namespace) -> str:
+    """The option or field that named the run directory (for an error about it)."""
+    return "--resume" if args.resume else "--run-dir" if args.run_dir else "storage.root"
+
+
+def _train(controller, cfg: RunConfig) -> dict:
+    """Start (or join) Ray, check the storage from the cluster's side, run with the signal
+    handlers of ``_stop_on_signals``, and shut the run down whatever happens."""
+    from actors.rl.controller import ensure_ray
+
+    previous: dict = {}
+    try:
+        ensure_ray(cfg)  # starting, Ray sets a SIGTERM handler that exits at once: ours replaces it
+        controller.check_storage()  # every node must reach it, before any actor starts
+        previous = _stop_on_signals(controller)
+        return controller.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        controller.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -172,31 +201,36 @@ def main(argv: list[str] | None = None) -> int:
             require_extra(cfg.env)
         if not args.resume:
             refuse_a_used_run_dir(run_dir)
-        from actors.rl.controller import Controller, ensure_ray
+        check_writable(run_dir, _storage_field(args))  # a missing bucket: here, not at a save
+        from actors.rl.controller import Controller
 
         controller = Controller(cfg, run_dir, resume=bool(args.resume))
+    except BrokenPipeError:  # stdout closed early (``--print-plan | head``): not a storage error
+        raise
     except ValueError as exc:  # ConfigError, or a component rejecting a value it was given
         print(f"rlvla3 rl: invalid config: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the storage cannot be read (no such bucket, no endpoint)
         print(f"rlvla3 rl: storage: {exc}", file=sys.stderr)
         return 2
-    previous: dict = {}
-    try:
-        ensure_ray(cfg)  # starting, Ray sets a SIGTERM handler that exits at once: ours replaces it
+    # With --json, stdout holds the summary alone: progress lines and Ray's go to stderr.
+    with stdout_to_stderr(args.json):
         try:
-            controller.check_storage()  # every node must reach it, before any actor starts
-        except ConfigError as exc:
+            summary = _train(controller, cfg)
+        except ConfigError as exc:  # found once the cluster is known: resources, placement
             print(f"rlvla3 rl: invalid config: {exc}", file=sys.stderr)
             return 2
-        previous = _stop_on_signals(controller)
-        summary = controller.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        controller.shutdown()
     if args.json:
-        print(json.dumps(summary))
+        print(json_text(summary))
+    stop = summary.get("stop") or {}
+    if stop.get("learners") == "failed":  # a rank crashed while the run stopped
+        print(f"rlvla3 rl: the learners failed while stopping ({'; '.join(stop['errors'])}); "
+              f"the run ends at {stop.get('final_checkpoint')}", file=sys.stderr)
+        return 1
+    nothing = trained_nothing(summary, cfg, controller.spec)
+    if nothing:
+        print(f"rlvla3 rl: {nothing}", file=sys.stderr)
+        return 0 if summary.get("stopped_by") in ("SIGTERM", "SIGINT") else 1
     return 0
 
 

@@ -26,16 +26,24 @@ import numpy as np
 CLIP_WARNING = 0.5
 WARNING_STEPS = 10
 FIGURES = ("clip_fraction", "kl_per_element", "kl_per_decision", "no_grad_fraction",
-           "truncated_fraction", "grad_norm", "weight_p05", "weight_p50", "weight_p95", "lr")
+           "truncated_fraction", "grad_norm", "weight_p05", "weight_p50", "weight_p95", "lr",
+           "update_kl")
+"""Per-step figures summarised per row and per run (``update_kl`` only where a trust region
+closed under ``algo.target_kl``: absent from the median and quantiles elsewhere)."""
 
 
 def _quantiles(values: list[float]) -> dict:
-    finite = [v for v in values if math.isfinite(v)]
+    finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite:
         return {"p10": None, "p50": None, "p90": None, "max": None}
     q = np.quantile(finite, (0.1, 0.5, 0.9))
     return {"p10": round(float(q[0]), 6), "p50": round(float(q[1]), 6),
             "p90": round(float(q[2]), 6), "max": round(max(finite), 6)}
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(float(np.median(present)), 6) if present else None
 
 
 class StepLog:
@@ -63,14 +71,14 @@ class StepLog:
                      f"{WARNING_STEPS} steps, v{self.steps[-1]['version']}) is above "
                      f"{CLIP_WARNING}: the trust region removes most of the gradient; lower "
                      f"learner.lr, set algo.target_kl, or check algo.ratio")
-        return {k: round(float(np.median([s[k] for s in history])), 6) for k in FIGURES}
+        return {k: _median([s.get(k) for s in history]) for k in FIGURES}
 
     def summary(self) -> dict:
         """Quantiles of every figure over this leg's steps, and the steps skipped."""
         steps = self.steps
         return {
             "steps": len(steps),
-            **{k: _quantiles([s[k] for s in steps]) for k in FIGURES},
+            **{k: _quantiles([s.get(k) for s in steps]) for k in FIGURES},
             "skipped_steps": sum(bool(s["skipped"]) for s in steps),
             "nonfinite_loss_steps": sum(not math.isfinite(s["loss"]) for s in steps),
         }

@@ -30,8 +30,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import ray
+
+
+@dataclass(frozen=True)
+class TrainingStop:
+    """How the learner ranks left their training loop when asked to stop."""
+
+    left: bool
+    """Every rank's loop returned within the timeout (with or without an error)."""
+    errors: tuple[str, ...] = ()
+    """One line per rank whose loop ended in an error (``rank K: Type: message``)."""
 
 
 class LockstepRollout:
@@ -180,8 +191,8 @@ class SyncTraining:
         steps = _full_steps(queue, learners, global_batch, max_item)
         _get_all_or_first_error([lr.train_steps.remote(steps) for lr in learners])
 
-    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> bool:
-        return True
+    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> TrainingStop:
+        return TrainingStop(left=True)
 
 
 def _get_all_or_first_error(refs: list) -> None:
@@ -217,14 +228,30 @@ class AsyncTraining:
     def after_round(self, learners: Sequence, queue, global_batch: int, max_item: int) -> None:
         pass
 
-    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> bool:
-        """Ask every rank to stop and wait up to ``timeout_s``; returns whether every rank
-        left ``run()``. Ranks leave together at their next step agreement (or abandon the step
-        under way together), so rollout must go on until this returns."""
+    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> TrainingStop:
+        """Ask every rank to stop and wait up to ``timeout_s``; says whether every rank left
+        ``run()`` and which left it with an error (a ref that ended in an exception is ready
+        too: each is read). Ranks leave together at their next step agreement (or abandon the
+        step under way together), so rollout must go on until this returns."""
         for lr in learners:
             lr.stop.remote()
         ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
-        return len(ready) == len(self.refs)
+        errors = []
+        for rank, ref in enumerate(self.refs):
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - the stop record names it
+                    errors.append(f"rank {rank}: {one_line(exc)}")
+        return TrainingStop(left=len(ready) == len(self.refs), errors=tuple(errors))
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` of an error, its first line (a Ray task error's cause, not the
+    traceback Ray wraps around it)."""
+    cause = getattr(exc, "cause", None) or exc
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0] if text else ''}"
 
 
 TRAINING_STRATEGIES = {"sync": SyncTraining, "async": AsyncTraining}

@@ -1,14 +1,20 @@
-"""Learner actor: one rank of the learner group (torch.distributed + DDP) around ``rlvla3.learner``.
+"""Learner actor: one rank of the learner group, a thin shell around ``rlvla3.learner``.
 
-One module over 400 lines because the two driving loops, weight publication, checkpointing and
-DDP evaluation share one rank's state.
+The rank's core (``LearnerCore``) trains through a ``TrainingEngine`` (``rlvla3.engine``: one
+rank, DDP, or FSDP2 as ``learner.strategy`` says) on the process group the engine's ``group``
+module joins. This actor names, calls and restarts: it pulls queue items, drives the core's
+loop, publishes weights, answers the controller, and never writes the core's state.
 
-Rank 0 publishes weights after every optimizer step: a ``WeightsMessage`` put once into the
-object store and offered to every rollout server (they swap between batches), and the new
-version told to the queue (its staleness filter); after a restore from an older checkpoint the
-queue follows the version backwards. Every rank tells the queue how many decisions it holds
-untrained (the backlog that paces the env slots). On GPU clusters the same message carries no
-tensors and the weights travel by a collective broadcast instead (``broadcast_weights``).
+After every optimizer step the ranks gather the weights (one parameter at a time under FSDP,
+in ``learner.publish_dtype``) into rank 0's ``WeightsMessage``, put once into the object store
+and offered to every rollout server (they swap between batches), and the new version told to
+the queue (its staleness filter); after a restore from an older checkpoint the queue follows
+the version backwards. Every rank tells the queue how many decisions it holds untrained (the
+backlog that paces the env slots). On GPU clusters the same weights may travel by a collective
+broadcast instead (``open_weight_channel``).
+
+Checkpoints: under DDP rank 0 writes the whole model and optimizer state; under FSDP every rank
+copies its shard at one agreed version and writes it in parallel (``save``).
 
 Two ways to drive it, chosen by the training strategy:
 - ``run()``: pull from the queue and train until ``stop()`` (asynchronous training). Each pull
@@ -20,7 +26,7 @@ Two ways to drive it, chosen by the training strategy:
   which they agreed to (the step agreement of ``LearnerCore``), so none is left waiting in a
   collective; a rank asked to stop that gets no data for ``FLUSH_AFTER_S`` abandons the step
   under way on every rank (``LearnerCore.flush``) instead of leaving the others in its
-  all-reduce.
+  collectives.
 - ``train_available()``: drain what the queue holds now, train every full batch, return
   (synchronous training: rollout, then train, then sync weights).
 The learner strategy (batch or streaming) decides when a micro-batch may start.
@@ -34,16 +40,12 @@ group cannot take a new member (``actors.roles.learner_group`` rebuilds it).
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
 import uuid
 
-import numpy as np
 import ray
 import torch
-import torch.distributed as dist
 
 from actors.runtime.bootstrap import lookup, was_restarted
 from actors.runtime.metrics import RoleMetrics
@@ -53,29 +55,27 @@ from rlvla3.checkpoint import (
     CheckpointMeta,
     SavedCheckpoint,
     listed_files,
-    load_optimizer_state,
     load_rng_state,
     locate_checkpoint,
     save_run_checkpoint,
+    save_sharded_run_checkpoint,
     snapshot,
 )
 from rlvla3.config import Named
+from rlvla3.engine import group
+from rlvla3.engine.group import Ranks, free_port
+from rlvla3.engine.sharded import RowSource
 from rlvla3.gpu_costs import TrainingCost
-from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats
+from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats, rl_engine
 from rlvla3.policies import build_policy
-from rlvla3.protocols import Evaluation
 from rlvla3.run_config import LearnerConfig
 from rlvla3.storage import basename
 from rlvla3.types import EnvSpec, WeightsMessage
 
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 FLUSH_AFTER_S = 2.0
 """A rank asked to stop that made no progress for this long abandons the step under way."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 class Learner:
@@ -93,12 +93,16 @@ class Learner:
         self.policy_choice = policy
         self.spec = spec
         self.cfg = cfg
-        self.policy = build_policy(policy, spec)
-        if cfg.num_gpus > 0 and torch.cuda.is_available():
-            self.policy.to("cuda")
-        self.core = LearnerCore(self.policy, algo, cfg.global_batch // world_size, cfg.micro_batch,
-                                cfg.lr, LEARNER_STRATEGIES[strategy](),
-                                max_staleness=max_staleness, reduce=self._all_reduce, cost=cost)
+        self.algo = algo
+        self.strategy = strategy
+        self.max_staleness = max_staleness
+        self.cost = cost
+        self.init_from = init_from
+        self.device = torch.device("cuda" if cfg.num_gpus > 0 and torch.cuda.is_available()
+                                   else "cpu")
+        self.policy = build_policy(policy, spec).to(self.device)
+        self.core: LearnerCore | None = None
+        """Made once this rank knows its group (``init_group``; at once for a lone rank)."""
         self.metrics = RoleMetrics("learner", f"learner-{rank}")
         self.memory = ProcessMemory()
         self.servers = [lookup(name) for name in servers]
@@ -110,7 +114,11 @@ class Learner:
         """Held through every optimizer step and weight load: what reads the weights from
         another call (a checkpoint, a restarted server's pull) sees one whole version."""
         self._saving = threading.Lock()
+        self._training = threading.Event()
+        """``run`` is training: a sharded snapshot waits for its step agreement."""
         self._snapshot = None  # the last checkpoint's copy, reused as the next one's buffers
+        self._message: WeightsMessage | None = None
+        """The weights last published (rank 0): what a server that asks gets."""
         self._started = time.monotonic()
         self.wait_s = 0.0
         self.lost_segments = 0
@@ -120,60 +128,57 @@ class Learner:
         self.history: list[dict] = []
         self.run_dir = run_dir
         self.restored_from = ""
-        if run_dir and was_restarted():
-            # Ray restarted this actor after a crash: continue from the last checkpoint.
-            try:
-                self.restored_from = basename(locate_checkpoint(run_dir))
-            except FileNotFoundError:
-                self.restored_from = "initial weights (no checkpoint yet)"
-                if init_from:
-                    self.load_weights(init_from)
-                    self.restored_from = f"init_from weights (no checkpoint yet): {init_from}"
-            else:
-                self.restore(run_dir)
-            self._report_buffered()
-            if rank == 0:
-                self._broadcast_to_servers(force=True)
+        self._restart = bool(run_dir) and was_restarted()
+        """Ray restarted this actor after a crash: it continues from the last checkpoint once
+        its core exists."""
+        if world_size == 1:
+            self._make_core(Ranks(0, 1, self.device))
 
     # ---- setup -------------------------------------------------------------------------
+    def _make_core(self, ranks: Ranks) -> None:
+        """The engine and the learner core for this rank's place in the group; then, after
+        a restart, the state of the last checkpoint, and the first published weights."""
+        engine = rl_engine(self.policy, self.algo, self.cfg.lr, self.cfg.engine(), ranks)
+        self.core = LearnerCore(
+            self.policy, self.algo, 0, self.cfg.micro_batch, self.cfg.lr,
+            LEARNER_STRATEGIES[self.strategy](), engine=engine,
+            max_staleness=self.max_staleness, cost=self.cost)
+        self.core.take_share(self.cfg.global_batch, ranks.world, ranks.rank)
+        if self._restart:
+            try:
+                self.restored_from = basename(locate_checkpoint(self.run_dir))
+            except FileNotFoundError:
+                self.restored_from = "initial weights (no checkpoint yet)"
+                if self.init_from:
+                    self.load_weights(self.init_from)
+                    self.restored_from = (f"init_from weights (no checkpoint yet): "
+                                          f"{self.init_from}")
+            else:
+                self.restore(self.run_dir)
+            self._report_buffered()
+        self._publish_weights(announce=self._restart, force=self._restart)
+
     def address(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), free_port()
 
     def init_group(self, master_addr: str, master_port: int, rank: int | None = None,
                    world_size: int | None = None) -> bool:
-        """Join the process group and wrap the policy in DDP (only when world_size > 1).
-        ``rank``/``world_size``: this rank's place in a rebuilt group (a fresh process: every
-        rank of a rebuilt group was restarted); each rank then takes ``global_batch /
-        world_size`` samples per optimizer step."""
+        """Join the process group and build this rank's engine on it (DDP or FSDP2 as
+        ``learner.strategy`` says; the plain module for one rank). ``rank``/``world_size``:
+        this rank's place in a rebuilt group (a fresh process: every rank of a rebuilt group
+        was restarted); each rank then takes its share of the global batch."""
         if rank is not None and world_size is not None:
             if rank != self.rank:
                 self.queue.learner_buffered.remote(self.rank, 0)  # the old rank's report
             self.rank, self.world_size = rank, world_size
-            self.core.local_batch = self.cfg.global_batch // world_size
             self._reported_buffered = -1
-            self._report_buffered()
-            if rank == 0:  # the servers and the queue follow the restored version
-                self._broadcast_to_servers(force=True)
-        if self.world_size == 1:
-            return True
-        backend = self.cfg.backend
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() and self.cfg.num_gpus > 0 else "gloo"
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
-        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            _EvaluateModule(self.policy), find_unused_parameters=True)
-        self.core.model = _DDPEvaluate(ddp)
+        if self.core is not None and self.core.engine.ranks.world == self.world_size:
+            return True  # a lone rank: made at construction
+        ranks = group.join(self.cfg.backend, master_addr, master_port, self.rank,
+                           self.world_size, self.device)
+        self._make_core(ranks)
+        self._report_buffered()
         return True
-
-    def _all_reduce(self, values: np.ndarray) -> np.ndarray:
-        """Sum a small float64 vector over the learner ranks."""
-        if self.world_size == 1:
-            return values
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        tensor = torch.as_tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(tensor)
-        return tensor.cpu().numpy()
 
     def _report_buffered(self) -> None:
         if self.core.buffered != self._reported_buffered:
@@ -181,35 +186,33 @@ class Learner:
             self.queue.learner_buffered.remote(self.rank, self.core.buffered)
 
     def load_weights(self, path: str) -> int:
-        """Initialise from another run's weights (e.g. SFT); optimizer and version stay fresh."""
-        from rlvla3.checkpoint import load_policy
+        """Initialise from another run's weights (e.g. SFT); optimizer and version stay fresh.
+        Every rank calls it (under FSDP each loads its shard)."""
+        from rlvla3.checkpoint import read_meta, resolve_checkpoint
 
-        policy, meta = load_policy(path)
+        meta = read_meta(path)
         if meta.policy.name != self.policy_choice.name:
             raise ValueError(f"init_from {path}: checkpoint holds a {meta.policy.name!r} policy, "
                              f"this run builds {self.policy_choice.name!r}")
         with self._stepping:
-            self.policy.load_state_dict(policy.state_dict())
-            if self.core.proximal is not None:
-                self.core.proximal.sync(self.core.version)
-            return self.core.version
+            self.core.load(RowSource(resolve_checkpoint(path)), self.core.version,
+                           optimizer=False)
+        self._publish_weights()
+        return self.core.version
 
     def restore(self, path: str) -> int:
-        """Load weights, optimizer state and version from a checkpoint; returns the version."""
-        from rlvla3.checkpoint import load_policy
+        """Load weights, optimizer state and version from a checkpoint (either format, any
+        rank count); returns the version. Every rank calls it."""
+        from rlvla3.checkpoint import read_meta, resolve_checkpoint
 
-        policy, meta = load_policy(path)
-        state = load_optimizer_state(path)
+        meta = read_meta(path)
+        local = resolve_checkpoint(path)
         rng = load_rng_state(path)
         with self._stepping:
-            self.policy.load_state_dict(policy.state_dict())
-            if state is not None:
-                self.core.optimizer.load_state_dict(state)
+            self.core.load(RowSource(local), meta.version, optimizer=True)
             if rng is not None:
                 torch.set_rng_state(rng)
-            self.core.version = meta.version
-            if self.core.proximal is not None:
-                self.core.proximal.sync(meta.version)
+        self._publish_weights()
         return meta.version
 
     # ---- training ----------------------------------------------------------------------
@@ -221,16 +224,27 @@ class Learner:
         self.metrics.set("policy_version", stats.version)
         self.history.append(stats.as_row())
         self._report_buffered()
-        if self.rank == 0:
-            self._broadcast_to_servers()
+        self._publish_weights(announce=True)
 
-    def _broadcast_to_servers(self, force: bool = False) -> None:
-        """Send the current weights to every rollout server: over the collective channel if
-        one is open, else one object-store copy that every server pulls."""
+    def _publish_weights(self, announce: bool = False, force: bool = False) -> None:
+        """Gather the current weights (every rank takes part: under FSDP each parameter is
+        gathered in turn) into rank 0's message; ``announce``: offer it to every rollout
+        server, over the collective channel if one is open, else as one object-store copy
+        that every server pulls, and tell the queue the version (``force``: a restored
+        version, older than what the servers and the queue hold)."""
+        dtype = _DTYPES.get(self.cfg.publish_dtype)
+        weights = self.core.weights(dtype)
+        if self.rank != 0:
+            return
+        self._message = WeightsMessage(self.core.version, {
+            k: v.numpy() if v.dtype != torch.bfloat16 else v for k, v in weights.items()})
+        if not announce:
+            return
         if self._channel is not None:
-            self._channel.send(self.policy.state_dict(), self.core.version)
+            self._channel.send({k: torch.as_tensor(v) for k, v in weights.items()},
+                               self.core.version)
         else:
-            ref = ray.put(self.weights_message())
+            ref = ray.put(self._message)
             for server in self.servers:
                 server.update_weights.remote(ref, force)
         self.queue.set_version.remote(self.core.version, force)
@@ -240,13 +254,14 @@ class Learner:
         from rlvla3.weight_sync import WeightBroadcaster
 
         device = "cuda" if backend == "nccl" else "cpu"
-        self._channel = WeightBroadcaster(self.policy.state_dict(), host, port, 0, world_size,
-                                          backend, device)
+        template = {k: torch.as_tensor(v) for k, v in self._message.tensors.items()}
+        self._channel = WeightBroadcaster(template, host, port, 0, world_size, backend, device)
         return backend
 
     def weights_message(self) -> WeightsMessage:
+        """The weights last published (rank 0)."""
         with self._stepping:
-            return WeightsMessage(self.core.version, self.core.weights())
+            return self._message
 
     def _pull(self, max_items: int, timeout_s: float, max_decisions: int | None = None) -> int:
         """Take up to ``max_items`` queue items (fewer once they hold ``max_decisions``)."""
@@ -285,7 +300,22 @@ class Learner:
         """
         self._stop.clear()
         core = self.core
-        core.stop_requested = core.stop_agreed = False
+        core.reset_stop()
+        self._training.set()
+        try:
+            request = self._train_until_stopped(core)
+        finally:
+            with self._stepping:  # a snapshot asked from now on is taken at this version
+                self._training.clear()
+        if request is not None:  # items taken from the queue are buffered, never dropped
+            try:
+                self._receive(request)
+            except ray.exceptions.RayActorError:  # the queue is gone: the run is ending
+                pass
+        return self.stats()
+
+    def _train_until_stopped(self, core: LearnerCore) -> ray.ObjectRef | None:
+        """``run``'s loop; returns a queue pull still in flight."""
         progress = time.monotonic()
         request = None  # a queue get in flight while this rank trains (prefetch)
         while not (core.stop_agreed if self.world_size > 1 else self._stop.is_set()):
@@ -309,12 +339,7 @@ class Learner:
                         raise RuntimeError(f"learner {self.rank}: asked to stop partway through "
                                            f"a step with no sample to join the other ranks")
                 self._report_buffered()
-        if request is not None:  # items taken from the queue are buffered, never dropped
-            try:
-                self._receive(request)
-            except ray.exceptions.RayActorError:  # the queue is gone: the run is ending
-                pass
-        return self.stats()
+        return request
 
     def train_available(self) -> dict:
         """Synchronous training (one rank): take everything queued now, train every full batch."""
@@ -344,17 +369,10 @@ class Learner:
         """Leave ``run()``: at once with one rank; with several, at the next step agreement,
         which every rank takes (see ``run``)."""
         self._stop.set()
-        self.core.stop_requested = True
+        self.core.request_stop()
 
     def buffered(self) -> int:
         return self.core.buffered
-
-    def broadcast_weights(self) -> int:
-        """GPU path: broadcast parameters from rank 0 over the process group (NCCL)."""
-        if self.world_size > 1:
-            for tensor in self.policy.state_dict().values():
-                dist.broadcast(tensor, src=0)
-        return self.core.version
 
     # ---- checkpoints and reporting --------------------------------------------------------
     def save(self, run_dir: str, counters: dict, samplers: list | None = None,
@@ -362,44 +380,86 @@ class Learner:
         """Copy weights, optimizer state and version between two optimizer steps, then write
         them to the run's storage (a path or URI) while training goes on (with the env
         workers' sampler states, if given). ``pinned`` checkpoints are never pruned (a
-        periodic evaluation is still loading them)."""
+        periodic evaluation is still loading them).
+
+        Whole (DDP, one rank): rank 0 alone is asked, and writes ``policy.safetensors`` and
+        ``optimizer.pt``. Sharded (FSDP): every rank is asked, and each copies its shard at
+        one agreed version (the first step agreement at which every rank has been asked, or
+        at once when the ranks are not training), then writes and uploads it in parallel;
+        rank 0 lists them in ``meta.json``."""
         with self._saving:  # one save at a time: the next copies into this one's buffers
             start = time.perf_counter()
-            with self._stepping:
-                meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version, counters,
+            if self.core.engine.sharded:
+                version, tensors = self._agreed_snapshot()
+                meta = CheckpointMeta(self.policy_choice, self.spec, version, counters,
                                       list(samplers or []))
-                weights, optimizer, rng = snapshot(self.policy, self.core.optimizer,
-                                                   self._snapshot)
-            paused = time.perf_counter()
-            path = save_run_checkpoint(run_dir, weights, meta, optimizer, rng=rng,
-                                       pinned=pinned or ())
+                paused = time.perf_counter()
+                path = save_sharded_run_checkpoint(
+                    run_dir, tensors, meta, self.core.engine.ranks,
+                    self.core.engine.optimizer_meta(), torch.get_rng_state(),
+                    pinned=pinned or ())
+            else:
+                with self._stepping:
+                    meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version,
+                                          counters, list(samplers or []))
+                    weights, optimizer, rng = snapshot(self.policy, self.core.optimizer,
+                                                       self._snapshot)
+                paused = time.perf_counter()
+                path = save_run_checkpoint(run_dir, weights, meta, optimizer, rng=rng,
+                                           pinned=pinned or ())
+                self._snapshot = (weights, optimizer)
             written = time.perf_counter() - paused
-            self._snapshot = (weights, optimizer)
         size = sum(f["size"] for f in listed_files(path).values())
         return SavedCheckpoint(path, meta.version, paused - start, written, size)
+
+    def _agreed_snapshot(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """This rank's checkpoint tensors at a version every rank copies at: taken by the
+        training loop at the next step agreement where every rank wants one, or here when
+        no loop runs (the ranks then stand at one version)."""
+        core = self.core
+        core.want_snapshot()
+        while True:
+            with self._stepping:
+                if not self._training.is_set() and not core.snapshot_ready:
+                    core.take_snapshot()  # nothing steps: copy now
+                if core.snapshot_ready:
+                    return core.pop_snapshot()
+            time.sleep(0.01)
 
     def version(self) -> int:
         return self.core.version
 
+    def checkpoint_format(self) -> str:
+        """``sharded`` (every rank writes its shard: FSDP over several ranks) or ``whole``."""
+        return "sharded" if self.core.engine.sharded else "whole"
+
     def checksum(self) -> tuple[int, float]:
-        """Version and sum of all parameters, read between two optimizer steps: ranks of one
-        group at one version must agree."""
-        from rlvla3.weight_sync import parameter_sum
+        """Version and sum of the parameters this rank holds (its shards under FSDP), read
+        between two optimizer steps: ranks of a DDP group at one version agree."""
+        from rlvla3.engine.sharded import local_rows
 
         with self._stepping:
-            return self.core.version, parameter_sum(self.policy)
+            total = sum(float(local_rows(p, self.core.engine.ranks)[0].detach().double().sum())
+                        for p in self.policy.parameters())
+            return self.core.version, total
 
     def distance_from(self, path: str) -> float:
-        """How far the weights moved from the checkpoint at ``path`` (e.g. ``init_from``):
-        ``||theta - theta_0|| / ||theta_0||`` over all floating-point tensors."""
+        """How far the published weights moved from the checkpoint at ``path`` (e.g.
+        ``init_from``): ``||theta - theta_0|| / ||theta_0||`` over all floating-point tensors
+        (rank 0)."""
         from rlvla3.checkpoint import load_policy
         from rlvla3.weight_sync import relative_change
 
         reference, _ = load_policy(path)
         with self._stepping:
-            return relative_change(reference.state_dict(), self.policy.state_dict())
+            now = {k: torch.as_tensor(v) for k, v in self._message.tensors.items()}
+        return relative_change(reference.state_dict(), now)
 
     def stats(self) -> dict:
+        if self.core is None:  # a rank of a group not formed yet (``init_group``)
+            return {"incarnation": self.incarnation, "rank": self.rank,
+                    "world_size": self.world_size, "restored_from": self.restored_from,
+                    "waiting_for": "the learner group (init_group)"}
         elapsed = max(time.monotonic() - self._started, 1e-9)
         self.metrics.set("busy_fraction", min(self.core.busy_s / elapsed, 1.0))
         self.metrics.set("data_wait_fraction", min(self.wait_s / elapsed, 1.0))
@@ -424,6 +484,11 @@ class Learner:
         }
         if self.core.clock is not None:  # simulated GPU cost (rlvla3.gpu_costs)
             out["cost"] = self.core.clock.stats.as_dict()
+        published = self.core.last_publish
+        if published is not None:  # what gathering the weights for the servers cost this rank
+            out.update(engine=self.core.engine.name, publish_s=round(published.seconds, 4),
+                       publish_peak_mb=round(published.peak_bytes / 2**20, 2),
+                       publish_dtype=published.dtype)
         if self.last is not None:
             out.update(loss=self.last.loss, entropy=self.last.entropy,
                        kl_per_decision=self.last.kl_per_decision,
@@ -435,30 +500,4 @@ class Learner:
         return out
 
     def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-class _EvaluateModule(torch.nn.Module):
-    """``forward`` = ``policy.evaluate`` as a tuple, the form DDP's gradient hooks need."""
-
-    def __init__(self, policy: torch.nn.Module):
-        super().__init__()
-        self.policy = policy
-
-    def forward(self, obs, actions, latents):
-        ev = self.policy.evaluate(obs, actions, latents)
-        return ev.log_prob, ev.value, ev.entropy, ev.log_prob_elements
-
-
-class _DDPEvaluate:
-    """Gives the learner core ``evaluate`` and ``no_sync`` on a DDP-wrapped policy."""
-
-    def __init__(self, ddp: torch.nn.parallel.DistributedDataParallel):
-        self.ddp = ddp
-
-    def evaluate(self, obs, actions, latents) -> Evaluation:
-        return Evaluation(*self.ddp(obs, actions, latents))
-
-    def no_sync(self):
-        return self.ddp.no_sync()
+        group.leave()

@@ -104,7 +104,7 @@ class RolloutServer:
         for lane in range(cfg.lanes):
             model = build_policy(policy, spec)
             if cfg.num_gpus > 0 and torch.cuda.is_available():
-                model.to("cuda")
+                model.to("cuda", getattr(torch, cfg.gpu_dtype))
             incarnation = self.incarnation if self.restarted else ""
             noise = sampling_seed(seed, server_id,
                                   incarnation if lane == 0 else f"{incarnation}/lane{lane}")

@@ -56,6 +56,11 @@ Invariants:
 - ``set_version`` follows the learner, also backwards after a learner restored an older
   checkpoint (``restored=True``), so the staleness filter never rejects everything after a
   rollback.
+- Waiters are woken per need: admissions, producers waiting for space and learners waiting for
+  items wait on conditions of their own (one lock), each notified only by what can change its
+  answer, and an admission's check is O(1) (running totals of the queued and buffered
+  decisions, the tickets per key): with hundreds of slots waiting, an event costs one cheap
+  check per waiting admission, not a scan of every ticket and item for each.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 import ray
@@ -123,8 +128,10 @@ class TrajectoryQueue:
         self.global_batch = global_batch
         self.update_epochs = update_epochs
         self._items: deque[list] = deque()
+        self._queued = 0
+        """Decisions in ``_items`` (a running total)."""
         self._version = 0
-        self._cond: asyncio.Condition | None = None
+        self._lock: asyncio.Lock | None = None
         self.metrics = RoleMetrics("queue", "queue-0")
         self.counts = {"put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
                        "dropped_stale": 0, "dropped_stale_decisions": 0, "dropped_stale_items": 0,
@@ -143,15 +150,57 @@ class TrajectoryQueue:
         self._held: dict[EpisodeKey, _Group] = defaultdict(_Group)
         self._credits: dict[EpisodeKey, int] = defaultdict(int)
         self._tickets: dict[int, tuple[int, str, EpisodeKey]] = {}
+        self._ticket_keys: Counter[EpisodeKey] = Counter()
+        """Admitted, unfinished episodes per key (GRPO: a group under way)."""
         self._serial = itertools.count()
         self._learner_buffered: dict[int, int] = {}
+        self._buffered = 0
+        """The learners' buffered decisions, summed (a running total)."""
         self._recent_lengths: deque[int] = deque(maxlen=64)
         self._initial_decisions = initial_decisions
 
-    def _condition(self) -> asyncio.Condition:
-        if self._cond is None:
-            self._cond = asyncio.Condition()
-        return self._cond
+    def _conditions(self) -> None:
+        """The three conditions, made in the actor's event loop on first use."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+            self._admission = asyncio.Condition(self._lock)
+            """Admissions wait here: tickets freed, backlog consumed, groups started, closing."""
+            self._space = asyncio.Condition(self._lock)
+            """Producers of a full queue wait here: items taken, closing."""
+            self._arrival = asyncio.Condition(self._lock)
+            """Learners wait here for items."""
+
+    @property
+    def admission(self) -> asyncio.Condition:
+        self._conditions()
+        return self._admission
+
+    @property
+    def space(self) -> asyncio.Condition:
+        self._conditions()
+        return self._space
+
+    @property
+    def arrival(self) -> asyncio.Condition:
+        self._conditions()
+        return self._arrival
+
+    def _pop_ticket(self, ticket: int | None) -> tuple[int, str, EpisodeKey] | None:
+        held = self._tickets.pop(ticket, None)
+        if held is not None:
+            self._ticket_keys[held[2]] -= 1
+            if not self._ticket_keys[held[2]]:
+                del self._ticket_keys[held[2]]
+        return held
+
+    def _push_item(self, item: list) -> None:
+        self._items.append(item)
+        self._queued += sum(info.decisions for info, _ in item)
+
+    def _pop_item(self) -> list:
+        item = self._items.popleft()
+        self._queued -= sum(info.decisions for info, _ in item)
+        return item
 
     # ---- pacing --------------------------------------------------------------------------
     def _mean_decisions(self) -> float:
@@ -161,7 +210,7 @@ class TrajectoryQueue:
 
     def backlog(self) -> int:
         """Decisions shipped but not yet trained: queued here plus buffered in learners."""
-        return self.queued_decisions() + sum(self._learner_buffered.values())
+        return self._queued + self._buffered
 
     def _ahead(self, extra: int) -> float:
         """Decisions the learners will train before a newly admitted episode's first one."""
@@ -185,7 +234,7 @@ class TrajectoryQueue:
     def _group_started(self, key: EpisodeKey | None) -> bool:
         if self.group_size == 1 or key is None:
             return False
-        return key in self._held or any(k == key for _, _, k in self._tickets.values())
+        return key in self._held or key in self._ticket_keys
 
     def backlog_limit(self) -> float:
         """Decisions the backlog may hold: ``pace_backlog`` global batches, but never less than
@@ -204,7 +253,7 @@ class TrajectoryQueue:
         """Wait until a new episode of ``key`` may start (see pacing); returns its ticket, or
         None when this worker incarnation was replaced or retired, or admissions closed,
         meanwhile (the caller must not start the episode)."""
-        cond = self._condition()
+        cond = self.admission
         start = time.monotonic()
         async with cond:
             await cond.wait_for(lambda: self._may_admit(key) or not self._live(worker_id,
@@ -214,6 +263,7 @@ class TrajectoryQueue:
                 return None
             ticket = next(self._serial)
             self._tickets[ticket] = (worker_id, incarnation, key)
+            self._ticket_keys[key] += 1
             self.counts["admitted"] += 1
         self.counts["admit_wait_s"] += time.monotonic() - start
         return ticket
@@ -222,19 +272,19 @@ class TrajectoryQueue:
         """No new episode starts from now on (waiting and later ``admit`` calls get None);
         episodes already admitted run to their end and are shipped."""
         self._admitting = False
-        await self._notify()
+        await self._notify(self.admission)
 
     async def drop(self, key: EpisodeKey, decisions: int, ticket: int | None = None) -> None:
         """An admitted or running episode that will never be shipped (simulator fault)."""
         self.counts["dropped_by_producer"] += 1
         self._recent_lengths.append(decisions)
-        self._tickets.pop(ticket, None)
+        self._pop_ticket(ticket)
         await self._missing(key, 1)
 
     async def cancel(self, ticket: int) -> None:
         """An admitted episode that never started (the rollout is stopping)."""
-        self._tickets.pop(ticket, None)
-        await self._notify()
+        self._pop_ticket(ticket)
+        await self._notify(self.admission)
 
     async def reset_worker(self, worker_id: int, incarnation: str) -> int:
         """A restarted env worker announces its ``incarnation``: its predecessors' admitted
@@ -256,11 +306,11 @@ class TrajectoryQueue:
 
     async def _release(self, which) -> int:
         lost = [t for t, (w, inc, _) in self._tickets.items() if which(w, inc)]
-        keys = [self._tickets.pop(t)[2] for t in lost]
+        keys = [self._pop_ticket(t)[2] for t in lost]
         self.counts["released_tickets"] += len(keys)
         for key in keys:
             await self._missing(key, 1)
-        await self._notify()
+        await self._notify(self.admission)
         return len(keys)
 
     async def _missing(self, key: EpisodeKey, n: int) -> None:
@@ -270,17 +320,18 @@ class TrajectoryQueue:
                 self._release_if_complete(key)
             else:
                 self._credits[key] += n
-        await self._notify()
+        await self._notify(self.admission, self.arrival)  # a group may have completed
 
-    async def _notify(self) -> None:
-        cond = self._condition()
-        async with cond:
-            cond.notify_all()
+    async def _notify(self, *conditions: asyncio.Condition) -> None:
+        async with self.admission:  # the lock all three share
+            for cond in conditions:
+                cond.notify_all()
 
     async def learner_buffered(self, rank: int, decisions: int) -> None:
         """A learner rank reports the decisions it holds but has not trained yet."""
+        self._buffered += decisions - self._learner_buffered.get(rank, 0)
         self._learner_buffered[rank] = decisions
-        await self._notify()
+        await self._notify(self.admission)
 
     # ---- put / get -----------------------------------------------------------------------
     def _release_if_complete(self, key: EpisodeKey) -> None:
@@ -290,7 +341,7 @@ class TrajectoryQueue:
             if self.skip_uniform and _uniform(group.members):
                 self._discard_group("uniform", group)
                 return
-            self._items.append(list(group.members))
+            self._push_item(list(group.members))
         elif not group.members and group.missing >= self.group_size:
             del self._held[key]
 
@@ -301,13 +352,13 @@ class TrajectoryQueue:
         store (so the queue owns it and it outlives its producer)."""
         if by_value:
             refs = [ray.put(r) for r in refs]
-        cond = self._condition()
         start = time.monotonic()
-        async with cond:
-            self._tickets.pop(ticket, None)
+        async with self.space:
+            self._pop_ticket(ticket)
             self._recent_lengths.append(info.decisions)
-            cond.notify_all()  # a finished episode frees its admission
-            await cond.wait_for(lambda: len(self._items) < self.cfg.capacity or self._closed)
+            self.admission.notify_all()  # a finished episode frees its admission
+            await self.space.wait_for(lambda: len(self._items) < self.cfg.capacity
+                                      or self._closed)
             if self._closed:  # the run is stopping and no learner will take it: count, drop
                 self.counts["discarded_at_stop"] += 1
                 self.counts["discarded_decisions"] += info.decisions
@@ -322,9 +373,10 @@ class TrajectoryQueue:
                 group.members.append((info, refs))
                 self._release_if_complete(info.key)
                 self._expire_held()
+                self.admission.notify_all()  # its group has started: its members may start
             else:
-                self._items.append([(info, refs)])
-            cond.notify_all()
+                self._push_item([(info, refs)])
+            self.arrival.notify_all()
             depth = len(self._items)
         self.metrics.set("queue_depth", depth)
         return depth
@@ -354,7 +406,7 @@ class TrajectoryQueue:
         or one whole GRPO group), dropping stale ones; waits up to ``timeout_s`` for the first.
         ``max_decisions``: stop once the items taken hold that many decisions (a learner's
         budget: what its batch still needs; at least one item)."""
-        cond = self._condition()
+        cond = self.arrival
         out = []
         async with cond:
             try:
@@ -364,7 +416,7 @@ class TrajectoryQueue:
             taken = 0
             while self._items and len(out) < max_items and (
                     max_decisions is None or taken < max_decisions):
-                item = self._items.popleft()
+                item = self._pop_item()
                 if self._stale([info for info, _ in item]):
                     self.counts["dropped_stale"] += len(item)
                     self.counts["dropped_stale_items"] += 1
@@ -379,7 +431,8 @@ class TrajectoryQueue:
                 taken += sum(info.decisions for info, _ in item)
             self.counts["got"] += sum(len(item) for item in out)
             self.counts["got_decisions"] += sum(i.decisions for item in out for i, _ in item)
-            cond.notify_all()
+            self.space.notify_all()
+            self.admission.notify_all()  # the backlog went down
         self.metrics.inc("trajectories", sum(len(item) for item in out))
         self.metrics.set("queue_depth", len(self._items))
         return out
@@ -388,7 +441,7 @@ class TrajectoryQueue:
         """The learners have stopped: release producers waiting on a full queue or on
         admission (their segments are counted as discarded) so the rollout stops at once."""
         self._closed = True
-        await self._notify()
+        await self._notify(self.admission, self.space, self.arrival)
 
     async def set_version(self, version: int, restored: bool = False) -> None:
         """The learner's current policy version (for the staleness filter and expiry); a
@@ -396,14 +449,14 @@ class TrajectoryQueue:
         self._version = version if restored else max(self._version, version)
         if self.group_size > 1:
             self._expire_held()
-        await self._notify()
+        await self._notify(self.admission)
 
     def depth(self) -> int:
         return len(self._items)
 
     def queued_decisions(self) -> int:
         """Decision samples queued (before the staleness filter), held groups excluded."""
-        return sum(info.decisions for item in self._items for info, _ in item)
+        return self._queued
 
     def held_decisions(self) -> int:
         return sum(i.decisions for g in self._held.values() for i, _ in g.members)

@@ -7,6 +7,7 @@ Modules:
     metrics         ``RoleMetrics``: each actor's Prometheus series, tagged by role and actor
     process_memory  ``ProcessMemory``: an actor's resident memory and its child processes'
     jsonout         keeps stdout to one JSON object while Ray prints elsewhere
+    quiet           keeps Ray's own chatter and colour codes off a job's terminal
 
 Nothing here imports another package of ``actors``.
 """

@@ -1,8 +1,10 @@
 """Keep stdout clean for ``--json`` output.
 
 Ray prints task-retry notices and actor logs on the driver's stdout, some of them from C++, so a
-benchmark that promises one JSON object on stdout sends everything else to stderr at the file
-descriptor level while it runs, then prints its JSON on the real stdout.
+benchmark or job that promises one JSON object on stdout sends everything else to stderr at the
+file descriptor level while it runs, then prints its JSON on the real stdout. ``json_text``
+writes that object as strict JSON: a figure that is not a number (NaN before anything was
+measured, an infinite ratio) is ``null``, which every JSON reader accepts.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -44,3 +48,18 @@ def json_main(parse_args: Callable[[list[str] | None], argparse.Namespace],
         ray.shutdown()
     print(json.dumps(out))
     return 0
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_text(value: Any) -> str:
+    """``value`` as strict JSON on one line: non-finite floats become ``null``."""
+    return json.dumps(_finite(value), allow_nan=False)

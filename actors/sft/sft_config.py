@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
 from datalake.pipeline import LakeConfig
+from rlvla3.cli_options import DEPRECATED
 from rlvla3.config import Named, require
+from rlvla3.engine.config import EngineConfig
 from rlvla3.storage import check_no_secret
 
 
@@ -22,7 +25,7 @@ class SFTConfig:
     and the lake's cameras, image size and chunk length follow the spec."""
     run_dir: str = "runs/sft"
     """A local path or a storage URI (``s3://bucket/runs/sft``, ``rlvla3.storage``): checkpoints,
-    ``config.json``, ``metrics.jsonl`` and Ray Train's own files (``ray/``) go there
+    ``config.yaml``, ``metrics.jsonl`` and Ray Train's own files (``ray/``) go there
     (``rlvla3 sft``: ``--run-dir``, default ``runs/sft-<timestamp>``; ``--resume`` continues the
     run in it)."""
     init_from: str = ""
@@ -30,13 +33,19 @@ class SFTConfig:
     base model saved in this layout): its policy options (model size, state bins, action scale)
     are the defaults under the config's own; step, optimizer, schedule and data order start
     fresh. Once ``run_dir`` has a checkpoint of its own the run resumes from that instead."""
-    workers: int = 1
-    """Ray Train workers (data-parallel ranks), one CPU each."""
+    num_learners: int = 1
+    """Learner ranks (data-parallel; one Ray Train worker and one CPU each), as ``rl``'s
+    ``learner.num_learners`` (was ``workers``)."""
     use_gpu: bool = False
     """One GPU per worker, NCCL between them (``--gpu``); otherwise CPU and gloo."""
     strategy: Literal["ddp", "fsdp"] = "ddp"
-    """``ddp``: every worker holds the whole model; ``fsdp``: FSDP2 shards it (``fully_shard``
-    per transformer block, then the root)."""
+    """``ddp``: every rank holds the whole model; ``fsdp``: FSDP2 shards it (``fully_shard``
+    per transformer block, then the root) and checkpoints are sharded: the same engine
+    (``rlvla3.engine``) and choices as ``rl``'s ``learner.strategy``."""
+    mixed_precision: Literal["auto", "off", "bf16"] = "auto"
+    """FSDP: bf16 compute with float32 gradient reduction (``auto``: on a GPU)."""
+    offload: bool = False
+    """FSDP: keep the shards and the optimizer step in host memory."""
     lr: float = 3e-4
     """Peak learning rate."""
     lr_schedule: Literal["constant", "cosine"] = "cosine"
@@ -48,8 +57,9 @@ class SFTConfig:
     """Where the cosine ends, as a fraction of ``lr``."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
-    grad_clip: float = 1.0
-    """Clip the gradient's global norm to this (0: no clipping)."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient's global norm to this (0: no clipping), as ``rl``'s
+    ``learner.max_grad_norm`` (was ``grad_clip``)."""
     grad_accum: int = 1
     """Packed rows per optimizer step (per worker)."""
     max_steps: int = 200
@@ -71,13 +81,37 @@ class SFTConfig:
     """Seed of torch (weight initialisation; the data order has ``lake.seed``)."""
 
     def validate(self) -> None:
-        require(self.workers >= 1, "workers", "must be >= 1")
+        require(self.num_learners >= 1, "num_learners", "must be >= 1")
+        self.engine().validate()
         require(self.grad_accum >= 1, "grad_accum", "must be >= 1")
         require(self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self.lr > 0, "lr", "must be > 0")
         require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
         check_no_secret(self.run_dir, "run_dir")
+
+
+    def engine(self) -> EngineConfig:
+        """The training engine's share of this config (``rlvla3.engine``)."""
+        return EngineConfig(self.strategy, self.max_grad_norm, self.mixed_precision,
+                            self.offload)
+
+
+RENAMED = {"workers": "num_learners", "grad_clip": "max_grad_norm"}
+"""Old spellings of fields, read with one warning line (``docs/changes.md``)."""
+
+
+def upgrade(mapping: dict) -> dict:
+    """A config written with an old spelling (``RENAMED``): the same setting under its name
+    now (the new name, also given, wins)."""
+    mapping = dict(mapping)
+    for old, new in RENAMED.items():
+        if old in mapping:
+            value = mapping.pop(old)
+            mapping.setdefault(new, value)
+            print(f"rlvla3 sft: config field '{old}' is spelled '{new}' now; the old spelling "
+                  f"{DEPRECATED}", file=sys.stderr)
+    return mapping
 
 
 def lr_at(cfg: SFTConfig, step: int) -> float:

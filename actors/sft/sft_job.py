@@ -2,24 +2,30 @@
 
     rlvla3 sft [--preset NAME] [--config FILE] --dataset PATH [--dataset PATH2 --weights 3 1]
                [--policy vla] [--env libero] [--run-dir DIR | --resume RUN_DIR]
-               [--init-from CHECKPOINT] [--workers N] [--max-steps S] [--grad-accum K] [--gpu]
+               [--init-from CHECKPOINT] [--num-learners N] [--max-steps S] [--grad-accum K]
+               [--gpu]
                [--verify-data] [--set section.field=value ...] [--print-config]
 
 The config is the preset (``rlvla3/presets/sft/*.yaml``; ``default`` unless named), then the
 ``--config`` file, then the flags, then ``--set`` overrides. As with ``rlvla3 rl``, a new run
 refuses a ``--run-dir`` that holds another run's checkpoints; ``--resume RUN_DIR`` continues a
-run from its latest checkpoint with its saved ``config.json`` (flags and ``--set`` apply on
-top, e.g. ``--max-steps`` to train on).
+run from its latest checkpoint with its saved ``config.yaml`` (``config.json`` in a run
+written before; flags and ``--set`` apply on top, e.g. ``--max-steps`` to train on).
 
 Checks (``prepare`` and ``connect``, before any actor starts): the config, that every dataset
-path exists and at least one dataset opens, the env (with its optional extra) and the policy,
-an ``--init-from`` checkpoint (same policy, env, weight names and shapes), the cluster's CPUs
-and GPUs, and with ``--verify-data`` the data itself (``datalake.verify``).
-A failure is one line on stderr and exit status 2.
+path exists and at least one dataset opens, that its files open (the quick check of
+``datalake inspect``: more frames in unreadable files than ``lake.max_skip_fraction`` stops
+here), the env (with its optional extra) and the policy, an ``--init-from`` checkpoint (same
+policy, env, weight names and shapes), that the run directory can be written (a missing
+bucket), the cluster's CPUs and GPUs, and with ``--verify-data`` the data itself
+(``datalake.verify``). A failure is one line on stderr and exit status 2; so is bad data the
+lake finds only while training (more skipped samples than ``lake.max_skip_fraction``).
 
 Data: the Ray Data lake (``datalake.pipeline``) streams packed rows to every Ray Train worker
 (``get_dataset_shard``: a ``streaming_split`` of one pipeline); token lengths come from the
-policy's ``token_counts`` when it has one (the packed VLA), else the lake's estimate.
+policy's ``token_counts`` when it has one (the packed VLA), else the lake's estimate. The
+workers are a plain ``DataParallelTrainer``: they join their process group themselves, through
+the training engine's ``rlvla3.engine.group`` (as the RL learners do).
 
 The per-worker training loop, its parallel strategies and checkpoints: ``actors.sft.sft_worker``;
 the config: ``actors.sft.sft_config``.
@@ -34,18 +40,19 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from actors.rl.rl_job import refuse_a_used_run_dir
-from actors.sft.sft_config import SFTConfig
+from actors.sft.sft_config import SFTConfig, upgrade
 from actors.sft.sft_worker import train_loop
 from datalake.format import DatasetError, resolve_filesystem
-from datalake.pipeline import Lake, LakeError
+from datalake.pipeline import ACTION_KEY, STATE_KEY, Lake, LakeError
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
-from rlvla3.cli_options import add_run_dir
+from rlvla3.cli_options import add_run_dir, deprecated_alias
 from rlvla3.config import (
     ConfigError,
     Named,
@@ -57,7 +64,7 @@ from rlvla3.config import (
     to_dict,
 )
 from rlvla3.run_config import adopt_init_policy
-from rlvla3.storage import Mirror, Storage, join
+from rlvla3.storage import Mirror, Storage, check_writable, join
 from rlvla3.types import EnvSpec
 
 PRESETS = "rlvla3.presets.sft"
@@ -83,24 +90,35 @@ def spec_for(cfg: SFTConfig, lake: Lake) -> EnvSpec:
     )
 
 
+STAT_FILLS: dict[str, list[tuple[tuple[str, str], Callable[[Lake], Any], int, str]]] = {
+    "vla": [
+        (("state_low", "state_high"), Lake.state_range, 4,
+         "no state stats in the datasets: the VLA bins the state over [-1, 1]"),
+        (("action_mean", "action_std"), Lake.action_stats, 5,
+         "no action stats in the datasets: the VLA learns raw actions"),
+    ],
+    "groot": [
+        (("state_min", "state_max"), lambda lake: lake.min_max(STATE_KEY), 6,
+         "no state min/max in the datasets: GR00T normalises the state over [-1, 1]"),
+        (("action_min", "action_max"), lambda lake: lake.min_max(ACTION_KEY), 6,
+         "no action min/max in the datasets: GR00T learns raw actions"),
+    ],
+}
+"""Per policy: the option pairs the datasets' stats fill, from which statistic, the digits
+kept, and what is said when the datasets lack it."""
+
+
 def with_dataset_stats(cfg: SFTConfig, lake: Lake) -> SFTConfig:
     """The packed VLA bins its state tokens over ``state_low..state_high`` and standardises its
-    actions by ``action_mean/action_std``; what the config leaves unset comes from the
-    datasets' stats (the checkpoint keeps them, so eval and RL see the same state bins and
-    actions in the same units)."""
+    actions by ``action_mean/action_std``; GR00T min-max normalises state and actions to
+    [-1, 1] (``state_min`` ... ``action_max``, as LeRobot's groot does with the dataset's
+    stats). What the config leaves unset comes from the datasets' stats (the checkpoint keeps
+    them, so eval and RL see the same units)."""
     options = dict(cfg.policy.options)
-    if cfg.policy.name != "vla":
-        return cfg
-    fills = [
-        (("state_low", "state_high"), lake.state_range, 4,
-         "no state stats in the datasets: the VLA bins the state over [-1, 1]"),
-        (("action_mean", "action_std"), lake.action_stats, 5,
-         "no action stats in the datasets: the VLA learns raw actions"),
-    ]
-    for keys, source, digits, missing in fills:
+    for keys, source, digits, missing in STAT_FILLS.get(cfg.policy.name, []):
         if options.get(keys[0]):
             continue
-        values = source()
+        values = source(lake)
         if values is None:
             print(f"[sft] {missing}", file=sys.stderr)
             continue
@@ -164,13 +182,35 @@ def verify_data(lake: Lake, max_skip_fraction: float) -> None:
     print(f"[sft] verify-data: {summary}", file=sys.stderr)
 
 
+def check_files(lake: Lake, max_skip_fraction: float) -> None:
+    """The quick check of ``datalake inspect`` (headers and footers) on every dataset: files
+    that cannot be opened at all take their episodes' frames with them; more of those than
+    ``max_skip_fraction`` of all frames is a ``DatasetError`` naming the first such file,
+    before Ray starts, instead of the lake's abort inside a training worker."""
+    from datalake.report import unreadable_frames
+
+    live = [m for m in lake.metas if m is not None]
+    checked = [unreadable_frames(m) for m in live]
+    problems = [p for found, _ in checked for p in found]
+    lost = sum(n for _, n in checked)
+    total = max(1, sum(m.total_frames for m in live))
+    if problems and lost / total > max_skip_fraction:
+        raise DatasetError(
+            f"{lost} of {total} frames ({lost / total:.0%}) are in files that cannot be read, "
+            f"more than lake.max_skip_fraction={max_skip_fraction:g}; {len(problems)} "
+            f"file(s), the first: {problems[0]} (all of them: rlvla3 datalake inspect PATH)")
+
+
 def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
     """Everything that can fail on user input, before Ray starts: the datasets exist and open,
-    the env (and its optional extra) and the policy resolve, and with ``verify`` the data
-    decodes (``verify_data``). Raises ``ConfigError``, ``DatasetError`` or ``LakeError``."""
+    their files open (``check_files``), the env (and its optional extra) and the policy
+    resolve, the run directory can be written, and with ``verify`` the data decodes
+    (``verify_data``). Raises ``ConfigError``, ``DatasetError`` or ``LakeError``."""
     _check_datasets_exist(cfg.lake.datasets)
     cfg = dataclasses.replace(cfg, run_dir=Storage(cfg.run_dir).uri)  # local: absolute
+    check_writable(cfg.run_dir, "run_dir")
     lake = Lake(cfg.lake)
+    check_files(lake, cfg.lake.max_skip_fraction)
     spec = spec_for(cfg, lake)
     if cfg.env is not None:
         lake_cfg = dataclasses.replace(
@@ -200,7 +240,7 @@ def connect(cfg: SFTConfig) -> None:
     import ray
 
     lc = cfg.lake
-    need = cfg.workers + lc.decode_actors * lc.cpus_per_decoder + lc.expand_cpus
+    need = cfg.num_learners + lc.decode_actors * lc.cpus_per_decoder + lc.expand_cpus
     if not ray.is_initialized():
         from actors.runtime.bootstrap import init_ray
 
@@ -210,14 +250,15 @@ def connect(cfg: SFTConfig) -> None:
     have = ray.cluster_resources().get("CPU", 0.0)
     if need > have:
         raise ConfigError(
-            "workers",
-            f"{cfg.workers} train workers + the lake's {need - cfg.workers:g} CPUs "
+            "num_learners",
+            f"{cfg.num_learners} learner ranks + the lake's {need - cfg.num_learners:g} CPUs "
             f"exceed the cluster's {have:g} CPUs (the data pipeline would stall)",
         )
     gpus = ray.cluster_resources().get("GPU", 0.0)
-    if cfg.use_gpu and gpus < cfg.workers:
+    if cfg.use_gpu and gpus < cfg.num_learners:
         raise ConfigError(
-            "use_gpu", f"--gpu needs {cfg.workers} GPU(s), one per worker; the cluster has {gpus:g}"
+            "use_gpu", f"--gpu needs {cfg.num_learners} GPU(s), one per rank; the cluster has "
+                       f"{gpus:g}"
         )
 
 
@@ -225,24 +266,24 @@ def train(job: SFTJob) -> dict[str, Any]:
     """Start Ray Train on a prepared job and wait; returns a summary (first / last logged loss,
     checkpoint)."""
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     cfg, lake, spec = job.cfg, job.lake, job.spec
     files = Mirror(cfg.run_dir)
-    files.write_text("config.json", json.dumps(to_dict(cfg), indent=2))
+    files.write_text("config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     # Ray Train keeps its own files beside ours, on the same storage
     train_fs, train_path = resolve_filesystem(join(cfg.run_dir, "ray"))
-    trainer = TorchTrainer(
+    trainer = DataParallelTrainer(
         train_loop,
         train_loop_config={
             "sft": to_dict(cfg),
             "spec": dataclasses.asdict(spec),
             "cameras": list(lake.cameras),
             "dataset_problems": lake.dataset_problems,
+            "cwd": os.getcwd(),
         },
-        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
-            num_workers=cfg.workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": 1}
+            num_workers=cfg.num_learners, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": 1}
         ),
         datasets={"train": lake.samples(_resume_epoch(cfg.run_dir))},
         run_config=RunConfig(name="sft", storage_path=train_path, storage_filesystem=train_fs),
@@ -274,7 +315,7 @@ FLAGS: dict[str, str] = {
     "policy": "policy.name",
     "env": "env.name",
     "init_from": "init_from",
-    "workers": "workers",
+    "num_learners": "num_learners",
     "max_steps": "max_steps",
     "grad_accum": "grad_accum",
     "lr": "lr",
@@ -304,7 +345,9 @@ def parser() -> argparse.ArgumentParser:
         help="start from these weights (a checkpoint or run directory) with a fresh step, "
         "optimizer and schedule; the policy options default to the checkpoint's",
     )
-    p.add_argument("--workers", type=int, help="Ray Train workers (default: 1)")
+    p.add_argument("--num-learners", type=int,
+                   help="learner ranks, one Ray Train worker each (default: 1)")
+    deprecated_alias(p, "--workers", "--num-learners", "num_learners", type=int)
     p.add_argument("--max-steps", type=int, help="optimizer steps of the run (default: 200)")
     p.add_argument("--grad-accum", type=int, help="packed rows per optimizer step per worker")
     p.add_argument("--lr", type=float, help="peak learning rate (default: 3e-4)")
@@ -320,17 +363,13 @@ def parser() -> argparse.ArgumentParser:
 
 def config_mapping(args: argparse.Namespace) -> dict[str, Any]:
     """The mapping ``SFTConfig`` is built from: a new run's preset, ``--config`` file, flags and
-    ``--set`` overrides in that order, or with ``--resume`` the run's saved ``config.json`` with
+    ``--set`` overrides in that order, or with ``--resume`` the run's saved ``config.yaml`` with
     the flags and overrides on top."""
     if args.resume:
         if args.preset or args.config or args.run_dir:
             raise ConfigError("--resume", "continues the run with its saved config: drop "
                               "--preset, --config and --run-dir (flags and --set still apply)")
-        try:
-            mapping = json.loads(Storage(args.resume).read_text("config.json"))
-        except FileNotFoundError:
-            raise ConfigError("--resume", f"{args.resume} has no config.json (not an SFT run "
-                              "directory)") from None
+        mapping = saved_config(args.resume)
         mapping["run_dir"] = args.resume
     else:
         mapping = load_mapping(args.preset or "default", args.config, package=PRESETS)
@@ -343,6 +382,7 @@ def config_mapping(args: argparse.Namespace) -> dict[str, Any]:
             mapping = deep_merge(mapping, _nested(field_path, value))
     for item in args.overrides:
         mapping = deep_merge(mapping, parse_override(item))
+    mapping = upgrade(mapping)
     if not (mapping.get("lake") or {}).get("datasets"):
         raise ConfigError("lake.datasets", "no dataset: give --dataset PATH (repeatable)")
     policy = mapping.setdefault("policy", {"name": "vla"})
@@ -354,6 +394,16 @@ def config_mapping(args: argparse.Namespace) -> dict[str, Any]:
     return mapping
 
 
+def saved_config(run_dir: str) -> dict[str, Any]:
+    """The config a run directory was started with: ``config.yaml``, or the ``config.json``
+    of a run written before."""
+    store = Storage(run_dir)
+    for name, parse in (("config.yaml", yaml.safe_load), ("config.json", json.loads)):
+        if store.is_file(name):
+            return dict(parse(store.read_text(name)) or {})
+    raise ConfigError("--resume", f"{run_dir} has no config.yaml (not an SFT run directory)")
+
+
 def config_from_args(args: argparse.Namespace) -> SFTConfig:
     """The run config the arguments describe (what ``--print-config`` prints)."""
     return build(SFTConfig, config_mapping(args))
@@ -363,6 +413,22 @@ def _nested(dotted: str, value: Any) -> dict[str, Any]:
     for key in reversed(dotted.split(".")):
         value = {key: value}
     return value
+
+
+def user_error(exc: BaseException) -> BaseException | None:
+    """The user's error inside a failed training run: a ``LakeError`` (more bad data than
+    the lake skips), a ``DatasetError`` or a ``ConfigError`` raised in a Ray Train worker
+    arrives wrapped (``ray.train.WorkerGroupError``: each rank's exception, with the original
+    as its cause); None when the failure is none of those."""
+    kinds = (LakeError, DatasetError, ConfigError)
+    seen: list[BaseException] = [exc, *getattr(exc, "worker_failures", {}).values()]
+    while seen:
+        error = seen.pop(0)
+        if isinstance(error, kinds):
+            return error
+        seen += [e for e in (error.__cause__, getattr(error, "cause", None))
+                 if isinstance(e, BaseException)]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,7 +445,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, DatasetError, LakeError) as exc:  # ValueError: ConfigError and kin
         print(f"rlvla3 sft: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(train(job), indent=2))
+    try:
+        summary = train(job)
+    except Exception as exc:  # bad data found only while training: still one line
+        cause = user_error(exc)
+        if cause is None:
+            raise
+        print(f"rlvla3 sft: {cause}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2))
     return 0
 
 

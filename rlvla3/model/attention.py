@@ -4,7 +4,9 @@ Inputs: queries ``q [Tq, Hq, D]`` and keys/values ``k, v [Tk, Hkv, D]`` of ``B``
 end to end, boundaries ``cu_q`` / ``cu_k`` (int32 ``[B + 1]``, the FlashAttention varlen format),
 and optionally ``key_valid [Tk]`` (False on padding keys; padded mode only). Segment ``b`` of
 the queries attends, without a causal mask, to segment ``b`` of the keys and to nothing else.
-Output: ``[Tq, Hq, D]``. Grouped-query attention: ``Hq`` is a multiple of ``Hkv``.
+Output: ``[Tq, Hq, D]``. Grouped-query attention: ``Hq`` is a multiple of ``Hkv``. With
+``causal=True`` (a decoder LLM over packed prompts; query and key segments of equal length)
+token ``i`` of a segment attends to tokens ``0..i`` of its segment only.
 
 The model expresses the pi0 block structure with two calls of this function and no mask:
 prefix queries against prefix keys (bidirectional), and action queries against
@@ -57,7 +59,7 @@ class AttentionBackend(abc.ABC):
     @abc.abstractmethod
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
                  cu_k: torch.Tensor, max_q: int, max_k: int,
-                 key_valid: torch.Tensor | None = None) -> torch.Tensor:
+                 key_valid: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
         """Attention of packed ``q`` over packed ``k``/``v`` segment by segment."""
 
 
@@ -67,7 +69,7 @@ class PerSegmentAttention(AttentionBackend):
     name = "per_segment"
     supports_key_mask = True
 
-    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None, causal=False):
         lq = torch.diff(cu_q).tolist()
         lk = torch.diff(cu_k).tolist()
         gqa = q.shape[1] != k.shape[1]
@@ -75,10 +77,14 @@ class PerSegmentAttention(AttentionBackend):
         outs = []
         for qs, ks, vs, m in zip(torch.split(q, lq), torch.split(k, lk), torch.split(v, lk), masks,
                                  strict=True):
+            mask = None if m is None else m.view(1, 1, 1, -1)
+            if causal and mask is not None:
+                mask = mask & torch.ones(len(qs), len(ks), dtype=torch.bool,
+                                         device=q.device).tril()
             o = F.scaled_dot_product_attention(
                 qs.transpose(0, 1).unsqueeze(0), ks.transpose(0, 1).unsqueeze(0),
-                vs.transpose(0, 1).unsqueeze(0),
-                attn_mask=None if m is None else m.view(1, 1, 1, -1), enable_gqa=gqa,
+                vs.transpose(0, 1).unsqueeze(0), attn_mask=mask,
+                is_causal=causal and mask is None, enable_gqa=gqa,
             )
             outs.append(o[0].transpose(0, 1))
         return torch.cat(outs) if outs else q.new_zeros(q.shape)
@@ -96,7 +102,7 @@ class PaddedAttention(AttentionBackend):
         seg = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), lens)
         return seg, torch.arange(total, device=cu.device) - cu.long()[seg]
 
-    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None, causal=False):
         if q.is_cuda:
             k, v = repeat_kv(q, k, v)
         b = len(cu_q) - 1
@@ -107,9 +113,12 @@ class PaddedAttention(AttentionBackend):
         pv = v.new_zeros(b, max_k, *v.shape[1:]).index_put((sk, ok), v)
         valid = torch.zeros(b, max_k, dtype=torch.bool, device=q.device)
         valid[sk, ok] = True if key_valid is None else key_valid
+        mask = valid[:, None, None, :]
+        if causal:  # segments are laid out from slot 0: slot i sees slots 0..i
+            mask = mask & torch.ones(max_q, max_k, dtype=torch.bool, device=q.device).tril()
         out = F.scaled_dot_product_attention(
             pq.transpose(1, 2), pk.transpose(1, 2), pv.transpose(1, 2),
-            attn_mask=valid[:, None, None, :], enable_gqa=q.shape[1] != k.shape[1],
+            attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1],
         )
         return out.transpose(1, 2)[sq, oq]
 
@@ -124,17 +133,17 @@ class FusedAttention(AttentionBackend):
         self._exact = PerSegmentAttention()
         self._warned = False
 
-    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None):
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None, causal=False):
         if q.dtype in HALF_DTYPES:
-            return self.fused(q, k, v, cu_q, cu_k, max_q, max_k)
+            return self.fused(q, k, v, cu_q, cu_k, max_q, max_k, causal)
         if not self._warned:
             self._warned = True
             log.warning("attention backend %s takes float16/bfloat16 only: %s inputs run on the "
                         "exact per-segment path", self.name, q.dtype)
-        return self._exact(q, k, v, cu_q, cu_k, max_q, max_k)
+        return self._exact(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal)
 
     @abc.abstractmethod
-    def fused(self, q, k, v, cu_q, cu_k, max_q, max_k) -> torch.Tensor:
+    def fused(self, q, k, v, cu_q, cu_k, max_q, max_k, causal=False) -> torch.Tensor:
         """The kernel call, half-precision inputs only."""
 
 
@@ -143,10 +152,13 @@ class TorchVarlenAttention(FusedAttention):
 
     name = "torch_varlen"
 
-    def fused(self, q, k, v, cu_q, cu_k, max_q, max_k):
+    def fused(self, q, k, v, cu_q, cu_k, max_q, max_k, causal=False):
         from torch.nn.attention.varlen import varlen_attn
 
         extra = {}
+        if causal:  # newer releases spell it as a window: every key up to the query's own
+            extra = ({"is_causal": True} if "is_causal" in varlen_params()
+                     else {"window_size": (-1, 0)})
         if q.shape[1] != k.shape[1]:
             if varlen_takes_gqa():
                 extra["enable_gqa"] = True
@@ -156,11 +168,16 @@ class TorchVarlenAttention(FusedAttention):
 
 
 @functools.cache
-def varlen_takes_gqa() -> bool:
-    """Whether this torch's ``varlen_attn`` has the ``enable_gqa`` flag (newer releases)."""
+def varlen_params() -> frozenset[str]:
+    """The keyword parameters of this torch's ``varlen_attn``."""
     from torch.nn.attention.varlen import varlen_attn
 
-    return "enable_gqa" in inspect.signature(varlen_attn).parameters
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def varlen_takes_gqa() -> bool:
+    """Whether this torch's ``varlen_attn`` has the ``enable_gqa`` flag (newer releases)."""
+    return "enable_gqa" in varlen_params()
 
 
 class FlashAttention(FusedAttention):
@@ -168,10 +185,11 @@ class FlashAttention(FusedAttention):
 
     name = "flash"
 
-    def fused(self, q, k, v, cu_q, cu_k, max_q, max_k):
+    def fused(self, q, k, v, cu_q, cu_k, max_q, max_k, causal=False):
         from flash_attn import flash_attn_varlen_func
 
-        return flash_attn_varlen_func(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k, causal=False)
+        return flash_attn_varlen_func(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k,
+                                      causal=causal)
 
 
 BACKENDS: dict[str, type[AttentionBackend]] = {

@@ -7,7 +7,8 @@ cluster of the GPUs they have (``rollout.cost_model`` / ``learner.cost_model`` =
 ``{name: custom, options: ...}``, or ``rlvla3 plan --cost-model custom --cost FIELD=VALUE ...``).
 
 Measures (working dtype, medians after a warm-up, device synchronised around each call):
-- ``act`` on rollout batches of several sizes; a least-squares line through (B, time) gives
+- ``act`` on rollout batches of several sizes, through the acting strategy a rollout server
+  gets by default (CUDA graphs on a GPU); a least-squares line through (B, time) gives
   ``infer_per_call_ms`` (intercept) and ``infer_per_sample_ms`` (slope), with the fit's largest
   relative residual so a curve that is not a line is visible;
 - ``evaluate`` forward + backward of a training micro-batch, per sample:
@@ -41,18 +42,33 @@ B = 1 varied from 137 to 200 ms between runs)."""
 
 
 def check_costs(ctx) -> Iterator[dict]:
+    """The VLA at the check's preset."""
     from rlvla3.config import build
     from rlvla3.model.policy import VLAPolicy
-    from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+    from rlvla3.model.synthetic_obs import libero_like_spec
     from rlvla3.model.vla_config import VLAConfig, shapes_for
 
     dev, sz = ctx.device, ctx.sizes
     cfg = build(VLAConfig, {"preset": sz.preset})
     spec = libero_like_spec(image_size=shapes_for(cfg).image_size, chunk_len=50)
     policy = VLAPolicy(spec, cfg, dev).to(sz.dtype)
-    snap: dict = {"preset": sz.preset, "dtype": str(sz.dtype).removeprefix("torch."),
-                  "chunk_len": spec.chunk_len, "denoise_steps": cfg.denoise_steps,
-                  "attention": policy.attention_backend, "act_ms": {}}
+    yield from measure_costs(ctx, policy, spec, f"VLA preset {sz.preset}", cfg.denoise_steps)
+
+
+def measure_costs(ctx, policy, spec, model: str, denoise_steps: int) -> Iterator[dict]:
+    """The cost-model figures of ``policy`` (any ``rlvla3.protocols.Policy`` with
+    ``attention_backend``, on the device in the working dtype) on LIBERO-like batches of
+    ``spec``; ``model`` names it in the snapshots and the cost model's ``source`` (with the
+    acting strategy, where the policy has one)."""
+    from rlvla3.model.synthetic_obs import libero_like_batch
+
+    dev, sz = ctx.device, ctx.sizes
+    from rlvla3.model.policy import VLAPolicy
+
+    acting = policy.acting.name if isinstance(policy, VLAPolicy) else "eager"
+    snap: dict = {"model": model, "dtype": str(sz.dtype).removeprefix("torch."),
+                  "chunk_len": spec.chunk_len, "denoise_steps": denoise_steps,
+                  "attention": policy.attention_backend, "acting": acting, "act_ms": {}}
     batches = {b: libero_like_batch(spec, b, np.random.default_rng(b))[0]
                for b in sz.cost_batches}
     for obs in batches.values():  # every shape once first: allocator, kernels and clocks settle
@@ -88,8 +104,8 @@ def check_costs(ctx) -> Iterator[dict]:
         "train_per_sample_ms": round_sig(1000 * train_s / n),
         "train_per_step_ms": round_sig(1000 * step_s),
         "model_gb": round_sig(params * next(policy.parameters()).element_size() / 1e9),
-        "source": f"rlvla3 bench gpu on {_device_name(dev)}: VLA preset {sz.preset}, "
-                  f"{snap['dtype']}, {cfg.denoise_steps} denoising steps, eager",
+        "source": f"rlvla3 bench gpu on {_device_name(dev)}: {model}, "
+                  f"{snap['dtype']}, {denoise_steps} denoising steps, act {acting}",
     }
     GpuCosts(**options).validate()  # the figures a cost model accepts
     snap.update(parameters=params, train_batch=n,

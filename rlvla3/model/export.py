@@ -1,13 +1,16 @@
-"""``rlvla3 export``: write a checkpoint trained here as a LeRobot ``pi05`` policy directory.
+"""``rlvla3 export``: write a checkpoint trained here as a LeRobot policy directory: a ``vla``
+policy as LeRobot's ``pi05``, a ``groot`` policy as LeRobot's ``groot`` (GR00T-N1.5; written by
+``rlvla3.model.groot.export``, whose docstring lists its files).
 
 Example::
 
     rlvla3 export --checkpoint runs/pi05_rl --format lerobot --out exports/pi05_rl
 
-Input: a checkpoint directory or a run directory (its latest checkpoint) holding a ``vla``
-policy that acts as pi0.5 does (``chain: padded``, ``normalization: quantile``, a PaliGemma
+Input: a checkpoint directory or a run directory (its latest checkpoint) holding a ``groot``
+policy or a ``vla`` policy that acts as pi0.5 does (``chain: padded``, ``normalization: quantile``, a PaliGemma
 ``tokenizer`` with the state in the prompt, ``image_resize: pad``, a patchify vision stem).
-Output, in ``--out`` (which must not exist or be empty, unless ``--force``)::
+Output for a ``vla`` policy, in ``--out`` (which must not exist or be empty, unless
+``--force``)::
 
     config.json              "type": "pi05" and the PI05Config fields the policy implies
     model.safetensors        weights under LeRobot's keys (``model.`` prefix), the Hub's
@@ -25,7 +28,8 @@ listed (stdout and ``rlvla3_export.json``). LeRobot's ``PI05Policy.from_pretrain
 loads the directory and acts as the checkpoint does (``tests/data/check_pi05_export.py`` proves
 it for the tiny configuration; LeRobot builds only the full-size variants, so a ``pi05_tiny``
 export is loaded with that script's size patch). ``--checkpoint`` is a local path or a
-storage URI (``s3://...``, ``rlvla3.storage``; downloaded into the scratch cache).
+storage URI (``s3://...``, ``rlvla3.storage``; downloaded into the scratch cache). Both formats
+are written by ``write_policy_dir``; ``EXPORTERS`` picks the writer by the checkpoint's policy.
 """
 
 from __future__ import annotations
@@ -152,21 +156,39 @@ def _pipelines(policy: VLAPolicy, inputs: dict[str, Any]) -> dict[str, Any]:
     return {PREPROCESSOR: pre, POSTPROCESSOR: post}
 
 
+def write_policy_dir(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any],
+                     pipelines: dict[str, Any], stats: dict[str, dict[str, torch.Tensor]],
+                     copies: dict[str, Path], manifest: dict[str, Any]) -> dict[str, Any]:
+    """Write a LeRobot policy directory: ``model.safetensors``, ``config.json``, the processor
+    pipelines and their statistics files (file name -> tensors), ``copies`` (name in ``out`` ->
+    a file or directory to copy) and ``rlvla3_export.json`` (``manifest`` + the file list,
+    written last). Returns the manifest as written."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config, indent=4) + "\n")
+    for name, pipeline in pipelines.items():
+        (out / name).write_text(json.dumps(pipeline, indent=2) + "\n")
+    for name, tensors in stats.items():
+        save_file(tensors, str(out / name))
+    for name, src in copies.items():
+        if src.is_dir():
+            shutil.copytree(src, out / name, dirs_exist_ok=True)
+        else:
+            shutil.copyfile(src, out / name)
+    manifest = {**manifest,
+                "files": sorted(p.name for p in out.iterdir()) + ["rlvla3_export.json"]}
+    (out / "rlvla3_export.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
 def export_lerobot(policy: VLAPolicy, out: Path, source: dict[str, Any]) -> dict[str, Any]:
     """Write ``policy`` as a LeRobot pi05 directory in ``out``; returns the manifest."""
     problems = export_problems(policy)
     if problems:
         raise ExportError("cannot export as a LeRobot pi05 policy:\n  " + "\n  ".join(problems))
-    out.mkdir(parents=True, exist_ok=True)
     weights, left_out = _weights(policy)
-    save_file(weights, str(out / "model.safetensors"))
     inputs, cameras = _features(policy)
-    (out / "config.json").write_text(json.dumps(_config(policy, inputs), indent=4) + "\n")
-    for name, pipeline in _pipelines(policy, inputs).items():
-        (out / name).write_text(json.dumps(pipeline, indent=2) + "\n")
-    save_file(_stats(policy, (STATE, ACTION)), str(out / NORMALIZER_FILE))
-    save_file(_stats(policy, (ACTION,)), str(out / UNNORMALIZER_FILE))
-    shutil.copyfile(policy.processor.tokenizer.path, out / "tokenizer.model")
+    tokenizer = Path(policy.processor.tokenizer.path)
     manifest = {
         "format": "lerobot pi05 (LeRobot 0.6.x)",
         **source,
@@ -174,11 +196,19 @@ def export_lerobot(policy: VLAPolicy, out: Path, source: dict[str, Any]) -> dict
         "shapes": dataclasses.asdict(policy.shapes),
         "full_size": policy.cfg.preset == "pi05",
         "left_out": left_out,
-        "tokenizer": str(policy.processor.tokenizer.path),
-        "files": sorted(p.name for p in out.iterdir()) + ["rlvla3_export.json"],
+        "tokenizer": str(tokenizer),
     }
-    (out / "rlvla3_export.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
+    stats = {NORMALIZER_FILE: _stats(policy, (STATE, ACTION)),
+             UNNORMALIZER_FILE: _stats(policy, (ACTION,))}
+    return write_policy_dir(out, weights, _config(policy, inputs), _pipelines(policy, inputs),
+                            stats, {"tokenizer.model": tokenizer}, manifest)
+
+
+EXPORTERS: dict[str, str] = {
+    "vla": "rlvla3.model.export:export_lerobot",
+    "groot": "rlvla3.model.groot.export:export_lerobot",
+}
+"""Policy name -> the function writing it as a LeRobot directory (``pi05``, ``groot``)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -186,7 +216,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint or run directory (a path or a storage URI)")
     p.add_argument("--format", required=True, choices=["lerobot"],
-                   help="output format: a LeRobot pi05 policy directory")
+                   help="output format: a LeRobot policy directory (pi05 for a 'vla' policy, "
+                   "groot for a 'groot' policy)")
     add_output_dir(p, "directory to write", required=True)
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --output-dir")
     return p
@@ -209,14 +240,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:  # no checkpoint there, storage unreachable, bad file
         print(f"rlvla3 export: {exc}", file=sys.stderr)
         return 2
-    if not isinstance(policy, VLAPolicy):
-        print(f"rlvla3 export: {ckpt} holds a {meta.policy.name!r} policy; only 'vla' "
-              "policies export to LeRobot pi05", file=sys.stderr)
+    if meta.policy.name not in EXPORTERS:
+        print(f"rlvla3 export: {ckpt} holds a {meta.policy.name!r} policy; only "
+              f"{' and '.join(repr(n) for n in EXPORTERS)} policies export to LeRobot",
+              file=sys.stderr)
         return 2
+    from rlvla3.registry import resolve
+
+    writer = resolve(EXPORTERS, meta.policy.name, "policy.name")
     if out.exists() and args.force:
         shutil.rmtree(out)
     try:
-        manifest = export_lerobot(policy, out, {"source": str(ckpt), "version": meta.version})
+        manifest = writer(policy, out, {"source": str(ckpt), "version": meta.version})
     except ExportError as exc:
         print(f"rlvla3 export: {exc}", file=sys.stderr)
         return 2

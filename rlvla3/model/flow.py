@@ -94,16 +94,20 @@ StepFn = Callable[[torch.Tensor, torch.Tensor], StepDistribution]
 
 
 def sample_chain(step: StepFn, x0: torch.Tensor, steps: int, deterministic: bool,
-                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the chain from noise ``x0 [n, H, A]``; returns (chain ``[n, K+1, H, A]``, logp ``[n]``)."""
+                 generator: torch.Generator | None = None,
+                 eps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the chain from noise ``x0 [n, H, A]``; returns (chain ``[n, K+1, H, A]``, logp ``[n]``).
+    Each step's noise is drawn from ``generator``, or taken from ``eps [K, n, H, A]`` (drawn
+    beforehand, as a captured loop needs)."""
     chain, logp, x = [x0], x0.new_zeros(len(x0)), x0
-    for t in time_grid(steps):
+    for k, t in enumerate(time_grid(steps)):
         dist = step(x, torch.full((len(x),), t, device=x.device))
         if deterministic:
             x = dist.mode
         else:
-            eps = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-            x = dist.mean + dist.std * eps
+            noise = eps[k] if eps is not None else torch.randn(
+                x.shape, generator=generator, device=x.device, dtype=x.dtype)
+            x = dist.mean + dist.std * noise
         logp = logp + gaussian_log_prob(x, dist)
         chain.append(x)
     return torch.stack(chain, 1), logp

@@ -6,25 +6,19 @@ Inputs: a ``BlockLinear`` (a ``torch.nn.Linear`` whose forward delegates to the 
 operands. The master weights stay in their own dtype, so checkpoints and optimiser state do
 not change with FP8 on or off.
 
-Any layer size works: ``blockwise_linear`` zero-pads tokens, input and output features up to
-multiples of 128 (the block kernels, forward and backward, need all three), runs the block GEMM
-and cuts the output back. Zeros never raise a tile's or block's absolute maximum, so the real
-elements are quantised exactly as in an unpadded layer, and padded rows and columns of the
-output are dropped, so their (zero) gradients reach no weight.
-
-Backends (chosen by config; the chosen one is reported by ``name`` and logged):
+Backends (``Fp8Backend``; chosen by config through ``rlvla3.model.fp8_select.select_fp8``,
+which logs the choice; every backend reports what runs in ``detail``):
+- ``Fp8Linear`` over a kernel set (``rlvla3.model.fp8_kernels``): the project's own Triton
+  quantisers and block GEMM, ``torch._scaled_mm`` blockwise or rowwise, or the float32
+  emulation (``emulated``) that runs on any device and gives the kernels' numerics;
 - ``transformer_engine``: TE ``Linear`` under ``fp8_autocast`` with the ``Float8BlockScaling``
-  recipe (Hopper, imported lazily).
-- ``torchao``: ``torchao.prototype.blockwise_fp8_training`` (Triton quantisers; the GEMM through
-  ``torch._scaled_mm`` on cuBLAS, or torchao's Triton GEMM where that fails), Hopper only.
-- ``emulated``: quantise-dequantise in float32 on any device, numerics only (no speed-up);
-  gradients pass straight through the rounding. It pads exactly as the torchao path does, so
-  CPU runs exercise that code. Asking for FP8 where only this exists logs a warning naming it.
+  recipe (Hopper, imported lazily);
+- ``torchao``: ``torchao.prototype.blockwise_fp8_training`` (Hopper, imported lazily), through
+  ``blockwise_linear``, which zero-pads tokens, input and output features to whole 128 blocks
+  (its kernels need all three) and cuts the output back: zeros never raise a block's maximum,
+  so the real elements quantise as in an unpadded layer.
 
 Asking for a kernel backend whose package is missing raises an error that names the package.
-
-Invariant (e4m3, 3 mantissa bits): every element whose scaled magnitude is a normal e4m3 number
-round-trips with relative error <= 2^-4.
 """
 
 from __future__ import annotations
@@ -72,58 +66,6 @@ def blockwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return y if bias is None else y + bias.to(y.dtype)
 
 
-def quantize_weight(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w [O, I]`` -> (e4m3 ``[O', I']`` padded to whole blocks, scales ``[O'/b, I'/b]``)."""
-    wp = pad_blocks(w.float(), block)
-    tiles = wp.view(wp.shape[0] // block, block, wp.shape[1] // block, block)
-    amax = tiles.abs().amax(dim=(1, 3), keepdim=True).clamp_min(1e-12)
-    scale = amax / E4M3_MAX
-    q = (tiles / scale).to(E4M3).view_as(wp)
-    return q, scale[:, 0, :, 0]
-
-
-def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, shape: torch.Size,
-                      block: int = BLOCK) -> torch.Tensor:
-    tiles = q.float().view(q.shape[0] // block, block, q.shape[1] // block, block)
-    return (tiles * scale[:, None, :, None]).view(q.shape)[: shape[0], : shape[1]]
-
-
-def quantize_activation(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [..., I]`` -> (e4m3 ``[..., I']``, scales ``[..., I'/b]``): 1 x ``block`` tiles."""
-    xp = _pad_to(x.float(), x.dim() - 1, block)
-    tiles = xp.view(*xp.shape[:-1], xp.shape[-1] // block, block)
-    scale = tiles.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / E4M3_MAX
-    return (tiles / scale).to(E4M3).view_as(xp), scale[..., 0]
-
-
-def dequantize_activation(q: torch.Tensor, scale: torch.Tensor, features: int,
-                          block: int = BLOCK) -> torch.Tensor:
-    tiles = q.float().view(*q.shape[:-1], q.shape[-1] // block, block)
-    return (tiles * scale[..., None]).view(q.shape)[..., :features]
-
-
-def fake_quant_weight(w: torch.Tensor) -> torch.Tensor:
-    """Quantise-dequantise ``w`` blockwise; straight-through gradient."""
-    q, s = quantize_weight(w.detach())
-    return w + (dequantize_weight(q, s, w.shape).to(w.dtype) - w).detach()
-
-
-def fake_quant_activation(x: torch.Tensor) -> torch.Tensor:
-    """Quantise-dequantise ``x`` in 1x128 tiles; straight-through gradient."""
-    q, s = quantize_activation(x.detach())
-    return x + (dequantize_activation(q, s, x.shape[-1]).to(x.dtype) - x).detach()
-
-
-def emulated_block_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The block GEMM's numerics in float32: x in 1x128 tiles, w in 128x128 blocks. Like the
-    real kernels it accepts whole blocks only, so callers go through ``blockwise_linear``."""
-    if x.shape[0] % BLOCK or x.shape[1] % BLOCK or w.shape[0] % BLOCK:
-        raise ValueError(f"block GEMM needs multiples of {BLOCK}: x {tuple(x.shape)}, "
-                         f"w {tuple(w.shape)}")
-    y = F.linear(fake_quant_activation(x.float()), fake_quant_weight(w.float()))
-    return y.to(x.dtype)
-
-
 class Fp8Backend(abc.ABC):
     """Computes a linear layer from FP8 block-quantised operands."""
 
@@ -139,16 +81,7 @@ class Fp8Backend(abc.ABC):
         """``x @ W^T + b`` of ``layer`` with FP8 numerics."""
 
 
-class EmulatedFp8(Fp8Backend):
-    """Quantise-dequantise in float32, then an ordinary matmul: FP8 numerics, no FP8 speed."""
-
-    name = "emulated"
-
-    def linear(self, layer, x):
-        return blockwise_linear(x, layer.weight, layer.bias, emulated_block_gemm)
-
-
-def _require(module: str, pip_name: str, what: str) -> None:
+def require_package(module: str, pip_name: str, what: str) -> None:
     """Raise an error naming the package when ``module`` is not importable."""
     if importlib.util.find_spec(module) is None:
         extra = "" if module == "triton" else " (or the project's `gpu` extra)"
@@ -156,12 +89,12 @@ def _require(module: str, pip_name: str, what: str) -> None:
                          f"which is not importable here: pip install {pip_name}{extra}")
 
 
-def _hopper() -> bool:
+def hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
 
-def _require_hopper(what: str) -> None:
-    if not _hopper():
+def require_hopper(what: str) -> None:
+    if not hopper():
         found = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
         raise ValueError(f"{what} needs a Hopper (sm90+) GPU; found {found}")
 
@@ -207,9 +140,9 @@ class TorchAOFp8(Fp8Backend):
     name = "torchao"
 
     def __init__(self, gemm: str = "auto", quick: bool = False) -> None:
-        _require("torchao", "torchao", "FP8 backend 'torchao'")
-        _require("triton", "triton", "FP8 backend 'torchao'")
-        _require_hopper("FP8 backend 'torchao'")
+        require_package("torchao", "torchao", "FP8 backend 'torchao'")
+        require_package("triton", "triton", "FP8 backend 'torchao'")
+        require_hopper("FP8 backend 'torchao'")
         from torchao.prototype.blockwise_fp8_training import kernels
         from torchao.prototype.blockwise_fp8_training.linear import fp8_blockwise_mm
 
@@ -265,9 +198,9 @@ class TransformerEngineFp8(Fp8Backend):
     name = "transformer_engine"
 
     def __init__(self) -> None:
-        _require("transformer_engine", "transformer-engine[pytorch]",
+        require_package("transformer_engine", "transformer-engine[pytorch]",
                  "FP8 backend 'transformer_engine'")
-        _require_hopper("FP8 backend 'transformer_engine'")
+        require_hopper("FP8 backend 'transformer_engine'")
         import transformer_engine.pytorch as te
         from transformer_engine.common.recipe import Float8BlockScaling
 
@@ -286,43 +219,6 @@ class TransformerEngineFp8(Fp8Backend):
             self._modules[id(layer)] = mod
         with self._te.fp8_autocast(enabled=True, fp8_recipe=self._recipe):
             return mod(x)
-
-
-_KERNEL_BACKENDS: dict[str, tuple[str, type[Fp8Backend]]] = {
-    "transformer_engine": ("transformer_engine", TransformerEngineFp8),
-    "torchao": ("torchao", TorchAOFp8),
-}
-"""Kernel backends in ``auto``'s order of preference: name -> (module, class)."""
-
-
-def select_fp8(name: str, device: torch.device) -> Fp8Backend:
-    """The FP8 backend for ``name`` (``auto``: real kernels when possible, else emulation).
-
-    A named kernel backend whose package is missing, or asked for without a Hopper GPU, raises
-    ``ValueError`` saying which."""
-    if name == "auto":
-        for module, cls in _KERNEL_BACKENDS.values():
-            if device.type == "cuda" and _hopper() and importlib.util.find_spec(module):
-                backend: Fp8Backend = cls()
-                break
-        else:
-            backend = EmulatedFp8()
-            log.warning("FP8 requested but no FP8 kernel backend is usable on %s "
-                        "(needs Hopper + transformer_engine or torchao): running the 'emulated' "
-                        "quantise-dequantise backend (FP8 numerics, no speed-up)", device)
-    elif name == "emulated":
-        backend = EmulatedFp8()
-        log.warning("FP8 backend 'emulated': quantise-dequantise numerics only, no speed-up")
-    else:
-        if name not in _KERNEL_BACKENDS:
-            raise ValueError(f"unknown FP8 backend {name!r}; choose from auto, emulated, "
-                             f"{', '.join(_KERNEL_BACKENDS)}")
-        backend = _KERNEL_BACKENDS[name][1]()  # checks its package first, then the GPU
-        if device.type != "cuda":
-            raise ValueError(f"FP8 backend {name!r} runs on a CUDA device; the model is on "
-                             f"{device}")
-    log.info("FP8 backend: %s", backend.detail)
-    return backend
 
 
 class BlockLinear(nn.Linear):

@@ -1,33 +1,27 @@
-"""The entries of the GPU check (``rlvla3 bench gpu``): each measures one GPU path of the VLA
-against its reference and says whether it passes.
+"""The entries of the GPU check (``rlvla3 bench gpu``): the table ``ENTRIES`` (run order, time
+limit, one line each) and the entries that share this module's context and sizes; the others
+live in ``act_check``, ``fp8_check``, ``cost_check`` and ``groot_check`` (GR00T-N1.5's cost
+model and packed step). A new model's entry is a generator of
+snapshots and one row of the table.
 
-One module over 400 lines because the entries of one GPU check share its context and sizes; each
-entry is short.
+Inputs: a ``Context`` (device and ``CheckSizes``: pi0.5 shapes on a GPU, fitted to its memory
+by ``sizes_for``; tiny ones for the CPU dry run, where the same code runs with the CPU
+backends: exact per-segment attention, emulated FP8, acting without graph capture). Output:
+each entry is a generator of JSON-ready dicts, every one a complete snapshot of the entry so
+far (so a run cut short still reports what it measured); the last holds ``pass``. Every
+snapshot names the backends that actually ran.
 
-Inputs: a ``Context`` (device and ``CheckSizes``: pi0.5 shapes on a GPU, tiny ones for the CPU
-dry run, where the same code runs with the CPU backends: exact per-segment attention and
-emulated FP8). Output: each entry is a generator of JSON-ready dicts, every one a complete
-snapshot of the entry so far (so a run cut short still reports what it measured); the last
-holds ``pass``. Every snapshot names the backends that actually ran.
-
-Entries:
+Entries here:
 - ``attention``: packed varlen attention through every usable backend (flash-attn, torch's
   varlen; per-segment and the padded baseline on CPU) against the exact per-segment reference
   in float32: largest error of the output and of the gradients, relative to the reference's
   largest magnitude; forward + backward time of each.
 - ``packing``: one training step (flow-matching loss, forward + backward) of the VLA on a
   LIBERO-like batch, packed varlen vs the dynamic-padding baseline, same weights: real tokens/s,
-  peak memory, speed-up, and agreement of the per-sample losses.
-- ``fp8_linear``: FP8 block-scaled linears against bf16 at the pi0.5 layer shapes (and sizes
-  that are not multiples of 128, padded): error of output and gradients against float32 (and
-  against bf16), speed of forward + backward, speed-up weighted by how often each shape occurs
-  in the model.
+  peak memory, speed-up, agreement of the per-sample losses, each variant's FLOPs, MFU against
+  the measured matrix rate, and one profiled step by kernel kind (``step_profile``).
 - ``rl``: the RL path: ``act`` on a rollout batch, ``evaluate`` of the recorded chains, their
   log-probability agreement (float32 and the working dtype) and decisions/s.
-- ``fp8_training``: the packed training step with every backbone and expert projection in FP8
-  against the same step in bf16.
-- ``costs`` (``rlvla3.model.cost_check``): this GPU's per-call, per-sample and per-step figures
-  as a ``custom`` cost model for the simulated-GPU pipeline and the planner.
 
 Timings are medians of ``repeats`` after a warm-up, with the device synchronised around each.
 Peak memory is ``torch.cuda.max_memory_allocated`` (None on CPU).
@@ -38,11 +32,12 @@ from __future__ import annotations
 import gc
 import importlib.util
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
+from rlvla3.model.act_check import check_act
 from rlvla3.model.attention import (
     BACKENDS,
     PerSegmentAttention,
@@ -52,7 +47,10 @@ from rlvla3.model.attention import (
 )
 from rlvla3.model.check_timing import peak_gb, reset_peak, round_sig, timed
 from rlvla3.model.cost_check import check_costs
-from rlvla3.model.fp8 import BlockLinear, EmulatedFp8, Fp8Backend
+from rlvla3.model.fp8_check import check_fp8_linear, check_fp8_training
+from rlvla3.model.fp8_select import select_fp8
+from rlvla3.model.groot_check import check_groot
+from rlvla3.model.step_profile import kernel_breakdown, matrix_tflops, step_flops
 
 Snapshot = dict
 Entry = Callable[["Context"], Iterator[Snapshot]]
@@ -72,8 +70,9 @@ class Fp8Layer:
 
 @dataclass(frozen=True)
 class CheckSizes:
-    """The work each entry does; ``GPU`` fits the whole check in about five minutes on an
-    H200, ``DRY_RUN`` exercises the same code on CPU in seconds."""
+    """The work each entry does; ``GPU`` fits the whole check in about eight minutes on an
+    H200 (the VLA's entries five, GR00T's up to two and a half), ``DRY_RUN`` exercises the
+    same code on CPU in seconds."""
 
     preset: str
     dtype: torch.dtype
@@ -86,13 +85,20 @@ class CheckSizes:
     fp8_repeats: int
     rl_batch: int
     rl_repeats: int
-    cost_batches: tuple[int, ...] = (1, 4, 16, 32, 64)
+    cost_batches: tuple[int, ...] = (1, 8, 32, 64)
     """Rollout batch sizes ``costs`` times ``act`` at (a line is fitted through them)."""
     cost_repeats: int = 9
-    timeouts: dict[str, float] = field(default_factory=dict)
-    """Seconds per entry (its process is killed past this and the entry fails)."""
-    budget_s: float = 330.0
+    act_batches: tuple[int, ...] = (1, 8, 32, 64)
+    """Batch sizes the ``act`` entry times every acting strategy at."""
+    act_repeats: int = 7
+    loss_steps: int = 50
+    """AdamW steps of ``fp8_training``'s loss comparison."""
+    loss_samples: int = 8
+    loss_lr: float = 1e-5
+    budget_s: float = 480.0
     """Seconds for the whole check; an entry gets at most what is left."""
+    entry_timeout_s: float | None = None
+    """Seconds every entry may take (None: each entry's own ``gpu_timeout_s``)."""
 
 
 _PI05_LAYERS = (  # backbone tokens: 16 LIBERO-like samples; expert tokens: 16 chunks of 50
@@ -115,9 +121,6 @@ GPU = CheckSizes(
                        712, 129),
     attention_repeats=10, train_samples=16, train_repeats=5, fp8_layers=_PI05_LAYERS,
     fp8_repeats=10, rl_batch=32, rl_repeats=3,
-    timeouts={"attention": 60, "packing": 120, "fp8_linear": 150, "rl": 90,
-              "fp8_training": 120, "costs": 120},
-    budget_s=330,
 )
 
 DRY_RUN = CheckSizes(
@@ -126,10 +129,25 @@ DRY_RUN = CheckSizes(
     fp8_layers=(Fp8Layer("tiny.mlp_up", 50, 64, 128, 2), Fp8Layer("tiny.mlp_down", 50, 128, 64, 1),
                 Fp8Layer("padded.72x200", 50, 72, 200, 0)),
     fp8_repeats=1, rl_batch=3, rl_repeats=1, cost_batches=(1, 2, 4), cost_repeats=1,
-    timeouts={"attention": 120, "packing": 120, "fp8_linear": 120, "rl": 120,
-              "fp8_training": 120, "costs": 120},
+    act_batches=(1, 2, 4), act_repeats=1, loss_steps=3, loss_samples=2, loss_lr=1e-3,
     budget_s=500,  # each entry takes seconds; the slack is for a machine shared with others
+    entry_timeout_s=120,
 )
+
+SMALL_GPU_GB = 100.0
+"""Below this much GPU memory (an 80 GB H100) the training micro-batches of ``rl`` and
+``costs`` are halved: 32 samples of pi0.5 forward + backward peaked at 97-103 GB on an H200."""
+
+
+def sizes_for(dry_run: bool) -> CheckSizes:
+    """The sizes for this machine: ``DRY_RUN``, or ``GPU`` fitted to the GPU's memory."""
+    if dry_run:
+        return DRY_RUN
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        if total < SMALL_GPU_GB:
+            return replace(GPU, rl_batch=GPU.rl_batch // 2)
+    return GPU
 
 
 @dataclass(frozen=True)
@@ -146,21 +164,6 @@ def _max_rel(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _fro_rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.float() - ref.float()).norm() / ref.float().norm())
-
-
-def fp8_backend(device: torch.device) -> Fp8Backend:
-    """The FP8 backend the check measures: torchao (quick tuning) or TransformerEngine on a
-    GPU, when importable; emulation otherwise (an entry on a GPU then fails)."""
-    if device.type == "cuda":
-        if importlib.util.find_spec("torchao"):
-            from rlvla3.model.fp8 import TorchAOFp8
-
-            return TorchAOFp8(quick=True)
-        if importlib.util.find_spec("transformer_engine"):
-            from rlvla3.model.fp8 import TransformerEngineFp8
-
-            return TransformerEngineFp8()
-    return EmulatedFp8()
 
 
 # -- (a) attention ---------------------------------------------------------------------------
@@ -227,10 +230,13 @@ def check_attention(ctx: Context) -> Iterator[Snapshot]:
 
 
 # -- (b) and (e) training steps --------------------------------------------------------------
-def _training_step(ctx: Context, variants: dict[str, tuple[dict, bool]]) -> Iterator[Snapshot]:
+def training_step(ctx: Context, variants: dict[str, tuple[dict, str | None]],
+                  profile: bool = False) -> Iterator[Snapshot]:
     """Forward + backward of the flow-matching loss for each variant (``VLAConfig`` overrides,
-    whether its projections run FP8), one variant on the device at a time, identical weights
-    (same seed) and batch; the first variant is the baseline of the others."""
+    the FP8 backend its projections run through or None), one variant on the device at a
+    time, identical weights (same seed) and batch; the first variant is the baseline of the
+    others. ``profile``: also each variant's FLOPs and one profiled step by kernel kind
+    (``rlvla3.model.step_profile``)."""
     from rlvla3.config import build
     from rlvla3.model.policy import VLAPolicy
     from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
@@ -250,7 +256,7 @@ def _training_step(ctx: Context, variants: dict[str, tuple[dict, bool]]) -> Iter
     for name, (overrides, fp8) in variants.items():
         policy = VLAPolicy(spec, build(VLAConfig, {"preset": sz.preset, **overrides}), dev)
         policy.to(sz.dtype)
-        backend = fp8_backend(dev) if fp8 else None
+        backend = select_fp8(fp8, dev) if fp8 else None
         if backend is not None:
             policy.net.set_fp8(backend)
 
@@ -263,6 +269,10 @@ def _training_step(ctx: Context, variants: dict[str, tuple[dict, bool]]) -> Iter
         losses[name] = step().detach().float().cpu()
         reset_peak(dev)
         seconds = timed(step, sz.train_repeats, dev, warmup=0)
+        extra = {}
+        if profile:
+            extra = {"step_flops": step_flops(policy.net, step, policy.cfg.padded),
+                     "kernels": kernel_breakdown(step, dev)}
         real = int(policy.token_counts(obs).sum())
         pb = policy.processor(obs, padded=policy.cfg.padded)
         stream = len(pb.prefix_index) + sz.train_samples * spec.chunk_len
@@ -272,7 +282,7 @@ def _training_step(ctx: Context, variants: dict[str, tuple[dict, bool]]) -> Iter
             "fp8": backend.detail if backend is not None else None,
             "tokens_in_stream": stream, "step_s": round_sig(seconds),
             "real_tokens_per_s": round_sig(real / seconds), "peak_memory_gb": peak_gb(dev),
-            "loss_finite": bool(torch.isfinite(losses[name]).all()),
+            "loss_finite": bool(torch.isfinite(losses[name]).all()), **extra,
         }
         del policy, step
         gc.collect()
@@ -294,94 +304,28 @@ the mean loss (bf16 rounding, FP8 quantisation)."""
 
 
 def check_packing(ctx: Context) -> Iterator[Snapshot]:
+    """Packed vs padded step, plus MFU: the packed model's FLOPs (its real tokens' work, the
+    same for both variants) per second over the measured matrix rate; ``hardware_utilisation``
+    counts what each variant's kernels compute, padding included."""
     snap: Snapshot = {}
-    for snap in _training_step(ctx, {"padded": ({"padded": True}, False),
-                                     "packed": ({}, False)}):
+    for snap in training_step(ctx, {"padded": ({"padded": True}, None),
+                                    "packed": ({}, None)}, profile=True):
         yield snap
     v = snap["variants"]
     snap["token_ratio"] = round_sig(v["padded"]["tokens_in_stream"] / snap["real_tokens"])
+    snap["flop_ratio"] = round_sig(v["padded"]["step_flops"] / v["packed"]["step_flops"])
     snap["speedup"] = v["packed"]["speedup"]
+    dev, sz = ctx.device, ctx.sizes
+    rate = matrix_tflops(dev, sz.dtype, 8192 if dev.type == "cuda" else 256)
+    snap["matrix_tflops"] = round_sig(rate)
+    useful = v["packed"]["step_flops"]
+    for row in v.values():
+        row["mfu"] = round_sig(useful / row["step_s"] / (rate * 1e12), 3)
+        row["hardware_utilisation"] = round_sig(row["step_flops"] / row["step_s"] / (rate * 1e12),
+                                                3)
+        row["step_tflop"] = round_sig(row.pop("step_flops") / 1e12)
     snap["pass"] = (all(x["loss_finite"] for x in v.values())
                     and v["packed"]["loss_max_rel_diff"] <= LOSS_TOLERANCE)
-    yield snap
-
-
-def check_fp8_training(ctx: Context) -> Iterator[Snapshot]:
-    snap: Snapshot = {}
-    for snap in _training_step(ctx, {"bf16": ({}, False), "fp8": ({}, True)}):
-        yield snap
-    v = snap["variants"]
-    snap["speedup"] = v["fp8"]["speedup"]
-    real_kernel = v["fp8"]["fp8"] != "emulated"
-    snap["pass"] = (all(x["loss_finite"] for x in v.values())
-                    and v["fp8"]["loss_max_rel_diff"] <= LOSS_TOLERANCE
-                    and (real_kernel or ctx.device.type != "cuda"))
-    yield snap
-
-
-# -- (c) FP8 linears -------------------------------------------------------------------------
-FP8_TOLERANCE = 0.1
-"""FP8 output and gradients may differ from float32 by this relative (Frobenius) error; e4m3
-rounding alone gives about 0.03-0.05."""
-
-
-def check_fp8_linear(ctx: Context) -> Iterator[Snapshot]:
-    dev, sz = ctx.device, ctx.sizes
-    backend = fp8_backend(dev)
-    snap: Snapshot = {"backend": backend.name, "detail": backend.detail,
-                      "dtype": str(sz.dtype).removeprefix("torch."), "tolerance": FP8_TOLERANCE,
-                      "layers": {}}
-    if getattr(backend, "probe_error", None):
-        snap["scaled_mm_probe_error"] = backend.probe_error
-    ok = backend.name != "emulated" or dev.type != "cuda"
-    g = torch.Generator().manual_seed(0)
-    for spec in sz.fp8_layers:
-        x = torch.randn(spec.tokens, spec.in_features, generator=g).to(dev, sz.dtype)
-        w = (torch.randn(spec.out_features, spec.in_features, generator=g)
-             * spec.in_features**-0.5).to(dev, sz.dtype)
-        dy = torch.randn(spec.tokens, spec.out_features, generator=g).to(dev, sz.dtype)
-        ref = [x.float() @ w.float().T, dy.float() @ w.float(), dy.float().T @ x.float()]
-        layer = BlockLinear(spec.in_features, spec.out_features, bias=False, device=dev,
-                            dtype=sz.dtype)
-        with torch.no_grad():
-            layer.weight.copy_(w)
-        xin = x.clone().requires_grad_(True)
-
-        def step(lay=layer, xin=xin, dy=dy):
-            lay.weight.grad, xin.grad = None, None
-            lay(xin).backward(dy)
-
-        row = {"tokens": spec.tokens, "in": spec.in_features, "out": spec.out_features,
-               "count": spec.count}
-        try:
-            results = {}
-            for label, fp8 in (("bf16", None), ("fp8", backend)):
-                layer.fp8 = fp8
-                xin.grad = layer.weight.grad = None
-                y = layer(xin)
-                y.backward(dy)
-                results[label] = [y.detach(), xin.grad, layer.weight.grad]
-                row[f"{label}_rel_err"] = {k: round_sig(_fro_rel(a, b)) for k, a, b in
-                                           zip(("out", "dx", "dw"), results[label], ref,
-                                               strict=True)}
-                row[f"{label}_fwd_bwd_ms"] = round_sig(timed(step, sz.fp8_repeats, dev) * 1e3)
-            row["fp8_vs_bf16_rel_err"] = {
-                k: round_sig(_fro_rel(a, b))
-                for k, a, b in zip(("out", "dx", "dw"), results["fp8"], results["bf16"],
-                                   strict=True)}
-            row["speedup"] = round_sig(row["bf16_fwd_bwd_ms"] / row["fp8_fwd_bwd_ms"], 3)
-            row["pass"] = all(e <= FP8_TOLERANCE for e in row["fp8_rel_err"].values())
-        except Exception as exc:
-            row["error"], row["pass"] = f"{type(exc).__name__}: {exc}", False
-        ok &= row["pass"]
-        snap["layers"][spec.name] = row
-        yield snap
-    model = [r for r in snap["layers"].values() if r["count"] and "speedup" in r]
-    if model:
-        bf16 = sum(r["count"] * r["bf16_fwd_bwd_ms"] for r in model)
-        fp8 = sum(r["count"] * r["fp8_fwd_bwd_ms"] for r in model)
-        snap["model_weighted_speedup"] = round_sig(bf16 / fp8, 3)
-    snap["pass"] = ok
     yield snap
 
 
@@ -440,12 +384,31 @@ def check_rl(ctx: Context) -> Iterator[Snapshot]:
     yield snap
 
 
-ENTRIES: dict[str, Entry] = {
-    "attention": check_attention,
-    "packing": check_packing,
-    "fp8_linear": check_fp8_linear,
-    "rl": check_rl,
-    "fp8_training": check_fp8_training,
-    "costs": check_costs,
+@dataclass(frozen=True)
+class CheckEntry:
+    """One entry of the check: the generator that runs it and its time limit on a GPU."""
+
+    run: Entry
+    gpu_timeout_s: float
+    """Seconds on a GPU before its process is killed and the entry fails."""
+    what: str
+    """One line for ``--help`` and the guide."""
+
+
+ENTRIES: dict[str, CheckEntry] = {
+    "act": CheckEntry(check_act, 120, "act per strategy (eager / static / CUDA graph) at "
+                                      "batch 1-64, fit, agreement with eager"),
+    "fp8_linear": CheckEntry(check_fp8_linear, 150, "every FP8 kernel candidate at the pi0.5 "
+                                                    "layer shapes: error, speed-up, choice"),
+    "fp8_training": CheckEntry(check_fp8_training, 150, "the packed step in FP8 vs bf16, and "
+                                                        "the loss over 50 AdamW steps"),
+    "packing": CheckEntry(check_packing, 100, "packed vs padded bf16 step: tokens/s, MFU, "
+                                              "where the time goes"),
+    "costs": CheckEntry(check_costs, 90, "a cost model of this GPU for the planner"),
+    "attention": CheckEntry(check_attention, 60, "varlen attention backends vs the exact "
+                                                 "per-segment reference"),
+    "rl": CheckEntry(check_rl, 60, "act / evaluate log-probability agreement, decisions/s"),
+    "groot": CheckEntry(check_groot, 150, "GR00T-N1.5: a cost model of this GPU and the "
+                                          "packed vs padded step"),
 }
-"""In run order: the most informative and cheapest first."""
+"""In run order, the issue's headline figures first. A new model's entry is one more row."""

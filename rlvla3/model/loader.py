@@ -111,6 +111,21 @@ def _read(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def refuse_mismatch(where: str | Path, missing: list[str], extra: list[str],
+                    shapes: list[str]) -> None:
+    """A ``CheckpointLayoutError`` naming every missing, unexpected and misshapen key (up to 20
+    of each), unless all three lists are empty."""
+    if not (missing or extra or shapes):
+        return
+    lines = [f"checkpoint {where} does not match the model:"]
+    for title, items in (("missing keys", missing), ("unexpected keys", extra),
+                         ("shape mismatches", shapes)):
+        if items:
+            lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:20])
+                         + (" ..." if len(items) > 20 else ""))
+    raise CheckpointLayoutError("\n".join(lines))
+
+
 def load_openpi_checkpoint(net: VLANetwork, path: str | Path) -> list[str]:
     """Copy a pi0.5 checkpoint into ``net``; returns the parameters left fresh (RL heads)."""
     state = _read(path)
@@ -133,14 +148,7 @@ def load_openpi_checkpoint(net: VLANetwork, path: str | Path) -> list[str]:
         for k in sorted(set(expected) & set(state))
         if state[k].shape != own[expected[k]].shape
     ]
-    if missing or extra or shapes:
-        lines = [f"checkpoint {path} does not match the model:"]
-        for title, items in (("missing keys", missing), ("unexpected keys", extra),
-                             ("shape mismatches", shapes)):
-            if items:
-                lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:20])
-                             + (" ..." if len(items) > 20 else ""))
-        raise CheckpointLayoutError("\n".join(lines))
+    refuse_mismatch(path, missing, extra, shapes)
     with torch.no_grad():
         for key, name in expected.items():
             own[name].copy_(state[key].to(own[name].dtype))

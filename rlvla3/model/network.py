@@ -39,8 +39,9 @@ class PrefixCache:
     keys: list[torch.Tensor]
     """Per layer, ``[T_prefix, Hkv, D]`` after RoPE."""
     values: list[torch.Tensor]
-    hidden: torch.Tensor
-    """``[T_prefix, width]`` final-normed prefix states (value head input)."""
+    hidden: torch.Tensor | None
+    """``[T_prefix, width]`` final-normed prefix states (value head input; None where only
+    the action expert reads the cache)."""
 
 
 @dataclass
@@ -56,6 +57,43 @@ class SuffixLayout:
     key_valid: torch.Tensor | None
     positions: torch.Tensor
     """``[S * H]`` RoPE positions: real prefix length of the sample + step in the chunk."""
+
+    def attend(self, attention: AttentionBackend, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor,
+               chunk: int) -> torch.Tensor:
+        """Action queries ``q [S * H, Hq, D]`` over their sample's prefix keys and their own
+        segment's keys, through the varlen backend."""
+        keys = torch.cat([prefix_k, k])[self.joint_index]
+        vals = torch.cat([prefix_v, v])[self.joint_index]
+        return attention(q, keys, vals, self.cu_q, self.cu_k, chunk, self.max_k, self.key_valid)
+
+
+@dataclass
+class DenseSuffix:
+    """The suffix at static shapes: ``B`` segments (one per sample of a batch bucket), each
+    sample's prefix keys/values laid out in ``L`` slots (``StaticPrefix``), a key mask instead
+    of a packed index. Every tensor keeps its shape from call to call, so a loop over it can be
+    captured in a CUDA graph; attention is one masked SDPA with the query heads of each
+    key/value head folded into the query length (no key/value repeat, any GQA group)."""
+
+    reps: int
+    positions: torch.Tensor
+    """``[B * H]`` RoPE positions (filled per call)."""
+    key_mask: torch.Tensor
+    """bool ``[B, 1, 1, L + H]``: real prefix keys and the chunk's own keys (filled per call)."""
+
+    def attend(self, attention, q, k, v, prefix_k, prefix_v, chunk):
+        b = self.key_mask.shape[0]
+        hq, d = q.shape[1:]
+        hkv = k.shape[1]
+        group = hq // hkv
+        keys = torch.cat([prefix_k.view(b, -1, hkv, d), k.view(b, chunk, hkv, d)], 1)
+        vals = torch.cat([prefix_v.view(b, -1, hkv, d), v.view(b, chunk, hkv, d)], 1)
+        qg = q.view(b, chunk, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(b, hkv,
+                                                                            group * chunk, d)
+        out = F.scaled_dot_product_attention(qg, keys.transpose(1, 2), vals.transpose(1, 2),
+                                             attn_mask=self.key_mask)
+        return out.view(b, hkv, group, chunk, d).permute(0, 3, 1, 2, 4).reshape(b * chunk, hq, d)
 
 
 class VLANetwork(nn.Module):
@@ -135,14 +173,14 @@ class VLANetwork(nn.Module):
             w = pb.key_valid.to(w.dtype)
         pooled = cache.hidden.new_zeros(pb.n, cache.hidden.shape[1])
         pooled.index_add_(0, pb.sample_of_token, cache.hidden * w[:, None])
-        count = torch.as_tensor(pb.real_prefix, device=w.device, dtype=w.dtype)
+        count = pb.real_counts.to(w.dtype)
         return self.value_head(pooled / count[:, None])[:, 0].float()
 
     # -- action expert ---------------------------------------------------------------------
     def suffix_layout(self, pb: PrefixBatch, reps: int) -> SuffixLayout:
         h, n = self.chunk_len, pb.n
-        cu_p = pb.cu_prefix.cpu().numpy().astype(np.int64)
-        plen = np.diff(cu_p)
+        plen = pb.segment_lengths
+        cu_p = np.r_[0, np.cumsum(plen)].astype(np.int64)
         total_p = int(cu_p[-1])
         owner = np.tile(np.arange(n), reps)
         seg_k = plen[owner] + h
@@ -174,9 +212,10 @@ class VLANetwork(nn.Module):
         return F.silu(self.time_mlp_out(
             F.silu(self.time_mlp_in(emb))))
 
-    def velocity(self, cache: PrefixCache, layout: SuffixLayout, x: torch.Tensor,
+    def velocity(self, cache: PrefixCache, layout: SuffixLayout | DenseSuffix, x: torch.Tensor,
                  t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flow velocity ``[S, H, A]`` and expert states ``[S, H, We]`` for chunks ``x``."""
+        """Flow velocity ``[S, H, A]`` and expert states ``[S, H, We]`` for chunks ``x``
+        (packed ``SuffixLayout`` or static ``DenseSuffix``: the same arithmetic)."""
         s, h, a = x.shape
         if a < self.action_width:
             x = F.pad(x, (0, self.action_width - a))
@@ -184,10 +223,7 @@ class VLANetwork(nn.Module):
         cond = self.time_condition(t)[:, None, :]
         for layer, pk, pv in zip(self.expert_layers, cache.keys, cache.values, strict=True):
             q, k, v, gate = layer.qkv(y, layout.positions, cond)
-            keys = torch.cat([pk, k])[layout.joint_index]
-            vals = torch.cat([pv, v])[layout.joint_index]
-            att = self.attention(q, keys, vals, layout.cu_q, layout.cu_k, h, layout.max_k,
-                                 layout.key_valid)
+            att = layout.attend(self.attention, q, k, v, pk, pv, h)
             y = layer.finish(y, att.view(s, h, *att.shape[1:]), gate, cond)
         y, _ = self.expert_norm(y, cond)
         return self.action_out_proj(y)[..., :a].float(), y

@@ -167,56 +167,88 @@ def weights_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def round_trip_checkpoint(fixture: Path, out: Path) -> Path:
-    """The fixture's policy with every weight moved by ``N(0, 0.01)`` noise from a seeded numpy
-    generator (the same on every machine), saved as an rlvla3 checkpoint at ``out``."""
+def perturbed_checkpoint(policy, name: str, options: dict, out: Path) -> Path:
+    """``policy`` as RL leaves one: every network weight moved by ``N(0, 0.01)`` noise from a
+    seeded numpy generator (the same on every machine), saved as an rlvla3 checkpoint of policy
+    ``name`` with ``options`` at ``out`` (version 7)."""
     from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
     from rlvla3.config import Named
 
-    meta, t = load_fixture(fixture)
-    policy = fixture_policy(fixture, meta, t)
     rng = np.random.default_rng(1)
     with torch.no_grad():
         for _, p in sorted(policy.net.named_parameters()):
             p.add_(torch.from_numpy(rng.normal(0.0, 0.01, p.shape).astype(np.float32)))
+    return Path(save_checkpoint(out, policy, CheckpointMeta(Named(name, options), policy.spec,
+                                                            7)))
+
+
+def run_export(ckpt: Path, out: Path) -> Path:
+    """``rlvla3 export --format lerobot`` of ``ckpt`` into ``out`` (its summary to stderr)."""
+    from rlvla3.model import export
+
+    with contextlib.redirect_stdout(sys.stderr):  # the command's summary; stdout is the table
+        code = export.main(["--checkpoint", str(ckpt), "--format", "lerobot", "--output-dir",
+                            str(out), "--force"])
+    if code:
+        raise RuntimeError(f"rlvla3 export failed with exit code {code}")
+    return out
+
+
+def round_trip_checkpoint(fixture: Path, out: Path) -> Path:
+    """The fixture's policy, perturbed (``perturbed_checkpoint``), at ``out``."""
+    meta, t = load_fixture(fixture)
     cams = {env: key for key, env in meta["cameras"].items()}
     options = {"preset": "pi05_tiny", "checkpoint": str(fixture), "camera_keys": cams,
                "tokenizer": str(fixture / "tokenizer.model"),
                "eval_noise_seed": meta["eval_noise_seed"]}
-    return Path(save_checkpoint(out, policy, CheckpointMeta(Named("vla", options), policy.spec,
-                                                            7)))
+    return perturbed_checkpoint(fixture_policy(fixture, meta, t), "vla", options, out)
 
 
 def export_round_trip(fixture: Path, out: Path) -> tuple[Path, Path]:
     """``round_trip_checkpoint`` at ``out/checkpoint``, exported to ``out/lerobot``."""
-    from rlvla3.model import export
-
     ckpt = round_trip_checkpoint(fixture, out / "checkpoint")
-    with contextlib.redirect_stdout(sys.stderr):  # the command's summary; stdout is the table
-        code = export.main(["--checkpoint", str(ckpt), "--format", "lerobot", "--out",
-                            str(out / "lerobot"), "--force"])
-    if code:
-        raise RuntimeError(f"rlvla3 export failed with exit code {code}")
-    return ckpt, out / "lerobot"
+    return ckpt, run_export(ckpt, out / "lerobot")
+
+
+def read_export_reference(fixture: Path) -> tuple[str, dict[str, torch.Tensor]]:
+    """(the digest of the weights LeRobot loaded, LeRobot's actions) of ``EXPORT_REFERENCE``."""
+    from safetensors import safe_open
+
+    with safe_open(str(fixture / EXPORT_REFERENCE), "pt") as f:
+        return f.metadata()["weights_sha256"], {k: f.get_tensor(k) for k in f.keys()}
+
+
+def check_digest(exported: Path, digest: str, script: str) -> None:
+    """The export's weights are those LeRobot loaded, or an ``AssertionError`` naming
+    ``script`` (the reference script to re-run)."""
+    ours = weights_digest(exported / "model.safetensors")
+    if ours != digest:
+        raise AssertionError(f"the export's weights ({ours[:12]}) are not those LeRobot loaded "
+                             f"({digest[:12]}): re-run {script}")
+
+
+def export_stages(ref: dict[str, torch.Tensor], policies: dict, actions, untrained) -> list[Stage]:
+    """Each policy's ``actions(policy, kind)`` (kind: ``sampled``, ``deterministic``) against
+    LeRobot's on the export, and how far LeRobot's deterministic actions moved from the
+    ``untrained`` fixture's (a row that must differ: the export carries the trained weights)."""
+    stages = [_diff(f"{name}: actions ({kind})", actions(policy, kind), ref[f"actions.{kind}"])
+              for name, policy in policies.items() for kind in ("sampled", "deterministic")]
+    moved = float(np.abs(ref["actions.deterministic"].numpy() - np.asarray(untrained)).max())
+    stages.append(Stage("LeRobot on the export vs the untrained fixture (must differ)", moved,
+                        ref["actions.deterministic"].numel()))
+    return stages
 
 
 @torch.no_grad()
 def compare_export(fixture: Path, out: Path) -> list[Stage]:
     """rlvla3's actions from the round trip's checkpoint, and from its export loaded back by
     rlvla3, against LeRobot's on the export (``EXPORT_REFERENCE``)."""
-    from safetensors import safe_open
-
     from rlvla3.checkpoint import load_policy
     from rlvla3.model import build_vla_policy
 
-    with safe_open(str(fixture / EXPORT_REFERENCE), "pt") as f:
-        digest = f.metadata()["weights_sha256"]
-        ref = {k: f.get_tensor(k) for k in f.keys()}
+    digest, ref = read_export_reference(fixture)
     ckpt, exported = export_round_trip(fixture, out)
-    ours = weights_digest(exported / "model.safetensors")
-    if ours != digest:
-        raise AssertionError(f"the export's weights ({ours[:12]}) are not those LeRobot loaded "
-                             f"({digest[:12]}): re-run tests/data/check_pi05_export.py")
+    check_digest(exported, digest, "tests/data/check_pi05_export.py")
     meta, t = load_fixture(fixture)
     obs = fixture_obs(meta, t)
     trained, _ = load_policy(ckpt)
@@ -224,47 +256,51 @@ def compare_export(fixture: Path, out: Path) -> list[Stage]:
         "preset": "pi05_tiny", "checkpoint": str(exported),
         "tokenizer": str(exported / "tokenizer.model"), "camera_keys": trained.cfg.camera_keys,
         "eval_noise_seed": meta["eval_noise_seed"]})
-    stages = []
-    for name, policy in (("checkpoint", trained), ("export reloaded", reloaded)):
+
+    def actions(policy, kind):
+        if kind == "deterministic":
+            return policy.act(obs, deterministic=True).actions
         policy.seed_sampling(meta["sampling_seed"])
-        stages.append(_diff(f"{name}: actions (sampled)", policy.predict_chunk(obs),
-                            ref["actions.sampled"]))
-        stages.append(_diff(f"{name}: actions (deterministic)",
-                            policy.act(obs, deterministic=True).actions,
-                            ref["actions.deterministic"]))
-    moved = float(np.abs(ref["actions.deterministic"].numpy()
-                         - t["actions.deterministic"].numpy()).max())
-    stages.append(Stage("LeRobot on the export vs the untrained fixture (must differ)", moved,
-                        ref["actions.deterministic"].numel()))
-    return stages
+        return policy.predict_chunk(obs)
+
+    return export_stages(ref, {"checkpoint": trained, "export reloaded": reloaded}, actions,
+                         t["actions.deterministic"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlvla3.model.parity",
-                                description="rlvla3's pi0.5 against a LeRobot fixture")
+def run_cli(argv: list[str] | None, prog: str, description: str, model) -> int:
+    """The parity command of a model family: ``model`` is its parity module (``fixture_path``,
+    ``load_fixture``, ``compare``, ``export_round_trip``, ``compare_export``). Prints the table
+    as JSON (the export rows too when the fixture has its export reference; exit status 1 when
+    a stage is above ``TOLERANCE``) or, with ``--export-to DIR``, writes the round trip."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("fixture", nargs="?", type=Path, default=None)
     p.add_argument("--export-to", type=Path, default=None,
                    help="write the export round trip's checkpoint and LeRobot directory here")
     args = p.parse_args(argv)
-    path = args.fixture or fixture_path()
+    path = args.fixture or model.fixture_path()
     if args.export_to:
-        ckpt, exported = export_round_trip(path, args.export_to)
+        ckpt, exported = model.export_round_trip(path, args.export_to)
         print(json.dumps({"checkpoint": str(ckpt), "export": str(exported),
                           "weights_sha256": weights_digest(exported / "model.safetensors")}))
         return 0
-    meta, _ = load_fixture(path)
-    stages = compare(path)
+    meta, _ = model.load_fixture(path)
+    stages = model.compare(path)
     if (path / EXPORT_REFERENCE).is_file():
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:
-            stages += compare_export(path, Path(tmp))
+            stages += model.compare_export(path, Path(tmp))
     checked = [s for s in stages if "must differ" not in s.name]
     worst = max(s.max_abs_diff for s in checked)
     print(json.dumps({"fixture": str(path), "seed": meta["seed"], "reference": meta["versions"],
                       "tolerance": TOLERANCE, "max_abs_diff": worst,
                       "stages": [asdict(s) for s in stages]}, indent=1))
     return 0 if worst <= TOLERANCE else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(argv, "python -m rlvla3.model.parity",
+                   "rlvla3's pi0.5 against a LeRobot fixture", sys.modules[__name__])
 
 
 if __name__ == "__main__":

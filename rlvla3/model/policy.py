@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -31,8 +31,9 @@ from torch import nn
 from rlvla3.config import ConfigError
 from rlvla3.model import flow
 from rlvla3.model.attention import select_backend
-from rlvla3.model.fp8 import select_fp8
-from rlvla3.model.network import PrefixCache, SuffixLayout, VLANetwork
+from rlvla3.model.fp8_select import select_fp8
+from rlvla3.model.inference import make_acting
+from rlvla3.model.network import DenseSuffix, PrefixCache, SuffixLayout, VLANetwork
 from rlvla3.model.normalize import make_normalizer
 from rlvla3.model.processor import PrefixBatch, Processor
 from rlvla3.model.tokenizer import ByteTokenizer, PaliGemmaTokenizer
@@ -42,6 +43,19 @@ from rlvla3.protocols import Evaluation
 from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChainNoise:
+    """The random numbers of one ``act`` call, drawn before the chain runs."""
+
+    x0: torch.Tensor
+    """``[n, H, W]`` the chain's start."""
+    steps: torch.Tensor | None = None
+    """``[K, n, H, W]`` each step's noise (sampling under Flow-SDE / Flow-Noise)."""
+    final: torch.Tensor | None = None
+    """``[n, H, A]`` the chunk's noise on the executed action dims (sampling under
+    ODE-Gaussian)."""
 
 
 class VLAPolicy(nn.Module):
@@ -84,6 +98,7 @@ class VLAPolicy(nn.Module):
         start = torch.Generator().manual_seed(cfg.eval_noise_seed)
         self._eval_noise = torch.randn((spec.chunk_len, self.chain_width), generator=start)
         self.set_attention(cfg.attention)
+        self.acting = make_acting(cfg.inference, device, cfg.padded)
         self.fp8_backend = select_fp8(cfg.fp8_backend, device) if cfg.fp8 else None
         self.net.set_fp8(self.fp8_backend)
         self._sampling_seed = cfg.seed + 1
@@ -96,12 +111,25 @@ class VLAPolicy(nn.Module):
         self._generator = torch.Generator(self.device).manual_seed(seed)
 
     def _apply(self, fn, recurse=True):
-        """After ``.to(device)``: re-pick the attention backend and the sampling generator."""
+        """After ``.to(device)``: re-pick the attention backend and the sampling generator;
+        after any move or cast, start the acting strategy afresh (its buffers and graphs hold
+        the old tensors' shapes, device and dtype)."""
         out = super()._apply(fn, recurse)
         if hasattr(self, "_generator") and self._generator.device != self.device:
             self._generator = torch.Generator(self.device).manual_seed(self._sampling_seed)
             self.set_attention(self.cfg.attention)
+        if hasattr(self, "acting"):
+            self.acting = make_acting(self.cfg.inference, self.device, self.cfg.padded)
         return out
+
+    def shard_units(self) -> list[tuple[nn.Module, tuple[str, ...]]]:
+        """The transformer blocks FSDP shards one by one (``rlvla3.engine``), each with the
+        methods besides ``forward`` it is called through: the vision layers, and the backbone
+        and expert layers run as ``qkv`` then ``finish`` (the attention between is the
+        network's)."""
+        net = self.net
+        return [(layer, ()) for layer in net.vision.layers] + [
+            (layer, ("qkv", "finish")) for layer in (*net.layers, *net.expert_layers)]
 
     @property
     def device(self) -> torch.device:
@@ -134,7 +162,7 @@ class VLAPolicy(nn.Module):
         pb = self.processor(obs, self.device, padded=self.cfg.padded)
         return pb, self.net.encode_prefix(pb)
 
-    def _step_fn(self, cache: PrefixCache, layout: SuffixLayout) -> flow.StepFn:
+    def step_fn(self, cache: PrefixCache, layout: SuffixLayout | DenseSuffix) -> flow.StepFn:
         dt = 1.0 / self.cfg.denoise_steps
 
         def step(x: torch.Tensor, t: torch.Tensor) -> flow.StepDistribution:
@@ -159,30 +187,56 @@ class VLAPolicy(nn.Module):
         x0 = torch.randn(shape, generator=self._generator, device=self.device)
         return x0 * self.cfg.init_noise
 
+    def _executed(self, dist: flow.StepDistribution) -> flow.StepDistribution:
+        """``ode_gaussian``'s action Gaussian over the dims the env executes: under ``chain:
+        padded`` the chunk's other dims (25 of a pi0.5 checkpoint's 32 on LIBERO) never reach
+        the env and feed no later step, so they are neither sampled nor scored (they would
+        only add noise to the ratio and the clip fraction)."""
+        a = self.spec.action_dim
+        return flow.StepDistribution(dist.mean[..., :a], dist.std[..., :a])
+
     def _actions(self, chain_end: torch.Tensor) -> np.ndarray:
         """The chain's last state ``[n, H, W]`` as env actions ``[n, H, action_dim]``."""
         x = chain_end[..., : self.spec.action_dim]
         return self.normalizer.to_env(x).numpy().astype(np.float32)
 
+    def draw_noise(self, n: int, deterministic: bool) -> ChainNoise:
+        """Every random number one call of ``act`` needs, drawn from the sampling stream in
+        the order the chain uses them (the chain's start, then each step's noise, or the
+        chunk's under ``ode_gaussian``)."""
+        x0 = self.initial_noise(n, deterministic)
+        if deterministic:
+            return ChainNoise(x0)
+        shape = (n, self.spec.chunk_len, self.chain_width)
+        if self.cfg.logprob == "ode_gaussian":  # the executed dims alone are sampled
+            executed = (n, self.spec.chunk_len, self.spec.action_dim)
+            return ChainNoise(x0, final=torch.randn(executed, generator=self._generator,
+                                                    device=self.device))
+        steps = [torch.randn(shape, generator=self._generator, device=self.device)
+                 for _ in range(self.cfg.denoise_steps)]
+        return ChainNoise(x0, steps=torch.stack(steps))
+
+    def run_chain(self, step: flow.StepFn, noise: ChainNoise,
+                  deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The denoising chain ``[n, K + 1, H, W]`` from ``noise`` and its log-probability
+        ``[n]`` (no random numbers drawn here)."""
+        if self.cfg.logprob == "ode_gaussian":
+            chain, dist = flow.ode_action_distribution(step, noise.x0, self.cfg.denoise_steps,
+                                                       self.cfg.noise_level)
+            dist, a = self._executed(dist), self.spec.action_dim
+            if noise.final is not None:
+                end = torch.cat([dist.mean + dist.std * noise.final, chain[:, -1, :, a:]], -1)
+                chain = torch.cat([chain[:, :-1], end[:, None]], 1)
+            return chain, flow.gaussian_log_prob(chain[:, -1, :, :a], dist)
+        return flow.sample_chain(step, noise.x0, self.cfg.denoise_steps, deterministic,
+                                 eps=noise.steps)
+
     @torch.no_grad()
     def act(self, obs: ObsBatch, deterministic: bool = False) -> PolicyOutput:
         """Sample the denoising chain; its last state is the action chunk. ``deterministic``:
-        the ODE from ``initial_noise``, a fixed function of the observation (evaluation)."""
-        pb, cache = self._prefix(obs)
-        value = self.net.value(cache, pb)
-        layout = self.net.suffix_layout(pb, reps=1)
-        x0 = self.initial_noise(len(obs), deterministic)
-        step = self._step_fn(cache, layout)
-        if self.cfg.logprob == "ode_gaussian":
-            chain, dist = flow.ode_action_distribution(step, x0, self.cfg.denoise_steps,
-                                                       self.cfg.noise_level)
-            if not deterministic:
-                eps = torch.randn(dist.mean.shape, generator=self._generator, device=self.device)
-                chain = torch.cat([chain[:, :-1], (dist.mean + dist.std * eps)[:, None]], 1)
-            logp = flow.gaussian_log_prob(chain[:, -1], dist)
-        else:
-            chain, logp = flow.sample_chain(step, x0, self.cfg.denoise_steps, deterministic,
-                                            self._generator)
+        the ODE from ``initial_noise``, a fixed function of the observation (evaluation).
+        Runs through ``acting`` (``rlvla3.model.inference``: eager, static or CUDA graphs)."""
+        chain, logp, value = self.acting.act(self, obs, deterministic)
         return PolicyOutput(
             actions=self._actions(chain[:, -1]),
             log_prob=logp.cpu().numpy().astype(np.float32),
@@ -199,7 +253,7 @@ class VLAPolicy(nn.Module):
         if noise is None:
             noise = torch.randn((len(obs), self.spec.chunk_len, self.chain_width),
                                 generator=self._generator, device=self.device)
-        step = self._step_fn(cache, self.net.suffix_layout(pb, reps=1))
+        step = self.step_fn(cache, self.net.suffix_layout(pb, reps=1))
         chain, _ = flow.ode_action_distribution(step, noise.to(self.device, torch.float32),
                                                 self.cfg.denoise_steps, 1.0)
         return self._actions(chain[:, -1])
@@ -212,14 +266,16 @@ class VLAPolicy(nn.Module):
         chain = torch.as_tensor(latents, dtype=torch.float32, device=self.device)
         chain = chain.view(len(obs), *self.latent_shape)
         if self.cfg.logprob == "ode_gaussian":  # the ODE again, K sequential steps with grad
-            step = self._step_fn(cache, self.net.suffix_layout(pb, reps=1))
+            step = self.step_fn(cache, self.net.suffix_layout(pb, reps=1))
             _, dist = flow.ode_action_distribution(step, chain[:, 0], self.cfg.denoise_steps,
                                                    self.cfg.noise_level)
-            elements = flow.gaussian_log_prob_elements(chain[:, -1], dist)
+            dist = self._executed(dist)
+            elements = flow.gaussian_log_prob_elements(
+                chain[:, -1, :, : self.spec.action_dim], dist)
             return Evaluation(log_prob=elements.sum(1), value=value,
                               entropy=flow.gaussian_entropy(dist), log_prob_elements=elements)
         layout = self.net.suffix_layout(pb, reps=self.cfg.denoise_steps)
-        logp, entropy, elements = flow.chain_log_prob(self._step_fn(cache, layout), chain)
+        logp, entropy, elements = flow.chain_log_prob(self.step_fn(cache, layout), chain)
         return Evaluation(log_prob=logp, value=value, entropy=entropy, log_prob_elements=elements)
 
     def flow_losses(self, obs: ObsBatch, actions: torch.Tensor, noise: torch.Tensor,

@@ -101,6 +101,12 @@ class PrefixBatch:
     """int64 ``[n]`` real (non-padding) prefix tokens per sample."""
     sample_of_token: torch.Tensor
     """int64 ``[T_prefix]`` owning sample of each stream token."""
+    segment_lengths: np.ndarray
+    """int64 ``[n]`` prefix tokens per sample in the stream (padding included): the host copy
+    of ``diff(cu_prefix)``, so that layouts are built without reading the device back."""
+    real_counts: torch.Tensor
+    """float32 ``[n]`` ``real_prefix`` on the device (the value head's pooling divisor), sent
+    with the other inputs before any kernel runs."""
 
 
 class Processor:
@@ -137,6 +143,12 @@ class Processor:
             for c in self.cameras
         ]
         return np.stack(cols, 1) if cols else np.zeros((n, 0), bool)
+
+    def max_prefix_tokens(self) -> int:
+        """The longest prefix one sample can have: every camera, the longest instruction and
+        the state tokens (the static layout of graph-ready acting is this long)."""
+        return (len(self.cameras) * self.shapes.image_tokens + self.tokenizer.max_tokens
+                + self.tokenizer.state_tokens)
 
     # -- conversion -----------------------------------------------------------------------
     def _pixels(self, obs: ObsBatch, present: np.ndarray, slots: np.ndarray,
@@ -204,6 +216,7 @@ class Processor:
         flat_valid = np.concatenate(valid) if n else np.zeros(0, bool)
         positions = np.concatenate([np.cumsum(v) - 1 for v in valid]) if n else flat_index
         owner = np.repeat(np.arange(n), seg_lens)
+        real = (present.sum(1) * p + lens + sd).astype(np.int64)
         as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
         return PrefixBatch(
             n=n,
@@ -215,6 +228,8 @@ class Processor:
             max_prefix=max(seg_lens, default=0),
             positions=as_t(positions.astype(np.int64)),
             key_valid=as_t(flat_valid) if padded else None,
-            real_prefix=present.sum(1) * p + lens + sd,
+            real_prefix=real,
             sample_of_token=as_t(owner.astype(np.int64)),
+            segment_lengths=np.asarray(seg_lens, np.int64),
+            real_counts=as_t(real.astype(np.float32)),
         )

@@ -96,13 +96,19 @@ class VLAConfig:
     """Model size; ``pi05`` is only built on a CUDA device."""
     attention: Literal["auto", "flash", "torch_varlen", "per_segment", "padded"] = "auto"
     """Attention backend; ``auto`` picks flash > torch_varlen on CUDA, per_segment on CPU."""
+    inference: Literal["auto", "eager", "static", "cuda_graph"] = "auto"
+    """How ``act`` runs (``rlvla3.model.inference``): ``eager`` on packed shapes; ``static``
+    at fixed shapes per batch bucket; ``cuda_graph``, static with the denoising loop captured
+    in a CUDA graph and replayed; ``auto``: ``cuda_graph`` on CUDA, ``eager`` elsewhere."""
     padded: bool = False
     """Run the whole model in dynamic-padding mode (the benchmark baseline): absent cameras are
     encoded as blank images and instructions padded to the batch maximum, then masked."""
     fp8: bool = False
     """Backbone and action-expert linears with FP8 e4m3 block-scaled weights/activations."""
-    fp8_backend: Literal["auto", "transformer_engine", "torchao", "emulated"] = "auto"
-    """Which FP8 implementation; ``auto`` prefers real kernels and falls back to emulation."""
+    fp8_backend: Literal["auto", "triton_block", "scaled_mm_block", "scaled_mm_rowwise",
+                         "transformer_engine", "torchao", "emulated"] = "auto"
+    """Which FP8 implementation (``rlvla3.model.fp8_select``): ``auto`` measures the kernels
+    this GPU can run and takes the fastest correct one, and falls back to the emulation."""
     logprob: Literal["flow_sde", "flow_noise", "ode_gaussian"] = "flow_sde"
     """How the denoising chain gets a likelihood: SDE noise at every step (``flow_sde``), a
     learned noise head (``flow_noise``), or the deterministic ODE with Gaussian noise on the
@@ -230,6 +236,8 @@ class VLAConfig:
             self.image_size == 0 or self.image_size % shapes.patch == 0,
             "image_size", f"must be a multiple of the patch size {shapes.patch}",
         )
+        require(not (self.padded and self.inference in ("static", "cuda_graph")), "inference",
+                "static shapes run the packed model; the padded baseline acts eagerly")
         require(not (self.padded and self.attention not in ("auto", "padded")), "attention",
                 "padded mode runs only with the 'padded' attention backend")
 

@@ -13,10 +13,12 @@ decisions and env steps, from a latency model: ``envs.latency_replay.summarize_l
 
 The model, per split (L learner GPUs, R rollout GPUs, S env slots):
 - training: a step of ``global_batch`` decisions takes ``train_per_sample x global_batch / L
-  + train_per_step``: ``X_T = global_batch / step`` decisions/s;
-- weight sync: each rollout GPU applies one version every ``weights_every`` optimizer steps
-  and stalls ``sync_ms`` for it: the fraction ``f = sync_s x X / global_batch / weights_every``
-  of its time (X: decisions/s trained) is lost to serving;
+  + train_per_step``, and each batch gets ``E = update_epochs`` such steps (PPO's epochs):
+  ``X_T = global_batch / (E x step)`` decisions/s;
+- weight sync: every optimizer step is a version (``E`` per batch); each rollout GPU applies
+  one every ``weights_every`` versions and stalls ``sync_ms`` for it: the fraction
+  ``f = sync_s x E x X / global_batch / weights_every`` of its time (X: decisions/s trained)
+  is lost to serving;
 - rollout, per GPU with n = S / R slots, closed loop: a slot spends ``E`` (env time per
   decision, its episode's reset spread over its decisions, plus ``slot_overhead_ms``, the
   runtime's own time per decision) then waits ``r`` for its action, so it asks ``1 / (E + r)``
@@ -27,8 +29,12 @@ The model, per split (L learner GPUs, R rollout GPUs, S env slots):
   ``x = n / (E + r(x))`` is what the slots get, up to the GPU's capacity at ``b_limit``;
 - pacing holds slots back when the learners are slower, so the run makes
   ``min(rollout, X_T)`` decisions/s, every one trained (steady state: produced = trained).
-The bottleneck is the stage whose capacity binds (``env`` when the slots, capped by
-``sim_cpus``, cannot feed the rollout GPUs). Splits are searched in steps of ``granularity``
+Each stage's capacity is what it could take with the other two infinitely fast: ``env`` the
+slots with instant actions, ``inference`` the rollout GPUs with every slot waiting on them (a
+batch of all of a GPU's slots, up to ``b_limit``, less the weight-sync stall), ``training``
+the learner GPUs. The predicted rate is below all three (the closed loop adds the waits of each
+stage to the others), and the bottleneck is the stage of the lowest capacity, the one a faster
+stage would relieve first. Splits are searched in steps of ``granularity``
 GPUs (a simulated cluster groups GPUs into actors of that many); the fastest wins, and among
 equally fast splits (within 0.5%) the one with fewer slots.
 
@@ -184,9 +190,10 @@ class Prediction:
     env_steps_per_s: float
     trained_env_steps_per_s: float
     capacity_env_steps_per_s: dict[str, float]
-    """What each stage alone could take: env (slots with instant actions), inference (rollout
-    GPUs at ``b_limit``), training (learner GPUs)."""
+    """What each stage alone could take (``capacities``): env (slots with instant actions),
+    inference (rollout GPUs with every slot waiting), training (learner GPUs)."""
     bottleneck: str
+    """The stage of the lowest capacity."""
     mean_batch: float
     response_ms: float
     sync_stall_fraction: float
@@ -218,6 +225,8 @@ class Plan:
             "bottleneck": b.bottleneck,
             "stage_capacity_env_steps_per_s": {k: round(v, 1) for k, v in
                                                b.capacity_env_steps_per_s.items()},
+            "stage_utilisation": {k: round(b.env_steps_per_s / v, 3) if v > 0 else None
+                                  for k, v in b.capacity_env_steps_per_s.items()},
             "mean_batch": round(b.mean_batch, 1),
             "inference_response_ms": round(b.response_ms, 1),
             "sync_stall_fraction": round(b.sync_stall_fraction, 3),
@@ -260,10 +269,17 @@ def split_batch(req: PlanRequest, learner_gpus: int) -> int:
     return max(actors, round(req.global_batch / actors) * actors)
 
 
-def training_rate(costs: GpuCosts, learner_gpus: int, global_batch: int) -> float:
-    """Decisions/s that ``learner_gpus`` data-parallel GPUs train."""
+def training_rate(costs: GpuCosts, learner_gpus: int, global_batch: int,
+                  update_epochs: int = 1) -> float:
+    """Decisions/s that ``learner_gpus`` data-parallel GPUs train, each batch in
+    ``update_epochs`` optimizer steps."""
     step_s = (costs.training_ms(global_batch, learner_gpus) + costs.train_per_step_ms) / 1000.0
-    return global_batch / step_s if step_s > 0 else math.inf
+    return global_batch / (update_epochs * step_s) if step_s > 0 else math.inf
+
+
+def versions_per_s(req: PlanRequest, decisions_per_s: float, global_batch: int) -> float:
+    """Policy versions (optimizer steps) per second when ``decisions_per_s`` are trained."""
+    return decisions_per_s / global_batch * req.update_epochs
 
 
 def rollout_gpu(costs: GpuCosts, slots: float, decision_s: float, requests_per_decision: float,
@@ -296,7 +312,7 @@ def predict(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: int
             rollout_gpus: int, slots: int, weights_every: int) -> Prediction:
     """The steady state of one split with ``slots`` env slots (module docstring)."""
     batch = split_batch(req, learner_gpus)
-    train = training_rate(costs, learner_gpus, batch)
+    train = training_rate(costs, learner_gpus, batch, req.update_epochs)
     sync_s = costs.sync_ms / 1000.0
     stall, lane = 0.0, None
     decision_s = env.decision_s + req.slot_overhead_ms / 1000.0  # a slot's own time per decision
@@ -304,28 +320,30 @@ def predict(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: int
         lane = rollout_gpu(costs, slots / rollout_gpus, decision_s,
                            env.requests_per_decision, req.b_limit, stall)
         rate = min(lane.decisions_per_s * rollout_gpus, train)
-        new = min(sync_s * rate / batch / weights_every, 0.9)
+        new = min(sync_s * versions_per_s(req, rate, batch) / weights_every, 0.9)
         if abs(new - stall) < 1e-6:
             break
         stall = 0.5 * stall + 0.5 * new
     rollout = lane.decisions_per_s * rollout_gpus
     rate = min(rollout, train)
     spd = env.steps_per_decision
-    free = 1.0 - stall
-    infer_cap = (rollout_gpus * free * req.b_limit
-                 / ((costs.infer_per_call_ms + costs.infer_per_sample_ms * req.b_limit) / 1000.0)
-                 / env.requests_per_decision)
-    capacity = {"env": slots / decision_s * spd, "inference": infer_cap * spd,
-                "training": train * spd}
-    if train <= rollout:
-        bottleneck = "training"
-    elif lane.saturated:
-        bottleneck = "inference"
-    else:
-        bottleneck = "env"  # the slots cannot keep the rollout GPUs busy
+    capacity = capacities(costs, env, req, rollout_gpus, slots, stall, train)
     return Prediction(learner_gpus, rollout_gpus, slots, weights_every, batch, rate, rate * spd,
-                      rate * spd, capacity, bottleneck, lane.mean_batch, 1000.0 * lane.response_s,
-                      stall)
+                      rate * spd, capacity, min(capacity, key=capacity.get), lane.mean_batch,
+                      1000.0 * lane.response_s, stall)
+
+
+def capacities(costs: GpuCosts, env: EnvTiming, req: PlanRequest, rollout_gpus: int,
+               slots: int, stall: float, train: float) -> dict[str, float]:
+    """Env steps/s each stage could take with the other two infinitely fast (module
+    docstring); ``train``: the learners' decisions/s, ``stall``: the share of a rollout GPU's
+    time lost to weight transfers."""
+    decision_s = env.decision_s + req.slot_overhead_ms / 1000.0
+    batch = min(slots / rollout_gpus, req.b_limit)  # every slot waiting: one batch of them all
+    call_s = (costs.infer_per_call_ms + costs.infer_per_sample_ms * batch) / 1000.0
+    infer = rollout_gpus * (1.0 - stall) * batch / call_s / env.requests_per_decision
+    spd = env.steps_per_decision
+    return {"env": slots / decision_s * spd, "inference": infer * spd, "training": train * spd}
 
 
 def slot_timing(env: EnvTiming, slot_overhead_ms: float = 0.0) -> SlotTiming:
@@ -340,27 +358,24 @@ def refine(costs: GpuCosts, env: EnvTiming, req: PlanRequest, pred: Prediction,
     """``pred`` with its rollout side simulated event by event (``rlvla3.plan.lane_sim``:
     batch sizes that vary, weight transfers that stop a GPU while its slots pile up) instead
     of the closed form. The version cadence depends on the rate it limits: three rounds."""
-    train = training_rate(costs, pred.learner_gpus, pred.global_batch)
+    train = training_rate(costs, pred.learner_gpus, pred.global_batch, req.update_epochs)
     timing = slot_timing(env, req.slot_overhead_ms)
     rate, lane = pred.decisions_per_s, None
     for _ in range(3):
         lane = simulate_lane(costs, timing, round(pred.env_slots / pred.rollout_gpus),
-                             req.b_limit, pred.global_batch / rate, pred.weights_every,
+                             req.b_limit, 1.0 / versions_per_s(req, rate, pred.global_batch),
+                             pred.weights_every,
                              seconds=seconds, seed=seed)
         new = min(lane.decisions_per_s * pred.rollout_gpus, train)
         settled, rate = abs(new - rate) <= 0.005 * rate, new
         if settled:
             break
-    rollout = lane.decisions_per_s * pred.rollout_gpus
-    if train <= rollout:
-        bottleneck = "training"
-    elif lane.busy + lane.sync_fraction >= 0.95:
-        bottleneck = "inference"
-    else:
-        bottleneck = "env"
+    capacity = capacities(costs, env, req, pred.rollout_gpus, pred.env_slots,
+                          lane.sync_fraction, train)
     spd = env.steps_per_decision
     return replace(pred, decisions_per_s=rate, env_steps_per_s=rate * spd,
-                   trained_env_steps_per_s=rate * spd, bottleneck=bottleneck,
+                   trained_env_steps_per_s=rate * spd, capacity_env_steps_per_s=capacity,
+                   bottleneck=min(capacity, key=capacity.get),
                    mean_batch=lane.mean_batch, response_ms=1000.0 * lane.response_s,
                    sync_stall_fraction=lane.sync_fraction, analytic_decisions_per_s=(
                        pred.decisions_per_s))

@@ -116,6 +116,10 @@ class ModelFacts:
     bound: inference keeps nothing for a backward pass)."""
     built_here: bool = True
     """The driver builds the policy to validate the config (only where it can be built)."""
+    gathered_params: int = 0
+    """Parameters an FSDP rank holds whole at once beyond its shards: the root's own and two
+    of the largest shard units (the one computing and the one prefetched); the whole model
+    for a policy FSDP shards at the root only."""
 
     @property
     def param_mb(self) -> float:
@@ -340,14 +344,35 @@ def model_facts(policy_choice: Named, spec: EnvSpec, policy=None) -> ModelFacts:
     if policy is not None:
         params = sum(p.numel() for p in policy.parameters())
         acts = measure_activations(policy, spec)
-        return ModelFacts(params, 4, acts, "measured here", obs_bytes, infer)
-    return ModelFacts(vla_param_count(policy_choice.options, spec), 4,
+        return ModelFacts(params, 4, acts, "measured here", obs_bytes, infer,
+                          gathered_params=gathered_params(policy))
+    net = vla_meta_network(policy_choice.options, spec)
+    return ModelFacts(sum(p.numel() for p in net.parameters()), 4,
                       vla_activation_bytes(policy_choice.options, spec),
-                      "formula (fused attention), not measured", obs_bytes, infer, False)
+                      "formula (fused attention), not measured", obs_bytes, infer, False,
+                      gathered_params(net_policy_units(net), root=net))
 
 
-def vla_param_count(options: Mapping, spec: EnvSpec) -> int:
-    """Parameters of the VLA as built, counted without allocating them (meta tensors)."""
+def gathered_params(policy, root=None) -> int:
+    """``ModelFacts.gathered_params`` of a policy (or of ``(units, root)``)."""
+    from rlvla3.engine.strategies import shard_units
+
+    units = policy if isinstance(policy, list) else [u for u, _ in shard_units(policy)]
+    root = root if root is not None else policy
+    total = sum(p.numel() for p in root.parameters())
+    sizes = [sum(p.numel() for p in u.parameters()) for u in units]
+    if not sizes:
+        return total
+    return total - sum(sizes) + 2 * max(sizes)
+
+
+def net_policy_units(net) -> list:
+    """The shard units of a VLA network (``VLAPolicy.shard_units``, without the policy)."""
+    return [*net.vision.layers, *net.layers, *net.expert_layers]
+
+
+def vla_meta_network(options: Mapping, spec: EnvSpec):
+    """The VLA's network as built, without allocating it (meta tensors)."""
     import torch
 
     from rlvla3.model.network import VLANetwork
@@ -355,9 +380,26 @@ def vla_param_count(options: Mapping, spec: EnvSpec) -> int:
 
     cfg = build(VLAConfig, options)
     with torch.device("meta"):
-        net = VLANetwork(shapes_for(cfg), spec.action_dim, spec.chunk_len,
-                         cfg.logprob == "flow_noise")
-    return sum(p.numel() for p in net.parameters())
+        return VLANetwork(shapes_for(cfg), spec.action_dim, spec.chunk_len,
+                          cfg.logprob == "flow_noise")
+
+
+def vla_param_count(options: Mapping, spec: EnvSpec) -> int:
+    """Parameters of the VLA as built, counted without allocating them (meta tensors)."""
+    return sum(p.numel() for p in vla_meta_network(options, spec).parameters())
+
+
+# ---- a learner rank's share of the model ---------------------------------------------------------
+def engine_bytes(params: int, strategy: str, ranks: int, param_bytes: int = 4,
+                 grad_bytes: int | None = None, optimizer_bytes: int = 8) -> int:
+    """Bytes of trained parameters, gradients and optimizer state one learner rank holds
+    (``rlvla3.engine``): the whole of each under DDP (or one rank); under FSDP2 the largest
+    rank's share of a dim-0 sharding, ``ceil(params / ranks)`` (rows are split per tensor,
+    so a rank may hold a few rows more). Adam keeps two float32 moments per parameter
+    (``optimizer_bytes`` 8); gradients have the parameters' dtype unless given."""
+    per = param_bytes + (param_bytes if grad_bytes is None else grad_bytes) + optimizer_bytes
+    held = params if strategy != "fsdp" or ranks <= 1 else -(-params // ranks)
+    return held * per
 
 
 # ---- the plan -----------------------------------------------------------------------------------
@@ -369,18 +411,29 @@ def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFa
     sim_mb = ec.sim_memory_mb or (SIMULATOR_MB.get(cfg.env.name, 0.0)
                                   + KEPT_SIMULATOR_MB.get(cfg.env.name, 0.0) * max(0, kept - 1))
     acts_mb = model.activation_bytes_per_sample / MB
-    local_batch = lc.global_batch // lc.num_learners
+    local_batch = -(-lc.global_batch // lc.num_learners)
     per_role: dict[str, Component] = {}
 
+    strategy = learner_strategy(cfg)
+
     def learner(rank: int) -> Component:
-        states = model.param_mb * 4  # weights, gradients, Adam's two moments
+        # weights, gradients, Adam's two moments: whole under DDP, 1/N under FSDP, which also
+        # gathers a unit or two at a time (in bf16 under mixed precision on a GPU)
+        states = engine_bytes(model.params, strategy, lc.num_learners) / MB
+        gathered = 0.0
+        if strategy == "fsdp" and lc.num_learners > 1:
+            dtype = cfg.learner.engine().param_dtype(_device(lc))
+            gathered = model.gathered_params * (2 if dtype is not None else 4) / MB
         work = 2 * acts_mb * lc.micro_batch + TRAINING_RUNTIME_MB
         buffers = local_batch * model.obs_bytes / MB
-        # rank 0 with object-store weight sync: a numpy copy per version in the process, and
-        # two versions in the node's object store while the servers fetch the newer one
-        copy = model.param_mb if rank == 0 and lc.weight_sync == "object_store" else 0.0
-        detail = (f"{model.param_mb:,.1f} MB parameters x 4 (weights, gradients, Adam), "
-                  f"activations 2 x {lc.micro_batch} x {acts_mb:,.2f} MB")
+        # rank 0 with object-store weight sync: a copy per version in the process (in the
+        # publish dtype), and two versions in the node's object store while servers fetch
+        copy = publish_mb(cfg, model) if rank == 0 and lc.weight_sync == "object_store" else 0.0
+        shard = "" if strategy != "fsdp" else f" / {lc.num_learners} ranks (FSDP)"
+        detail = (f"{model.param_mb:,.1f} MB parameters x 4 (weights, gradients, Adam){shard}"
+                  + (f", {gathered:,.1f} MB gathered" if gathered else "")
+                  + f", activations 2 x {lc.micro_batch} x {acts_mb:,.2f} MB")
+        states += gathered
         if lc.num_gpus > 0:
             gpu = states + 2 * acts_mb * lc.micro_batch + CUDA_CONTEXT_MB
             return Component("learner", f"learner rank {rank}", 1,
@@ -440,10 +493,71 @@ def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFa
         if lc.weight_sync == "object_store" and any(
                 a.role == "learner" and a.index == 0 for a in actors):
             plan.components.append(Component("object_store", "object store: weights", 2,
-                                             model.param_mb, detail="two versions"))
+                                             publish_mb(cfg, model), detail="two versions"))
         nodes.append(plan)
     waiting = [f"{a.role} {a.index}" for a in placement.waiting]
     return MemoryPlan(nodes, model, cfg.ray.gpu_memory_gb * 1024, waiting)
+
+
+def learner_strategy(cfg: RunConfig) -> str:
+    """The strategy the learners run: ``learner.strategy``, ``auto`` read as ``ddp`` (what
+    ``choose_strategy`` resolves it to before a run)."""
+    return "fsdp" if cfg.learner.strategy == "fsdp" else "ddp"
+
+
+def _device(lc) -> object:
+    import torch
+
+    return torch.device("cuda" if lc.num_gpus > 0 else "cpu")
+
+
+def publish_mb(cfg: RunConfig, model: ModelFacts) -> float:
+    """One published weight version (``learner.publish_dtype``)."""
+    size = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.learner.publish_dtype]
+    return model.params * size / MB
+
+
+def learner_gpu_mb(plan: MemoryPlan) -> tuple[float, float] | None:
+    """``(estimated, available)`` GPU MB of the learner rank that is shortest of memory;
+    None when the learners hold no GPU."""
+    worst = None
+    for node in plan.nodes:
+        for c in node.components:
+            if c.role == "learner" and c.gpu_mb:
+                have = c.gpu_share * plan.gpu_of(node.node)
+                if worst is None or c.gpu_mb - have > worst[0] - worst[1]:
+                    worst = (c.gpu_mb, have)
+    return worst
+
+
+def choose_strategy(cfg: RunConfig, spec: EnvSpec, placement: Placement,
+                    model: ModelFacts) -> tuple[RunConfig, str | None]:
+    """``learner.strategy: auto`` resolved before a run: DDP where the learners' GPUs hold a
+    whole model with its gradients and optimizer state, else FSDP where the shards fit
+    (with a line that says so), else ``ConfigError`` naming both needs. One rank, learners on
+    CPUs, or a strategy the config names: kept (``auto`` on one rank or a CPU is ``ddp``)."""
+    from dataclasses import replace
+
+    lc = cfg.learner
+    if lc.strategy != "auto":
+        return cfg, None
+    as_ddp = replace(cfg, learner=replace(lc, strategy="ddp"))
+    if lc.num_learners == 1 or lc.num_gpus == 0:
+        return as_ddp, None
+    ddp = learner_gpu_mb(estimate(as_ddp, spec, placement, model))
+    if ddp is None or ddp[0] <= ddp[1]:
+        return as_ddp, None
+    as_fsdp = replace(cfg, learner=replace(lc, strategy="fsdp"))
+    fsdp = learner_gpu_mb(estimate(as_fsdp, spec, placement, model))
+    if fsdp is not None and fsdp[0] <= fsdp[1]:
+        return as_fsdp, (f"learner.strategy auto: DDP needs {ddp[0] / 1024:,.1f} GB per learner "
+                         f"GPU of {ddp[1] / 1024:,.1f}; FSDP over {lc.num_learners} ranks needs "
+                         f"{fsdp[0] / 1024:,.1f}: the learners shard (fsdp)")
+    need = fsdp[0] if fsdp else float("nan")
+    raise ConfigError("learner.strategy", (
+        f"the learners fit neither way: DDP needs {ddp[0] / 1024:,.1f} GB per GPU and FSDP over "
+        f"{lc.num_learners} ranks {need / 1024:,.1f} GB, a GPU holds {ddp[1] / 1024:,.1f} GB "
+        "(more learner GPUs, GPUs with more memory, or learner.offload=true)"))
 
 
 def local_node(cfg: RunConfig, memory_mb: float, cpus: float, gpus: int = 0) -> NodeInfo:

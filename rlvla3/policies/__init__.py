@@ -15,11 +15,13 @@ from rlvla3.types import EnvSpec
 POLICIES: dict[str, str] = {
     "small": "rlvla3.policies.small:build_small_policy",
     "vla": "rlvla3.model:build_vla_policy",
+    "groot": "rlvla3.model.groot:build_groot_policy",
 }
 
 OPTIONS: dict[str, str] = {
     "small": "rlvla3.policies.small:SmallPolicyConfig",
     "vla": "rlvla3.model.vla_config:VLAConfig",
+    "groot": "rlvla3.model.groot.config:GrootConfig",
 }
 """The dataclass each policy's ``policy.options`` build into (checked without building the
 model, e.g. a ``pi05`` config on a machine without a GPU; the docs' config reference)."""

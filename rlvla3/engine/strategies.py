@@ -1,0 +1,175 @@
+"""How a policy is held under each strategy: one rank, DDP, or FSDP2.
+
+Role: the parts of training that differ by strategy, behind one small interface
+(``Strategy``), so the engine's loop never branches on a strategy's name:
+
+- ``Single``: one rank, the plain module.
+- ``Replicated`` (DDP): every rank holds the whole module; a ``torch.nn.parallel.
+  DistributedDataParallel`` wrapper around a module whose ``forward`` is the one policy
+  method the engine trains through (``evaluate`` for RL, ``sft_loss`` for SFT), gradients
+  all-reduced on the last micro-batch of a step (``no_sync`` on the others). Calls without
+  gradient go to the policy itself.
+- ``Sharded`` (FSDP2): ``fully_shard`` on each transformer block (with the methods the policy
+  calls it through, ``ShardedUnits.shard_units``) and then the root, on a 1-D mesh of all
+  ranks;
+  parameters, gradients and optimizer state are DTensors sharded on dim 0 (1/N each);
+  gradients are reduce-scattered on the last micro-batch only
+  (``set_requires_gradient_sync``); bf16 compute with float32 reduction when the config asks;
+  optional host offload.
+
+Invariants: every rank builds the same seeded module before wrapping (DDP broadcasts rank
+0's, FSDP shards the identical copy); the trained module's parameters are what the optimizer
+steps (under FSDP the sharded ones, so the optimizer is built after wrapping); calling a
+method through ``call`` is a collective under FSDP (every rank calls it, in the same order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from rlvla3.engine.config import EngineConfig
+from rlvla3.engine.group import Ranks
+
+
+class _Forward(nn.Module):
+    """``forward`` = one method of the policy: what DDP's hooks see."""
+
+    def __init__(self, policy: nn.Module, method: str):
+        super().__init__()
+        self.policy = policy
+        self.method = method
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.policy, self.method)(*args, **kwargs)
+
+
+@runtime_checkable
+class ShardedUnits(Protocol):
+    """A policy with transformer blocks FSDP should shard one by one."""
+
+    def shard_units(self) -> Sequence[tuple[nn.Module, tuple[str, ...]]]:
+        """Each block, with the methods besides ``forward`` the policy calls it through (FSDP
+        gathers a block's weights around those calls only)."""
+        ...
+
+
+def shard_units(policy: nn.Module) -> list[tuple[nn.Module, tuple[str, ...]]]:
+    """The policy's blocks (``ShardedUnits``), or none: the root is sharded alone."""
+    return list(policy.shard_units()) if isinstance(policy, ShardedUnits) else []
+
+
+class Strategy:
+    """One rank: the plain module."""
+
+    name = "single"
+    sharded = False
+
+    def __init__(self, cfg: EngineConfig, ranks: Ranks):
+        self.cfg = cfg
+        self.ranks = ranks
+
+    def wrap(self, policy: nn.Module, method: str) -> None:
+        """Prepare ``policy`` for training through its ``method`` (in place where it can)."""
+        self.policy = policy
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a training method of the policy (through the wrapper's hooks)."""
+        return getattr(self.policy, method)(*args, **kwargs)
+
+    def accumulate(self, last: bool) -> contextlib.AbstractContextManager:
+        """Context of one micro-batch's backward; gradients are reduced when ``last``."""
+        return contextlib.nullcontext()
+
+    def clip(self, max_norm: float) -> torch.Tensor:
+        """The gradient's global norm, clipped to ``max_norm`` (0: norm only)."""
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        if max_norm > 0:
+            return nn.utils.clip_grad_norm_(params, max_norm)
+        return nn.utils.get_total_norm([p.grad for p in params])
+
+
+class Replicated(Strategy):
+    """DDP: every rank holds the whole model; gradients all-reduced on the last micro-batch."""
+
+    name = "ddp"
+
+    def wrap(self, policy: nn.Module, method: str) -> None:
+        self.policy, self.method = policy, method
+        device_ids = [self.ranks.device] if self.ranks.device.type == "cuda" else None
+        # a method need not touch every parameter (value heads under sft_loss): DDP skips them
+        self._ddp = nn.parallel.DistributedDataParallel(
+            _Forward(policy, method), device_ids=device_ids, find_unused_parameters=True)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method != self.method or not torch.is_grad_enabled():  # no gradient: no hooks
+            return getattr(self.policy, method)(*args, **kwargs)
+        return self._ddp(*args, **kwargs)
+
+    def accumulate(self, last: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if last else self._ddp.no_sync()
+
+
+class Sharded(Strategy):
+    """FSDP2: weights, gradients and optimizer state sharded on dim 0 over all ranks."""
+
+    name = "fsdp"
+    sharded = True
+
+    def wrap(self, policy: nn.Module, method: str) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+            register_fsdp_forward_method,
+        )
+
+        self.policy = policy
+        mesh = init_device_mesh(self.ranks.device.type, (self.ranks.world,))
+        dtype = self.cfg.param_dtype(self.ranks.device)
+        options = {
+            "mesh": mesh,
+            # the root too: a forward without a backward (a no-grad evaluate of the proximal
+            # copy, the drift check) must leave every parameter sharded again
+            "reshard_after_forward": True,
+            "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+            if dtype is not None else MixedPrecisionPolicy(),
+            "offload_policy": CPUOffloadPolicy() if self.cfg.offload else OffloadPolicy(),
+        }
+        for block, block_methods in shard_units(policy):
+            fully_shard(block, **options)
+            for name in block_methods:
+                register_fsdp_forward_method(block, name)
+        fully_shard(policy, **options)
+        for name in ("evaluate", "act", "sft_loss"):  # the Policy protocol's entry points
+            register_fsdp_forward_method(policy, name)
+
+    @contextlib.contextmanager
+    def accumulate(self, last: bool) -> Iterator[None]:
+        self.policy.set_requires_gradient_sync(last)  # else: accumulate unsharded, reduce later
+        try:
+            yield
+        finally:
+            self.policy.set_requires_gradient_sync(True)
+
+    def clip(self, max_norm: float) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        norm = super().clip(max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+STRATEGIES = {"ddp": Replicated, "fsdp": Sharded}
+
+
+def make_strategy(cfg: EngineConfig, ranks: Ranks) -> Strategy:
+    """The configured strategy, or ``Strategy`` (the plain module) for one rank."""
+    if not ranks.distributed:
+        return Strategy(cfg, ranks)
+    return STRATEGIES.get(cfg.strategy, Replicated)(cfg, ranks)

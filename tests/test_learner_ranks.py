@@ -1,0 +1,83 @@
+"""Learner groups train what one rank trains, through one engine (``rlvla3.engine``): DDP
+and FSDP2 groups over gloo, each rank its own process (``rlvla3.engine.equivalence``: the
+same episodes, each global batch shared out over the ranks), end with the parameters one rank
+reaches on the same batches; a rank count that does not divide the global batch (a group
+rebuilt after a lost rank: 64 over 3) shares it out unevenly (22, 21, 21) and scales each
+rank's gradient by its share; and each rank holds what the memory pre-flight says. No Ray.
+
+The full comparison (2 and 4 ranks, 20 steps, PPO and GRPO) is ``rlvla3 bench engine``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvla3.engine.equivalence import max_difference, run_group
+from rlvla3.learner import rank_batches
+from rlvla3.plan.memory import engine_bytes
+
+
+def test_the_global_batch_is_shared_out_exactly():
+    assert rank_batches(64, 3) == [22, 21, 21]
+    assert rank_batches(64, 4) == [16] * 4
+    assert all(sum(rank_batches(g, w)) == g for g in (7, 64, 840) for w in range(1, 8))
+
+
+def test_three_ranks_train_the_whole_global_batch_as_one_rank_does(tmp_path):
+    one, _ = run_group(tmp_path, 1, "ddp", "ppo", steps=2, global_batch=64)
+    three, records = run_group(tmp_path, 3, "ddp", "ppo", steps=2, global_batch=64)
+    assert sum(r["samples_trained"] for r in records) == 2 * 64  # not 2 x 63
+    assert {r["version"] for r in records} == {2}
+    for key in one:
+        torch.testing.assert_close(three[key], one[key], rtol=1e-5, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_fsdp_and_ddp_groups_end_where_one_rank_does_and_fsdp_holds_half(tmp_path, algo):
+    one, single = run_group(tmp_path, 1, "ddp", algo, steps=4)
+    ddp, _ = run_group(tmp_path, 2, "ddp", algo, steps=4)
+    fsdp, sharded = run_group(tmp_path, 2, "fsdp", algo, steps=4)
+    assert max_difference(ddp, one) <= 1e-5 and max_difference(fsdp, one) <= 1e-5
+    whole = single[0]["memory"]
+    params = whole["params"] // 4
+    assert whole["params"] + whole["grads"] + whole["optimizer"] == pytest.approx(
+        engine_bytes(params, "ddp", 1), rel=0.01)
+    for record in sharded:  # each rank holds its half of parameters, gradients and Adam
+        held = record["memory"]["params"] + record["memory"]["grads"] + record["memory"][
+            "optimizer"]
+        assert held == pytest.approx(engine_bytes(params, "fsdp", 2), rel=0.05)
+        assert record["engine"] == "fsdp"
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_in_a_bucket_written_by_two_ranks_restores_onto_three(tmp_path):
+    """Two FSDP ranks train 3 steps and write a sharded checkpoint to an S3 server on
+    loopback, each rank its own shard; three FSDP ranks restore it (weights, Adam state,
+    version: resharded from 2 to 3) and train 2 more steps. They end where the two ranks
+    end when they train the same 2 steps on without a checkpoint between (GRPO with the
+    proximal policy of the step: nothing a checkpoint does not hold steers the update)."""
+    import os
+
+    from s3_server import S3Server
+
+    from rlvla3.checkpoint import listed_files, read_meta
+
+    server = S3Server(tmp_path)
+    try:
+        server.create_bucket("runs")
+        os.environ.update(server.env)
+        run = server.uri("runs", "sharded")
+        run_group(tmp_path, 2, "fsdp", "grpo", steps=3, save=run, proximal="step")
+        files = listed_files(run)
+        assert sorted(n for n in files if n.startswith("shards/")) == [
+            "shards/rank-00000-of-00002.safetensors", "shards/rank-00001-of-00002.safetensors"]
+        assert read_meta(run).version == 3
+        resumed, records = run_group(tmp_path, 3, "fsdp", "grpo", steps=2, restore=run,
+                                     first_step=3, proximal="step")
+        straight, _ = run_group(tmp_path, 2, "fsdp", "grpo", steps=5, proximal="step")
+    finally:
+        for key in server.env:
+            os.environ.pop(key, None)
+        server.stop()
+    assert {r["version"] for r in records} == {5}
+    assert max_difference(resumed, straight) <= 1e-5
