@@ -1,4 +1,4 @@
-"""Franka colour reach: an Isaac Lab task a small VLA learns on a CPU, with assets in this repository.
+"""Franka colour reach: an Isaac Lab task for language-conditioned policies, with assets in this repo.
 
 Runs inside the Isaac Lab environment (Python 3.12, ``isaaclab`` 3.0); imported only there.
 
