@@ -1,4 +1,4 @@
-"""Franka colour reach: an Isaac Lab task for language-conditioned policies, with assets in this repo.
+"""Franka colour reach: an Isaac Lab task for language-conditioned policies, assets in this repo.
 
 Runs inside the Isaac Lab environment (Python 3.12, ``isaaclab`` 3.0); imported only there.
 
