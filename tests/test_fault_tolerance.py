@@ -267,7 +267,8 @@ def test_isaaclab_env_worker_killed_run_continues(ray_cluster, tmp_path):
                                       + queue["dropped_stale_decisions"])
     assert queue["in_flight_episodes"] <= 4
     w = workers[1]
-    assert w["decisions"] == w["shipped_decisions"] + w["inflight_decisions"] + w["dropped_decisions"]
+    assert w["decisions"] == (w["shipped_decisions"] + w["inflight_decisions"]
+                              + w["dropped_decisions"])
     deadline = time.monotonic() + 60  # the killed worker's server ends when its pipe closes
     while {p.pid for p in _isaaclab_servers()} - before and time.monotonic() < deadline:
         time.sleep(1)

@@ -24,7 +24,8 @@ def test_benchmarks_instructions_spec_and_split_guard():
                                             "sweep-into-v3", "lever-pull-v3")
     spec = metaworld_spec({"task_ids": [0, 2], "image_size": [64, 64], "chunk_len": 5})
     assert (spec.num_tasks, spec.state_dim, spec.action_dim, spec.max_decisions) == (2, 4, 4, 40)
-    assert spec.num_init_states == 10_000 and metaworld_spec({"split": "test"}).num_init_states == 50
+    assert spec.num_init_states == 10_000
+    assert metaworld_spec({"split": "test"}).num_init_states == 50
     with pytest.raises(ConfigError, match="env.options.task_ids"):
         metaworld_spec({"task_ids": [10]})
     train = Named("metaworld", {"benchmark": "mt10"})

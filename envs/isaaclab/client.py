@@ -3,9 +3,10 @@
 Role: ``IsaacLabServer`` starts ``envs.isaaclab.server`` in the Isaac Lab environment (the one
 ``envs.isaaclab.setup`` builds, or ``ServerConfig.python``) with this package on its
 ``PYTHONPATH`` (a directory of links to ``envs`` and ``rlvla3`` alone, so no installed package
-of this interpreter leaks into Python 3.12; an existing ``PYTHONPATH`` follows it), waits for its ``ready`` spec, creates the shared-memory
-segment the spec sizes (``envs.isaaclab.wire.Layout``) and hands it over. Afterwards
-``reset`` and ``step`` are one JSON line each way; the arrays stay in the segment.
+of this interpreter leaks into Python 3.12; an existing ``PYTHONPATH`` follows it), waits for
+its ``ready`` spec, creates the shared-memory segment the spec sizes
+(``envs.isaaclab.wire.Layout``) and hands it over. Afterwards ``reset`` and ``step`` are one
+JSON line each way; the arrays stay in the segment.
 
 Invariants (as ``envs.process_env.ProcessEnv`` keeps them for one env):
 - A command returns within ``step_timeout_s`` (``start_timeout_s`` while the server builds

@@ -1,4 +1,4 @@
-"""The Isaac Lab server: one batched task in Isaac Lab's own Python, driven over ``envs.isaaclab.wire``.
+"""The Isaac Lab server: one batched task in Isaac Lab's own Python, driven over ``wire``.
 
 Role: Isaac Lab 3.0 needs Python 3.12 and its own torch; the env workers run this project's
 interpreter. ``envs.isaaclab.client`` starts this module in the Isaac Lab environment

@@ -17,8 +17,9 @@ state: the random vector MetaWorld draws at reset (object and goal positions), f
 Both are pure functions of their key: every process builds the same state for the same key.
 
 ``import_metaworld`` imports MetaWorld fitted to the installed MuJoCo (the project's 3.17 as well
-as MetaWorld's own pin, 3.3.0). MetaWorld ships no language: ``INSTRUCTIONS`` is one imperative sentence per task, written
-here from the task's definition (its name and success condition).
+as MetaWorld's own pin, 3.3.0). MetaWorld ships no language: ``INSTRUCTIONS`` is one
+imperative sentence per task, written here from the task's definition (its name and success
+condition).
 """
 
 from __future__ import annotations
