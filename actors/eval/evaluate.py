@@ -30,7 +30,8 @@ instruction, episodes, successes, success_rate, Wilson 95% ``ci95``, ``by_init_s
 same for the suite; ``fingerprint``: package versions, renderer, image size, fast render,
 control frequency, chunk length, seeds, initial states, the checkpoint's sha256;
 ``training_overlap``: why the checkpoint's training touched evaluation states, if it did),
-MP4 videos of the first ``--videos`` episodes and ``success_by_task.png``. Re-running the same
+MP4 videos of the first ``--videos`` episodes, ``success_by_task.png`` and, with ``--trace``,
+each episode's per-decision hashes (``trace/``, ``actors.eval.trace``). Re-running the same
 command on the same ``--output-dir`` continues: finished episodes are kept, the rest run
 (``eval.json`` records what is evaluated; a different policy or setting is refused).
 
@@ -72,6 +73,7 @@ from actors.eval.rounds import (
     protocol_jobs,
     summarise_rows,
 )
+from actors.eval.trace import TRACE_DIR, trace_name, write_trace
 from actors.eval.worker import LANGUAGE_MODES, ActionSource, given_instructions
 from envs.libero.env import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
 from envs.libero.scenes import SCENE_RULE
@@ -336,7 +338,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with Progress(*columns, console=console, transient=False) as progress:
                 bar = progress.add_task(f"eval {args.suite}", total=len(jobs),
                                         completed=len(jobs) - len(todo))
-                round_ = EvalRound(workers, todo, record=record,
+                round_ = EvalRound(workers, todo, record=record, trace=args.trace,
                                    spawn=lambda: make_eval_workers(env, 1, **spawn_args)[0])
                 while not round_.done:
                     for outcome in round_.poll(timeout_s=1.0, before_next=note_fingerprint):
@@ -347,6 +349,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             name = f"task{task}_init{outcome.init_state_id}_{kind}.mp4"
                             write_video(out / name, outcome.frames, fps=max(1, round(20 / chunk)))
                             files.push(name)
+                        if outcome.trace is not None:
+                            write_trace(out / TRACE_DIR / trace_name(task, outcome.init_state_id),
+                                        outcome.trace)
                         write_results(summary_now(complete=False))
                         files.push()
                         wins = sum(r["success"] for r in output.rows)
@@ -479,6 +484,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample", type=int, default=20, help="with --recheck: episodes")
     parser.add_argument("--sample-seed", type=int, default=0,
                         help="with --recheck: which episodes are drawn")
+    parser.add_argument("--trace", action="store_true",
+                        help="write each episode's per-decision hashes of observation and action "
+                        "to trace/ (compare two runs with python -m actors.eval.trace A B)")
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     args = parser.parse_args(argv)
     if args.recheck:

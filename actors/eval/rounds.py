@@ -101,11 +101,14 @@ class EvalRound:
         lead_states: int = 4,
         spawn: Callable[[], Any] | None = None,
         retries: int = 2,
+        trace: bool = False,
     ):
-        """``lead_states``: how many initial states a worker may run ahead of the queue on the
-        task it is on (0: strictly in ``jobs`` order). ``spawn``: makes a worker to replace one
-        that was lost (killed for memory, crashed, its node gone); ``retries``: how often an
-        episode whose worker was lost runs again before it is recorded as a fault."""
+        """``record``: episodes that return their frames; ``trace``: every episode returns its
+        per-decision trace (``actors.eval.trace``). ``lead_states``: how many initial states a
+        worker may run ahead of the queue on the task it is on (0: strictly in ``jobs`` order).
+        ``spawn``: makes a worker to replace one that was lost (killed for memory, crashed, its
+        node gone); ``retries``: how often an episode whose worker was lost runs again before it
+        is recorded as a fault."""
         self.queue = list(jobs)
         self._spawn = spawn
         self._retries = retries
@@ -119,6 +122,7 @@ class EvalRound:
         self._last_task: dict[Any, int] = {}
         self.total = len(self.queue)
         self.record = set(record)
+        self.trace = trace
         self.outcomes: list[EpisodeOutcome] = []
         self.started = time.perf_counter()
         self._pending: dict[Any, tuple[Any, Job]] = {}
@@ -157,7 +161,7 @@ class EvalRound:
             job = self.queue.pop(
                 next_job(self.queue, self._last_task.get(worker), self._lead, self._rank))
             self._last_task[worker] = job[0]
-            ref = worker.run_episode.remote(*job, job in self.record)
+            ref = worker.run_episode.remote(*job, job in self.record, self.trace)
             self._pending[ref] = (worker, job)
 
     @property

@@ -34,7 +34,8 @@ environment and ``numerics`` says so) so that it does not depend on the host CPU
 
 Outputs: one ``EpisodeOutcome`` per episode; when asked, the frames of the episode (agentview and
 wrist side by side, one per decision) travel back with it so that the driver writes the video
-wherever it runs, whichever node the worker ran on.
+wherever it runs, whichever node the worker ran on, and so does its trace (per decision, hashes
+of the observation and the action: ``actors.eval.trace``).
 """
 
 from __future__ import annotations
@@ -140,6 +141,9 @@ class EpisodeOutcome:
     same trajectory, bit for bit."""
     frames: np.ndarray | None = None
     """uint8 ``[T, H, W_total, 3]`` when the episode was recorded."""
+    trace: tuple[dict[str, str], ...] | None = None
+    """When traced: per decision, hashes of each camera image, the state and the action
+    (``actors.eval.trace.decision_hashes``)."""
 
 
 def _frame(obs: Observation) -> np.ndarray:
@@ -204,7 +208,11 @@ class EvalWorker:
         sampled = self.source.sampling is not None
         return self.policy.act(ObsBatch.stack([obs]), deterministic=not sampled).actions[0]
 
-    def run_episode(self, task_id: int, init_state_id: int, record: bool = False) -> EpisodeOutcome:
+    def run_episode(self, task_id: int, init_state_id: int, record: bool = False,
+                    trace: bool = False) -> EpisodeOutcome:
+        """One whole episode; ``record``: with its frames, ``trace``: with its trace."""
+        from actors.eval.trace import decision_hashes
+
         t0 = time.perf_counter()
         task = self._suite_tasks[task_id] if self._suite_tasks else task_id
         seed = episode_seed(self.source.seed, task, init_state_id)
@@ -214,11 +222,14 @@ class EvalWorker:
             self.policy.seed_sampling(seed)
         obs = self.env.reset(task_id, init_state_id)
         frames = [_frame(obs)] if record else []
+        hashes = []
         steps = decisions = 0
         digest = hashlib.sha256()
         while True:
             action = self._act(obs, task_id)
             digest.update(np.asarray(action, dtype=np.float32).tobytes())
+            if trace:
+                hashes.append(decision_hashes(obs, action))
             result = self.env.step(action)
             obs = result.obs
             steps += result.steps
@@ -238,6 +249,7 @@ class EvalWorker:
             fault=result.fault,
             frames=np.stack(frames) if record else None,
             digest=digest.hexdigest()[:16],
+            trace=tuple(hashes) if trace else None,
         )
 
     def stats(self) -> Mapping[str, int]:
