@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from actors.eval.trace import compare_traces, first_divergence, read_traces
+from rlvla3.numerics import PINNED_BLAS
 
 pytestmark = [
     pytest.mark.libero,
@@ -64,7 +65,8 @@ def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
     assert fp["image_size"] == [32, 32] and fp["fast_render"] is True and fp["chunk_len"] == 5
     assert fp["control_freq"] == 20.0 and fp["seeds"] == {"eval": 0, "placement": 0}
     assert fp["numerics"] == {"mode": "pinned", "torch_cpu_capability": "DEFAULT",
-                              "mkl_cbwr": "COMPATIBLE", "mkldnn": False, "threads": 1}
+                              "mkl_cbwr": "COMPATIBLE", "mkldnn": False, "threads": 1,
+                              "numpy_blas": PINNED_BLAS}
     assert fp["host"]["arch"] and "host" not in fp["numerics"]
     assert fp["init_state_ids"] == [0] and fp["tasks"] == [3, 7] and fp["max_steps"] == 10
     stored = json.loads((out / "results.json").read_text())

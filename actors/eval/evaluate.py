@@ -80,7 +80,7 @@ from envs.libero.scenes import SCENE_RULE
 from rlvla3.cli_options import add_image_size
 from rlvla3.config import Named, build
 from rlvla3.fingerprint import fingerprint
-from rlvla3.numerics import NUMERICS
+from rlvla3.numerics import HOST_BLAS, NUMERICS, PINNED_BLAS, check_blas
 from rlvla3.storage import Mirror, join
 
 
@@ -162,6 +162,7 @@ def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
         "seed": args.seed if not args.checkpoint or args.sampled else None,
         "language": args.language,
         "numerics": args.numerics,
+        "blas": args.blas if args.numerics == "pinned" else HOST_BLAS,
     }
 
 
@@ -217,6 +218,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from envs import require_extra
 
     require_extra(Named("libero"))  # before anything is written or started
+    if args.numerics == "pinned":
+        check_blas(args.blas)
     tasks = eval_tasks(args)
     files = Mirror(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}",
                    keep=("eval.json", "episodes.jsonl"))
@@ -329,7 +332,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             init_ray(args.address or "", num_cpus=max(args.workers, os.cpu_count() or 1),
                      include_dashboard=False, log_to_driver=False)
         spawn_args = dict(seed=args.seed, source=source, placements=args.placements,
-                          numerics=args.numerics)
+                          numerics=args.numerics, blas=identity["blas"])
         workers = make_eval_workers(env, min(args.workers, len(todo)), **spawn_args)
         columns = ("[progress.description]{task.description}", BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn())
@@ -478,6 +481,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="the policy's CPU arithmetic: pinned (the same episodes on every "
                         "x86-64 CPU) or native (the host's fastest kernels; episodes then "
                         "depend on the CPU model)")
+    parser.add_argument("--blas", default=PINNED_BLAS, metavar="CORE",
+                        help="with pinned numerics: the OpenBLAS kernels NumPy runs in the "
+                        "simulator (its controller's linear algebra; default %(default)s, any CPU "
+                        "with AVX2 and FMA); 'host' leaves them to the CPU")
     parser.add_argument("--recheck", metavar="EVAL_DIR",
                         help="run --sample episodes of a finished evaluation again with its "
                         "settings and report any that differ (exit status 1)")
@@ -514,6 +521,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--workers must be >= 1")
     if not args.sampled and (args.noise_level is not None or args.init_noise is not None):
         parser.error("--noise-level and --init-noise set how a sampled policy acts: add --sampled")
+    if args.numerics == "native" and args.blas != PINNED_BLAS:
+        parser.error("--blas chooses pinned numerics' kernels; native ones are the host's")
     if args.policy and (args.sampled or args.language != "own"):
         parser.error("--sampled and --language need a checkpoint (--checkpoint or --compare)")
     return args

@@ -11,8 +11,8 @@ this module:
   tasks evenly.
 - ``make_eval_workers(env, n, seed, placements=..., numerics=...)``: ``EvalWorker`` actors on
   ``protocol_env(env, placements)``, their processes started with the environment of
-  ``numerics`` (``pinned`` by default: the policy's arithmetic does not depend on the host CPU,
-  ``rlvla3.numerics``).
+  ``numerics`` (``pinned`` by default: neither the policy's arithmetic nor the simulator's
+  linear algebra depends on the host CPU, ``rlvla3.numerics``).
 - ``EvalRound(workers, jobs, checkpoint)``: hands each free worker its next episode and never
   blocks: ``poll(timeout_s)`` returns the episodes finished since the last call, ``done``
   says when all have. A worker that is lost (killed for memory, crashed, its node gone) costs
@@ -38,6 +38,7 @@ from typing import Any
 
 from actors.eval.worker import ActionSource, EpisodeOutcome, EvalWorker
 from rlvla3.config import Named
+from rlvla3.numerics import PINNED_BLAS
 from rlvla3.stats import rate
 
 Job = tuple[int, int]
@@ -74,19 +75,21 @@ def next_job(queue: Sequence[Job], last_task: int | None, lead: int,
 
 def make_eval_workers(
     env: Named, n: int, seed: int = 0, num_cpus: float = 1.0, source: ActionSource | None = None,
-    placements: str = "bundled", numerics: str = "pinned",
+    placements: str = "bundled", numerics: str = "pinned", blas: str = PINNED_BLAS,
 ) -> list[Any]:
     """``n`` ``EvalWorker`` actors on ``protocol_env(env, placements)`` (simulators start in
-    the actors), in processes started for ``numerics``."""
+    the actors), in processes started for ``numerics`` (with NumPy's ``blas`` kernels when
+    pinned)."""
     import ray
 
     from rlvla3.numerics import env_vars
 
     remote = ray.remote(num_cpus=num_cpus)(EvalWorker).options(
-        runtime_env={"env_vars": env_vars(numerics)})
+        runtime_env={"env_vars": env_vars(numerics, blas)})
     source = source or ActionSource("random")
     scenes = protocol_env(env, placements)
-    return [remote.remote(scenes, source, seed + w, numerics=numerics) for w in range(n)]
+    return [remote.remote(scenes, source, seed + w, numerics=numerics, blas=blas)
+            for w in range(n)]
 
 
 class EvalRound:

@@ -28,8 +28,9 @@ options as they take effect) for the results' fingerprint.
 Invariant: an episode is a function of (policy, task, initial state, seeds, settings) alone,
 never of which worker runs it, what ran before it or how many workers share the evaluation:
 the env seeds each scene from its key, every random draw is seeded per episode, and the
-policy's arithmetic is pinned (``rlvla3.numerics``: the worker process starts with the pinned
-environment and ``numerics`` says so) so that it does not depend on the host CPU either.
+policy's arithmetic and the simulator's linear algebra are pinned (``rlvla3.numerics``: the
+worker process, and the simulator process it spawns, start with the pinned environment and
+``numerics`` says so) so that they do not depend on the host CPU either.
 ``EpisodeOutcome.digest`` (a hash of every action executed) makes that checkable bit for bit.
 
 Outputs: one ``EpisodeOutcome`` per episode; when asked, the frames of the episode (agentview and
@@ -49,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from rlvla3.config import Named
+from rlvla3.numerics import PINNED_BLAS
 from rlvla3.types import EnvSpec, ObsBatch, Observation
 
 
@@ -154,13 +156,14 @@ class EvalWorker:
     """Runs episodes one at a time; see the module docstring."""
 
     def __init__(self, env: Named, source: ActionSource, seed: int = 0, torch_threads: int = 1,
-                 numerics: str = "native"):
-        """``numerics``: ``rlvla3.numerics`` mode of the policy's arithmetic; ``pinned`` needs
-        this process to have started with ``rlvla3.numerics.env_vars("pinned")``."""
+                 numerics: str = "native", blas: str = PINNED_BLAS):
+        """``numerics``: ``rlvla3.numerics`` mode of the policy's and the simulator's arithmetic;
+        ``pinned`` needs this process to have started with
+        ``rlvla3.numerics.env_vars("pinned", blas)`` (the simulator process inherits it)."""
         from envs import make_env
         from rlvla3 import numerics as numerics_mod
 
-        self.numerics = numerics_mod.apply(numerics, torch_threads)
+        self.numerics = numerics_mod.apply(numerics, torch_threads, blas)
         self.env = make_env(env, seed=seed)
         self._suite_tasks = tuple(env.options.get("task_ids") or ())
         """Env task id ``i`` is suite task ``_suite_tasks[i]`` (empty: the same number)."""
