@@ -77,6 +77,7 @@ from actors.eval.trace import TRACE_DIR, trace_name, write_trace
 from actors.eval.worker import LANGUAGE_MODES, ActionSource, given_instructions
 from envs.libero.env import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
 from envs.libero.scenes import SCENE_RULE
+from envs.libero.simulator import TEXTURE_RULE
 from rlvla3.cli_options import add_image_size
 from rlvla3.config import Named, build
 from rlvla3.fingerprint import fingerprint
@@ -158,6 +159,7 @@ def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
         "max_steps": cfg.episode_steps,
         "fast_render": cfg.fast_render,
         "scenes": SCENE_RULE,
+        "textures": TEXTURE_RULE,
         "acting": acting(args),
         "seed": args.seed if not args.checkpoint or args.sampled else None,
         "language": args.language,
@@ -276,7 +278,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         info = ray.get(worker.describe.remote())
         fp = fingerprint(
             {**settings, "control_freq": info.get("control_freq"),
-             "scene_rule": info.get("scene_rule"),
+             "scene_rule": info.get("scene_rule"), "texture_rule": info.get("texture_rule"),
              "numerics": info["numerics"], "host": info["host"],
              **({"sampling": info["sampling"]} if "sampling" in info else {})},
             renderer=info.get("renderer"),
