@@ -1,4 +1,5 @@
-"""Reproducible CPU arithmetic: a policy's numbers independent of the host CPU.
+"""Reproducible CPU arithmetic: an evaluation's numbers (the policy's and the simulator's arm
+controller's) independent of the host CPU.
 
 Role: evaluation runs a checkpoint on the CPU in closed loop, and a closed-loop LIBERO episode
 amplifies the last bit of the policy's arithmetic. PyTorch (its own kernels), MKL (BLAS) and
@@ -20,8 +21,7 @@ host CPU is what differs between two evaluations of the same checkpoint.
   im2col + BLAS path, which the two settings above cover (oneDNN chooses kernels and blocking by
   instruction set and cache sizes and has no reproducibility switch);
 - one thread (``torch.set_num_threads(1)``, ``OMP_NUM_THREADS=MKL_NUM_THREADS=1``): a reduction
-  split across threads adds in an order that depends on their number.
-
+  split across threads adds in an order that depends on their number;
 - NumPy's BLAS kernels (``OPENBLAS_CORETYPE``, ``PINNED_BLAS``): the simulator is numbers
   too. robosuite's operational-space controller computes every joint torque with NumPy
   (``np.linalg.inv`` of the mass matrix, ``np.linalg.pinv``, ``np.dot``), and NumPy's bundled

@@ -480,9 +480,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "protocol), none, or the next task's (an ablation)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--numerics", choices=NUMERICS, default="pinned",
-                        help="the policy's CPU arithmetic: pinned (the same episodes on every "
-                        "x86-64 CPU) or native (the host's fastest kernels; episodes then "
-                        "depend on the CPU model)")
+                        help="the policy's and the simulator's CPU arithmetic: pinned (the same "
+                        "episodes on every x86-64 CPU with AVX2) or native (the host's fastest "
+                        "kernels; episodes then depend on the CPU model)")
     parser.add_argument("--blas", default=PINNED_BLAS, metavar="CORE",
                         help="with pinned numerics: the OpenBLAS kernels NumPy runs in the "
                         "simulator (its controller's linear algebra; default %(default)s, any CPU "
