@@ -6,6 +6,10 @@
   instruction sets MKL and oneDNN are allowed (what differs between CPU models), while native
   arithmetic differs in the last bits between those settings: the cause of episodes that
   flipped between machines.
+- Pinned numerics also fix NumPy's OpenBLAS kernels, which the simulator's controller computes
+  its torques with and which OpenBLAS otherwise picks by the host CPU: workers of hosts that
+  would pick other kernels (emulated with ``OPENBLAS_CORETYPE``) run the same ones and, on
+  real LIBERO (``libero``), step the robot to the same state, bit for bit.
 - ``eval --recheck`` draws, re-runs and compares episodes.
 - On real LIBERO (``libero``, ``slow``): the same episodes alone, inside a larger run, in
   another order, with another worker count and after a resume give identical outcomes, step
@@ -22,6 +26,7 @@ import sys
 import textwrap
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,7 +62,10 @@ def test_random_episodes_do_not_depend_on_the_worker_or_its_history():
 
 
 def test_numerics_modes_and_the_refusal_when_a_process_did_not_start_pinned():
-    assert env_vars("pinned") == PINNED_ENV and env_vars("native") == {}
+    from rlvla3.numerics import HOST_BLAS, PINNED_BLAS
+
+    assert env_vars("pinned") == PINNED_ENV | {"OPENBLAS_CORETYPE": PINNED_BLAS}
+    assert env_vars("pinned", HOST_BLAS) == PINNED_ENV and env_vars("native") == {}
     assert PINNED_ENV["ATEN_CPU_CAPABILITY"] == "default"
     with pytest.raises(ValueError, match="unknown numerics"):
         env_vars("fast")
@@ -128,6 +136,110 @@ def test_pinned_actions_do_not_depend_on_the_instruction_set_native_ones_do():
         native_avx2 = _act("native", {**NARROW, "ATEN_CPU_CAPABILITY": "avx2"})
         assert native_avx2["capability"] == "AVX2"
         assert native_avx2["digest"] != native["digest"]
+
+
+CONTROLLER = textwrap.dedent("""
+    import hashlib, json
+    import numpy as np
+
+    # the operational-space controller's linear algebra (robosuite), on a random arm
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(7, 7))
+    mass_inv = np.linalg.inv(m @ m.T + 7 * np.eye(7))
+    jac = rng.normal(size=(6, 7))
+    torque = jac.T @ np.linalg.pinv(jac @ mass_inv @ jac.T) @ rng.normal(size=6)
+    print(json.dumps({"digest": hashlib.sha256(torque.tobytes()).hexdigest()}))
+""")
+CORE = "from rlvla3.numerics import numpy_blas; import json; print(json.dumps(numpy_blas()))"
+
+OTHER_HOSTS = ("Nehalem", "Sandybridge")
+"""OpenBLAS cores older x86-64 hosts pick by themselves (any AVX2 CPU runs them): the hosts a
+test emulates on this one with ``OPENBLAS_CORETYPE``."""
+
+
+def _worker_env(host_core: str | None, numerics: dict[str, str]) -> dict[str, str]:
+    """The environment a worker process starts with on a host whose OpenBLAS picks
+    ``host_core`` (None: this host's own choice): the host's, then ``runtime_env``'s."""
+    env = {k: v for k, v in os.environ.items() if k not in PINNED_ENV and
+           k != "OPENBLAS_CORETYPE"}
+    return env | ({"OPENBLAS_CORETYPE": host_core} if host_core else {}) | numerics | {
+        "PYTHONPATH": str(ROOT)}
+
+
+def _run(script: str, env: dict[str, str], *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", script, *args], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _answer(proc: subprocess.Popen, timeout: float = 300) -> Any:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(host()["isa"] not in ("avx512f", "avx2"), reason="needs an AVX2 CPU")
+def test_pinned_workers_run_the_same_blas_kernels_whatever_the_host_picks():
+    hosts = (None, *OTHER_HOSTS)
+    pinned = [_answer(p) for p in [_run(CONTROLLER, _worker_env(h, env_vars("pinned")))
+                                   for h in hosts]]
+    assert len({p["digest"] for p in pinned}) == 1
+    # the emulated hosts do differ: left to the host (native numerics), each runs its own
+    # kernels and the torques differ in the last bits
+    native = [_answer(_run(CONTROLLER, _worker_env(h, env_vars("native")))) for h in OTHER_HOSTS]
+    assert len({p["digest"] for p in native}) == 2
+
+    from rlvla3.numerics import HOST_BLAS, PINNED_BLAS, check_blas
+
+    cores = [_answer(_run(CORE, _worker_env(h, env_vars(mode)))) for mode in ("pinned", "native")
+             for h in OTHER_HOSTS]
+    assert cores == [PINNED_BLAS, PINNED_BLAS, *OTHER_HOSTS]
+    # pinned as evaluations were before the kernels were pinned: the host's kernels
+    legacy = _answer(_run(CONTROLLER, _worker_env(OTHER_HOSTS[0], env_vars("pinned", HOST_BLAS))))
+    assert legacy == native[0]
+    # a worker whose OpenBLAS does not run the pinned kernels refuses to run pinned
+    probe = "from rlvla3.numerics import apply; apply('pinned')"
+    refused = _run(probe, _worker_env(None, env_vars("pinned") | {"OPENBLAS_CORETYPE": "Nehalem"}))
+    _, err = refused.communicate(timeout=300)
+    assert refused.returncode != 0 and "NumericsError" in err and PINNED_BLAS in err
+    check_blas(PINNED_BLAS)  # this machine runs them
+    with pytest.raises(ConfigError, match="--blas"):
+        check_blas("NoSuchCore")
+
+
+SIMULATOR = textwrap.dedent("""
+    import hashlib, json
+    import numpy as np
+    from envs.libero.env import LiberoConfig, LiberoEnv
+
+    env = LiberoEnv(LiberoConfig(task_ids=(0,), image_size=(32, 32), placements="bundled",
+                                 process=False))
+    env.reset(0, 20)  # the scene settles for 10 steps under the arm's controller
+    env.step(np.tile([0.5, 0.0, -0.3, 0.0, 0.0, 0.2, -1.0], (5, 1)))
+    data = env.raw.sim.data
+    state = np.concatenate([data.qpos, data.qvel])
+    print(json.dumps({"state": hashlib.sha256(state.tobytes()).hexdigest()}))
+    env.close()
+""")
+
+
+@pytest.mark.libero
+@pytest.mark.skipif(find_spec("libero") is None, reason="LIBERO not installed")
+@pytest.mark.skipif(host()["isa"] not in ("avx512f", "avx2"), reason="needs an AVX2 CPU")
+def test_a_pinned_simulator_steps_the_same_whatever_blas_kernels_the_host_picks():
+    """The simulator process of a pinned eval worker (it inherits the worker's environment) on
+    two hosts whose OpenBLAS picks other kernels: the same robot and objects, bit for bit,
+    after a reset and one chunk. Left to the host, the kernels move the state (on the real
+    episodes the observations part a few decisions later)."""
+    from envs.libero.simulator import libero_available
+
+    why = libero_available()
+    if why:
+        pytest.skip(why)
+    runs = [_run(SIMULATOR, _worker_env(h, env_vars("pinned"))) for h in OTHER_HOSTS]
+    runs.append(_run(SIMULATOR, _worker_env(OTHER_HOSTS[0], env_vars("native"))))
+    first, second, left_to_host = (_answer(r, timeout=600) for r in runs)
+    assert first == second
+    assert left_to_host != first
 
 
 def _results(rows: dict[tuple[int, int], dict]) -> dict:
@@ -218,6 +330,7 @@ def test_recheck_refuses_a_checkpoint_with_other_weights(tmp_path):
     )
     assert rerun.checkpoint == rl18 and rerun.episodes == [(2, 7)]
     assert rerun.numerics == "native"  # it was evaluated before numerics were pinned
+    assert rerun.blas == "host"  # and before NumPy's kernels were
     assert not rerun.sampled and rerun.max_steps == 220 and rerun.image_size == (64, 64)
     assert isinstance(rerun, argparse.Namespace)
 

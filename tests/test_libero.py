@@ -134,6 +134,43 @@ def test_reset_settles_and_observes_state_and_upright_cameras(spatial):
     assert spatial.elapsed_steps == 0  # settle steps do not count toward the limit
 
 
+def test_every_texture_reaches_the_renderer_linear_the_floor_decoded_exactly(spatial):
+    """llvmpipe makes an sRGB texture's mipmaps with an approximate encode (``rsqrtps``) whose
+    low bits differ between Intel and AMD CPUs: the floor tile, libero_spatial's one sRGB
+    texture, rendered to other pixels on the two once it came into view, and those episodes
+    took other actions. After a reset no texture is sRGB, in the model or in the render
+    context, and the floor's texels are the exact decode of what its file holds."""
+    import mujoco
+    from OpenGL import GL
+
+    obs = spatial.reset(0, 20)
+    model = spatial.raw.sim.model._model
+    srgb = mujoco.mjtColorSpace.mjCOLORSPACE_SRGB
+    as_compiled = mujoco.MjModel.from_xml_string(spatial.raw.sim.model.get_xml())
+    floor = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_TEXTURE, "texplane")
+    assert [i for i in range(model.ntex) if as_compiled.tex_colorspace[i] == srgb] == [floor]
+    assert srgb not in set(model.tex_colorspace)
+    from envs.libero.simulator import SRGB_TO_LINEAR
+
+    size = model.tex_width[floor] * model.tex_height[floor] * model.tex_nchannel[floor]
+    file = as_compiled.tex_data[as_compiled.tex_adr[floor]:][:size]
+    np.testing.assert_array_equal(model.tex_data[model.tex_adr[floor]:][:size],
+                                  SRGB_TO_LINEAR[file])
+    context = spatial.raw.sim._render_context_offscreen
+    context.gl_ctx.make_current()
+    formats = set()
+    for i, texture in enumerate(context.con.texture[:context.con.ntexture]):
+        flat = model.tex_type[i] == mujoco.mjtTexture.mjTEXTURE_2D
+        target = GL.GL_TEXTURE_2D if flat else GL.GL_TEXTURE_CUBE_MAP
+        GL.glBindTexture(target, int(texture))
+        level = GL.GL_TEXTURE_2D if flat else GL.GL_TEXTURE_CUBE_MAP_POSITIVE_X
+        formats.add(int(GL.glGetTexLevelParameteriv(level, 0, GL.GL_TEXTURE_INTERNAL_FORMAT)))
+    assert not formats & {GL.GL_SRGB8, GL.GL_SRGB8_ALPHA8, GL.GL_SRGB, GL.GL_SRGB_ALPHA}
+    again = spatial.reset(0, 20)  # a texture decoded twice would darken: the same images
+    for camera, image in obs.images.items():
+        np.testing.assert_array_equal(image, again.images[camera])
+
+
 def test_a_kept_simulator_gives_the_scene_a_newly_built_one_gives(spatial):
     """Each task keeps its simulator: going back to a task builds nothing, and its scene is,
     pixel for pixel, the one a simulator built for that reset shows."""

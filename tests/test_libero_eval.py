@@ -1,5 +1,6 @@
 """``rlvla3 eval`` on real LIBERO: two tasks x one episode in two Ray actors writes the JSON
-summary with Wilson intervals and the fingerprint, an MP4 per recorded episode and the chart;
+summary with Wilson intervals and the fingerprint, an MP4 per recorded episode, the chart and
+(``--trace``) each episode's per-decision trace;
 re-running on the same output directory continues without repeating an episode; ``--placements
 fresh`` evaluates other scenes than the bundled states of the same ids."""
 
@@ -10,6 +11,9 @@ from importlib.util import find_spec
 
 import numpy as np
 import pytest
+
+from actors.eval.trace import compare_traces, first_divergence, read_traces
+from rlvla3.numerics import PINNED_BLAS
 
 pytestmark = [
     pytest.mark.libero,
@@ -36,7 +40,7 @@ def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
     argv = [
         "--suite", "libero_spatial", "--task-ids", "3", "7", "--episodes-per-task", "1",
         "--policy", "random", "--output-dir", str(out), "--workers", "2", "--image-size", "32",
-        "--max-steps", "10", "--videos", "2", "--json",
+        "--max-steps", "10", "--videos", "2", "--trace", "--json",
     ]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -61,7 +65,8 @@ def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
     assert fp["image_size"] == [32, 32] and fp["fast_render"] is True and fp["chunk_len"] == 5
     assert fp["control_freq"] == 20.0 and fp["seeds"] == {"eval": 0, "placement": 0}
     assert fp["numerics"] == {"mode": "pinned", "torch_cpu_capability": "DEFAULT",
-                              "mkl_cbwr": "COMPATIBLE", "mkldnn": False, "threads": 1}
+                              "mkl_cbwr": "COMPATIBLE", "mkldnn": False, "threads": 1,
+                              "numpy_blas": PINNED_BLAS}
     assert fp["host"]["arch"] and "host" not in fp["numerics"]
     assert fp["init_state_ids"] == [0] and fp["tasks"] == [3, 7] and fp["max_steps"] == 10
     stored = json.loads((out / "results.json").read_text())
@@ -72,6 +77,12 @@ def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
         frames = [f.to_ndarray(format="rgb24") for f in video.decode(video=0)]
     assert len(frames) == 3  # the reset frame and one per 5-step chunk
     assert frames[0].shape == (32, 64, 3) and np.std(frames[0]) > 5
+    traces = read_traces(out)  # per decision: both cameras, the state and the action
+    assert sorted(traces) == [(3, 0), (7, 0)]
+    fields = ["action", "agentview", "state", "wrist"]
+    assert [sorted(row) for row in traces[(3, 0)]] == [fields, fields]
+    assert compare_traces(out, out)["identical"] == 2
+    assert first_divergence(traces[(3, 0)], traces[(7, 0)])["part"] == "observation"
     chart = (out / "success_by_task.png").read_bytes()
     assert chart[:8] == b"\x89PNG\r\n\x1a\n" and len(chart) > 2000
 

@@ -32,7 +32,8 @@ instruction, episodes, successes, success_rate, Wilson 95% ``ci95``, ``by_init_s
 same for the suite; ``fingerprint``: package versions, renderer, image size, fast render,
 control frequency, chunk length, seeds, initial states, the checkpoint's sha256;
 ``training_overlap``: why the checkpoint's training touched evaluation states, if it did),
-MP4 videos of the first ``--videos`` episodes and ``success_by_task.png``. Re-running the same
+MP4 videos of the first ``--videos`` episodes, ``success_by_task.png`` and, with ``--trace``,
+each episode's per-decision hashes (``trace/``, ``actors.eval.trace``). Re-running the same
 command on the same ``--output-dir`` continues: finished episodes are kept, the rest run
 (``eval.json`` records what is evaluated; a different policy or setting is refused).
 
@@ -76,11 +77,12 @@ from actors.eval.rounds import (
     summarise_rows,
 )
 from actors.eval.suites import suite_names, suite_of
+from actors.eval.trace import TRACE_DIR, trace_name, write_trace
 from actors.eval.worker import LANGUAGE_MODES, ActionSource, given_instructions
 from rlvla3.cli_options import add_image_size
 from rlvla3.config import Named
 from rlvla3.fingerprint import fingerprint
-from rlvla3.numerics import NUMERICS
+from rlvla3.numerics import HOST_BLAS, NUMERICS, PINNED_BLAS, check_blas
 from rlvla3.storage import Mirror, check_writable, join
 
 
@@ -150,6 +152,7 @@ def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
         "seed": args.seed if not args.checkpoint or args.sampled else None,
         "language": args.language,
         "numerics": args.numerics,
+        "blas": args.blas if args.numerics == "pinned" else HOST_BLAS,
     }
 
 
@@ -261,6 +264,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         check_checkpoint(args.checkpoint)
     if args.output_dir:
         check_writable(args.output_dir, "--output-dir")
+    if args.numerics == "pinned":
+        check_blas(args.blas)
     tasks = eval_tasks(args)
     files = Mirror(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}",
                    keep=("eval.json", "episodes.jsonl"))
@@ -313,7 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         info = ray.get(worker.describe.remote())
         fp = fingerprint(
             {**settings, "control_freq": info.get("control_freq"),
-             "scene_rule": info.get("scene_rule"),
+             "scene_rule": info.get("scene_rule"), "texture_rule": info.get("texture_rule"),
              "numerics": info["numerics"], "host": info["host"],
              **({"sampling": info["sampling"]} if "sampling" in info else {})},
             renderer=info.get("renderer"),
@@ -373,7 +378,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                      num_cpus=max(args.workers, os.cpu_count() or 1), include_dashboard=False,
                      log_to_driver=False)
         spawn_args = dict(seed=args.seed, source=source, placements=args.placements,
-                          numerics=args.numerics)
+                          numerics=args.numerics, blas=identity["blas"])
         workers = make_eval_workers(env, min(args.workers, len(todo)), **spawn_args)
         columns = ("[progress.description]{task.description}", BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn())
@@ -382,7 +387,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with Progress(*columns, console=console, transient=False) as progress:
                 bar = progress.add_task(f"eval {args.suite}", total=len(jobs),
                                         completed=len(jobs) - len(todo))
-                round_ = EvalRound(workers, todo, record=record,
+                round_ = EvalRound(workers, todo, record=record, trace=args.trace,
                                    spawn=lambda: make_eval_workers(env, 1, **spawn_args)[0])
                 while not round_.done:
                     for outcome in round_.poll(timeout_s=1.0, before_next=note_fingerprint):
@@ -393,6 +398,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             name = f"task{task}_init{outcome.init_state_id}_{kind}.mp4"
                             write_video(out / name, outcome.frames, fps=max(1, round(20 / chunk)))
                             files.push(name)
+                        if outcome.trace is not None:
+                            write_trace(out / TRACE_DIR / trace_name(task, outcome.init_state_id),
+                                        outcome.trace)
                         write_results(summary_now(final=False))
                         files.push()
                         wins = sum(r["success"] for r in output.rows)
@@ -549,15 +557,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "protocol), none, or the next task's (an ablation)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--numerics", choices=NUMERICS, default="pinned",
-                        help="the policy's CPU arithmetic: pinned (the same episodes on every "
-                        "x86-64 CPU) or native (the host's fastest kernels; episodes then "
-                        "depend on the CPU model)")
+                        help="the policy's and the simulator's CPU arithmetic: pinned (the same "
+                        "episodes on every x86-64 CPU with AVX2) or native (the host's fastest "
+                        "kernels; episodes then depend on the CPU model)")
+    parser.add_argument("--blas", default=PINNED_BLAS, metavar="CORE",
+                        help="with pinned numerics: the OpenBLAS kernels NumPy runs in the "
+                        "simulator (its controller's linear algebra; default %(default)s, any CPU "
+                        "with AVX2 and FMA); 'host' leaves them to the CPU")
     parser.add_argument("--recheck", metavar="EVAL_DIR",
                         help="run --sample episodes of a finished evaluation again with its "
                         "settings and report any that differ (exit status 1)")
     parser.add_argument("--sample", type=int, default=20, help="with --recheck: episodes")
     parser.add_argument("--sample-seed", type=int, default=0,
                         help="with --recheck: which episodes are drawn")
+    parser.add_argument("--trace", action="store_true",
+                        help="write each episode's per-decision hashes of observation and action "
+                        "to trace/ (compare two runs with python -m actors.eval.trace A B)")
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     args = parser.parse_args(argv)
     if args.recheck:
@@ -587,6 +602,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--workers must be >= 1")
     if not args.sampled and (args.noise_level is not None or args.init_noise is not None):
         parser.error("--noise-level and --init-noise set how a sampled policy acts: add --sampled")
+    if args.numerics == "native" and args.blas != PINNED_BLAS:
+        parser.error("--blas chooses pinned numerics' kernels; native ones are the host's")
     if args.policy and (args.sampled or args.language != "own"):
         parser.error("--sampled and --language need a checkpoint (--checkpoint or --compare)")
     return args

@@ -1,9 +1,10 @@
 """An evaluation's output directory: what it evaluates, and its finished episodes (resume).
 
 Input: the directory and the evaluation's identity (``IDENTITY_KEYS``: suite, placements,
-policy, acting, cameras, image size, seeds, language, numerics, scene rule). Output:
-``eval.json`` (identity, fingerprint, wall time over every invocation) and ``episodes.jsonl``
-(one line per episode, appended and flushed as each ends).
+policy, acting, cameras, image size, seeds, language, numerics and BLAS kernels, scene and
+texture rules).
+Output: ``eval.json`` (identity, fingerprint, wall time over every invocation) and
+``episodes.jsonl`` (one line per episode, appended and flushed as each ends).
 
 Invariants: a directory holds the episodes of one evaluation only: an identity that differs
 in any of ``IDENTITY_KEYS`` is refused, naming the fields; a line cut short by a crash is
@@ -21,7 +22,7 @@ from rlvla3.fingerprint import PLAN_FIELDS, fingerprint_differences
 
 IDENTITY_KEYS = ("suite", "placements", "placement_seed", "policy", "acting", "cameras",
                  "image_size", "chunk_len", "max_steps", "fast_render", "seed", "language",
-                 "numerics", "scenes")
+                 "numerics", "blas", "scenes", "textures")
 """What an output directory's episodes depend on: a resume must match all of them."""
 
 

@@ -6,8 +6,9 @@ settings) alone (``actors.eval.worker``), so anyone holding the checkpoint can r
 published figure on a few episodes instead of all of them. The re-check reads what ``DIR``
 evaluated (``eval.json``'s identity, ``results.json``'s fingerprint and episodes), draws
 ``--sample`` of its episodes with ``--sample-seed``, evaluates exactly those with the same
-settings (the same numerics mode included) into ``--output-dir`` (default ``DIR/recheck``),
-and compares each episode's outcome, step count and, where both have one, its action digest.
+settings (the same numerics mode and BLAS kernels included) into ``--output-dir`` (default
+``DIR/recheck``), and compares each episode's outcome, step count and, where both have one,
+its action digest.
 
 Inputs: ``DIR`` and, when the checkpoint moved since, ``--checkpoint`` (its weights must hash
 to the sha256 ``DIR`` names). Output: a JSON-able report (``matching``, ``outcome_flips``,
@@ -28,6 +29,7 @@ from typing import Any
 from actors.eval.compare import legacy_fields
 from rlvla3.config import ConfigError
 from rlvla3.fingerprint import PLAN_FIELDS, checkpoint_identity, fingerprint_differences
+from rlvla3.numerics import HOST_BLAS
 from rlvla3.storage import Storage
 
 Episode = tuple[int, int]
@@ -123,6 +125,7 @@ def rerun_args(
     header = json.loads((source / "eval.json").read_text())
     identity = legacy_fields(header["identity"], {})
     identity.setdefault("numerics", "native")  # evaluations before pinning ran natively
+    identity.setdefault("blas", HOST_BLAS)  # and before the kernels were pinned, the host's
     fp = header.get("fingerprint", {})
     policy = str(identity["policy"])
     checkpoint = None
@@ -157,6 +160,7 @@ def rerun_args(
             "seed": identity["seed"] if identity["seed"] is not None else 0,
             "language": identity.get("language", "own"),
             "numerics": identity["numerics"],
+            "blas": identity["blas"],
             **_acting(str(identity["acting"])),
             "episodes": episodes,
             "task_ids": None,

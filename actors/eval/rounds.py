@@ -12,8 +12,8 @@ this module:
   tasks evenly.
 - ``make_eval_workers(env, n, seed, placements=..., numerics=...)``: ``EvalWorker`` actors on
   ``protocol_env(env, placements)``, their processes started with the environment of
-  ``numerics`` (``pinned`` by default: the policy's arithmetic does not depend on the host CPU,
-  ``rlvla3.numerics``).
+  ``numerics`` (``pinned`` by default: neither the policy's arithmetic nor the simulator's
+  linear algebra depends on the host CPU, ``rlvla3.numerics``).
 - ``EvalRound(workers, jobs, checkpoint)``: hands each free worker its next episode and never
   blocks: ``poll(timeout_s)`` returns the episodes finished since the last call, ``done``
   says when all have. A worker that is lost (killed for memory, crashed, its node gone) costs
@@ -43,6 +43,7 @@ from typing import Any
 from actors.eval.worker import ActionSource, EpisodeOutcome, EvalWorker
 from rlvla3.confidence import rate
 from rlvla3.config import Named
+from rlvla3.numerics import PINNED_BLAS
 
 Job = tuple[int, int]
 """(env task id, initial state id)."""
@@ -78,19 +79,21 @@ def next_job(queue: Sequence[Job], last_task: int | None, lead: int,
 
 def make_eval_workers(
     env: Named, n: int, seed: int = 0, num_cpus: float = 1.0, source: ActionSource | None = None,
-    placements: str = "bundled", numerics: str = "pinned",
+    placements: str = "bundled", numerics: str = "pinned", blas: str = PINNED_BLAS,
 ) -> list[Any]:
     """``n`` ``EvalWorker`` actors on ``protocol_env(env, placements)`` (simulators start in
-    the actors), in processes started for ``numerics``."""
+    the actors), in processes started for ``numerics`` (with NumPy's ``blas`` kernels when
+    pinned)."""
     import ray
 
     from rlvla3.numerics import env_vars
 
     remote = ray.remote(num_cpus=num_cpus)(EvalWorker).options(
-        runtime_env={"env_vars": env_vars(numerics)})
+        runtime_env={"env_vars": env_vars(numerics, blas)})
     source = source or ActionSource("random")
     scenes = protocol_env(env, placements)
-    return [remote.remote(scenes, source, seed + w, numerics=numerics) for w in range(n)]
+    return [remote.remote(scenes, source, seed + w, numerics=numerics, blas=blas)
+            for w in range(n)]
 
 
 class EvalRound:
@@ -105,11 +108,14 @@ class EvalRound:
         lead_states: int = 4,
         spawn: Callable[[], Any] | None = None,
         retries: int = 2,
+        trace: bool = False,
     ):
-        """``lead_states``: how many initial states a worker may run ahead of the queue on the
-        task it is on (0: strictly in ``jobs`` order). ``spawn``: makes a worker to replace one
-        that was lost (killed for memory, crashed, its node gone); ``retries``: how often an
-        episode whose worker was lost runs again before it is recorded as a fault."""
+        """``record``: episodes that return their frames; ``trace``: every episode returns its
+        per-decision trace (``actors.eval.trace``). ``lead_states``: how many initial states a
+        worker may run ahead of the queue on the task it is on (0: strictly in ``jobs`` order).
+        ``spawn``: makes a worker to replace one that was lost (killed for memory, crashed, its
+        node gone); ``retries``: how often an episode whose worker was lost runs again before it
+        is recorded as a fault."""
         self.queue = list(jobs)
         self._spawn = spawn
         self._retries = retries
@@ -123,6 +129,7 @@ class EvalRound:
         self._last_task: dict[Any, int] = {}
         self.total = len(self.queue)
         self.record = set(record)
+        self.trace = trace
         self.outcomes: list[EpisodeOutcome] = []
         self.started = time.perf_counter()
         self._pending: dict[Any, tuple[Any, Job]] = {}
@@ -165,7 +172,7 @@ class EvalRound:
             job = self.queue.pop(
                 next_job(self.queue, self._last_task.get(worker), self._lead, self._rank))
             self._last_task[worker] = job[0]
-            ref = worker.run_episode.remote(*job, job in self.record)
+            ref = worker.run_episode.remote(*job, job in self.record, self.trace)
             self._pending[ref] = (worker, job)
 
     @property

@@ -45,12 +45,13 @@ class LiberoSuite:
     def identity(self, options: dict[str, Any]) -> dict[str, Any]:
         from envs.libero.env import LiberoConfig
         from envs.libero.scenes import SCENE_RULE
+        from envs.libero.simulator import TEXTURE_RULE
 
         cfg = build(LiberoConfig, options, "--options")
         return {"placement_seed": cfg.placement_seed, "cameras": list(cfg.cameras),
                 "image_size": list(cfg.image_size), "chunk_len": cfg.chunk_len,
                 "max_steps": cfg.episode_steps, "fast_render": cfg.fast_render,
-                "scenes": SCENE_RULE}
+                "scenes": SCENE_RULE, "textures": TEXTURE_RULE}
 
     def instructions(self) -> tuple[str, ...]:
         from envs.libero.env import suite_instructions

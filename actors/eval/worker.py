@@ -28,13 +28,15 @@ options as they take effect) for the results' fingerprint.
 Invariant: an episode is a function of (policy, task, initial state, seeds, settings) alone,
 never of which worker runs it, what ran before it or how many workers share the evaluation:
 the env seeds each scene from its key, every random draw is seeded per episode, and the
-policy's arithmetic is pinned (``rlvla3.numerics``: the worker process starts with the pinned
-environment and ``numerics`` says so) so that it does not depend on the host CPU either.
+policy's arithmetic and the simulator's linear algebra are pinned (``rlvla3.numerics``: the
+worker process, and the simulator process it spawns, start with the pinned environment and
+``numerics`` says so) so that they do not depend on the host CPU either.
 ``EpisodeOutcome.digest`` (a hash of every action executed) makes that checkable bit for bit.
 
 Outputs: one ``EpisodeOutcome`` per episode; when asked, the frames of the episode (agentview and
 wrist side by side, one per decision) travel back with it so that the driver writes the video
-wherever it runs, whichever node the worker ran on.
+wherever it runs, whichever node the worker ran on, and so does its trace (per decision, hashes
+of the observation and the action: ``actors.eval.trace``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from rlvla3.config import Named
+from rlvla3.numerics import PINNED_BLAS
 from rlvla3.types import EnvSpec, ObsBatch, Observation
 
 
@@ -140,6 +143,9 @@ class EpisodeOutcome:
     same trajectory, bit for bit."""
     frames: np.ndarray | None = None
     """uint8 ``[T, H, W_total, 3]`` when the episode was recorded."""
+    trace: tuple[dict[str, str], ...] | None = None
+    """When traced: per decision, hashes of each camera image, the state and the action
+    (``actors.eval.trace.decision_hashes``)."""
 
 
 def _frame(obs: Observation) -> np.ndarray:
@@ -150,13 +156,14 @@ class EvalWorker:
     """Runs episodes one at a time; see the module docstring."""
 
     def __init__(self, env: Named, source: ActionSource, seed: int = 0, torch_threads: int = 1,
-                 numerics: str = "native"):
-        """``numerics``: ``rlvla3.numerics`` mode of the policy's arithmetic; ``pinned`` needs
-        this process to have started with ``rlvla3.numerics.env_vars("pinned")``."""
+                 numerics: str = "native", blas: str = PINNED_BLAS):
+        """``numerics``: ``rlvla3.numerics`` mode of the policy's and the simulator's arithmetic;
+        ``pinned`` needs this process to have started with
+        ``rlvla3.numerics.env_vars("pinned", blas)`` (the simulator process inherits it)."""
         from envs import make_env
         from rlvla3 import numerics as numerics_mod
 
-        self.numerics = numerics_mod.apply(numerics, torch_threads)
+        self.numerics = numerics_mod.apply(numerics, torch_threads, blas)
         self.env = make_env(env, seed=seed)
         self._suite_tasks = tuple(env.options.get("task_ids") or ())
         """Env task id ``i`` is suite task ``_suite_tasks[i]`` (empty: the same number)."""
@@ -204,7 +211,11 @@ class EvalWorker:
         sampled = self.source.sampling is not None
         return self.policy.act(ObsBatch.stack([obs]), deterministic=not sampled).actions[0]
 
-    def run_episode(self, task_id: int, init_state_id: int, record: bool = False) -> EpisodeOutcome:
+    def run_episode(self, task_id: int, init_state_id: int, record: bool = False,
+                    trace: bool = False) -> EpisodeOutcome:
+        """One whole episode; ``record``: with its frames, ``trace``: with its trace."""
+        from actors.eval.trace import decision_hashes
+
         t0 = time.perf_counter()
         task = self._suite_tasks[task_id] if self._suite_tasks else task_id
         seed = episode_seed(self.source.seed, task, init_state_id)
@@ -214,11 +225,14 @@ class EvalWorker:
             self.policy.seed_sampling(seed)
         obs = self.env.reset(task_id, init_state_id)
         frames = [_frame(obs)] if record else []
+        hashes = []
         steps = decisions = 0
         digest = hashlib.sha256()
         while True:
             action = self._act(obs, task_id)
             digest.update(np.asarray(action, dtype=np.float32).tobytes())
+            if trace:
+                hashes.append(decision_hashes(obs, action))
             result = self.env.step(action)
             obs = result.obs
             steps += result.steps
@@ -238,6 +252,7 @@ class EvalWorker:
             fault=result.fault,
             frames=np.stack(frames) if record else None,
             digest=digest.hexdigest()[:16],
+            trace=tuple(hashes) if trace else None,
         )
 
     def stats(self) -> Mapping[str, int]:

@@ -77,7 +77,13 @@ from envs.libero.scenes import (
     object_poses,
     scene_problems,
 )
-from envs.libero.simulator import ensure_libero_config, fast_render_xml, renderer_info
+from envs.libero.simulator import (
+    TEXTURE_RULE,
+    decode_srgb_textures,
+    ensure_libero_config,
+    fast_render_xml,
+    renderer_info,
+)
 from rlvla3.config import build, require
 from rlvla3.protocols import Env
 from rlvla3.types import EnvSpec, Observation, StepResult
@@ -384,6 +390,7 @@ class LiberoEnv:
                 f"{self.cfg.suite} task {suite_task} scene {init_state_id}: no valid placement "
                 f"in {self.placement_attempts} draws ({' | '.join(self.rejected)})"
             )
+        decode_srgb_textures(self.raw.sim)  # the hard reset uploaded the model's textures anew
         np.random.seed(episode_seed(self.cfg.placement_seed, self.cfg.suite, suite_task,
                                     init_state_id))
         self._t = 0
@@ -476,7 +483,7 @@ class LiberoEnv:
     def describe(self) -> dict[str, Any]:
         """What this simulator runs on: renderer strings and the control frequency."""
         info: dict[str, Any] = {"renderer": renderer_info(self._render_context()),
-                                "scene_rule": SCENE_RULE}
+                                "scene_rule": SCENE_RULE, "texture_rule": TEXTURE_RULE}
         if self._sim is not None:
             info["control_freq"] = float(self.raw.control_freq)
         return info

@@ -10,6 +10,11 @@
   ``fast_render`` option, applied through robosuite's XML processor hook).
 - ``renderer_info``: the OpenGL / EGL strings of the rendering context (an evaluation's
   fingerprint names the renderer).
+- ``decode_srgb_textures``: every texture the model declares sRGB decoded to linear texels on
+  the CPU, exactly, before the renderer samples it (``TEXTURE_RULE``): Mesa llvmpipe encodes
+  sRGB approximately when it builds such a texture's mipmaps, with an x86 instruction whose
+  low bits Intel and AMD CPUs compute differently, so the same scene rendered to other pixels
+  on the two (LIBERO's floor tile is the one sRGB texture).
 
 Nothing here imports LIBERO at module import: a machine without the extra imports this module.
 """
@@ -23,6 +28,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 ROBOSUITE_LOGGER = "robosuite_logs"
@@ -36,6 +42,22 @@ class _MacroAdvice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not ("private macro file" in message or "setup_macros.py" in message)
+
+
+TEXTURE_RULE = "srgb-decoded-on-cpu/1"
+"""How textures reach the renderer, recorded with evaluations (``decode_srgb_textures``);
+results written before it lack the field, and their episodes that had the floor in view
+rendered it with the host CPU's approximate sRGB encode."""
+
+
+def _srgb_to_linear_table() -> np.ndarray:
+    """8-bit sRGB -> 8-bit linear, the exact IEC 61966-2-1 decode, rounded."""
+    c = np.arange(256) / 255.0
+    linear = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    return np.rint(255.0 * linear).astype(np.uint8)
+
+
+SRGB_TO_LINEAR = _srgb_to_linear_table()
 
 
 def ensure_libero_config() -> None:
@@ -99,6 +121,38 @@ def fast_render_xml(xml: str) -> str:
         quality = ET.SubElement(visual, "quality")
     quality.set("offsamples", "0")
     return ET.tostring(root, encoding="unicode")
+
+
+def decode_srgb_textures(sim: Any) -> int:
+    """Decode the sRGB textures of robosuite's ``sim`` to linear texels on the CPU and upload
+    them again (to its offscreen render context, when it has one); returns how many.
+
+    An sRGB texture is uploaded as ``GL_SRGB8`` and mipmapped by the driver, which decodes,
+    filters and encodes each level again. llvmpipe's encode approximates the power curve with
+    ``rsqrtps``, an approximation whose low bits x86 leaves to the CPU's maker: on one machine
+    11.8% of the values of a random texture's first mip level are one off the exact encode,
+    and the floor's mip levels, which a camera samples whenever the floor is in view, differ
+    between Intel and AMD. Linear texels take no encode: the driver only filters them, the
+    same on every CPU. The table rounds to 8 bits once, so a texel moves by at most half a
+    level of linear intensity."""
+    import mujoco
+
+    model = sim.model._model
+    srgb = [i for i in range(model.ntex)
+            if model.tex_colorspace[i] == mujoco.mjtColorSpace.mjCOLORSPACE_SRGB]
+    for i in srgb:
+        start, channels = model.tex_adr[i], model.tex_nchannel[i]
+        size = model.tex_width[i] * model.tex_height[i] * channels
+        texels = model.tex_data[start:start + size].reshape(-1, channels)
+        texels[:, :3] = SRGB_TO_LINEAR[texels[:, :3]]  # alpha is linear already
+        model.tex_data[start:start + size] = texels.reshape(-1)
+        model.tex_colorspace[i] = mujoco.mjtColorSpace.mjCOLORSPACE_LINEAR
+    context = getattr(sim, "_render_context_offscreen", None)
+    if srgb and context is not None:
+        context.gl_ctx.make_current()
+        for i in srgb:
+            mujoco.mjr_uploadTexture(model, context.con, i)
+    return len(srgb)
 
 
 def renderer_info(context: Any = None) -> dict[str, str]:
