@@ -59,6 +59,7 @@ from rlvla3.engine.group import Ranks
 from rlvla3.gpu_costs import TrainingCost
 from rlvla3.group_buffer import GroupBuffer
 from rlvla3.kl_control import KlLearningRate
+from rlvla3.pacing import StalenessBound
 from rlvla3.protocols import Policy
 from rlvla3.rl_samples import Samples, prepare_samples
 from rlvla3.types import TrajectorySegment
@@ -275,7 +276,8 @@ class LearnerCore:
         self.micro_per_step = micro_per_step or math.ceil(local_batch / micro_batch)
         """Micro-batches of every optimizer step, the same on every rank."""
         self.strategy = strategy
-        self.max_staleness = max_staleness
+        self.staleness = StalenessBound(max_staleness)
+        """Unstarted items it calls stale are discarded (``max_staleness`` None: none is)."""
         self.reduce = reduce or self.engine.reduce
         self.optimizer = self.engine.optimizer
         self.last_publish = None
@@ -414,9 +416,7 @@ class LearnerCore:
     def _discard_stale(self) -> None:
         """Drop whole unstarted items whose oldest decision is more than ``max_staleness``
         versions behind (counted)."""
-        if self.max_staleness is None:
-            return
-        for part in self.buffer.discard_stale(self.version - self.max_staleness):
+        for part in self.buffer.discard_stale(self.staleness, self.version):
             self.counts["discarded_decisions"] += len(part)
             self.counts["discarded_env_steps"] += int(part.env_steps.sum())
             self.counts["discarded_groups"] += 1

@@ -642,6 +642,7 @@ def test_group_buffer_takes_micro_batches_without_copying_the_rest_of_an_item():
     included: quadratic in the group's length). Rows still leave in order, none twice, and
     peeks, staleness and put-backs see the remainder."""
     from rlvla3.group_buffer import GroupBuffer
+    from rlvla3.pacing import StalenessBound
     from rlvla3.rl_samples import Samples, prepare_samples
 
     segments = collect_segments(make_policy(1), 12)
@@ -661,7 +662,7 @@ def test_group_buffer_takes_micro_batches_without_copying_the_rest_of_an_item():
     rest = buffer.peek(buffer.size)
     np.testing.assert_array_equal(rest.log_probs[:-3], group.log_probs[5 * len(taken):])
     np.testing.assert_array_equal(buffer.peek_advantages(2), group.advantages[5 * len(taken):][:2])
-    assert buffer.discard_stale(10**9) and buffer.size == n - 5 * len(taken)  # the second item
+    assert buffer.discard_stale(StalenessBound(0), 10**9) and buffer.size == n - 5 * len(taken)  # the second item
     buffer.put_back([taken[-1]])
     out = Samples.concat([*taken[:-1], buffer.take(buffer.size)])
     np.testing.assert_array_equal(out.log_probs, group.log_probs)

@@ -18,7 +18,6 @@ from ray import cloudpickle
 from tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
-from actors.roles.trajectory_queue import SegmentInfo
 from envs import env_spec, make_env
 from rlvla3.checkpoint import locate_checkpoint, read_meta
 from rlvla3.config import Named
@@ -26,6 +25,7 @@ from rlvla3.episode import TaskSampler
 from rlvla3.policies import build_policy
 from rlvla3.rollout import RolloutCore, collect_episodes
 from rlvla3.run_config import load_run_config
+from rlvla3.types import SegmentInfo
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the injection runs in an actor
 EPISODE = 8

@@ -8,13 +8,12 @@ import asyncio
 
 import pytest
 
-from rlvla3.run_config import load_run_config
 from rlvla3.types import EpisodeKey
 
 
 def _info(min_version: int, key: EpisodeKey | None = None, decisions: int = 3,
           max_version: int = -1):
-    from actors.roles.trajectory_queue import SegmentInfo
+    from rlvla3.types import SegmentInfo
 
     return SegmentInfo("w0/s0", key or EpisodeKey(0, 0), decisions, 2 * decisions, min_version,
                        1.0, True, max_version)
@@ -131,7 +130,7 @@ def test_grpo_uniform_groups_are_skipped_and_counted_when_asked():
     advantage: with ``skip_uniform`` it is counted and never queued; a mixed group, and any
     group without the option, is queued whole. Short groups (a member lost) are judged on the
     members they have."""
-    from actors.roles.trajectory_queue import SegmentInfo
+    from rlvla3.types import SegmentInfo
 
     def info(key, ret, decisions=4):
         return SegmentInfo("w0/s0", key, decisions, 2 * decisions, 0, ret, ret > 0.5)
@@ -157,15 +156,14 @@ def test_grpo_uniform_groups_are_skipped_and_counted_when_asked():
 
 
 def test_inherent_lag_counts_the_episodes_a_slot_runs_for_one_grpo_group():
+    from rlvla3.pacing import group_rounds, inherent_lag
+
     # the multi-task LIBERO run: 2 workers x 2 slots, 44 decisions, global batch 32
-    base = ["env_workers.num_workers=2", "env_workers.slots_per_worker=2",
-            "learner.global_batch=32"]
-    ppo = load_run_config("smoke", overrides=base + ["algo.name=ppo"])
-    grpo = load_run_config("smoke", overrides=base + ["algo.name=grpo", "algo.group_size=4"])
-    odd = load_run_config("smoke", overrides=base + ["algo.name=grpo", "algo.group_size=3"])
-    assert (ppo.group_rounds(), grpo.group_rounds(), odd.group_rounds()) == (1, 2, 2)
-    assert ppo.inherent_lag(44) == pytest.approx(5.5)
-    assert grpo.inherent_lag(44) == pytest.approx(11.0)  # a group's first episode waits twice
+    assert (group_rounds(1, 2), group_rounds(4, 2), group_rounds(3, 2)) == (1, 2, 2)
+    assert inherent_lag(4, 44, group_rounds(1, 2), 1, 32) == pytest.approx(5.5)
+    # a group's first episode waits twice
+    assert inherent_lag(4, 44, group_rounds(4, 2), 1, 32) == pytest.approx(11.0)
+    assert inherent_lag(4, 44, 1, 2, 32) == pytest.approx(11.0)  # two versions a batch
 
 
 def test_pacing_holds_new_episodes_until_the_learners_catch_up():
@@ -374,7 +372,7 @@ def test_an_event_costs_each_waiting_admission_one_cheap_check():
     async def scenario():
         queue = _queue(capacity=10**6, max_staleness=10**6, pace_lag=4.0, pace_backlog=0,
                        group_size=8, global_batch=256, initial_decisions=40)
-        queue._items, queue._tickets = CountingDeque(), CountingDict()
+        queue.core._items, queue.core._tickets = CountingDeque(), CountingDict()
         tickets = [await queue.admit(w, EpisodeKey(0, 0), "i") for w in range(128)]
         waiting = [asyncio.create_task(queue.admit(200 + w, EpisodeKey(1 + w, 9), "i"))
                    for w in range(128)]

@@ -57,6 +57,7 @@ from actors.runtime.bootstrap import NAMESPACE, init_ray
 from envs import dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.config import require, to_dict
+from rlvla3.pacing import group_rounds, inherent_lag
 from rlvla3.plan.cluster import actor_specs, check_placement, place
 from rlvla3.plan.memory import MemoryPlan, choose_strategy, estimate, model_facts
 from rlvla3.policies import build_policy
@@ -299,7 +300,10 @@ class Controller:
         if not self.training.concurrent:
             return
         slots = cfg.env_workers.num_workers * cfg.env_workers.slots_per_worker
-        inherent, rounds = cfg.inherent_lag(self.spec.max_decisions), cfg.group_rounds()
+        group = cfg.algo.group_size if cfg.algo.name == "grpo" else 1
+        rounds = group_rounds(group, cfg.env_workers.slots_per_worker)
+        inherent = inherent_lag(slots, self.spec.max_decisions, rounds, cfg.algo.update_epochs,
+                                cfg.learner.global_batch)
         if cfg.queue.max_staleness >= inherent:
             return
         grouped, expire = "", ""

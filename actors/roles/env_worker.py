@@ -37,7 +37,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import ray
 
-from actors.roles.trajectory_queue import SegmentInfo
 from actors.runtime.bootstrap import lookup, was_restarted
 from actors.runtime.metrics import RoleMetrics
 from actors.runtime.process_memory import ProcessMemory
@@ -51,6 +50,7 @@ from rlvla3.types import (
     EnvSpec,
     EpisodeKey,
     Observation,
+    SegmentInfo,
     StepResult,
     TrajectorySegment,
 )
