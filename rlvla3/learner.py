@@ -56,7 +56,6 @@ from rlvla3.algos import AlgoConfig, approx_kl, objective
 from rlvla3.engine.config import EngineConfig
 from rlvla3.engine.engine import TrainingEngine
 from rlvla3.engine.group import Ranks
-from rlvla3.gpu_costs import TrainingCost
 from rlvla3.group_buffer import GroupBuffer
 from rlvla3.kl_control import KlLearningRate
 from rlvla3.pacing import StalenessBound
@@ -256,16 +255,13 @@ class LearnerCore:
     def __init__(self, policy: Policy, algo: AlgoConfig, local_batch: int, micro_batch: int,
                  lr: float, strategy: BatchStart | StreamingStart,
                  engine: TrainingEngine | None = None, max_staleness: int | None = None,
-                 reduce: Reduce | None = None, cost: TrainingCost | None = None,
-                 grad_share: float | None = None, micro_per_step: int | None = None):
-        """``engine``: the policy under its strategy (default: one rank, the plain module);
-        ``grad_share`` and ``micro_per_step``: this rank's place in a group (``take_share``)."""
+                 reduce: Reduce | None = None, grad_share: float | None = None,
+                 micro_per_step: int | None = None):
+        """``engine``: the policy under its strategy (default: one rank, the plain module; on
+        simulated GPUs, ``rlvla3.gpu_sim.SimulatedEngine`` around it); ``grad_share`` and
+        ``micro_per_step``: this rank's place in a group (``take_share``)."""
         self.engine = engine or rl_engine(policy, algo, lr)
         self.policy = self.engine.policy
-        self.cost = cost
-        """Simulated GPU cost (``rlvla3.gpu_costs``): each micro-batch and optimizer step then
-        lasts as long as on the GPUs it stands for (None: as long as it takes here)."""
-        self.clock = cost.clock() if cost is not None else None
         self.algo = algo
         self.local_batch = local_batch
         self.grad_share = float(grad_share or local_batch)
@@ -503,16 +499,17 @@ class LearnerCore:
         return replace(batch, prox_log_probs=self.proximal.log_probs(batch))
 
     def _backward(self, batch: Samples, sync: bool, scale: float) -> dict:
-        """Forward and backward of one micro-batch, its loss scaled by ``scale``; with ``sync``
-        the ranks reduce the accumulated gradients (the step's last micro-batch)."""
-        with self.engine.accumulate(sync):
+        """Forward and backward of one micro-batch, its loss scaled by ``scale`` (0: a stand-in
+        that trains no sample); with ``sync`` the ranks reduce the accumulated gradients (the
+        step's last micro-batch)."""
+        def scaled() -> tuple[torch.Tensor, dict]:
             loss, info = self.loss(batch)
-            (loss * scale).backward()
-        return info
+            return loss * scale, info
+
+        return self.engine.backward(scaled, sync, len(batch) if scale else 0)
 
     def _micro_step(self, batch: Samples) -> None:
         start = time.perf_counter()
-        begun = self.clock.now() if self.clock is not None else 0.0
         last = self._micro_done + 1 == self.micro_per_step
         info = self._backward(batch, last, len(batch) / self.grad_share)
         self._weights.append(info.pop("weights"))
@@ -527,8 +524,6 @@ class LearnerCore:
         self._last_micro = batch
         if self.epoch == 0:  # a later epoch trains no new decision
             self._step_lags.append(self.version - batch.policy_versions)
-        if self.clock is not None:
-            self.clock.pay(self.cost.micro_batch_ms(len(batch)), begun)
         self.busy_s += time.perf_counter() - start
 
     def flush(self) -> bool:
@@ -555,7 +550,6 @@ class LearnerCore:
     def _optimizer_step(self, abandon: bool = False) -> StepStats | None:
         """Agree with the other ranks, then step (or abandon the step on every rank)."""
         start = time.perf_counter()
-        begun = self.clock.now() if self.clock is not None else 0.0
         flags = self.reduce(np.array([float(abandon), float(self.stop_requested),
                                       float(self.snapshot_wanted), 1.0]))  # ..., ranks
         self.stop_agreed = bool(flags[1] > 0)
@@ -593,8 +587,6 @@ class LearnerCore:
         self._probe = None
         self._done_in_step = self._micro_done = 0
         self._discard_stale()
-        if self.clock is not None:
-            self.clock.pay(self.cost.step_ms, begun)
         self.busy_s += time.perf_counter() - start
         if snapshot_now:  # every rank at this same version
             self.take_snapshot()

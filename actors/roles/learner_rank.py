@@ -66,6 +66,7 @@ from rlvla3.engine import group
 from rlvla3.engine.group import Ranks, free_port
 from rlvla3.engine.sharded import RowSource
 from rlvla3.gpu_costs import TrainingCost
+from rlvla3.gpu_sim import SimulatedEngine
 from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats, rl_engine
 from rlvla3.policies import build_policy
 from rlvla3.run_config import LearnerConfig
@@ -103,6 +104,8 @@ class Learner:
         self.policy = build_policy(policy, spec).to(self.device)
         self.core: LearnerCore | None = None
         """Made once this rank knows its group (``init_group``; at once for a lone rank)."""
+        self.simulated: SimulatedEngine | None = None
+        """The engine on simulated GPUs (``learner.cost_model``), with its clock."""
         self.metrics = RoleMetrics("learner", f"learner-{rank}")
         self.memory = ProcessMemory()
         self.servers = [lookup(name) for name in servers]
@@ -139,10 +142,11 @@ class Learner:
         """The engine and the learner core for this rank's place in the group; then, after
         a restart, the state of the last checkpoint, and the first published weights."""
         engine = rl_engine(self.policy, self.algo, self.cfg.lr, self.cfg.engine(), ranks)
+        self.simulated = SimulatedEngine(engine, self.cost) if self.cost is not None else None
         self.core = LearnerCore(
             self.policy, self.algo, 0, self.cfg.micro_batch, self.cfg.lr,
-            LEARNER_STRATEGIES[self.strategy](), engine=engine,
-            max_staleness=self.max_staleness, cost=self.cost)
+            LEARNER_STRATEGIES[self.strategy](), engine=self.simulated or engine,
+            max_staleness=self.max_staleness)
         self.core.take_share(self.cfg.global_batch, ranks.world, ranks.rank)
         if self._restart:
             try:
@@ -482,8 +486,8 @@ class Learner:
             "staleness_hist": dict(self.core.staleness_hist),
             "length_hist": dict(self.core.length_hist),
         }
-        if self.core.clock is not None:  # simulated GPU cost (rlvla3.gpu_costs)
-            out["cost"] = self.core.clock.stats.as_dict()
+        if self.simulated is not None:  # simulated GPUs (rlvla3.gpu_sim)
+            out["cost"] = self.simulated.clock.stats.as_dict()
         published = self.core.last_publish
         if published is not None:  # what gathering the weights for the servers cost this rank
             out.update(engine=self.core.engine.name, publish_s=round(published.seconds, 4),
