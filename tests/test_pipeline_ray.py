@@ -280,7 +280,7 @@ def test_two_learners_stop_together_whenever_asked(ray_cluster, tmp_path):
     rng = random.Random(0)
     try:
         topo = controller.build()
-        controller.rollout.start(topo.workers, topo.servers)
+        controller.schedule.rollout.start(topo.workers, topo.servers)
         before = 0
         for _ in range(6):
             refs = [lr.run.remote() for lr in topo.learners]
@@ -293,7 +293,7 @@ def test_two_learners_stop_together_whenever_asked(ray_cluster, tmp_path):
             assert versions[0] == versions[1], versions
             assert versions[0] > before, "a stop takes one more step, taken by both ranks"
             before = versions[0]
-        controller.rollout.stop(topo.workers)
+        controller.schedule.rollout.stop(topo.workers)
     finally:
         controller.shutdown()
 
