@@ -250,12 +250,6 @@ class ClockStats:
                           self.real_s + other.real_s, self.overruns + other.overruns,
                           self.overrun_s + other.overrun_s)
 
-    def as_dict(self) -> dict[str, float]:
-        return {"calls": self.calls, "simulated_s": round(self.simulated_s, 3),
-                "real_s": round(self.real_s, 3), "overruns": self.overruns,
-                "overrun_s": round(self.overrun_s, 3),
-                "overhead_fraction": round(self.overhead_fraction, 4)}
-
     @property
     def overhead_fraction(self) -> float:
         """Real compute / simulated cost: how much of the simulated work this machine did."""

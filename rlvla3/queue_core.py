@@ -51,6 +51,7 @@ from typing import Any
 
 from rlvla3.pacing import Pacing, StalenessBound
 from rlvla3.protocols import Metrics
+from rlvla3.role_stats import QueueStats
 from rlvla3.run_config import QueueConfig
 from rlvla3.types import EpisodeKey, SegmentInfo
 
@@ -351,13 +352,13 @@ class QueueCore:
     def held_decisions(self) -> int:
         return sum(i.decisions for g in self._held.values() for i, _ in g.members)
 
-    def stats(self) -> dict:
-        return {**self.counts, "depth": len(self._items), "version": self.version,
-                "queued_decisions": self.queued_decisions(),
-                "held_episodes": sum(len(g.members) for g in self._held.values()),
-                "held_decisions": self.held_decisions(),
-                "in_flight_episodes": len(self._tickets),
-                "backlog_decisions": self.backlog(),
-                "expected_lag": round(self.expected_lag(), 2),
-                "mean_episode_decisions": round(self.mean_decisions(), 2),
-                "staleness_hist": dict(sorted(self.staleness.items()))}
+    def stats(self) -> QueueStats:
+        return QueueStats(**self.counts, depth=len(self._items), version=self.version,
+                          queued_decisions=self.queued_decisions(),
+                          held_episodes=sum(len(g.members) for g in self._held.values()),
+                          held_decisions=self.held_decisions(),
+                          in_flight_episodes=len(self._tickets),
+                          backlog_decisions=self.backlog(),
+                          expected_lag=round(self.expected_lag(), 2),
+                          mean_episode_decisions=round(self.mean_decisions(), 2),
+                          staleness_hist=dict(sorted(self.staleness.items())))

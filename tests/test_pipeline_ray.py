@@ -239,14 +239,14 @@ def test_autoreset_rounds_step_every_slot(ray_cluster, tmp_path):
         stats = ray.get([w.stats.remote() for w in topo.workers])
     finally:
         controller.shutdown()
-    slots = sum(s["slots"] for s in stats)
-    decisions = sum(s["decisions"] for s in stats)
-    assert decisions + sum(s["lockstep_skips"] for s in stats) == 3 * 7 * slots
+    slots = sum(s.slots for s in stats)
+    decisions = sum(s.decisions for s in stats)
+    assert decisions + sum(s.lockstep_skips for s in stats) == 3 * 7 * slots
     assert decisions >= 0.8 * 3 * 7 * slots  # resets of reach take microseconds
     # 21 steps per slot with episodes of at most 4 decisions: every slot reset in place (and
     # sat out at least one step for it) several times
-    assert sum(s["episodes"] for s in stats) >= 3 * slots
-    assert all(s["inflight_decisions"] <= 4 * s["slots"] for s in stats)
+    assert sum(s.episodes for s in stats) >= 3 * slots
+    assert all(s.inflight_decisions <= 4 * s.slots for s in stats)
 
 
 @pytest.mark.slow
@@ -263,9 +263,9 @@ def test_grpo_with_two_learners_never_splits_a_group(ray_cluster, tmp_path):
         controller.shutdown()
     assert summary["policy_version"] >= 1
     # every group whole (no fault here), one group per queue item, never two pooled
-    assert all(lr["received_episodes"] == 2 * lr["received_groups"] for lr in learners), learners
-    assert all(lr["short_groups"] == 0 for lr in learners)
-    assert sum(lr["received_episodes"] for lr in learners) > 0
+    assert all(lr.received_episodes == 2 * lr.received_groups for lr in learners), learners
+    assert all(lr.short_groups == 0 for lr in learners)
+    assert sum(lr.received_episodes for lr in learners) > 0
     assert summary["accounting"]["unaccounted"] == 0
 
 

@@ -43,8 +43,8 @@ import ray
 import yaml
 
 from actors.observe.collect import WaitingForActors
-from actors.observe.figures import waiting_on
-from actors.observe.monitor import RUN_COUNTERS, RunMonitor, say
+from actors.observe.figures import RUN_COUNTERS, episode_lengths, staleness_hist, waiting_on
+from actors.observe.monitor import RunMonitor, say
 from actors.rl.budget import RunBudget
 from actors.rl.capacity import CapacityWatch
 from actors.rl.checkpointer import Checkpointer, restore_samplers
@@ -62,6 +62,7 @@ from rlvla3.pacing import group_rounds, inherent_lag
 from rlvla3.plan.cluster import actor_specs, check_placement, place
 from rlvla3.plan.memory import MemoryPlan, choose_strategy, estimate, model_facts
 from rlvla3.policies import build_policy
+from rlvla3.role_stats import Snapshot
 from rlvla3.run_config import RunConfig, check_resources
 from rlvla3.storage import Mirror, basename, check_reach, join
 from rlvla3.types import EnvSpec
@@ -303,23 +304,22 @@ class Controller:
         topo, last, since, told = self.topology, None, time.monotonic(), 0.0
         while not self._watchdog_stop.wait(min(every / 4, 5.0)):
             try:
-                snap = {"workers": ray.get([w.stats.remote() for w in topo.workers], timeout=10),
-                        "learners": ray.get([lr.stats.remote() for lr in self.learners],
-                                            timeout=10),
-                        "queue": ray.get(topo.queue.stats.remote(), timeout=10)}
+                workers = ray.get([w.stats.remote() for w in topo.workers], timeout=10)
+                learners = ray.get([lr.stats.remote() for lr in self.learners], timeout=10)
+                queue = ray.get(topo.queue.stats.remote(), timeout=10)
             except Exception as exc:  # noqa: BLE001 - a role that cannot answer is the news
-                snap, state = None, f"a role did not answer its stats call ({type(exc).__name__})"
+                answered, state = False, (f"a role did not answer its stats call "
+                                          f"({type(exc).__name__})")
             else:
-                state = (sum(w["env_steps"] for w in snap["workers"]),
-                         snap["learners"][0]["version"])
+                answered, state = True, (sum(w.env_steps for w in workers), learners[0].version)
             now = time.monotonic()
             if state != last:
                 last, since = state, now
                 continue
             if now - since >= every and now - told >= every:
                 told = now
-                detail = state if snap is None else waiting_on(
-                    snap, self.cfg.learner.global_batch,
+                detail = state if not answered else waiting_on(
+                    queue, workers, learners, self.cfg.learner.global_batch,
                     self.cfg.queue.capacity if self.schedule.concurrent else 1 << 30)
                 self.log(f"watchdog: no env or optimizer step for {now - since:.0f}s; {detail}")
 
@@ -427,7 +427,7 @@ class Controller:
         self._final_eval(row["policy_version"], killed)
         return self._summary(row, snap, killed)
 
-    def _row(self, snap: dict, killed: bool) -> tuple[dict, list[dict]]:
+    def _row(self, snap: Snapshot, killed: bool) -> tuple[dict, list[dict]]:
         """The progress row and the optimizer steps since the last one; the run's counters
         follow the row."""
         history = [] if killed else ray.get(self.learners[0].take_history.remote())
@@ -465,7 +465,7 @@ class Controller:
             self._maybe_start_eval(version, final=True)
             self._collect_eval(wait_s=600.0)
 
-    def _accounting(self, snap: dict) -> dict:
+    def _accounting(self, snap: Snapshot) -> dict:
         """The final decision accounting (read again while a slot or learner still finishes
         its last call)."""
         monitor = self.monitor
@@ -479,9 +479,9 @@ class Controller:
             self.log(f"warning: {accounting['unaccounted']} decisions unaccounted: {accounting}")
         return accounting
 
-    def _summary(self, row: dict, snap: dict, killed: bool) -> dict:
+    def _summary(self, row: dict, snap: Snapshot, killed: bool) -> dict:
         """``summary.json``: the last row and the whole run's figures."""
-        topo, monitor = self.topology, self.monitor
+        topo = self.topology
         return {
             **row,
             "mode": self.cfg.pipeline.mode,
@@ -489,11 +489,11 @@ class Controller:
             "env": self.cfg.env.name,
             "policy": self.cfg.policy.name,
             "algo": self.cfg.algo.name,
-            "env_slots": sum(w["slots"] for w in snap["workers"]),
-            "batch_size_hist": batch_size_hist(snap),
-            "staleness_hist": monitor.staleness_hist(snap),
-            "queue_staleness_hist": snap["queue"]["staleness_hist"],
-            "episode_lengths": monitor.lengths(snap),
+            "env_slots": sum(w.slots for w in snap.workers),
+            "batch_size_hist": batch_size_hist(snap.servers),
+            "staleness_hist": staleness_hist(snap.learners),
+            "queue_staleness_hist": snap.queue.staleness_hist,
+            "episode_lengths": episode_lengths(snap),
             "accounting": self._accounting(snap),
             **split_note(self.cfg),
             "evals": self.evals,

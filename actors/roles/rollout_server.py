@@ -42,6 +42,7 @@ from rlvla3.batch_policy import make_batch_policy
 from rlvla3.config import Named
 from rlvla3.gpu_sim import rollout_lanes
 from rlvla3.policies import build_policy
+from rlvla3.role_stats import RolloutServerStats
 from rlvla3.rollout import RolloutCore, RolloutService
 from rlvla3.run_config import RolloutConfig
 from rlvla3.types import ActionChunk, EnvSpec, Observation, WeightsMessage
@@ -148,7 +149,7 @@ class RolloutServer:
         return await self.service.between_batches(
             lambda model: (model.version, parameter_sum(model.policy)))
 
-    def stats(self) -> dict:
+    def stats(self) -> RolloutServerStats:
         """Counters for the controller's progress line and summary."""
         service = self.service
         elapsed = max(time.monotonic() - self._started, 1e-9)
@@ -156,24 +157,15 @@ class RolloutServer:
         batches = sum(sizes.values())
         busy = min(service.busy_s() / (elapsed * len(service.lanes)), 1.0)
         self.metrics.set("busy_fraction", busy)
-        return {
-            "requests": service.requests,
-            "batches": batches,
-            "batch_sizes": dict(sizes),
-            "mean_batch_size": service.requests / batches if batches else 0.0,
-            "mean_batch_wait_ms": service.mean_batch_wait_ms(),
-            "answered": service.answered,
-            "answer_s": service.answer_s,
-            "busy_fraction": busy,
-            "busy_s": service.busy_s(),
-            "version": service.version(),
-            "lanes": len(service.lanes),
-            "weight_swaps": service.weight_swaps(),
-            "batch_policy": service.batch_policy(),
-            **({"cost": self.simulated.compute().as_dict(),
-                "sync_cost": self.simulated.weight_sync().as_dict()}
-               if self.simulated is not None else {}),
-            "restarted": self.restarted,
-            "incarnation": self.incarnation,
-            "memory": self.memory.sample(),
-        }
+        simulated = self.simulated
+        return RolloutServerStats(
+            incarnation=self.incarnation, restarted=self.restarted,
+            requests=service.requests, batches=batches, batch_sizes=dict(sizes),
+            mean_batch_size=service.requests / batches if batches else 0.0,
+            mean_batch_wait_ms=service.mean_batch_wait_ms(), answered=service.answered,
+            answer_s=service.answer_s, busy_fraction=busy, busy_s=service.busy_s(),
+            version=service.version(), lanes=len(service.lanes),
+            weight_swaps=service.weight_swaps(), batch_policy=service.batch_policy(),
+            cost=simulated.compute() if simulated is not None else None,
+            sync_cost=simulated.weight_sync() if simulated is not None else None,
+            memory=self.memory.sample())

@@ -27,6 +27,7 @@ import ray
 
 from actors.runtime.metrics import RoleMetrics
 from rlvla3.queue_core import Item, QueueCore
+from rlvla3.role_stats import QueueStats
 from rlvla3.run_config import QueueConfig
 from rlvla3.types import EpisodeKey, SegmentInfo
 
@@ -170,5 +171,5 @@ class TrajectoryQueue:
     def queued_decisions(self) -> int:
         return self.core.queued_decisions()
 
-    def stats(self) -> dict:
+    def stats(self) -> QueueStats:
         return self.core.stats()
