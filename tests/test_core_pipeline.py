@@ -309,7 +309,7 @@ def test_target_kl_measures_the_whole_window():
     assert stats[-1].update_kl == pytest.approx(kl[2], rel=1e-5)  # after the third update
     assert abs(kl[2] - kl[1]) > 1e-3 * kl[2] > 0  # not what two steps had moved
 def test_advantage_normaliser_uses_whole_batches_of_all_ranks():
-    from rlvla3.learner import AdvantageNormalizer
+    from rlvla3.learner_step import AdvantageNormalizer
 
     other_rank = np.array([2.0, 2.0 * 3.0, 2.0 * 9.0])  # two samples of 3.0 on another rank
     norm = AdvantageNormalizer(True, reduce=lambda m: m + other_rank)

@@ -67,7 +67,8 @@ from rlvla3.engine.group import Ranks, free_port
 from rlvla3.engine.sharded import RowSource
 from rlvla3.gpu_costs import TrainingCost
 from rlvla3.gpu_sim import SimulatedEngine
-from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats, rl_engine
+from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, rl_engine
+from rlvla3.learner_step import StepStats
 from rlvla3.policies import build_policy
 from rlvla3.role_stats import LearnerStats
 from rlvla3.run_config import LearnerConfig
