@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -54,27 +55,31 @@ class RolloutCore:
         self.version = 0
         self._pending: WeightsMessage | None = None
         self._forced = False
+        self._offers = threading.Lock()
+        """Offers arrive from other threads (the actor's loop, a weight channel) than the one
+        that swaps (a lane's): an offer is never lost between a swap's read and its reset."""
         self.swaps = 0
 
     def offer_weights(self, message: WeightsMessage, force: bool = False) -> None:
         """Keep ``message`` to be applied at the next batch boundary (newest wins). ``force``
         accepts an older version too: a learner restored from a checkpoint rolls back."""
-        if force or (message.version > self.version and (
-            self._pending is None or message.version > self._pending.version
-        )):
-            self._pending = message
-            self._forced = force
+        with self._offers:
+            if force or (message.version > self.version and (
+                self._pending is None or message.version > self._pending.version
+            )):
+                self._pending = message
+                self._forced = force
 
     def swap_pending(self, min_lead: int = 1) -> bool:
         """Apply offered weights if they are at least ``min_lead`` versions ahead (or were
         forced); call only between batches."""
-        if self._pending is None:
-            return False
-        if not self._forced and self._pending.version - self.version < min_lead:
-            return False
-        self.load(self._pending.tensors, self._pending.version)
-        self._pending = None
-        self._forced = False
+        with self._offers:
+            pending = self._pending
+            if pending is None or (not self._forced
+                                   and pending.version - self.version < min_lead):
+                return False
+            self._pending, self._forced = None, False
+        self.load(pending.tensors, pending.version)
         return True
 
     def load(self, tensors: Mapping[str, np.ndarray], version: int) -> None:
