@@ -9,9 +9,9 @@
 PATH; it reads metadata only,
 unless ``--verify`` also decodes every video through the last frame its episodes need and
 reads every parquet row group (each problem then names the episodes it affects).
-``record`` runs the scripted LIBERO expert on ``--episodes`` initial scenes of each task in
-parallel Ray workers and writes
-the successful episodes as a LeRobot v3.0 dataset. Scenes are fresh placements (never the
+``record`` runs the scripted LIBERO expert (or, with ``--suite mt10|ml10|mt50``, MetaWorld's
+scripted policy per task) on ``--episodes`` initial scenes of each task in parallel Ray workers
+and writes the successful episodes as a LeRobot v3.0 dataset. Scenes are fresh placements (never the
 bundled evaluation states) unless ``--placements bundled`` and ``--allow-eval-overlap`` say
 otherwise; the same command re-run continues an interrupted recording. Task ids the suite lacks,
 initial scenes out of range, a missing extra or a remote ``--output-dir`` that cannot be
@@ -25,11 +25,13 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 import pyarrow.fs as pafs
 
 from datalake.video import CODECS
 from envs.libero.env import SUITE_NUM_TASKS
+from envs.metaworld.tasks import BENCHMARK_TASKS
 from rlvla3.cli_options import add_image_size, add_output_dir, require_output_dir
 from rlvla3.storage import check_writable
 
@@ -91,45 +93,71 @@ def check_record_args(args: argparse.Namespace, inits: list[int]) -> None:
     from envs.libero.env import NUM_INIT_STATES, LiberoConfig
     from rlvla3.config import ConfigError
 
-    n = SUITE_NUM_TASKS[args.suite]
+    if args.suite in BENCHMARK_TASKS:
+        from envs.metaworld.env import MetaWorldConfig
+        from envs.metaworld.tasks import NUM_TEST_STATES
+
+        n = len(BENCHMARK_TASKS[args.suite])
+        limit = NUM_TEST_STATES if args.placements == "bundled" else MetaWorldConfig().train_states
+    else:
+        n = SUITE_NUM_TASKS[args.suite]
+        limit = NUM_INIT_STATES if args.placements == "bundled" else LiberoConfig().fresh_states
     for t in args.task_ids:
         if not 0 <= t < n:
             raise ConfigError("--task-ids", f"{args.suite} has tasks 0..{n - 1}, got {t}")
-    limit = NUM_INIT_STATES if args.placements == "bundled" else LiberoConfig().fresh_states
     for k in inits:
         if not 0 <= k < limit:
             raise ConfigError("--init-ids/--episodes", f"initial scenes lie in 0..{limit - 1} "
                               f"({args.placements} placements), got {k}")
 
 
-def _record(args: argparse.Namespace) -> int:
-    from datalake.record import libero_recorder, record_dataset
-    from datalake.writer import WriterConfig
-    from envs.libero.split import check_split, split_note
-    from rlvla3.config import ConfigError, Named
+def _record_target(args: argparse.Namespace, inits: list[int]) -> tuple[Any, dict, dict]:
+    """The env the recording runs on (``Named``), its scene options and its split note."""
+    from rlvla3.config import Named
 
-    inits = args.init_ids if args.init_ids else list(range(args.episodes))
+    if args.suite in BENCHMARK_TASKS:
+        from envs.metaworld.split import split_note
+
+        scenes = {"split": "test" if args.placements == "bundled" else "train",
+                  "state_seed": args.placement_seed,
+                  "allow_eval_overlap": args.allow_eval_overlap}
+        env = Named("metaworld", {"benchmark": args.suite, **scenes})
+        return env, scenes, split_note(env)
+    from envs.libero.split import split_note
+
     scenes = {"placements": args.placements, "placement_seed": args.placement_seed,
               "allow_eval_overlap": args.allow_eval_overlap}
     env = Named("libero", {"suite": args.suite, **scenes})
+    return env, scenes, split_note(env, inits)
+
+
+def _record(args: argparse.Namespace) -> int:
+    from datalake.record import libero_recorder, metaworld_recorder, record_dataset
+    from datalake.writer import WriterConfig
+    from envs import check_training_split
+    from rlvla3.config import ConfigError, Named
+
+    inits = args.init_ids if args.init_ids else list(range(args.episodes))
     try:
         check_record_args(args, inits)
-        check_split(env, inits, (), field="--init-ids/--placements")
+        env, scenes, split = _record_target(args, inits)
+        check_training_split(env, inits, field="--init-ids/--placements")
     except ConfigError as exc:
         print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
         return 2
-    split = split_note(env, inits)
     if split["eval_overlap"]:
-        print("rlvla3 datalake record: WARNING: these demonstrations start from bundled states "
-              f"{split['overlapping_init_states']} that evaluation uses (--allow-eval-overlap); "
-              "the dataset's meta/record.json says so", file=sys.stderr)
+        print("rlvla3 datalake record: WARNING: these demonstrations start from states that "
+              "evaluation uses (--allow-eval-overlap); the dataset's meta/record.json says so",
+              file=sys.stderr)
     from envs import require_extra
 
     try:  # user errors: one line, exit status 2, before Ray starts
-        require_extra(Named("libero"))
+        require_extra(Named(env.name))
         if args.policy:
             from rlvla3.checkpoint import read_meta
 
+            if env.name != "libero":
+                raise ConfigError("--policy", "a policy-driven recording needs LIBERO's expert")
             spec = read_meta(args.policy).spec
             if tuple(spec.image_size) != tuple(args.image_size):
                 raise ConfigError("--policy", f"trained on {list(spec.image_size)} images, "
@@ -140,12 +168,17 @@ def _record(args: argparse.Namespace) -> int:
         print(f"rlvla3 datalake record: {exc}", file=sys.stderr)
         return 2
     start_ray(max(args.workers, 1))
-    make_env, expert = libero_recorder(
-        args.suite, tuple(args.image_size), args.action_noise, args.policy, args.policy_share,
-        scenes,
-    )
+    if env.name == "metaworld":
+        make_env, expert = metaworld_recorder(args.suite, tuple(args.image_size),
+                                              args.action_noise, scenes)
+    else:
+        make_env, expert = libero_recorder(
+            args.suite, tuple(args.image_size), args.action_noise, args.policy,
+            args.policy_share, scenes,
+        )
     jobs = [(t, s, k) for t in args.task_ids for s in inits for k in range(args.takes)]
-    config = WriterConfig(fps=args.fps, codec=args.codec, robot_type="panda")
+    robot = "sawyer" if env.name == "metaworld" else "panda"
+    config = WriterConfig(fps=args.fps, codec=args.codec, robot_type=robot)
     provenance = {
         "suite": args.suite, "task_ids": list(args.task_ids), "init_ids": inits,
         "takes": args.takes, "action_noise": args.action_noise, "policy": args.policy,
@@ -185,9 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4, help="files checked at once by --verify")
     p.set_defaults(fn=_inspect)
     r = sub.add_parser(
-        "record", help="record scripted LIBERO demonstrations as a LeRobot v3.0 dataset"
+        "record", help="record scripted LIBERO or MetaWorld demonstrations as a LeRobot v3.0 "
+        "dataset"
     )
-    r.add_argument("--suite", default="libero_spatial", choices=sorted(SUITE_NUM_TASKS))
+    r.add_argument("--suite", default="libero_spatial",
+                   choices=sorted(SUITE_NUM_TASKS) + sorted(BENCHMARK_TASKS),
+                   help="a LIBERO suite, or a MetaWorld benchmark (mt10, ml10, mt50)")
     r.add_argument("--task-ids", type=int, nargs="+", default=[0])
     r.add_argument("--episodes", type=int, default=10, help="initial scenes per task (0..N-1)")
     r.add_argument(
@@ -215,9 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument(
         "--placements", choices=["fresh", "bundled"], default="fresh",
-        help="fresh object placements (default) or the bundled evaluation states",
+        help="fresh object placements (default) or the bundled evaluation states (MetaWorld: "
+        "fresh states of the training split, or the benchmark's own test states)",
     )
-    r.add_argument("--placement-seed", type=int, default=0, help="seed of fresh placements")
+    r.add_argument("--placement-seed", type=int, default=0,
+                   help="seed of fresh placements (MetaWorld: of the training states)")
     r.add_argument(
         "--allow-eval-overlap", action="store_true",
         help="allow --placements bundled on states evaluation uses (the dataset says so)",

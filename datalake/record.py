@@ -12,7 +12,8 @@ skips finished jobs. When all are done the driver writes the successful episodes
 nor on interruptions), adds ``meta/record.json`` (the recording's provenance, including the
 train/test split it used) and removes the staging directory. ``libero_recorder`` wires the
 scripted LIBERO pick-and-place expert (``envs.libero.expert``); its episodes start from fresh
-placements unless told otherwise (``envs.libero.scenes``).
+placements unless told otherwise (``envs.libero.scenes``). ``metaworld_recorder`` wires
+MetaWorld's scripted policies (``envs.metaworld.expert``) on the training split.
 """
 
 from __future__ import annotations
@@ -296,6 +297,35 @@ def libero_recorder(
         )
         if episode is None:
             return None
+        return Demonstration(episode.success, episode.observations, episode.actions)
+
+    return make_env, run_expert
+
+
+def metaworld_recorder(
+    benchmark: str,
+    image_size: tuple[int, int],
+    action_noise: float = 0.0,
+    options: Mapping[str, Any] | None = None,
+) -> tuple[EnvFactory, Expert]:
+    """``make_env`` / ``run_expert`` for MetaWorld's scripted policies (``envs.metaworld.expert``).
+
+    Take 0 of an initial state is the clean expert; take k > 0 executes its motion with
+    ``action_noise`` (seeded by k) while recording the expert's actions. ``options``:
+    ``MetaWorldConfig`` fields (``split``, ``state_seed``, ``allow_eval_overlap``, ``cameras``,
+    ``max_steps``); default: the training split, seed 0."""
+    from envs.metaworld.env import MetaWorldConfig, MetaWorldEnv
+    from envs.metaworld.expert import run_expert_episode
+
+    cfg = MetaWorldConfig(benchmark=benchmark, image_size=image_size, process=False,
+                          **dict(options or {}))
+
+    def make_env() -> Env:
+        return MetaWorldEnv(cfg)
+
+    def run_expert(env: Env, task_id: int, init_id: int, take: int) -> Demonstration | None:
+        noise = action_noise if take > 0 else 0.0
+        episode = run_expert_episode(env, task_id, init_id, True, noise, seed=take)
         return Demonstration(episode.success, episode.observations, episode.actions)
 
     return make_env, run_expert

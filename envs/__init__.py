@@ -6,16 +6,24 @@ validates ``options`` into the env's own config dataclass (errors name ``path``.
 the policy before any actor starts.
 
 Envs whose simulator is an optional extra are listed in ``EXTRAS``; ``require_extra`` checks
-(without importing the simulator) that its package is importable in this process and otherwise
-raises a ``ConfigError`` that names the install command. A job calls it before any actor
-starts when its env workers will run beside it; ``env_spec`` does not, since a driver on a
-cluster's head node sizes the policy for simulators that live on other nodes.
+(without importing the simulator) that its package is importable in this process, or that the
+environment it runs in exists (Isaac Lab's own Python 3.12), and otherwise raises a
+``ConfigError`` that names the install command. A job calls it before any actor starts when its
+env workers will run beside it; ``env_spec`` does not, since a driver on a cluster's head node
+sizes the policy for simulators that live on other nodes.
+
+Envs with a train/test split of initial states (``SPLITS``, ``EVAL_STATES``):
+``check_training_split`` refuses training on the states evaluation uses, and ``eval_env`` gives
+an env's options as evaluation runs it.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rlvla3.config import ConfigError, Named
 from rlvla3.protocols import Env
@@ -26,21 +34,24 @@ ENVS: dict[str, str] = {
     "reach": "envs.reach:make_reach_env",
     "latency_replay": "envs.latency_replay:make_latency_replay_env",
     "libero": "envs.libero.env:make_libero_env",
-    "isaaclab": "envs.isaaclab:make_isaaclab_env",
+    "metaworld": "envs.metaworld.env:make_metaworld_env",
+    "isaaclab": "envs.isaaclab.env:make_isaaclab_env",
 }
 
 SPECS: dict[str, str] = {
     "reach": "envs.reach:reach_spec",
     "latency_replay": "envs.latency_replay:latency_replay_spec",
     "libero": "envs.libero.env:libero_spec",
-    "isaaclab": "envs.isaaclab:isaaclab_spec",
+    "metaworld": "envs.metaworld.env:metaworld_spec",
+    "isaaclab": "envs.isaaclab.env:isaaclab_spec",
 }
 
 OPTIONS: dict[str, str] = {
     "reach": "envs.reach:ReachConfig",
     "latency_replay": "envs.latency_replay:LatencyReplayConfig",
     "libero": "envs.libero.env:LiberoConfig",
-    "isaaclab": "envs.isaaclab:IsaacLabConfig",
+    "metaworld": "envs.metaworld.env:MetaWorldConfig",
+    "isaaclab": "envs.isaaclab.env:IsaacLabConfig",
 }
 """The dataclass each env's ``env.options`` build into (the docs' config reference)."""
 
@@ -50,16 +61,20 @@ class Extra:
     """The optional dependency an env's simulator needs."""
 
     module: str
-    """Top-level module that must be importable."""
+    """Top-level module that must be importable (empty: see ``check``)."""
     install: str
     """The command that installs it."""
+    check: str = ""
+    """``module:function(options) -> str``: why the env cannot start here ("" when it can),
+    for a simulator that runs in an environment of its own instead of this process."""
 
 
 EXTRAS: dict[str, Extra] = {
     "libero": Extra("libero", 'pip install -e ".[libero]"'),
-    "isaaclab": Extra(
-        "isaaclab", 'pip install -e ".[isaaclab]" (with Isaac Sim, on a node with an RTX GPU)'
-    ),
+    "metaworld": Extra("metaworld", 'pip install -e ".[metaworld]" && pip install --no-deps '
+                       "metaworld==3.1.1"),
+    "isaaclab": Extra("", "python -m rlvla3 envs setup isaaclab",
+                      check="envs.isaaclab.setup:missing"),
 }
 
 
@@ -70,10 +85,16 @@ def _importable(module: str) -> bool:
         return False
 
 
-def missing_extra(name: str) -> str:
-    """Why env ``name`` cannot run in this process ("" when it can, or needs no extra)."""
+def missing_extra(name: str, options: Mapping[str, Any] | None = None) -> str:
+    """Why env ``name`` (with ``options``) cannot run here ("" when it can, or needs no
+    extra)."""
     extra = EXTRAS.get(name)
-    if extra is None or _importable(extra.module):
+    if extra is None:
+        return ""
+    if extra.check:
+        module, _, function = extra.check.partition(":")
+        return getattr(importlib.import_module(module), function)(options or {})
+    if _importable(extra.module):
         return ""
     return (f"env '{name}' needs the '{name}' extra, which is not installed here "
             f"(no module '{extra.module}'): {extra.install}")
@@ -83,9 +104,44 @@ def require_extra(choice: Named, path: str = "env") -> None:
     """Raise ``ConfigError`` (naming the install command) if ``choice``'s simulator package is
     missing from this process."""
     resolve(ENVS, choice.name, f"{path}.name")
-    why = missing_extra(choice.name)
+    why = missing_extra(choice.name, choice.options)
     if why:
         raise ConfigError(f"{path}.name", why)
+
+
+SPLITS: dict[str, str] = {
+    "libero": "envs.libero.split:check_split",
+    "metaworld": "envs.metaworld.split:check_split",
+    "isaaclab": "envs.isaaclab.env:check_split",
+}
+"""Envs whose initial states are split into training and evaluation ones: the function
+``(env, train_init_ids)`` that refuses (``ConfigError``) training on evaluation states."""
+
+EVAL_STATES: dict[str, tuple[str, dict[str, str]]] = {
+    "libero": ("placements", {"bundled": "bundled", "fresh": "fresh"}),
+    "metaworld": ("split", {"bundled": "test", "fresh": "train"}),
+    "isaaclab": ("split", {"bundled": "test", "fresh": "train"}),
+}
+"""How evaluation picks its initial states: the option it sets, by ``placements``
+(``bundled``: the benchmark's own evaluation states; ``fresh``: the training distribution)."""
+
+
+def check_training_split(choice: Named, train_init_ids: Any = (), field: str = "") -> None:
+    """Refuse training that starts from the states evaluation uses (``SPLITS``); the error
+    names ``field`` when given (a command's flags), else the config field."""
+    target = SPLITS.get(choice.name)
+    if target is not None:
+        module, _, function = target.partition(":")
+        named = {"field": field} if field else {}
+        getattr(importlib.import_module(module), function)(choice, list(train_init_ids), **named)
+
+
+def eval_env(choice: Named, placements: str = "bundled") -> Named:
+    """``choice`` as evaluation runs it: on its evaluation states (or on ``placements``)."""
+    if choice.name not in EVAL_STATES:
+        return choice
+    option, values = EVAL_STATES[choice.name]
+    return Named(choice.name, {**dict(choice.options), option: values[placements]})
 
 
 TIME_SCALES: dict[str, str] = {"latency_replay": "time_scale", "reach": "latency_scale"}

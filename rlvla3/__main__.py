@@ -26,10 +26,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("actors.rl.plan_job", "plan a cluster from GPU costs: GPU split, env slots, batching, "
                                 "pacing, predicted env steps/s"),
     "status": ("actors.observe.status", "live state of the runs on a cluster (table or JSON)"),
-    "eval": ("actors.eval.evaluate", "closed-loop evaluation on LIBERO: success table, videos, chart"),
+    "eval": ("actors.eval.evaluate", "closed-loop evaluation on LIBERO or MetaWorld: success "
+                                 "table, videos, chart"),
     "sft": ("actors.sft.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
     "datalake": ("datalake.cli", "inspect LeRobot datasets; record expert demonstrations"),
-    "export": ("rlvla3.model.export", "write a checkpoint as a LeRobot policy directory (pi05, groot)"),
+    "export": ("rlvla3.policies.export", "write a checkpoint as a LeRobot policy directory (pi05, groot)"),
+    "envs": ("envs.cli", "build a simulator's own environment (Isaac Lab, Python 3.12); status"),
 }
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
@@ -38,12 +40,13 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                     "dilation check"),
     "batcher": ("actors.bench.bench_batcher", "adaptive vs fixed B_max / T_max at three loads"),
     "learning": ("actors.bench.bench_learning", "sync vs async: success vs env steps and wall time"),
-    "packing": ("rlvla3.model.bench_packing", "packed vs padded SFT throughput of the VLA or GR00T"),
-    "gpu": ("rlvla3.model.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
-    "env": ("envs.libero.bench_env", "LIBERO step/reset latency and env steps/s per process count"),
+    "packing": ("rlvla3.compute.bench_packing", "packed vs padded SFT throughput of the VLA or GR00T"),
+    "gpu": ("rlvla3.compute.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
+    "env": ("envs.bench_env", "simulator step/reset latency and env steps/s (LIBERO, MetaWorld, "
+                              "Isaac Lab)"),
     "lake": ("datalake.bench", "data lake samples/s and data-wait vs a per-sample loader"),
     "soak": ("actors.bench.bench_soak", "long run with periodic kills: recovery time, memory over time"),
-    "engine": ("rlvla3.engine.equivalence", "FSDP2 and DDP learner groups against one rank: "
+    "engine": ("actors.bench.bench_engine", "FSDP2 and DDP learner groups against one rank: "
                "parameters after N steps, bytes per rank against the pre-flight"),
     "storage": ("actors.bench.bench_storage", "checkpoint save/restore on a run's storage vs a local disk"),
 }

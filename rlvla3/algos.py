@@ -96,7 +96,7 @@ class AlgoConfig:
     behaviour weight ``pi_prox / pi_behav`` is taken per Gaussian (its log divided by ``E``)
     except under ``decision``. A policy that reports no per-element log-probabilities has
     ``E = 1`` (all three coincide). ``decision`` is the default because it is the one measured
-    to learn (``docs/rl_at_vla_scale.md``): on the 10-task LIBERO VLA (``ode_gaussian``, 35
+    to learn (``docs/results/rl-at-vla-scale.md``): on the 10-task LIBERO VLA (``ode_gaussian``, 35
     Gaussians a decision) at learning rate 1e-5 it gave +0.114 over SFT on 500 paired episodes
     and ``element`` -0.050; on ColorReach with LIBERO's latencies (sync, 64 slots) ``element``
     had not reached 0.9 success by 60k env steps, where ``decision`` had. Averaging over the

@@ -2,7 +2,7 @@
 
 Role: the clip of PPO bounds each ratio's gradient, not how far a step moves the policy; with a
 flow-matching VLA (hundreds of Gaussians per decision) one learning rate is too large early
-and too small later (``docs/rl_at_vla_scale.md``: at 1e-5 most steps clip nothing and the
+and too small later (``docs/results/rl-at-vla-scale.md``: at 1e-5 most steps clip nothing and the
 weights barely move; at 4e-5 the KL per decision grew a tail and success fell). This controller
 sets the learning rate from the drift it measures, the adaptive schedule of on-policy robot
 learning codes (a factor of 1.5 outside a band of [target / 2, 2 x target]), on the decision

@@ -121,7 +121,7 @@ def test_sft_resume_continues_the_saved_config(tmp_path):
     resumed = _sft(["--resume", str(tmp_path / "sft10"), "--max-steps", "30000"])
     assert resumed.max_steps == 30000 and resumed.run_dir == str(tmp_path / "sft10")
     assert to_dict(resumed.policy) == to_dict(first.policy) and resumed.lr == first.lr
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match="no config.yaml"):
         _sft(["--resume", str(tmp_path)])
     with pytest.raises(ConfigError, match="drop --preset"):
         _sft(["--resume", str(tmp_path / "sft10"), "--preset", "default"])

@@ -298,7 +298,7 @@ def _names_code(dotted: str) -> bool:
 
 
 def test_every_repository_path_and_module_the_docs_name_exists():
-    """``rlvla3/plan/memory.py``, ``python -m envs.libero.expert``, ``rlvla3.model.loader`` in
+    """``rlvla3/plan/memory.py``, ``python -m envs.libero.expert``, ``rlvla3.policies.vla.loader`` in
     inline code: a file that moves takes its mentions with it."""
     missing = []
     for path in PAGES:

@@ -10,8 +10,7 @@ import math
 import pytest
 
 from actors.eval.rounds import summarise_rows
-from rlvla3.fingerprint import fingerprint, fingerprint_differences, package_versions
-from rlvla3.stats import (
+from rlvla3.confidence import (
     compare_paired,
     holm,
     mcnemar_exact,
@@ -19,6 +18,7 @@ from rlvla3.stats import (
     rate,
     wilson,
 )
+from rlvla3.fingerprint import fingerprint, fingerprint_differences, package_versions
 
 
 @pytest.mark.parametrize(
@@ -282,7 +282,7 @@ def test_an_interrupted_evaluation_keeps_the_time_it_ran(tmp_path):
 
 
 def test_tally_sums_episodes_and_successes_per_key():
-    from rlvla3.stats import tally
+    from rlvla3.confidence import tally
 
     assert tally([("1", 2, 1), ("0", 3, 0), ("1", 2, 2)]) == {"1": [4, 3], "0": [3, 0]}
     assert tally([]) == {}

@@ -228,3 +228,48 @@ def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluste
     assert abs(accounting["unaccounted"]) <= 4 * 20, json.dumps(accounting)
     for r in summary["learner_group"]["rebuilds"]:
         print(f"learner group rebuild: {r}")
+
+
+ISAACLAB = ["env.name=isaaclab", "env.options.task=reach", "env.options.num_envs=2",
+            "env.options.image_size=[16, 16]",
+            "env.options.chunk_len=4"]
+"""The same run on Isaac Lab kit-less: two env workers, each one server of two sub-envs."""
+
+
+def _isaaclab_servers() -> list:
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"])
+            if "envs.isaaclab.server" in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.slow
+def test_isaaclab_env_worker_killed_run_continues(ray_cluster, tmp_path):
+    """An env worker holding an Isaac Lab server is killed mid-run: it is restarted with a new
+    server, the run goes on with the same accounting as ``test_env_worker_killed_run_continues``,
+    and no server outlives it."""
+    from envs.isaaclab import setup
+
+    if setup.located() is None:
+        pytest.skip("the Isaac Lab environment is not built here (rlvla3 envs setup isaaclab)")
+    before = {p.pid for p in _isaaclab_servers()}
+    # long enough after the kill for the restarted worker to start its server (tens of seconds)
+    summary, workers, queue, _, _, _ = run_with_kill(tmp_path, "env_worker", steps=4000,
+                                                     overrides=ISAACLAB)
+    assert summary["env_steps"] >= 4000
+    assert summary["restart_counts"]["env_worker"] == 1
+    assert summary["restart_counts"]["episodes_lost"] == 2  # the killed worker's two slots
+    assert summary["lost_segments"] == 0 and summary["policy_version"] > 3
+    assert workers[0]["episodes"] > 0  # the restarted worker started a server and ran again
+    # the same accounting as test_env_worker_killed_run_continues: the queue lost nothing, the dead
+    # incarnation's admissions were released, the surviving worker accounts for every decision
+    assert queue["put_decisions"] == (queue["got_decisions"] + queue["queued_decisions"]
+                                      + queue["dropped_stale_decisions"])
+    assert queue["in_flight_episodes"] <= 4
+    w = workers[1]
+    assert w["decisions"] == (w["shipped_decisions"] + w["inflight_decisions"]
+                              + w["dropped_decisions"])
+    deadline = time.monotonic() + 60  # the killed worker's server ends when its pipe closes
+    while {p.pid for p in _isaaclab_servers()} - before and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not {p.pid for p in _isaaclab_servers()} - before, "an Isaac Lab server outlived its run"

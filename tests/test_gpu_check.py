@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvla3.model import bench_gpu
+from rlvla3.compute import bench_gpu
+from rlvla3.compute.gpu_checks import ENTRIES, LOGPROB_TOLERANCE
 from rlvla3.model.attention import PerSegmentAttention, repeat_kv
-from rlvla3.model.gpu_checks import ENTRIES, LOGPROB_TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[1]
 FP8_TOLERANCE = 0.1

@@ -12,6 +12,7 @@ import pytest
 
 from envs import dilate_env
 from rlvla3.algos import AlgoConfig
+from rlvla3.compute.cost_check import usable
 from rlvla3.config import ConfigError, Named, build
 from rlvla3.gpu_costs import (
     CALIBRATIONS,
@@ -21,7 +22,6 @@ from rlvla3.gpu_costs import (
     jitter_factor,
     resolve_costs,
 )
-from rlvla3.model.cost_check import usable
 from rlvla3.run_config import load_run_config
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rlvla3.model import bench_packing
+from rlvla3.compute import bench_packing, step_profile
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -59,14 +59,14 @@ def test_packing_benchmark_measures_groot_by_the_same_code(capsys):
 
 def test_attention_work_counts_what_each_kernel_computes():
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)  # segments of 3 and 5 tokens
-    call = bench_packing.AttentionCall((8, 2, 4), (8, 1, 4), cu, cu, 5, 5, None)
+    call = step_profile.AttentionCall((8, 2, 4), (8, 1, 4), cu, cu, 5, 5, None)
     assert call.work(padded=False) == (3 * 3 + 5 * 5) * 2 * 4
     assert call.work(padded=True) == 2 * 5 * 5 * 2 * 4
 
 
 def test_linear_flops_are_counted_per_call():
     layer, conv = torch.nn.Linear(4, 6), torch.nn.Conv2d(3, 5, 2, stride=2)
-    with bench_packing._count_linear_flops() as flops:
+    with step_profile.count_linear_flops() as flops:
         layer(torch.zeros(7, 4))
         conv(torch.zeros(1, 3, 8, 8))
     assert flops[0] == 2 * 7 * 4 * 6 + 2 * (5 * 4 * 4) * (3 * 2 * 2)
@@ -83,7 +83,7 @@ def test_packing_breakdown_accounts_for_its_time_by_kind(capsys):
 
 
 def test_kernel_names_fall_into_kinds():
-    from rlvla3.model.step_profile import kind_of
+    from rlvla3.compute.step_profile import kind_of
 
     assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "matmul"
     assert kind_of("_block_gemm") == "matmul" and kind_of("aten::addmm") == "matmul"

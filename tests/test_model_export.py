@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlvla3.model import parity as pi05
-from rlvla3.model.groot import parity as groot
+from rlvla3.parity import groot
+from rlvla3.parity import vla as pi05
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.model import build_vla_policy
+from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.model.attention import select_backend
 from rlvla3.model.fp8 import BLOCK, E4M3_MAX, BlockLinear, blockwise_linear
 from rlvla3.model.fp8_kernels import (
@@ -26,7 +26,7 @@ from rlvla3.model.fp8_kernels import (
     torch_quant_tiles,
 )
 from rlvla3.model.fp8_select import measure_linear, select_fp8
-from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+from rlvla3.policies.vla import build_vla_policy
 
 E4M3_MIN_NORMAL = 2.0**-6
 E4M3_REL = 2.0**-4

@@ -15,12 +15,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlvla3.config import ConfigError
-from rlvla3.model.groot import build_groot_policy, parity
-from rlvla3.model.groot.config import PRESETS, shapes_from_configs
-from rlvla3.model.groot.export import SIGLIP_HEAD, unused_weights
-from rlvla3.model.groot.loader import CheckpointLayoutError, load_weights
-from rlvla3.model.groot.network import GrootNetwork
-from rlvla3.model.groot.policy import parameter_count
+from rlvla3.parity import groot as parity
+from rlvla3.policies.groot import build_groot_policy
+from rlvla3.policies.groot.config import PRESETS, shapes_from_configs
+from rlvla3.policies.groot.export import SIGLIP_HEAD, unused_weights
+from rlvla3.policies.groot.loader import CheckpointLayoutError, load_weights
+from rlvla3.policies.groot.network import GrootNetwork
+from rlvla3.policies.groot.policy import parameter_count
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 
@@ -84,7 +85,7 @@ def test_a_damaged_file_is_refused_naming_the_key(fixture, tmp_path):
 def test_the_prompt_on_a_tokenizer_built_here(tmp_path):
     import groot_reference as ref
 
-    from rlvla3.model.groot.processor import EagleTokenizer
+    from rlvla3.policies.groot.processor import EagleTokenizer
 
     ref.write_eagle_assets(tmp_path)
     tok = EagleTokenizer(tmp_path)

@@ -13,9 +13,10 @@ from tiny_runs import run_rlvla3
 
 from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
 from rlvla3.config import Named
-from rlvla3.model import export
-from rlvla3.model.groot import build_groot_policy, parity
-from rlvla3.model.groot.export import PACK_FILE, UNPACK_FILE
+from rlvla3.parity import groot as parity
+from rlvla3.policies import export
+from rlvla3.policies.groot import build_groot_policy
+from rlvla3.policies.groot.export import PACK_FILE, UNPACK_FILE
 
 FIXTURE = parity.fixture_path()
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.config import ConfigError
-from rlvla3.model import build_vla_policy
-from rlvla3.model.inference import BUCKETS, bucket, make_acting
-from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+from rlvla3.policies.vla import build_vla_policy
+from rlvla3.policies.vla.inference import BUCKETS, bucket, make_acting
 
 TOLERANCE = 1e-5
 

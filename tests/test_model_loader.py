@@ -6,14 +6,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlvla3.model import build_vla_policy
-from rlvla3.model.loader import (
+from rlvla3.compute.synthetic_obs import libero_like_spec
+from rlvla3.policies.vla import build_vla_policy
+from rlvla3.policies.vla.loader import (
     CheckpointLayoutError,
     load_openpi_checkpoint,
     save_openpi_checkpoint,
     to_openpi_state_dict,
 )
-from rlvla3.model.synthetic_obs import libero_like_spec
 
 SPEC = libero_like_spec(image_size=32, chunk_len=6)
 
@@ -92,8 +92,8 @@ def test_policy_option_loads_a_local_checkpoint(tmp_path):
 
 def test_pi05_preset_has_the_openpi_keys_and_shapes():
     """Built on the meta device (no memory): the pi05 shapes a real checkpoint must match."""
-    from rlvla3.model.network import VLANetwork
-    from rlvla3.model.vla_config import PRESETS
+    from rlvla3.policies.vla.config import PRESETS
+    from rlvla3.policies.vla.network import VLANetwork
 
     with torch.device("meta"):
         net = VLANetwork(PRESETS["pi05"], action_dim=7, chunk_len=50, flow_noise=False)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.model import build_vla_policy
+from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.model.attention import (
     FlashAttention,
     PaddedAttention,
@@ -14,8 +14,8 @@ from rlvla3.model.attention import (
     TorchVarlenAttention,
     select_backend,
 )
-from rlvla3.model.processor import sample_token_count
-from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+from rlvla3.policies.vla import build_vla_policy
+from rlvla3.policies.vla.processor import sample_token_count
 from rlvla3.types import ObsBatch
 
 SPEC = libero_like_spec(image_size=32, chunk_len=6)

@@ -18,12 +18,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.config import ConfigError
-from rlvla3.model import build_vla_policy, parity
-from rlvla3.model.loader import CheckpointLayoutError, load_openpi_checkpoint
-from rlvla3.model.network import VLANetwork
-from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
-from rlvla3.model.tokenizer import PaliGemmaTokenizer, pi05_prompt
+from rlvla3.parity import vla as parity
+from rlvla3.policies.vla import build_vla_policy
+from rlvla3.policies.vla.loader import CheckpointLayoutError, load_openpi_checkpoint
+from rlvla3.policies.vla.network import VLANetwork
+from rlvla3.policies.vla.tokenizer import PaliGemmaTokenizer, pi05_prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
 from pi05_reference import train_tokenizer  # noqa: E402  (LeRobot is imported lazily there)

@@ -13,9 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
+from rlvla3.compute.synthetic_obs import libero_like_spec
 from rlvla3.config import Named
-from rlvla3.model import build_vla_policy, export, parity
-from rlvla3.model.synthetic_obs import libero_like_spec
+from rlvla3.parity import vla as parity
+from rlvla3.policies import export
+from rlvla3.policies.vla import build_vla_policy
 
 FIXTURE = parity.fixture_path()
 

@@ -16,10 +16,11 @@ from rlvla3.checkpoint import (
     save_checkpoint,
     save_run_checkpoint,
 )
+from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.config import ConfigError, Named
-from rlvla3.model import VLAPolicy, build_vla_policy, flow
-from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+from rlvla3.model import flow
 from rlvla3.policies import build_policy
+from rlvla3.policies.vla import VLAPolicy, build_vla_policy
 from rlvla3.protocols import Policy
 
 SPEC = libero_like_spec(image_size=32, chunk_len=6)

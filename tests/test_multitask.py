@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.model import build_vla_policy
-from rlvla3.model.processor import tokenize
-from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+from rlvla3.policies.vla import build_vla_policy
+from rlvla3.policies.vla.processor import tokenize
 
 SPEC = libero_like_spec(image_size=32, chunk_len=5)
 SPATIAL_0 = "pick up the black bowl between the plate and the ramekin and place it on the plate"
@@ -48,7 +48,7 @@ def test_vla_actions_depend_on_the_instruction_alone():
 @pytest.mark.skipif(find_spec("libero") is None, reason="LIBERO not installed")
 def test_spatial_instructions_are_distinct_within_the_token_limit():
     from envs.libero.env import load_task
-    from rlvla3.model.vla_config import VLAConfig
+    from rlvla3.policies.vla.config import VLAConfig
 
     limit = VLAConfig().max_text_tokens
     instructions = [load_task("libero_spatial", t).instruction for t in range(10)]

@@ -60,7 +60,7 @@ def test_the_default_ratio_gives_each_gaussian_the_whole_policy_gradient():
     """Inside the clip range the default trust region must leave PPO's gradient as it is:
     d(-r A)/d element = -r A for every Gaussian of the decision (the joint log-probability
     sums them). Averaging the per-Gaussian surrogate (``element``) divides that share by E,
-    which slowed ColorReach's learning (docs/rl_at_vla_scale.md)."""
+    which slowed ColorReach's learning (docs/results/rl-at-vla-scale.md)."""
     elements = torch.full((1, 4), 0.01, dtype=torch.float64, requires_grad=True)
     zero, adv = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
     loss, stats = objective(AlgoConfig("grpo"), _evaluation(elements), zero, adv, zero, zero, zero)
@@ -113,8 +113,8 @@ def test_a_normal_step_of_a_flow_matching_policy_keeps_most_of_its_gradient():
     nats of KL, the decision by about 4. With the ratio per Gaussian (``element``, the choice
     for such chains) most decisions keep their gradient; a ratio of the whole product clips
     nearly all of them."""
-    from rlvla3.model import build_vla_policy
-    from rlvla3.model.synthetic_obs import libero_like_batch, libero_like_spec
+    from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+    from rlvla3.policies.vla import build_vla_policy
 
     torch.set_num_threads(1)
     spec = libero_like_spec(image_size=32, chunk_len=6)

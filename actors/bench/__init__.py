@@ -3,6 +3,8 @@
 Modules:
     bench_async     the RL-VLA3 ablation: pipeline modes, throughput on this machine
     bench_batcher   adaptive batching against a grid of fixed B_max / T_max settings
+    bench_engine    DDP and FSDP2 learner groups (one process a rank, no Ray) against one
+                    rank: parameters after N steps, bytes held per rank
     bench_learning  sync vs async: success against env steps and wall time
     bench_scale     the GPU regime simulated at 8-32 GPUs: modes, planner, dilation check
     bench_soak      a long run with periodic kills: recovery time, memory over time

@@ -31,8 +31,8 @@ from typing import Any
 
 from pyarrow.fs import FileType
 
+from rlvla3.confidence import compare_paired, holm, wilson
 from rlvla3.fingerprint import fingerprint_differences
-from rlvla3.stats import compare_paired, holm, wilson
 from rlvla3.storage import Storage, basename, parent
 
 

@@ -1,4 +1,4 @@
-"""``python -m rlvla3 eval``: closed-loop evaluation on LIBERO in parallel Ray actors.
+"""``python -m rlvla3 eval``: closed-loop evaluation on LIBERO or MetaWorld in parallel Ray actors.
 
 One module over 400 lines because the CLI, the run and ``--compare`` / ``--recheck`` share the
 parsed arguments; the output directory is ``actors.eval.output_dir`` and the protocol
@@ -16,6 +16,8 @@ whichever worker is free, so a slow reset or a simulator restart never idles the
 Protocol (published LIBERO): every task on its 50 bundled initial states (episode ``k`` of a
 task starts from bundled state ``k``; ``--episodes-per-task`` or ``--init-ids`` take fewer);
 ``--placements fresh`` evaluates on fresh placements instead (the training distribution).
+``--suite mt10`` (``ml10``, ``mt50``) evaluates MetaWorld the same way, on the benchmark's own
+50 states per task (``actors.eval.suites``).
 A checkpoint acts with its mode (the flow ODE from zero noise); ``--sampled`` (optionally with
 ``--noise-level`` and ``--init-noise``) evaluates the policy RL would sample instead, each
 episode's noise seeded by ``--seed``, the task and the initial state. ``--language blank`` or
@@ -73,27 +75,19 @@ from actors.eval.rounds import (
     protocol_jobs,
     summarise_rows,
 )
+from actors.eval.suites import suite_names, suite_of
 from actors.eval.worker import LANGUAGE_MODES, ActionSource, given_instructions
-from envs.libero.env import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig, libero_spec
-from envs.libero.scenes import SCENE_RULE
 from rlvla3.cli_options import add_image_size
-from rlvla3.config import Named, build
+from rlvla3.config import Named
 from rlvla3.fingerprint import fingerprint
 from rlvla3.numerics import NUMERICS
 from rlvla3.storage import Mirror, check_writable, join
 
 
 def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
-    """LIBERO options for the evaluated tasks; shapes follow the checkpoint when there is one."""
-    options: dict[str, Any] = {
-        "suite": args.suite,
-        "task_ids": list(tasks),
-        "image_size": list(args.image_size),
-        "fast_render": not args.no_fast_render,
-        "max_steps": args.max_steps,
-        "placements": args.placements,
-        "placement_seed": args.placement_seed,
-    }
+    """The suite's env options for the evaluated tasks (``actors.eval.suites``); shapes follow
+    the checkpoint when there is one."""
+    options = suite_of(args.suite).options(args, tasks)
     if args.checkpoint:
         from rlvla3.checkpoint import read_meta
 
@@ -141,7 +135,6 @@ def _table(summary: dict[str, Any]) -> Any:
 
 
 def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
-    cfg = build(LiberoConfig, options, "--options")
     if args.checkpoint:
         from rlvla3.fingerprint import checkpoint_identity
 
@@ -149,16 +142,10 @@ def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, An
     else:
         policy = f"random (seed {args.seed})"
     return {
-        "suite": cfg.suite,
-        "placements": cfg.placements,
-        "placement_seed": cfg.placement_seed,
+        "suite": args.suite,
+        "placements": args.placements,
         "policy": policy,
-        "cameras": list(cfg.cameras),
-        "image_size": list(cfg.image_size),
-        "chunk_len": cfg.chunk_len,
-        "max_steps": cfg.episode_steps,
-        "fast_render": cfg.fast_render,
-        "scenes": SCENE_RULE,
+        **suite_of(args.suite).identity(options),
         "acting": acting(args),
         "seed": args.seed if not args.checkpoint or args.sampled else None,
         "language": args.language,
@@ -184,9 +171,8 @@ def acting(args: argparse.Namespace) -> str:
 
 def told_instructions(suite: str, tasks: Sequence[int], mode: str) -> tuple[str, ...] | None:
     """What the policy is told in each evaluated task under ``--language mode``."""
-    from envs.libero.env import suite_instructions
-
-    return given_instructions(mode, suite_instructions(suite) if mode == "shifted" else (), tasks)
+    every = suite_of(suite).instructions() if mode == "shifted" else ()
+    return given_instructions(mode, every, tasks)
 
 
 def init_ids(args: argparse.Namespace) -> list[int]:
@@ -199,7 +185,7 @@ def eval_tasks(args: argparse.Namespace) -> list[int]:
     """The suite task ids evaluated: ``--task-ids``, the tasks of ``--episodes``, or all."""
     if args.episodes:
         return sorted({t for t, _ in args.episodes})
-    return list(args.task_ids) if args.task_ids else list(range(SUITE_NUM_TASKS[args.suite]))
+    return list(args.task_ids) if args.task_ids else list(range(suite_of(args.suite).num_tasks))
 
 
 def episode_pair(text: str) -> tuple[int, int]:
@@ -265,9 +251,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from envs import require_extra
+    from envs import env_spec, require_extra
 
-    require_extra(Named("libero"))  # before anything is written or started
+    suite = suite_of(args.suite)
+    require_extra(Named(suite.env_name))  # before anything is written or started
     shown = args.checkpoint
     args = pin_checkpoint(args)
     if args.checkpoint:
@@ -279,11 +266,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    keep=("eval.json", "episodes.jsonl"))
     out = files.local  # the output directory, or its working copy when it is remote
     options = env_options(args, tasks)
-    libero_spec(options, "--task-ids/--image-size/--max-steps")  # fail before Ray starts
+    env_spec(Named(suite.env_name, options), "--task-ids/--image-size/--max-steps")  # before Ray
     ids = init_ids(args)
     identity = _identity(args, options)
     output = EvalOutput(out, identity)
-    env = Named("libero", options)
+    env = Named(suite.env_name, options)
     told = told_instructions(args.suite, tasks, args.language)
     source = (
         ActionSource("checkpoint", args.checkpoint, sampling_options(args), args.seed, told)
@@ -313,11 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     overlap: list[str] = []
     if args.checkpoint:
-        from envs.libero.split import FreshEval, training_overlap
-
-        fresh = (FreshEval(args.suite, args.placement_seed, frozenset(tasks), frozenset(ids))
-                 if args.placements == "fresh" else None)
-        overlap = training_overlap(args.checkpoint, fresh=fresh)
+        overlap = suite.training_overlap(args, tasks, ids)
     console = _console()
     for reason in overlap:
         console.print(f"[bold yellow]WARNING[/]: evaluation states were trained on: {reason}")
@@ -518,9 +501,10 @@ def _label(target: str) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rlvla3 eval", description=__doc__.split("\n")[0])
-    parser.add_argument("--suite", default="libero_spatial", choices=sorted(SUITE_NUM_TASKS))
+    parser.add_argument("--suite", default="libero_spatial", choices=suite_names(),
+                        help="a LIBERO suite or a MetaWorld benchmark (mt10, ml10, mt50)")
     parser.add_argument("--task-ids", type=int, nargs="+", help="suite task ids (default: all)")
-    parser.add_argument("--episodes-per-task", type=int, default=NUM_INIT_STATES,
+    parser.add_argument("--episodes-per-task", type=int, default=50,
                         help="initial states 0..N-1 of each task (default: all 50)")
     parser.add_argument("--init-ids", type=int, nargs="+", help="explicit initial states")
     parser.add_argument("--episodes", type=episode_pair, nargs="+", metavar="TASK:STATE",
@@ -587,11 +571,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.episodes and (args.task_ids or args.init_ids):
         parser.error("--episodes names the episodes: drop --task-ids and --init-ids")
     if args.episodes:
-        bad = [t for t, _ in args.episodes if t >= SUITE_NUM_TASKS[args.suite]]
+        n = suite_of(args.suite).num_tasks
+        bad = [t for t, _ in args.episodes if t >= n]
         if bad:
-            parser.error(f"--episodes: {args.suite} has tasks 0..{SUITE_NUM_TASKS[args.suite] - 1}"
+            parser.error(f"--episodes: {args.suite} has tasks 0..{n - 1}"
                          f", got {bad[0]}")
-    limit = NUM_INIT_STATES if args.placements == "bundled" else LiberoConfig().fresh_states
+    suite = suite_of(args.suite)
+    limit = suite.eval_states if args.placements == "bundled" else suite.fresh_states
     ids = init_ids(args)
     if not ids or min(ids) < 0 or max(ids) >= limit:
         parser.error(f"initial states must lie in 0..{limit - 1} ({args.placements} placements)")

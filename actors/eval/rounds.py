@@ -3,9 +3,10 @@
 Role: ``rlvla3 eval`` and periodic evaluation during RL runs evaluate the same way, through
 this module:
 
-- ``protocol_env(env, placements)``: the env options evaluation uses: for LIBERO the bundled
-  initial states (``placements: bundled``) whatever the training env samples, or fresh
-  placements when an evaluation asks for them (``rlvla3 eval --placements fresh``).
+- ``protocol_env(env, placements)``: the env options evaluation uses: the benchmark's own
+  evaluation states (LIBERO's bundled initial states, MetaWorld's and Isaac Lab's test split)
+  whatever the training env samples, or the training distribution when an evaluation asks for
+  it (``rlvla3 eval --placements fresh``).
 - ``protocol_jobs(num_tasks, init_ids)``: the (env task, initial state) episodes, state-major
   (every task's state 0, then every task's state 1, ...), so a partial evaluation covers all
   tasks evenly.
@@ -25,7 +26,7 @@ this module:
   another simulator (a reset takes 5.2 s here instead of 2.8 s), and state-major order would
   otherwise change task at every episode.
 - ``summarise(outcomes, tasks)``: per task and for the suite, successes with Wilson 95%
-  intervals (``rlvla3.stats``) over the episodes that ran to their end, the faults apart, and
+  intervals (``rlvla3.confidence``) over the episodes that ran to their end, the faults apart, and
   each episode's outcome.
 - ``evaluate_checkpoint(...)``: the blocking form of the above, returning ``summarise``'s dict.
 
@@ -40,19 +41,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actors.eval.worker import ActionSource, EpisodeOutcome, EvalWorker
+from rlvla3.confidence import rate
 from rlvla3.config import Named
-from rlvla3.stats import rate
 
 Job = tuple[int, int]
 """(env task id, initial state id)."""
 
 
 def protocol_env(env: Named, placements: str = "bundled") -> Named:
-    """``env`` as evaluation runs it: LIBERO on its bundled initial states (or on
-    ``placements``)."""
-    if env.name != "libero":
-        return env
-    return Named(env.name, {**dict(env.options), "placements": placements})
+    """``env`` as evaluation runs it: on its evaluation states (LIBERO's bundled ones,
+    MetaWorld's and Isaac Lab's test split; ``envs.eval_env``), or on ``placements``."""
+    from envs import eval_env
+
+    return eval_env(env, placements)
 
 
 def protocol_jobs(num_tasks: int, init_ids: Sequence[int]) -> list[Job]:

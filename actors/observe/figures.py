@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from rlvla3.confidence import tally
 from rlvla3.role_stats import EnvWorkerStats, LearnerStats, QueueStats, Snapshot
-from rlvla3.stats import tally
 
 RUN_COUNTERS = ("env_steps", "episodes", "trained_env_steps", "decisions", "trained_decisions",
                 "discarded_decisions")

@@ -55,7 +55,7 @@ from actors.rl.step_log import StepLog
 from actors.rl.summary import batch_size_hist, memory_report, split_note
 from actors.rl.topology import Topology, build_topology
 from actors.runtime.bootstrap import NAMESPACE, init_ray
-from envs import dilate_env, env_spec
+from envs import check_training_split, dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.config import require, to_dict
 from rlvla3.pacing import group_rounds, inherent_lag
@@ -80,10 +80,7 @@ def check_components(cfg: RunConfig) -> EnvSpec:
                              (cfg.eval_init_state_ids, "eval_init_state_ids", eval_states)):
         bad = [i for i in ids if not 0 <= i < bound]
         require(not bad, name, f"ids {bad} out of range 0..{bound - 1}")
-    if cfg.env.name == "libero":  # training never starts from states evaluation uses
-        from envs.libero.split import check_split
-
-        check_split(cfg.env, cfg.env_workers.init_state_ids)
+    check_training_split(cfg.env, cfg.env_workers.init_state_ids)  # never on eval states
     policy = build_policy(cfg.policy, spec)
     if cfg.init_from:
         check_init_from(cfg.init_from, cfg.policy, spec, policy)

@@ -41,11 +41,11 @@ from actors.runtime.bootstrap import lookup, was_restarted
 from actors.runtime.metrics import RoleMetrics
 from actors.runtime.process_memory import ProcessMemory
 from envs import make_env
+from rlvla3.confidence import tally
 from rlvla3.config import Named
 from rlvla3.episode import EpisodeRecorder, InformativeTasks, TaskSampler
 from rlvla3.role_stats import EnvWorkerStats
 from rlvla3.run_config import RECENT_EPISODES, EnvWorkerConfig
-from rlvla3.stats import tally
 from rlvla3.types import (
     ActionChunk,
     EnvSpec,

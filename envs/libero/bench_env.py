@@ -1,4 +1,4 @@
-"""``python -m rlvla3 bench env``: what a LIBERO env costs, per step, per reset and per process.
+"""``rlvla3 bench env`` on LIBERO: what a LIBERO env costs, per step, per reset and per process.
 
 Measures, through the same process-isolated env the RL workers use (``make_libero_env``):
 
@@ -10,14 +10,15 @@ Measures, through the same process-isolated env the RL workers use (``make_liber
   step) against the same kind of chunk stepped one action per call (rendered after every step),
   alternating on one env process.
 - throughput: low-level env steps per second summed over 1, 2 and 4 env processes, each driven
-  by its own thread with 5-step action chunks, resets included as episodes end.
+  by its own thread with 5-step action chunks, resets included as episodes end; per process,
+  and per CPU-second the env processes used (what a loaded machine does not distort).
 
 ``--write-latency PATH`` writes the fast-render step and reset samples as JSON for the
 latency-replay env::
 
     {"description": str, "command": str, "step_ms": {"<task id>": [ms, ...]}, "reset_ms": [ms]}
 
-Prints progress on stderr and, with ``--json``, one JSON object on stdout.
+``report(args)`` returns the JSON object ``envs.bench_env`` prints; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -175,11 +176,12 @@ def measure_throughput(suite: str, procs: int, seconds: float, image: int, seed:
             start.wait()
         except threading.BrokenBarrierError:
             raise RuntimeError(f"env processes failed to start: {errors}") from None
-        base = sum(counts)
+        base, cpu0 = sum(counts), _cpu_seconds(envs)
         t0 = time.perf_counter()
         time.sleep(seconds)
         total = sum(counts) - base
         elapsed = time.perf_counter() - t0
+        cpu = _cpu_seconds(envs) - cpu0
         stop.set()
         for t in threads:
             t.join(timeout=120)
@@ -190,11 +192,28 @@ def measure_throughput(suite: str, procs: int, seconds: float, image: int, seed:
     _log(f"{procs} processes: {rate:.1f} steps/s")
     return {
         "steps_per_s": round(rate, 2),
+        "steps_per_s_per_process": round(rate / procs, 2),
         "steps": total,
         "seconds": round(elapsed, 1),
+        "env_cpu_s": round(cpu, 1),
+        "steps_per_cpu_s": round(total / cpu, 2) if cpu > 0 else None,
         "faults": sum(faults),
         "errors": errors,
     }
+
+
+def _cpu_seconds(envs: list) -> float:
+    """User + system CPU seconds the env processes have used (their children included)."""
+    import psutil
+
+    total = 0.0
+    for env in envs:
+        try:
+            times = psutil.Process(env.pid).cpu_times()
+        except psutil.NoSuchProcess:  # restarted after a fault: its time is not counted
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -206,9 +225,12 @@ def _command(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlvla3 bench env", description=__doc__.split("\n")[0])
-    parser.add_argument("--suite", default="libero_spatial", choices=sorted(SUITE_NUM_TASKS))
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """LIBERO's options of ``rlvla3 bench env`` (``envs.bench_env`` adds the other
+    simulators')."""
+    parser.add_argument("--suite", default="libero_spatial",
+                        help=f"LIBERO suite ({', '.join(sorted(SUITE_NUM_TASKS))}); with "
+                        "--sim metaworld a MetaWorld benchmark (mt10, ml10, mt50)")
     parser.add_argument("--task-ids", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=2, help="timed resets per task")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per episode")
@@ -232,7 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-latency", metavar="PATH", help="write latency samples JSON")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    args = parser.parse_args(argv)
+
+
+def report(args: argparse.Namespace) -> dict[str, Any]:
+    """The LIBERO report of ``rlvla3 bench env`` (writes ``--write-latency`` as a side effect)."""
+    if args.suite not in SUITE_NUM_TASKS:
+        raise ValueError(f"--suite: not a LIBERO suite: {args.suite}")
     image = args.image_size[0]
 
     report: dict[str, Any] = {
@@ -291,12 +318,4 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.write_latency).parent.mkdir(parents=True, exist_ok=True)
         Path(args.write_latency).write_text(json.dumps(payload, indent=1) + "\n")
         _log(f"wrote {args.write_latency}")
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print(json.dumps(report, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return report

@@ -19,7 +19,8 @@ fp8_select`` picks the fastest correct one):
   against);
 - ``triton_block``: Triton quantisers (one read of the activation: amax, scale, cast, and the
   transpose the weight gradient needs) and a Triton block-scaled GEMM
-  (``rlvla3.model.fp8_triton``, imported only when this set is built);
+  (``rlvla3.model.fp8_triton``, imported only when that set is built:
+  ``rlvla3.model.fp8_select.build_kernel_set``);
 - ``scaled_mm_block``: the Triton quantisers and ``torch._scaled_mm``'s blockwise GEMM
   (cuBLAS), with the scale layouts that ``torch`` checks for;
 - ``scaled_mm_rowwise``: one scale per row of each operand (per token, per output or input
@@ -332,23 +333,6 @@ class Fp8Linear(Fp8Backend):
         self._act = _ActCache()
 
 
-def build_kernel_set(name: str) -> KernelSet:
-    """The kernel set ``name`` (see ``KERNEL_SETS``); GPU sets import their modules here."""
-    if name == "torch":
-        return TorchKernels()
-    if name == "torch_rowwise":
-        return TorchKernels(ROW)
-    if name in ("triton_block", "scaled_mm_block", "scaled_mm_rowwise"):
-        from rlvla3.model import fp8_triton
-
-        return fp8_triton.build(name)
-    raise ValueError(f"unknown FP8 kernel set {name!r}; choose from {', '.join(KERNEL_SETS)}")
-
-
-KERNEL_SETS = ("triton_block", "scaled_mm_block", "scaled_mm_rowwise", "torch", "torch_rowwise")
-"""Every kernel set; the first three need CUDA (Hopper) and Triton, the torch ones run
-anywhere."""
-GPU_KERNEL_SETS = KERNEL_SETS[:3]
 
 
 class EmulatedFp8(Fp8Linear):

@@ -28,15 +28,34 @@ from collections.abc import Callable
 
 import torch
 
-from rlvla3.model.check_timing import round_sig, timed
+from rlvla3.compute.check_timing import round_sig, timed
 from rlvla3.model.fp8 import BlockLinear, Fp8Backend, hopper
 from rlvla3.model.fp8_kernels import (
-    GPU_KERNEL_SETS,
     ROW,
+    TILE,
     EmulatedFp8,
     Fp8Linear,
-    build_kernel_set,
+    KernelSet,
+    TorchKernels,
 )
+
+KERNEL_SETS = ("triton_block", "scaled_mm_block", "scaled_mm_rowwise", "torch", "torch_rowwise")
+"""Every kernel set; the first three need CUDA (Hopper) and Triton, the torch ones run
+anywhere."""
+GPU_KERNEL_SETS = KERNEL_SETS[:3]
+
+
+def build_kernel_set(name: str) -> KernelSet:
+    """The kernel set ``name`` (see ``KERNEL_SETS``); GPU sets import their module here."""
+    if name == "torch":
+        return TorchKernels(TILE)
+    if name == "torch_rowwise":
+        return TorchKernels(ROW)
+    if name in GPU_KERNEL_SETS:
+        from rlvla3.model import fp8_triton
+
+        return fp8_triton.build(name)
+    raise ValueError(f"unknown FP8 kernel set {name!r}; choose from {', '.join(KERNEL_SETS)}")
 
 log = logging.getLogger(__name__)
 

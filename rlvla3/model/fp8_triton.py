@@ -1,6 +1,6 @@
 """GPU kernel sets of the FP8 linears: Triton quantisers, a Triton block-scaled GEMM, and
 ``torch._scaled_mm`` (blockwise and rowwise). Imported only when one of them is built
-(``rlvla3.model.fp8_kernels.build_kernel_set``): it needs Triton.
+(``rlvla3.model.fp8_select.build_kernel_set``): it needs Triton.
 
 Kernels (written for Hopper, Triton 3.6; ``TRITON_INTERPRET=1`` runs them on the CPU for
 tests, whose interpreter casts to e4m3 with its own rounding, so tests feed it values that need

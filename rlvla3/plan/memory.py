@@ -74,15 +74,21 @@ RAY_NODE_MB = 325.0
 TRAINING_RUNTIME_MB = 50.0
 """Autograd engine, optimizer state allocation and allocator slack of the first steps beyond
 the counted tensors (learner 476 MB trained vs 384 idle, less its counted tensors)."""
-SIMULATOR_MB = {"reach": 2.0, "latency_replay": 0.5, "libero": 1990.0}
+SIMULATOR_MB = {"reach": 2.0, "latency_replay": 0.5, "libero": 1990.0, "metaworld": 450.0,
+                "isaaclab": 2.0}
 """Host memory per env slot (MB): ColorReach and the latency replay live inside the env worker
 (a few arrays); LIBERO runs a MuJoCo process per slot (1976-1987 MB measured at 64 px, two
-cameras, EGL on llvmpipe), plus a 15 MB multiprocessing tracker per worker."""
+cameras, EGL on llvmpipe), plus a 15 MB multiprocessing tracker per worker; MetaWorld a MuJoCo
+process per slot (440-470 MB measured at 64 px, two cameras, three tasks built); Isaac Lab's
+slots are sub-envs of one server process per worker (``PROCESS_ENVS``), a few MB each."""
 KEPT_SIMULATOR_MB = {"libero": 800.0}
 """Each further simulator a slot keeps built (LIBERO's ``cached_sims``, one per task): 600-800 MB
 measured per libero_spatial task at 64 px."""
-PROCESS_ENVS = {"libero": 15.0}
-"""Envs that run their simulators as child processes: the per-worker tracker process (MB)."""
+PROCESS_ENVS = {"libero": 15.0, "metaworld": 15.0, "isaaclab": 990.0}
+"""Envs that run their simulators as child processes: what each worker's child processes take
+beside their slots (MB): the multiprocessing tracker (LIBERO, MetaWorld), or the Isaac Lab
+server (976-990 MB measured for 1, 4 and 16 sub-envs, with and without two 64 px cameras;
+``rlvla3 bench env --sim isaaclab``)."""
 CUDA_CONTEXT_MB = 600.0
 """GPU memory a process's CUDA context and kernels take before any tensor (assumption)."""
 CUDA_PROCESS_MB = 2500.0
@@ -286,7 +292,7 @@ def vla_activation_bytes(options: Mapping, spec: EnvSpec, dtype_bytes: int = 4,
     attending to the prefix's keys and values gathered per chunk. A fused attention kernel (flash
     on GPU) keeps no copies; the exact per-segment CPU path copies q, k and v per segment
     (``fused_attention=False``: ``2 q + 2 kv`` more per token and layer)."""
-    from rlvla3.model.vla_config import VLAConfig, shapes_for
+    from rlvla3.policies.vla.config import VLAConfig, shapes_for
 
     cfg = build(VLAConfig, options)
     s = shapes_for(cfg)
@@ -308,7 +314,7 @@ def vla_inference_bytes(options: Mapping, spec: EnvSpec, dtype_bytes: int = 4,
     values for every layer (the action expert reads them at every denoising step) plus one
     layer's widest intermediates (``2 w + 2 mlp`` per token; layers run one after another and
     nothing is kept for a backward pass)."""
-    from rlvla3.model.vla_config import VLAConfig, shapes_for
+    from rlvla3.policies.vla.config import VLAConfig, shapes_for
 
     cfg = build(VLAConfig, options)
     s = shapes_for(cfg)
@@ -369,8 +375,8 @@ def vla_meta_network(options: Mapping, spec: EnvSpec):
     """The VLA's network as built, without allocating it (meta tensors)."""
     import torch
 
-    from rlvla3.model.network import VLANetwork
-    from rlvla3.model.vla_config import VLAConfig, shapes_for
+    from rlvla3.policies.vla.config import VLAConfig, shapes_for
+    from rlvla3.policies.vla.network import VLANetwork
 
     cfg = build(VLAConfig, options)
     with torch.device("meta"):

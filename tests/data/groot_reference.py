@@ -4,7 +4,7 @@ Run in the scratch environment that ``groot_reference_env.sh`` (beside this file
 export round trip's middle line runs in rlvla3's environment)::
 
     /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --seed 0 --out tests/data/groot_tiny
-    python -m rlvla3.model.groot.parity tests/data/groot_tiny --export-to /tmp/groot_rt
+    python -m rlvla3.parity.groot tests/data/groot_tiny --export-to /tmp/groot_rt
     /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --export /tmp/groot_rt/lerobot \\
         --fixture tests/data/groot_tiny
 
@@ -39,7 +39,7 @@ encoding, every DiT block's output and the velocity, the actions (normalised and
 and the training loss on a fixed batch with fixed tau and noise.
 
 ``--export DIR --fixture FIXTURE`` is LeRobot's side of the export round trip: DIR is an
-``rlvla3 export`` of the fixture's round-trip checkpoint (``python -m rlvla3.model.groot.parity
+``rlvla3 export`` of the fixture's round-trip checkpoint (``python -m rlvla3.parity.groot
 FIXTURE --export-to OUT`` writes it to ``OUT/lerobot``). LeRobot loads it as a user does
 (``GrootPolicy.from_pretrained`` with the export's Eagle assets in ``HF_LEROBOT_HOME``, its
 ``base_model_path``, or the fixture's Isaac directory when that path is not on this machine;

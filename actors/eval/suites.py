@@ -1,0 +1,122 @@
+"""What ``rlvla3 eval --suite NAME`` evaluates: a LIBERO suite or a MetaWorld benchmark.
+
+Role: the evaluation protocol (``actors.eval.evaluate``, ``actors.eval.rounds``) is the same for
+every benchmark: tasks x initial states, the benchmark's own evaluation states by default
+(``--placements bundled``; ``fresh`` evaluates on the training distribution), Wilson intervals,
+paired comparisons. A ``Suite`` says what differs: the env and its options, the number of tasks
+and states, the instructions, what an evaluation's identity records, and how a checkpoint's
+provenance is checked against the evaluated states.
+
+- ``LiberoSuite``: LIBERO's five suites (``envs.libero``): bundled states 0..49, fresh
+  placements per ``--placement-seed``, ``fast_render``.
+- ``MetaWorldSuite``: ``mt10``, ``ml10``, ``mt50`` (``envs.metaworld``): the benchmark's own 50
+  states per task (the test split), fresh states of the training split per
+  ``--placement-seed``; ``--no-fast-render`` renders with MetaWorld's shadows.
+
+Identity keys are the same for both (``actors.eval.output_dir.IDENTITY_KEYS``), so resumes,
+rechecks and ``--compare`` work unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from rlvla3.config import build
+
+
+class LiberoSuite:
+    env_name = "libero"
+
+    def __init__(self, name: str):
+        from envs.libero.env import NUM_INIT_STATES, SUITE_NUM_TASKS, LiberoConfig
+
+        self.name = name
+        self.num_tasks = SUITE_NUM_TASKS[name]
+        self.eval_states = NUM_INIT_STATES
+        self.fresh_states = LiberoConfig().fresh_states
+
+    def options(self, args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
+        return {"suite": self.name, "task_ids": list(tasks), "image_size": list(args.image_size),
+                "fast_render": not args.no_fast_render, "max_steps": args.max_steps,
+                "placements": args.placements, "placement_seed": args.placement_seed}
+
+    def identity(self, options: dict[str, Any]) -> dict[str, Any]:
+        from envs.libero.env import LiberoConfig
+        from envs.libero.scenes import SCENE_RULE
+
+        cfg = build(LiberoConfig, options, "--options")
+        return {"placement_seed": cfg.placement_seed, "cameras": list(cfg.cameras),
+                "image_size": list(cfg.image_size), "chunk_len": cfg.chunk_len,
+                "max_steps": cfg.episode_steps, "fast_render": cfg.fast_render,
+                "scenes": SCENE_RULE}
+
+    def instructions(self) -> tuple[str, ...]:
+        from envs.libero.env import suite_instructions
+
+        return suite_instructions(self.name)
+
+    def training_overlap(self, args: argparse.Namespace, tasks: Sequence[int],
+                         ids: Sequence[int]) -> list[str]:
+        from envs.libero.split import FreshEval, training_overlap
+
+        fresh = (FreshEval(self.name, args.placement_seed, frozenset(tasks), frozenset(ids))
+                 if args.placements == "fresh" else None)
+        return training_overlap(args.checkpoint, fresh=fresh)
+
+
+class MetaWorldSuite:
+    env_name = "metaworld"
+
+    def __init__(self, name: str):
+        from envs.metaworld.env import MetaWorldConfig
+        from envs.metaworld.tasks import BENCHMARK_TASKS, NUM_TEST_STATES
+
+        self.name = name
+        self.num_tasks = len(BENCHMARK_TASKS[name])
+        self.eval_states = NUM_TEST_STATES
+        self.fresh_states = MetaWorldConfig().train_states
+
+    def options(self, args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "benchmark": self.name, "task_ids": list(tasks),
+            "image_size": list(args.image_size), "shadows": bool(args.no_fast_render),
+            "split": "test" if args.placements == "bundled" else "train",
+            "state_seed": args.placement_seed}
+        if args.max_steps:
+            options["max_steps"] = args.max_steps
+        return options
+
+    def identity(self, options: dict[str, Any]) -> dict[str, Any]:
+        from envs.metaworld.env import MetaWorldConfig
+
+        cfg = build(MetaWorldConfig, options, "--options")
+        return {"placement_seed": cfg.state_seed, "cameras": list(cfg.cameras),
+                "image_size": list(cfg.image_size), "chunk_len": cfg.chunk_len,
+                "max_steps": cfg.max_steps, "fast_render": not cfg.shadows,
+                "scenes": f"metaworld-{cfg.benchmark}-test-seed-{cfg.test_seed}"}
+
+    def instructions(self) -> tuple[str, ...]:
+        from envs.metaworld.tasks import instructions
+
+        return instructions(self.name)
+
+    def training_overlap(self, args: argparse.Namespace, tasks: Sequence[int],
+                         ids: Sequence[int]) -> list[str]:
+        from envs.metaworld.split import training_overlap
+
+        return training_overlap(args.checkpoint) if args.placements == "bundled" else []
+
+
+def suite_names() -> list[str]:
+    from envs.libero.env import SUITE_NUM_TASKS
+    from envs.metaworld.tasks import BENCHMARK_TASKS
+
+    return sorted(SUITE_NUM_TASKS) + sorted(BENCHMARK_TASKS)
+
+
+def suite_of(name: str) -> LiberoSuite | MetaWorldSuite:
+    from envs.metaworld.tasks import BENCHMARK_TASKS
+
+    return MetaWorldSuite(name) if name in BENCHMARK_TASKS else LiberoSuite(name)

@@ -1,0 +1,206 @@
+"""Isaac Lab behind the ``Env`` protocol (registered as ``isaaclab`` in ``envs.ENVS``).
+
+Role: ``make_isaaclab_env`` gives an env worker's slots their ``Env``: the first slot of a
+process starts an Isaac Lab server (``envs.isaaclab.client``) with ``num_envs`` sub-envs, and
+that slot and the next ``num_envs - 1`` are views of it (``envs.isaaclab.slots``); a
+worker with more slots starts more servers. Set ``env_workers.slots_per_worker`` to
+``num_envs`` (or a multiple).
+
+Runtimes (``kit``): Newton physics kit-less (the default: Isaac Lab 3.0 in its own Python 3.12
+environment, ``python -m rlvla3 envs setup isaaclab``, Warp on ``device`` ``cpu`` or
+``cuda:0``), or Isaac Sim (``kit: true``: the environment built with ``--kit``, or a
+``python`` that has Isaac Sim; needs an RTX GPU and Isaac Sim's own set-up).
+
+Tasks: ``reach`` (Franka colour reach, our assets; task ids are the cube colours),
+``cartpole`` (the stock Cartpole on a local USD), or any registered Isaac Lab Gym id
+(``Isaac-...``: name its ``state_dim``, ``action_dim``, ``max_decisions``, ``state_key``,
+``camera_keys``, ``success_term`` and ``instruction``; stock tasks fetch their assets from
+NVIDIA's servers).
+
+Initial states and the split (``split``): an initial state id ``k`` names a seeded layout of
+the task (for ``reach``, where the cubes stand). ``train`` layouts are ``k`` itself
+(``train_states`` of them), ``test`` layouts are ``TEST_OFFSET + k`` (``test_states``):
+evaluation (``actors.eval.rounds.protocol_env``) runs on ``test``, training on ``train``, so
+no training episode starts from a scene evaluation uses.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from envs.isaaclab.catalog import TASKS, TaskShape
+from rlvla3.config import build, require
+from rlvla3.types import EnvSpec
+
+TEST_OFFSET = 1_000_000
+"""Test layout ``k`` is task layout ``TEST_OFFSET + k``; training layouts stay below it."""
+
+
+@dataclass(frozen=True)
+class IsaacLabConfig:
+    """Which Isaac Lab task, how many sub-envs, which runtime and where its data comes from."""
+
+    task: str = "reach"
+    num_envs: int = 4
+    """Sub-envs of one server (slots of a worker share servers of this size)."""
+    device: str = "cpu"
+    """Warp and torch device of the simulation: ``cpu`` or ``cuda:0``."""
+    kit: bool = False
+    """Run through Isaac Sim instead of Newton kit-less."""
+    python: str = ""
+    """Interpreter of the Isaac Lab environment; empty: the one ``rlvla3 envs setup isaaclab``
+    built."""
+    chunk_len: int = 4
+    cameras: tuple[str, ...] | None = None
+    """Cameras to render; None: all the task has."""
+    image_size: tuple[int, int] = (64, 64)
+    max_steps: int = 0
+    """Episode limit in low-level steps; 0: the task's own."""
+    split: Literal["train", "test"] = "train"
+    train_states: int = 10_000
+    test_states: int = 50
+    allow_eval_overlap: bool = False
+    """Allow training on the test split (outputs then say so)."""
+    state_dim: int = 0
+    """Gym tasks only: length of the state vector (ours know theirs)."""
+    action_dim: int = 0
+    """Gym tasks only: length of one action."""
+    max_decisions: int = 0
+    """Gym tasks only: decisions per episode."""
+    state_key: str = "policy"
+    """Gym tasks only: observation group (or ``group/term``) of the state vector."""
+    camera_keys: Mapping[str, str] = field(default_factory=dict)
+    """Gym tasks only: camera name -> ``group/term`` of a ``[N, H, W, 3|4]`` image term."""
+    success_term: str = ""
+    """Gym tasks only: termination term that means success."""
+    instruction: str = ""
+    """Gym tasks only: the task's instruction."""
+    gather_timeout_s: float = 5.0
+    step_timeout_s: float = 120.0
+    start_timeout_s: float = 1200.0
+    """A first start compiles Warp's kernels (about 90 s alone here, minutes when loaded)."""
+
+    def validate(self) -> None:
+        require(self.num_envs >= 1, "num_envs", "must be >= 1")
+        require(self.chunk_len >= 1, "chunk_len", "must be >= 1")
+        require(self.device == "cpu" or self.device.startswith("cuda"), "device",
+                f"must be cpu or cuda[:N], got {self.device!r}")
+        require(min(self.image_size) >= 8, "image_size", "must be at least 8x8")
+        require(self.max_steps >= 0, "max_steps", "must be >= 0")
+        require(self.train_states >= 1 and self.test_states >= 1, "train_states",
+                "train_states and test_states must be >= 1")
+        require(self.train_states <= TEST_OFFSET, "train_states", f"must be <= {TEST_OFFSET}")
+        require(self.gather_timeout_s > 0, "gather_timeout_s", "must be > 0")
+        shape = TASKS.get(self.task)
+        if shape is not None:
+            unknown = [c for c in self.cameras or () if c not in shape.cameras]
+            require(not unknown, "cameras",
+                    f"task {self.task!r} has cameras {list(shape.cameras)}, not {unknown}")
+        else:
+            require(self.task.startswith("Isaac-"), "task",
+                    f"unknown task {self.task!r}: ours are {sorted(TASKS)}, or an Isaac Lab "
+                    "Gym id (Isaac-...)")
+            for name in ("state_dim", "action_dim", "max_decisions"):
+                require(getattr(self, name) > 0, name, f"set it for Gym task {self.task}")
+            require(self.cameras is None or set(self.cameras) <= set(self.camera_keys),
+                    "camera_keys", "must name the observation term of every camera")
+
+    @property
+    def shape(self) -> TaskShape:
+        """The task's shapes (ours from the catalog, a Gym task's from the options)."""
+        if self.task in TASKS:
+            return TASKS[self.task]
+        return TaskShape(self.state_dim, self.action_dim, tuple(self.camera_keys),
+                         self.max_decisions * self.chunk_len, (self.instruction,))
+
+    @property
+    def camera_names(self) -> tuple[str, ...]:
+        return self.shape.cameras if self.cameras is None else tuple(self.cameras)
+
+    def layout(self, init_state_id: int) -> int:
+        """The task layout an initial state id names in this split."""
+        limit = self.train_states if self.split == "train" else self.test_states
+        if not 0 <= init_state_id < limit:
+            raise IndexError(f"init_state_id {init_state_id} out of range 0..{limit - 1} "
+                             f"({self.split} split)")
+        return init_state_id + (TEST_OFFSET if self.split == "test" else 0)
+
+
+def check_split(env: Any, train_init_ids: Any = (), field: str = "env.options.split") -> None:
+    """Refuse training on the test split unless ``allow_eval_overlap`` is set."""
+    from rlvla3.config import ConfigError
+
+    cfg = build(IsaacLabConfig, env.options, "env.options")
+    if cfg.split == "test" and not cfg.allow_eval_overlap:
+        raise ConfigError(field, "training would start from the test layouts, "
+                          "which evaluation uses: train on split: train, or set "
+                          "env.options.allow_eval_overlap: true")
+
+
+def spec_of(cfg: IsaacLabConfig) -> EnvSpec:
+    shape = cfg.shape
+    steps = cfg.max_steps or shape.max_steps
+    return EnvSpec(
+        cameras=cfg.camera_names,
+        image_size=tuple(cfg.image_size),
+        state_dim=shape.state_dim,
+        action_dim=shape.action_dim,
+        chunk_len=cfg.chunk_len,
+        max_decisions=cfg.max_decisions or math.ceil(steps / cfg.chunk_len),
+        num_tasks=len(shape.instructions),
+        num_init_states=cfg.train_states if cfg.split == "train" else cfg.test_states,
+    )
+
+
+def isaaclab_spec(options: Mapping[str, Any], path: str = "env.options") -> EnvSpec:
+    """Registry entry: the spec from the options alone (starts no Isaac Lab)."""
+    return spec_of(build(IsaacLabConfig, options, path))
+
+
+def server_config(cfg: IsaacLabConfig, seed: int) -> Any:
+    from envs.isaaclab.client import ServerConfig
+
+    gym = {} if cfg.task in TASKS else {
+        "state_key": cfg.state_key, "camera_keys": dict(cfg.camera_keys),
+        "success_term": cfg.success_term, "instruction": cfg.instruction}
+    return ServerConfig(task=cfg.task, num_envs=cfg.num_envs, device=cfg.device,
+                        cameras=cfg.camera_names, image_size=tuple(cfg.image_size),
+                        max_steps=cfg.max_steps, chunk_len=cfg.chunk_len, kit=cfg.kit,
+                        python=cfg.python, seed=seed, gym=gym,
+                        step_timeout_s=cfg.step_timeout_s, start_timeout_s=cfg.start_timeout_s)
+
+
+def open_server_slots(cfg: IsaacLabConfig, seed: int = 0) -> Any:
+    """Start one server for ``cfg`` and return its ``ServerSlots``."""
+    from envs.isaaclab.client import IsaacLabServer
+    from envs.isaaclab.slots import ServerSlots
+
+    expect = TASKS.get(cfg.task)
+    server = IsaacLabServer(server_config(cfg, seed), expect=expect)
+    return ServerSlots(server, spec_of(cfg), cfg.layout)
+
+
+_SHARED: dict[tuple, Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def make_isaaclab_env(options: Mapping[str, Any], path: str = "env.options",
+                      seed: int = 0) -> Any:
+    """Registry entry: the next free slot of this process's Isaac Lab server for ``options``
+    (a full server, or none yet, starts a new one)."""
+    from envs.isaaclab.slots import IsaacLabSlot, LockstepSlots
+
+    cfg = build(IsaacLabConfig, options, path)
+    key = tuple(sorted((k, repr(v)) for k, v in options.items()))
+    with _SHARED_LOCK:
+        lockstep = _SHARED.get(key)
+        if lockstep is None or lockstep.attached >= lockstep.batch.n:
+            lockstep = LockstepSlots(open_server_slots(cfg, seed), cfg.gather_timeout_s)
+            _SHARED[key] = lockstep
+        slot = lockstep.attached
+        lockstep.attached += 1
+    return IsaacLabSlot(lockstep, slot)

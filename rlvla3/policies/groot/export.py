@@ -1,0 +1,192 @@
+"""A ``groot`` policy written as a LeRobot 0.5.1 ``groot`` policy directory (``rlvla3 export``).
+
+Input: a ``GrootPolicy`` (built from a checkpoint's options, its weights loaded). Output, in the
+export directory (written by ``rlvla3.policies.export.write_policy_dir``)::
+
+    config.json             "type": "groot" and the GrootConfig fields the policy implies:
+                            features in LeRobot's sorted image order, chunk_size = the model's
+                            horizon, n_action_steps = the env's chunk, the tile size, the
+                            embodiment tag, the tune flags, base_model_path, use_bf16 false
+                            (float32, as rlvla3 computes)
+    model.safetensors       every weight under ``_groot_model.`` + the Isaac-GR00T key; the
+                            two parts GR00T never runs, which LeRobot's strict load still
+                            wants, are filled: the LM head tied to the token embedding (Qwen3's
+                            ``tie_word_embeddings``) and SigLIP's pooling head as zeros
+    policy_preprocessor.json + ..._step_2_groot_pack_inputs_v3.safetensors
+    policy_postprocessor.json + ..._step_0_groot_action_unpack_unnormalize_v1.safetensors
+                            LeRobot's groot pipelines with the min/max statistics the policy
+                            normalises with (``observation.state.*``, ``action.*``)
+    eagle/                  the Eagle processor assets the policy ran with (tokenizer, chat
+                            template, the Eagle ``config.json`` that sizes the backbone): what
+                            LeRobot reads from ``HF_LEROBOT_HOME/<tokenizer_assets_repo>``
+    rlvla3_export.json      source, version, shapes, cameras, base model, what was left out
+
+LeRobot builds a fine-tuned groot policy by loading ``base_model_path`` (an Isaac-GR00T
+directory: its ``config.json`` sizes the action head) and then this directory's weights over
+it, strictly. The base is the policy's own: a LeRobot checkpoint's ``base_model_path``, an
+Isaac-GR00T directory itself, or ``nvidia/GR00T-N1.5-3B`` for the full-size preset built from
+no checkpoint; a policy with none of these is refused. The RL value head is left out (listed).
+
+Invariants: the weights LeRobot loads are the policy's, key for key; LeRobot's
+``GrootPolicy.from_pretrained`` + ``make_pre_post_processors(pretrained_path=...)`` act as the
+policy does from the same noise (``tests/data/groot_reference.py --export``, checked by
+``tests/test_model_groot_export.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvla3.policies.export import ExportError, write_policy_dir
+from rlvla3.policies.groot.config import EMBODIMENT_TAGS
+from rlvla3.policies.groot.loader import LEROBOT_PREFIX, read_checkpoint
+from rlvla3.policies.groot.policy import GrootPolicy
+from rlvla3.policies.vla.lerobot import ACTION, POSTPROCESSOR, PREPROCESSOR, STATE
+
+PACK_FILE = "policy_preprocessor_step_2_groot_pack_inputs_v3.safetensors"
+UNPACK_FILE = "policy_postprocessor_step_0_groot_action_unpack_unnormalize_v1.safetensors"
+N15_HUB = "nvidia/GR00T-N1.5-3B"
+TOKENIZER_ASSETS_REPO = "lerobot/eagle2hg-processor-groot-n1p5"
+SIGLIP_HEAD = "backbone.eagle_model.vision_model.vision_model.head."
+LM_HEAD = "backbone.eagle_model.language_model.lm_head.weight"
+EMBED_TOKENS = "backbone.eagle_model.language_model.model.embed_tokens.weight"
+
+
+def unused_weights(s) -> dict[str, tuple[int, ...]]:
+    """Shapes of the weights LeRobot's GR00T holds but never runs (``s``: ``GrootShapes``):
+    SigLIP's attention-pooling head and the Qwen3 LM head."""
+    w, m = s.vision_width, s.vision_mlp
+    head = {"probe": (1, 1, w), "attention.in_proj_weight": (3 * w, w),
+            "attention.in_proj_bias": (3 * w,), "attention.out_proj.weight": (w, w),
+            "attention.out_proj.bias": (w,), "layernorm.weight": (w,), "layernorm.bias": (w,),
+            "mlp.fc1.weight": (m, w), "mlp.fc1.bias": (m,), "mlp.fc2.weight": (w, m),
+            "mlp.fc2.bias": (w,)}
+    return {**{SIGLIP_HEAD + k: v for k, v in head.items()}, LM_HEAD: (s.vocab, s.llm_width)}
+
+
+def lerobot_weights(net: torch.nn.Module) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """(LeRobot's ``model.safetensors`` of ``net``, the weights left out)."""
+    own = net.state_dict()
+    left_out = sorted(k for k in own if k.startswith("value_head."))
+    state = {k: v for k, v in own.items() if k not in left_out}
+    for key, shape in unused_weights(net.shapes).items():
+        state[key] = (state[EMBED_TOKENS].clone() if key == LM_HEAD
+                      else torch.zeros(shape, dtype=state[EMBED_TOKENS].dtype))
+    return {LEROBOT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}, left_out
+
+
+def base_model(policy: GrootPolicy) -> str | None:
+    """The Isaac-GR00T base LeRobot builds this policy on (None: it has none)."""
+    cfg = policy.cfg
+    if not cfg.checkpoint:
+        return N15_HUB if cfg.preset == "groot_n15" and not cfg.shapes else None
+    ckpt = read_checkpoint(cfg.checkpoint)
+    if ckpt.layout == "lerobot":
+        return ckpt.lerobot_config.get("base_model_path") or None
+    directory = ckpt.path if ckpt.path.is_dir() else ckpt.path.parent
+    return str(directory.resolve()) if (directory / "config.json").is_file() else None
+
+
+def export_problems(policy: GrootPolicy, base: str | None) -> list[str]:
+    """Why LeRobot's groot would not act as ``policy`` does (empty: it would)."""
+    cfg, s = policy.cfg, policy.shapes
+    checks = (
+        (cfg.embodiment_id in EMBODIMENT_TAGS.values(), f"policy.options.embodiment_id "
+         f"{cfg.embodiment_id} has no LeRobot embodiment tag (LeRobot's: "
+         + ", ".join(f"{k}={v}" for k, v in EMBODIMENT_TAGS.items()) + ")"),
+        (base is not None, "policy.options.checkpoint names no base model: LeRobot builds GR00T "
+         "on an Isaac-GR00T directory (config.json + weights); start from a LeRobot groot "
+         "directory or an Isaac-GR00T directory"),
+        (policy.steps == s.steps, f"policy.options.denoise_steps {policy.steps} differs from "
+         f"the checkpoint's num_inference_timesteps {s.steps}, which LeRobot uses"),
+    )
+    return [message for ok, message in checks if not ok]
+
+
+def _features(policy: GrootPolicy) -> dict[str, Any]:
+    spec, proc = policy.spec, policy.processor
+    h, w = spec.image_size
+    keys = sorted(proc.feature_keys.values())
+    inputs: dict[str, Any] = {k: {"type": "VISUAL", "shape": [3, h, w]} for k in keys}
+    inputs[STATE] = {"type": "STATE", "shape": [spec.state_dim]}
+    return inputs
+
+
+def _config(policy: GrootPolicy, inputs: dict[str, Any], base: str) -> dict[str, Any]:
+    cfg, s, spec = policy.cfg, policy.shapes, policy.spec
+    tag = next(k for k, v in EMBODIMENT_TAGS.items() if v == cfg.embodiment_id)
+    return {
+        "type": "groot", "n_obs_steps": 1, "input_features": inputs,
+        "output_features": {ACTION: {"type": "ACTION", "shape": [spec.action_dim]}},
+        "device": None, "chunk_size": s.horizon, "n_action_steps": spec.chunk_len,
+        "max_state_dim": s.max_state_dim, "max_action_dim": s.max_action_dim,
+        "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "MEAN_STD",
+                                  "ACTION": "MEAN_STD"},  # LeRobot's groot ignores it: min-max
+        "image_size": [policy.processor.tile] * 2, "base_model_path": base,
+        "tokenizer_assets_repo": TOKENIZER_ASSETS_REPO, "embodiment_tag": tag,
+        "tune_llm": cfg.tune_llm, "tune_visual": cfg.tune_visual,
+        "tune_projector": cfg.tune_projector, "tune_diffusion_model": cfg.tune_diffusion_model,
+        "use_bf16": False,
+    }
+
+
+def _pipelines(policy: GrootPolicy) -> dict[str, Any]:
+    s, cfg = policy.shapes, policy.cfg
+    device = {"registry_name": "device_processor", "config": {"device": "cpu",
+                                                              "float_dtype": None}}
+    tag = next(k for k, v in EMBODIMENT_TAGS.items() if v == cfg.embodiment_id)
+    pre = {"name": "policy_preprocessor", "steps": [
+        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+        {"registry_name": "to_batch_processor", "config": {}},
+        {"registry_name": "groot_pack_inputs_v3", "config": {
+            "state_horizon": 1, "action_horizon": s.horizon, "max_state_dim": s.max_state_dim,
+            "max_action_dim": s.max_action_dim, "language_key": "task",
+            "formalize_language": False, "embodiment_tag": tag,
+            "embodiment_mapping": dict(EMBODIMENT_TAGS), "normalize_min_max": True},
+         "state_file": PACK_FILE},
+        {"registry_name": "groot_eagle_encode_v3", "config": {}},
+        {"registry_name": "groot_eagle_collate_v3", "config": {}},
+        device,
+    ]}
+    post = {"name": "policy_postprocessor", "steps": [
+        {"registry_name": "groot_action_unpack_unnormalize_v1",
+         "config": {"env_action_dim": policy.spec.action_dim, "normalize_min_max": True},
+         "state_file": UNPACK_FILE},
+        device,
+    ]}
+    return {PREPROCESSOR: pre, POSTPROCESSOR: post}
+
+
+def _stats(policy: GrootPolicy) -> dict[str, torch.Tensor]:
+    n = policy.normalizer
+    return {f"{STATE}.min": n.state_min, f"{STATE}.max": n.state_max,
+            f"{ACTION}.min": n.action_min, f"{ACTION}.max": n.action_max}
+
+
+def export_lerobot(policy: GrootPolicy, out: Path, source: dict[str, Any]) -> dict[str, Any]:
+    """Write ``policy`` as a LeRobot groot directory in ``out``; returns the manifest."""
+    base = base_model(policy)
+    problems = export_problems(policy, base)
+    if problems:
+        raise ExportError("cannot export as a LeRobot groot policy:\n  " + "\n  ".join(problems))
+    weights, left_out = lerobot_weights(policy.net)
+    stats = {k: v.clone() for k, v in _stats(policy).items()}
+    inputs = _features(policy)
+    manifest = {
+        "format": "lerobot groot (LeRobot 0.5.1, GR00T-N1.5)", **source,
+        "cameras": dict(policy.processor.feature_keys), "base_model_path": base,
+        "shapes": dataclasses.asdict(policy.shapes), "full_size": policy.cfg.preset == "groot_n15",
+        "left_out": left_out, "filled": sorted(unused_weights(policy.shapes)),
+        "tokenizer": str(policy.cfg.tokenizer),
+    }
+    return write_policy_dir(out, weights, _config(policy, inputs, base), _pipelines(policy),
+                            {PACK_FILE: stats, UNPACK_FILE: stats},
+                            {"eagle": Path(policy.cfg.tokenizer)}, manifest)
+
+
+__all__ = ["base_model", "export_lerobot", "export_problems", "lerobot_weights",
+           "unused_weights"]

@@ -1,0 +1,86 @@
+"""MetaWorld behind the Env protocol: the real simulator (MuJoCo, EGL), its cameras, its success
+flag, the train/test split of initial states, and the scripted expert. Skipped, and counted,
+where the ``metaworld`` extra is missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from envs import check_training_split, eval_env, missing_extra
+from envs.metaworld.env import MetaWorldConfig, MetaWorldEnv, make_metaworld_env, metaworld_spec
+from envs.metaworld.tasks import BENCHMARK_TASKS, INSTRUCTIONS, instructions
+from rlvla3.config import ConfigError, Named
+
+needs_metaworld = pytest.mark.skipif(bool(missing_extra("metaworld")),
+                                     reason="the metaworld extra is not installed")
+
+
+def test_benchmarks_instructions_spec_and_split_guard():
+    assert len(BENCHMARK_TASKS["mt10"]) == 10 and len(BENCHMARK_TASKS["mt50"]) == 50
+    assert set(BENCHMARK_TASKS["mt50"]) == set(INSTRUCTIONS)
+    assert len(set(instructions("mt50"))) == 50  # every task told apart by its instruction
+    assert BENCHMARK_TASKS["ml10"][10:] == ("drawer-open-v3", "door-close-v3", "shelf-place-v3",
+                                            "sweep-into-v3", "lever-pull-v3")
+    spec = metaworld_spec({"task_ids": [0, 2], "image_size": [64, 64], "chunk_len": 5})
+    assert (spec.num_tasks, spec.state_dim, spec.action_dim, spec.max_decisions) == (2, 4, 4, 40)
+    assert spec.num_init_states == 10_000
+    assert metaworld_spec({"split": "test"}).num_init_states == 50
+    with pytest.raises(ConfigError, match="env.options.task_ids"):
+        metaworld_spec({"task_ids": [10]})
+    train = Named("metaworld", {"benchmark": "mt10"})
+    check_training_split(train)
+    assert eval_env(train).options["split"] == "test"
+    assert eval_env(train, "fresh").options["split"] == "train"
+    with pytest.raises(ConfigError, match="env.options.split"):
+        check_training_split(eval_env(train))
+    check_training_split(Named("metaworld", {"split": "test", "allow_eval_overlap": True}))
+
+
+@needs_metaworld
+def test_expert_solves_a_task_through_the_real_simulator_and_states_are_keyed():
+    from envs.metaworld.expert import run_expert_episode
+
+    cfg = MetaWorldConfig(task_ids=(2, 0), image_size=(32, 32), process=False, split="test")
+    env = MetaWorldEnv(cfg)
+    try:
+        episode = run_expert_episode(env, 0, 3, record=True)
+        assert episode.success and 10 < episode.steps < 200
+        obs = episode.observations[0]
+        assert obs.instruction == "pick up the puck and place it at the goal"
+        assert obs.images["corner"].shape == (32, 32, 3) and obs.images["wrist"].std() > 1
+        assert obs.state.shape == (4,) and len(episode.actions) == episode.steps
+        first = env.reset(0, 3).images["corner"]
+        env.reset(0, 4)
+        assert np.array_equal(env.reset(0, 3).images["corner"], first)  # a state is its key
+        train = MetaWorldEnv(MetaWorldConfig(task_ids=(2,), image_size=(32, 32), process=False))
+        a, b = train.reset(0, 3).images["corner"], train.reset(0, 3).images["corner"]
+        assert np.array_equal(a, b) and not np.array_equal(a, first)  # fresh != the test state
+        train.close()
+    finally:
+        env.close()
+
+
+@needs_metaworld
+def test_a_process_isolated_rollout_ends_on_success_or_the_step_limit():
+    env = make_metaworld_env({"task_ids": [0], "image_size": [32, 32], "chunk_len": 5,
+                              "max_steps": 20})
+    try:
+        env.reset(0, 0)
+        results = [env.step(np.zeros((5, 4))) for _ in range(4)]
+        assert [r.steps for r in results] == [5, 5, 5, 5]
+        assert results[-1].truncated and not results[-1].success and results[-1].reward == 0.0
+        assert env.describe()["renderer"]["mujoco_gl"] == "egl"
+    finally:
+        env.close()
+
+
+def test_record_refuses_the_test_split_before_starting_anything(tmp_path, capsys):
+    from datalake import cli
+
+    out = tmp_path / "demos"
+    code = cli.main(["record", "--suite", "mt10", "--placements", "bundled", "--episodes", "2",
+                     "--output-dir", str(out)])
+    assert code == 2 and not out.exists()
+    err = capsys.readouterr().err
+    assert "--init-ids/--placements" in err and "allow_eval_overlap" in err
