@@ -69,7 +69,7 @@ class AlgoConfig:
     """Weight of the entropy bonus."""
     normalize_advantages: bool = True
     """Standardise PPO advantages with statistics of recent optimizer batches (all micro-batches
-    and ranks; see ``rlvla3.learner.AdvantageNormalizer``). GRPO advantages are standardised
+    and ranks; see ``rlvla3.learner_step.AdvantageNormalizer``). GRPO advantages are standardised
     within their group already and are left as they are."""
     advantage_ema: float = 0.9
     """PPO advantage standardisation: the mean and standard deviation come from an exponential

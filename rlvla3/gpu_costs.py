@@ -1,8 +1,9 @@
 """Simulated GPU costs: what the GPU stages of an RL run cost, for running the pipeline without GPUs.
 
-Role: on a machine without the GPUs our users train on, the rollout servers and learners keep
-running the small policy for real (so actions, log-probabilities and learning are real) but
-take as long as the GPU stage would: a rollout batch of B samples costs
+Role: the cost models of the simulated GPU regime. On a machine without the GPUs our users
+train on, the rollout servers and learners keep running the small policy for real (so actions,
+log-probabilities and learning are real) but, wrapped by ``rlvla3.gpu_sim`` (a simulated
+rollout model, a simulated training engine), take as long as the GPU stage would: a rollout batch of B samples costs
 ``infer_per_call_ms + infer_per_sample_ms x B`` (with jitter), a learner micro-batch of n
 samples ``train_per_sample_ms x n`` and each optimizer step ``train_per_step_ms``, and
 applying a new policy version on a rollout GPU ``sync_fixed_ms + model_gb / sync_gb_per_s``.
@@ -30,10 +31,9 @@ figure it reports back is in simulated seconds.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -231,7 +231,7 @@ def jitter_factor(rng: np.random.Generator, cv: float) -> float:
     return float(np.clip(1.0 + cv * rng.standard_normal(), 0.5, 1.5))
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ClockStats:
     """What a ``CostClock`` paid, in simulated seconds."""
 
@@ -245,11 +245,10 @@ class ClockStats:
     overrun_s: float = 0.0
     """Simulated seconds by which those calls ran over."""
 
-    def as_dict(self) -> dict[str, float]:
-        return {"calls": self.calls, "simulated_s": round(self.simulated_s, 3),
-                "real_s": round(self.real_s, 3), "overruns": self.overruns,
-                "overrun_s": round(self.overrun_s, 3),
-                "overhead_fraction": round(self.overhead_fraction, 4)}
+    def __add__(self, other: ClockStats) -> ClockStats:
+        return ClockStats(self.calls + other.calls, self.simulated_s + other.simulated_s,
+                          self.real_s + other.real_s, self.overruns + other.overruns,
+                          self.overrun_s + other.overrun_s)
 
     @property
     def overhead_fraction(self) -> float:
@@ -264,14 +263,12 @@ class CostClock:
     the run's ``time_dilation``: one simulated millisecond lasts ``dilation`` real ones."""
 
     def __init__(self, dilation: float, now: Callable[[], float] = time.perf_counter,
-                 sleep: Callable[[float], Any] = time.sleep,
-                 async_sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep):
+                 sleep: Callable[[float], Any] = time.sleep):
         if not dilation > 0:
             raise ValueError(f"time dilation must be > 0, got {dilation}")
         self.dilation = dilation
         self.now = now
         self._sleep = sleep
-        self._async_sleep = async_sleep
         self.stats = ClockStats()
 
     def remaining_s(self, cost_ms: float, started: float) -> float:
@@ -280,13 +277,8 @@ class CostClock:
         cost_s = max(cost_ms, 0.0) / 1000.0 * self.dilation
         real = max(self.now() - started, 0.0)
         left = cost_s - real
-        s = self.stats
-        s.calls += 1
-        s.simulated_s += cost_s / self.dilation
-        s.real_s += min(real, cost_s) / self.dilation
-        if left < 0:
-            s.overruns += 1
-            s.overrun_s += -left / self.dilation
+        self.stats += ClockStats(1, cost_s / self.dilation, min(real, cost_s) / self.dilation,
+                                 int(left < 0), max(-left, 0.0) / self.dilation)
         return max(left, 0.0)
 
     def pay(self, cost_ms: float, started: float) -> float:
@@ -294,13 +286,6 @@ class CostClock:
         left = self.remaining_s(cost_ms, started)
         if left > 0:
             self._sleep(left)
-        return left
-
-    async def pay_async(self, cost_ms: float, started: float) -> float:
-        """``pay`` without blocking the event loop."""
-        left = self.remaining_s(cost_ms, started)
-        if left > 0:
-            await self._async_sleep(left)
         return left
 
 

@@ -8,8 +8,9 @@ span optimizer steps), and the items that staleness discards.
 Invariants:
 - Rows leave in arrival order, none twice; ``size`` is the number of rows held.
 - Staleness is judged per item, by its oldest decision, and an item is kept or discarded whole:
-  ``discard_stale(floor)`` drops every item none of whose rows was taken yet and whose oldest
-  decision's policy version is below ``floor``. An item whose first rows went into a micro-batch
+  ``discard_stale(bound, version)`` drops every item none of whose rows was taken yet and that
+  ``bound`` (``rlvla3.pacing.StalenessBound``, the rule the queue applies too) calls stale at
+  learner version ``version``. An item whose first rows went into a micro-batch
   is finished, whatever its age: its rest goes into the next optimizer step (or the one after,
   for an item longer than a step). A per-decision floor would split a GRPO group: successful
   episodes end early, so their decisions are a group's oldest, and the floor would take the
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlvla3.pacing import StalenessBound
 from rlvla3.rl_samples import Samples
 
 
@@ -102,13 +104,13 @@ class GroupBuffer:
                 break
         return np.concatenate(out)
 
-    def discard_stale(self, floor: int) -> list[Samples]:
-        """Drop the unstarted items whose oldest decision is older than version ``floor``;
+    def discard_stale(self, bound: StalenessBound, version: int) -> list[Samples]:
+        """Drop the unstarted items that ``bound`` calls stale at learner version ``version``;
         returns them (for counting)."""
         kept: deque[_Item] = deque()
         dropped = []
         for item in self._items:
-            if not item.started and item.oldest < floor:
+            if not item.started and bound.stale(item.oldest, version):
                 dropped.append(item.samples)
                 self.size -= len(item.samples)
             else:

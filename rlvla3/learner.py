@@ -25,7 +25,8 @@ Invariants:
   whole and counted (a last resort: the rollout side paces itself so that this stays rare); a
   started item is finished (``rlvla3.group_buffer``). A GRPO group is never split.
 - PPO advantages are standardised with constants that are fixed for a whole optimizer step and
-  shared by every micro-batch and every rank (``AdvantageNormalizer``), so splitting a batch
+  shared by every micro-batch and every rank (``AdvantageNormalizer``, with the proximal
+  window and the step's report in ``rlvla3.learner_step``), so splitting a batch
   into micro-batches or streaming it in does not change the update.
 - The policy is held and stepped by a ``TrainingEngine`` (``rlvla3.engine``: one rank, DDP or
   FSDP2); gradients are reduced across ranks only on the last micro-batch of a step. Every
@@ -47,7 +48,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -56,9 +57,10 @@ from rlvla3.algos import AlgoConfig, approx_kl, objective
 from rlvla3.engine.config import EngineConfig
 from rlvla3.engine.engine import TrainingEngine
 from rlvla3.engine.group import Ranks
-from rlvla3.gpu_costs import TrainingCost
 from rlvla3.group_buffer import GroupBuffer
 from rlvla3.kl_control import KlLearningRate
+from rlvla3.learner_step import AdvantageNormalizer, ProximalWindow, Reduce, StepStats
+from rlvla3.pacing import StalenessBound
 from rlvla3.protocols import Policy
 from rlvla3.rl_samples import Samples, prepare_samples
 from rlvla3.types import TrajectorySegment
@@ -91,149 +93,6 @@ def rank_batches(global_batch: int, world_size: int) -> list[int]:
     base, extra = divmod(global_batch, world_size)
     return [base + (rank < extra) for rank in range(world_size)]
 
-Reduce = Callable[[np.ndarray], np.ndarray]
-"""Sums a float64 vector over the learner ranks (identity for one rank)."""
-
-
-class AdvantageNormalizer:
-    """Standardisation constants for PPO advantages, fixed per optimizer step.
-
-        A_hat = (A - mu) / (sigma + 1e-8)
-
-    ``mu`` and ``sigma`` come from the moments (count, sum, sum of squares) of the advantages
-    of the previous optimizer batches, summed over all ranks and averaged with ``decay``:
-
-        M_k = decay * M_{k-1} + m_k,    mu = S / N,    sigma = sqrt(S2 / N - mu^2)
-
-    (``decay`` 0: the previous batch alone). The first step waits for its whole local batch and
-    uses that batch's own statistics. A streaming learner starts a step before its batch is
-    complete, so the batch's own statistics cannot be known in time; taking them from whole
-    batches (never from a queue pull or a micro-batch) keeps a single good or bad episode from
-    being normalised to mean zero and makes the update independent of how the batch arrived or
-    was split; averaging over several batches keeps one rare success in a small batch from
-    setting the next batch's mean (and so the sign of nearly all its advantages).
-    """
-
-    def __init__(self, enabled: bool, reduce: Reduce, decay: float = 0.0):
-        self.enabled = enabled
-        self.reduce = reduce
-        self.decay = decay
-        self.mu, self.sigma = 0.0, 1.0
-        self.ready = not enabled
-        self._step = np.zeros(3)
-        self._average: np.ndarray | None = None
-
-    def seed(self, advantages: np.ndarray) -> None:
-        """Constants for the first step, from its own batch (all ranks)."""
-        self._set(self.reduce(self._moments(advantages)))
-        self.ready = True
-
-    def apply(self, advantages: np.ndarray) -> np.ndarray:
-        if not self.enabled:
-            return advantages
-        self._step += self._moments(advantages)
-        return ((advantages - self.mu) / (self.sigma + 1e-8)).astype(np.float32)
-
-    def end_step(self) -> None:
-        """The step's batch is complete: its statistics join the average for the next step."""
-        if self.enabled:
-            moments, self._step = self.reduce(self._step), np.zeros(3)
-            if np.isfinite(moments).all():  # a batch with a NaN sets nothing
-                self._average = moments if self._average is None \
-                    else self.decay * self._average + moments
-                self._set(self._average)
-
-    def abort_step(self) -> None:
-        """The step was abandoned: its micro-batches will be standardised again."""
-        self._step = np.zeros(3)
-
-    @staticmethod
-    def _moments(a: np.ndarray) -> np.ndarray:
-        a = np.asarray(a, np.float64)
-        return np.array([len(a), a.sum(), np.square(a).sum()])
-
-    def _set(self, moments: np.ndarray) -> None:
-        n, s, s2 = moments
-        if n > 0 and np.isfinite(s) and np.isfinite(s2):
-            self.mu = s / n
-            self.sigma = float(np.sqrt(max(s2 / n - self.mu**2, 0.0)))
-
-
-class ProximalWindow:
-    """The proximal policy of decoupled PPO (``proximal: window``): the engine's frozen copy
-    of the learner's parameters (held as the policy is: sharded under FSDP), refreshed every
-    ``every`` optimizer steps and after any load."""
-
-    def __init__(self, engine: TrainingEngine, every: int):
-        self.engine = engine
-        self.every = every
-        self.synced_at = 0
-        """Learner version whose parameters the copy holds."""
-
-    @torch.no_grad()
-    def log_probs(self, batch: Samples) -> np.ndarray:
-        """``[n]``, or ``[n, E]`` per Gaussian when the policy reports them."""
-        ev = self.engine.shadow.evaluate(batch.obs, torch.from_numpy(batch.actions),
-                                         torch.from_numpy(batch.latents))
-        log_prob = ev.log_prob if ev.log_prob_elements is None else ev.log_prob_elements
-        return log_prob.float().cpu().numpy()
-
-    def after_step(self, version: int) -> None:
-        if version % self.every == 0:
-            self.sync(version)
-
-    def sync(self, version: int) -> None:
-        """Take the learner's current parameters (after a step, a restore or ``init_from``)."""
-        self.engine.refresh_shadow()
-        self.synced_at = version
-
-
-@dataclass(frozen=True, slots=True)
-class StepStats:
-    """What one optimizer step reports (means over its samples unless said otherwise)."""
-
-    version: int
-    samples: int
-    loss: float
-    policy_loss: float
-    value_loss: float
-    entropy: float
-    clip_fraction: float
-    """Ratios whose gradient the clip removed (per Gaussian under ``ratio: element``)."""
-    kl_per_element: float
-    """Approximate ``KL(pi_prox || pi_theta)`` per Gaussian."""
-    kl_per_decision: float
-    """The same per decision."""
-    no_grad_fraction: float
-    """Decisions that gave no gradient at all (clipped, masked, or advantage 0)."""
-    grad_norm: float
-    mean_staleness: float
-    behaviour_weight: float
-    """Mean importance weight ``pi_prox / pi_behav`` after the cap."""
-    weight_quantiles: tuple[float, float, float]
-    """The 5%, 50% and 95% quantiles of the weight before the cap, over the step's samples."""
-    truncated_fraction: float
-    """Fraction of the step's samples whose importance weight was above the cap."""
-    skipped: bool = False
-    """The gradient was not finite: the weights were left as they were."""
-    epoch: int = 0
-    """Which of the batch's ``update_epochs`` steps this was (0: the batch's first; a later
-    epoch reports ``samples`` 0, as it trains no new sample)."""
-    lr: float = 0.0
-    """The learning rate after this step (``algo.target_kl`` adapts it)."""
-    update_kl: float | None = None
-    """``KL(pi_start || pi_theta)`` per decision of the trust region that closed at this step,
-    measured after its last update on the step's last micro-batch (averaged over the ranks):
-    ``pi_start`` is the proximal copy with a window, the parameters before the step otherwise.
-    What ``algo.target_kl`` steers by; None when no region closed or no target is set."""
-
-    def as_row(self) -> dict:
-        """One ``steps.jsonl`` line (plain JSON values)."""
-        row = {k: getattr(self, k) for k in self.__slots__ if k != "weight_quantiles"}
-        row.update(zip(("weight_p05", "weight_p50", "weight_p95"), self.weight_quantiles,
-                       strict=True))
-        return row
-
 
 _AVERAGED = ("loss", "policy_loss", "value_loss", "entropy", "clip_fraction", "kl_per_element",
              "kl_per_decision", "no_grad_fraction", "staleness", "behaviour_weight",
@@ -255,16 +114,13 @@ class LearnerCore:
     def __init__(self, policy: Policy, algo: AlgoConfig, local_batch: int, micro_batch: int,
                  lr: float, strategy: BatchStart | StreamingStart,
                  engine: TrainingEngine | None = None, max_staleness: int | None = None,
-                 reduce: Reduce | None = None, cost: TrainingCost | None = None,
-                 grad_share: float | None = None, micro_per_step: int | None = None):
-        """``engine``: the policy under its strategy (default: one rank, the plain module);
-        ``grad_share`` and ``micro_per_step``: this rank's place in a group (``take_share``)."""
+                 reduce: Reduce | None = None, grad_share: float | None = None,
+                 micro_per_step: int | None = None):
+        """``engine``: the policy under its strategy (default: one rank, the plain module; on
+        simulated GPUs, ``rlvla3.gpu_sim.SimulatedEngine`` around it); ``grad_share`` and
+        ``micro_per_step``: this rank's place in a group (``take_share``)."""
         self.engine = engine or rl_engine(policy, algo, lr)
         self.policy = self.engine.policy
-        self.cost = cost
-        """Simulated GPU cost (``rlvla3.gpu_costs``): each micro-batch and optimizer step then
-        lasts as long as on the GPUs it stands for (None: as long as it takes here)."""
-        self.clock = cost.clock() if cost is not None else None
         self.algo = algo
         self.local_batch = local_batch
         self.grad_share = float(grad_share or local_batch)
@@ -275,7 +131,8 @@ class LearnerCore:
         self.micro_per_step = micro_per_step or math.ceil(local_batch / micro_batch)
         """Micro-batches of every optimizer step, the same on every rank."""
         self.strategy = strategy
-        self.max_staleness = max_staleness
+        self.staleness = StalenessBound(max_staleness)
+        """Unstarted items it calls stale are discarded (``max_staleness`` None: none is)."""
         self.reduce = reduce or self.engine.reduce
         self.optimizer = self.engine.optimizer
         self.last_publish = None
@@ -414,9 +271,7 @@ class LearnerCore:
     def _discard_stale(self) -> None:
         """Drop whole unstarted items whose oldest decision is more than ``max_staleness``
         versions behind (counted)."""
-        if self.max_staleness is None:
-            return
-        for part in self.buffer.discard_stale(self.version - self.max_staleness):
+        for part in self.buffer.discard_stale(self.staleness, self.version):
             self.counts["discarded_decisions"] += len(part)
             self.counts["discarded_env_steps"] += int(part.env_steps.sum())
             self.counts["discarded_groups"] += 1
@@ -503,16 +358,17 @@ class LearnerCore:
         return replace(batch, prox_log_probs=self.proximal.log_probs(batch))
 
     def _backward(self, batch: Samples, sync: bool, scale: float) -> dict:
-        """Forward and backward of one micro-batch, its loss scaled by ``scale``; with ``sync``
-        the ranks reduce the accumulated gradients (the step's last micro-batch)."""
-        with self.engine.accumulate(sync):
+        """Forward and backward of one micro-batch, its loss scaled by ``scale`` (0: a stand-in
+        that trains no sample); with ``sync`` the ranks reduce the accumulated gradients (the
+        step's last micro-batch)."""
+        def scaled() -> tuple[torch.Tensor, dict]:
             loss, info = self.loss(batch)
-            (loss * scale).backward()
-        return info
+            return loss * scale, info
+
+        return self.engine.backward(scaled, sync, len(batch) if scale else 0)
 
     def _micro_step(self, batch: Samples) -> None:
         start = time.perf_counter()
-        begun = self.clock.now() if self.clock is not None else 0.0
         last = self._micro_done + 1 == self.micro_per_step
         info = self._backward(batch, last, len(batch) / self.grad_share)
         self._weights.append(info.pop("weights"))
@@ -527,8 +383,6 @@ class LearnerCore:
         self._last_micro = batch
         if self.epoch == 0:  # a later epoch trains no new decision
             self._step_lags.append(self.version - batch.policy_versions)
-        if self.clock is not None:
-            self.clock.pay(self.cost.micro_batch_ms(len(batch)), begun)
         self.busy_s += time.perf_counter() - start
 
     def flush(self) -> bool:
@@ -555,7 +409,6 @@ class LearnerCore:
     def _optimizer_step(self, abandon: bool = False) -> StepStats | None:
         """Agree with the other ranks, then step (or abandon the step on every rank)."""
         start = time.perf_counter()
-        begun = self.clock.now() if self.clock is not None else 0.0
         flags = self.reduce(np.array([float(abandon), float(self.stop_requested),
                                       float(self.snapshot_wanted), 1.0]))  # ..., ranks
         self.stop_agreed = bool(flags[1] > 0)
@@ -593,8 +446,6 @@ class LearnerCore:
         self._probe = None
         self._done_in_step = self._micro_done = 0
         self._discard_stale()
-        if self.clock is not None:
-            self.clock.pay(self.cost.step_ms, begun)
         self.busy_s += time.perf_counter() - start
         if snapshot_now:  # every rank at this same version
             self.take_snapshot()

@@ -85,3 +85,20 @@ class Policy(Protocol):
     def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True): ...
 
     def parameters(self): ...
+
+
+class Metrics(Protocol):
+    """Where a role core reports its live figures (Prometheus, through ``ray.util.metrics``,
+    in a Ray actor): counters, gauges and histograms by name."""
+
+    def inc(self, name: str, value: float = 1.0) -> None:
+        """Add ``value`` to counter ``name``."""
+        ...
+
+    def set(self, name: str, value: float) -> None:
+        """Set gauge ``name``."""
+        ...
+
+    def observe(self, name: str, value: float) -> None:
+        """Add one observation to histogram ``name``."""
+        ...

@@ -15,7 +15,6 @@ each strategy can also be chosen on its own.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,6 +26,7 @@ from rlvla3.cli_options import DEPRECATED
 from rlvla3.config import Named, build, deep_merge, load_mapping, require
 from rlvla3.engine.config import EngineConfig
 from rlvla3.gpu_costs import REAL, check_costs, resolve_costs
+from rlvla3.pacing import pace_target
 from rlvla3.storage import StorageConfig
 
 Placement = Literal["colocated", "disaggregated"]
@@ -242,7 +242,8 @@ class QueueConfig:
 
     @property
     def pace_target(self) -> float:
-        return 0.75 * self.max_staleness if self.pace_lag is None else self.pace_lag
+        """``pace_lag`` resolved (``rlvla3.pacing.pace_target``)."""
+        return pace_target(self.max_staleness, self.pace_lag)
 
 
 @dataclass(frozen=True)
@@ -442,21 +443,6 @@ class RunConfig:
     @property
     def strategies(self) -> Strategies:
         return self.pipeline.strategies()
-
-    def group_rounds(self) -> int:
-        """Episodes a slot runs in a row for one GRPO group, at most: a group's ``group_size``
-        episodes are the next its env worker starts (``rlvla3.episode.TaskSampler``), on its
-        free slots (1 without GRPO)."""
-        if self.algo.name != "grpo":
-            return 1
-        return math.ceil(self.algo.group_size / self.env_workers.slots_per_worker)
-
-    def inherent_lag(self, max_decisions: int) -> float:
-        """Versions the learner can advance, when it trains all that every slot produces,
-        while the oldest decision of a longest episode (or GRPO group) waits to be trained."""
-        slots = self.env_workers.num_workers * self.env_workers.slots_per_worker
-        return (slots * max_decisions * self.group_rounds() * self.algo.update_epochs
-                / self.learner.global_batch)
 
 
 def check_resources(cfg: RunConfig, cpus_available: float, learners_only: bool = False) -> None:

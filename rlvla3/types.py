@@ -234,6 +234,27 @@ class TrajectorySegment:
 
 
 @dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """What the trajectory queue and the controller know of a shipped segment without fetching
+    its payload (the segment itself travels as an ``ObjectRef`` beside it)."""
+
+    source: str
+    """Producing worker and slot."""
+    key: EpisodeKey
+    """Task and initial state."""
+    decisions: int
+    """Decision points (training samples) in the segment."""
+    env_steps: int
+    """Low-level env steps in the segment."""
+    min_version: int
+    """Oldest policy version that acted in the segment."""
+    episode_return: float
+    success: bool
+    max_version: int = -1
+    """Newest policy version that acted in the segment (-1: same as ``min_version``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class WeightsMessage:
     """Published weights of one policy version."""
 

@@ -227,7 +227,7 @@ def scenario_sim_node_loss(facts: Facts, cluster, nodes, tmp: Path) -> None:
         out["back_after_add_s"] = _wait(lambda: 1 not in controller.capacity.down("env"),
                                         "the env worker back on the new node")
         out["back_after_loss_s"] = round(time.monotonic() - removed_at, 1)
-        _wait(lambda: ray.get(topo.workers[1].stats.remote())["env_steps"] > 50,
+        _wait(lambda: ray.get(topo.workers[1].stats.remote()).env_steps > 50,
               "the returned env worker stepping")
         out["first_steps_after_add_s"] = round(time.monotonic() - added_at, 1)
         out["nodes_after"] = where(topo, node_names(nodes, cluster))

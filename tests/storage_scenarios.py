@@ -150,7 +150,7 @@ def scenario_learner_node_loss(facts: Facts, cluster, nodes, scratch: Path) -> N
         out["removed"] = victim
         out["version_at_removal"] = version()
         out["latest_at_removal"] = read_meta(RUN).version
-        old = ray.get(learner.stats.remote())["incarnation"]
+        old = ray.get(learner.stats.remote()).incarnation
         cluster.remove_node(nodes.pop(victim))
         removed = time.monotonic()
         shutil.rmtree(scratch / victim)  # its disk went with it
@@ -163,8 +163,8 @@ def scenario_learner_node_loss(facts: Facts, cluster, nodes, scratch: Path) -> N
                 stats = ray.get(learner.stats.remote(), timeout=5)
             except (ray.exceptions.RayError, TimeoutError):
                 return False
-            out["restored_stats"] = {k: stats[k] for k in ("restored_from", "version", "rank")}
-            return stats["incarnation"] != old
+            out["restored_stats"] = {k: getattr(stats, k) for k in ("restored_from", "version", "rank")}
+            return stats.incarnation != old
 
         _wait(restored, "the learner restored", 300, result)
         out["restored_s"] = since()

@@ -309,7 +309,7 @@ def test_target_kl_measures_the_whole_window():
     assert stats[-1].update_kl == pytest.approx(kl[2], rel=1e-5)  # after the third update
     assert abs(kl[2] - kl[1]) > 1e-3 * kl[2] > 0  # not what two steps had moved
 def test_advantage_normaliser_uses_whole_batches_of_all_ranks():
-    from rlvla3.learner import AdvantageNormalizer
+    from rlvla3.learner_step import AdvantageNormalizer
 
     other_rank = np.array([2.0, 2.0 * 3.0, 2.0 * 9.0])  # two samples of 3.0 on another rank
     norm = AdvantageNormalizer(True, reduce=lambda m: m + other_rank)
@@ -642,6 +642,7 @@ def test_group_buffer_takes_micro_batches_without_copying_the_rest_of_an_item():
     included: quadratic in the group's length). Rows still leave in order, none twice, and
     peeks, staleness and put-backs see the remainder."""
     from rlvla3.group_buffer import GroupBuffer
+    from rlvla3.pacing import StalenessBound
     from rlvla3.rl_samples import Samples, prepare_samples
 
     segments = collect_segments(make_policy(1), 12)
@@ -661,7 +662,7 @@ def test_group_buffer_takes_micro_batches_without_copying_the_rest_of_an_item():
     rest = buffer.peek(buffer.size)
     np.testing.assert_array_equal(rest.log_probs[:-3], group.log_probs[5 * len(taken):])
     np.testing.assert_array_equal(buffer.peek_advantages(2), group.advantages[5 * len(taken):][:2])
-    assert buffer.discard_stale(10**9) and buffer.size == n - 5 * len(taken)  # the second item
+    assert buffer.discard_stale(StalenessBound(0), 10**9) and buffer.size == n - 5 * len(taken)  # the second item
     buffer.put_back([taken[-1]])
     out = Samples.concat([*taken[:-1], buffer.take(buffer.size)])
     np.testing.assert_array_equal(out.log_probs, group.log_probs)

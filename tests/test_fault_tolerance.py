@@ -80,13 +80,13 @@ def assert_transitions_accounted(workers, queue):
     """Every decision an env slot took is in a shipped segment, in an episode still running,
     or in a counted dropped episode; every segment put into the queue was taken or is held."""
     for w in workers:
-        assert w["decisions"] == (w["shipped_decisions"] + w["inflight_decisions"]
-                                  + w["dropped_decisions"])
-    assert queue["put_decisions"] == (queue["got_decisions"] + queue["queued_decisions"]
-                                      + queue["held_decisions"] + queue["dropped_stale_decisions"]
-                                      + queue["expired_decisions"])
-    assert queue["put_decisions"] + queue["discarded_decisions"] == sum(
-        w["shipped_decisions"] for w in workers)
+        assert w.decisions == (w.shipped_decisions + w.inflight_decisions
+                                  + w.dropped_decisions)
+    assert queue.put_decisions == (queue.got_decisions + queue.queued_decisions
+                                      + queue.held_decisions + queue.dropped_stale_decisions
+                                      + queue.expired_decisions)
+    assert queue.put_decisions + queue.discarded_decisions == sum(
+        w.shipped_decisions for w in workers)
 
 
 @pytest.mark.slow
@@ -98,14 +98,14 @@ def test_env_worker_killed_run_continues(ray_cluster, tmp_path):
     # the queue owns shipped payloads: none died with their producer, and the learner goes on
     assert summary["lost_segments"] == 0 and summary["policy_version"] > 3
     # the restarted worker works again, and the surviving one lost nothing
-    assert workers[0]["episodes"] > 0
-    assert queue["put_decisions"] == (queue["got_decisions"] + queue["queued_decisions"]
-                                      + queue["dropped_stale_decisions"])
+    assert workers[0].episodes > 0
+    assert queue.put_decisions == (queue.got_decisions + queue.queued_decisions
+                                      + queue.dropped_stale_decisions)
     # only the episodes running when the rollout stopped still hold admissions (one per slot):
     # the dead incarnation's two were released
-    assert queue["in_flight_episodes"] <= 4, "the dead worker's admissions were not released"
+    assert queue.in_flight_episodes <= 4, "the dead worker's admissions were not released"
     w = workers[1]
-    assert w["decisions"] == w["shipped_decisions"] + w["inflight_decisions"] + w["dropped_decisions"]
+    assert w.decisions == w.shipped_decisions + w.inflight_decisions + w.dropped_decisions
 
 
 @pytest.mark.slow
@@ -117,7 +117,7 @@ def test_rollout_server_killed_no_transition_lost_or_repeated(ray_cluster, tmp_p
     assert summary["dropped_faults"] == 0
     assert_transitions_accounted(workers, queue)
     # the restarted server serves current weights, not its fresh initialisation
-    assert server_version >= learner["version"] - 1
+    assert server_version >= learner.version - 1
     assert server_version > 0
 
 
@@ -131,11 +131,11 @@ def test_learner_killed_rolls_back_further_than_the_staleness_bound_and_trains_o
     summary, workers, queue, learner, _, killed_at = run_with_kill(
         tmp_path, "learner", 8000, overrides=["checkpoint_every=0"], ahead=12)
     assert summary["restart_counts"]["learner"] == 1
-    assert learner["restored_from"].startswith("step-")
-    restored = int(learner["restored_from"].split("-")[1])
+    assert learner.restored_from.startswith("step-")
+    restored = int(learner.restored_from.split("-")[1])
     assert killed_at - restored >= 12 > 8  # it went back further than the bound ...
     assert summary["policy_version"] >= restored + 5  # ... and trained on from there
-    assert learner["samples_trained"] > 0  # the restored incarnation itself trained
+    assert learner.samples_trained > 0  # the restored incarnation itself trained
     assert read_meta(tmp_path / "learner").version == summary["policy_version"]
     assert summary["env_steps"] >= 8000
     assert summary["discarded_decision_fraction"] < 0.05, summary["accounting"]
@@ -188,14 +188,14 @@ def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluste
         restored = int(first["restored_from"].split("-")[1])
         assert first["version"] == restored  # every rank went back to the checkpoint ...
         ranks = ray.get([lr.stats.remote() for lr in group.active])
-        assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 for r in ranks)
-        assert all(r["restored_from"] == first["restored_from"] for r in ranks)
+        assert [r.rank for r in ranks] == [0, 1] and all(r.world_size == 2 for r in ranks)
+        assert all(r.restored_from == first["restored_from"] for r in ranks)
         _wait_for(lambda: version() >= restored + 3, "training after the rebuild")
         sum0, sum1 = _sums_at_one_version(group.active)
         if strategy == "ddp":  # whole copies: equal; shards: each its half
             assert sum0 == pytest.approx(sum1, rel=1e-6)  # ... and they train in lockstep
         else:
-            assert all(r["engine"] == "fsdp" for r in ray.get(
+            assert all(r.engine == "fsdp" for r in ray.get(
                 [lr.stats.remote() for lr in group.active]))
             assert any(n.startswith("shards/") for n in listed_files(tmp_path / "group"))
 
@@ -205,7 +205,7 @@ def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluste
         assert (second["ranks_before"], second["ranks_after"]) == (2, 1), second
         assert second["left_group"] == [topo.names["learner"][1]]
         alone = ray.get(group.active[0].stats.remote())
-        assert (alone["rank"], alone["world_size"]) == (0, 1)
+        assert (alone.rank, alone.world_size) == (0, 1)
         resumed = second["version"]
         _wait_for(lambda: version() >= resumed + 3, "training with one rank")
         controller.request_stop()

@@ -3,7 +3,6 @@ its formula on a fake clock (no timing assertions: the clock is ours)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import statistics
 from pathlib import Path
@@ -40,11 +39,8 @@ class FakeClock:
         self.sleeps.append(seconds)
         self.t += seconds
 
-    async def async_sleep(self, seconds: float) -> None:
-        self.sleep(seconds)
-
     def clock(self, dilation: float) -> CostClock:
-        return CostClock(dilation, now=self.now, sleep=self.sleep, async_sleep=self.async_sleep)
+        return CostClock(dilation, now=self.now, sleep=self.sleep)
 
 
 def test_calibrations_carry_their_figures():
@@ -165,20 +161,24 @@ def test_jitter_is_clipped_and_centred():
     assert jitter_factor(rng, 0.0) == 1.0
 
 
-def test_learner_core_pays_per_sample_and_per_step(monkeypatch):
+def test_simulated_engine_pays_per_sample_and_per_step():
     """A learner actor standing for 4 ranks: each micro-batch of 8 costs 30 x 8 / 4 ms and
-    each optimizer step 50 ms, x the dilation, whatever the real compute took."""
+    each optimizer step 50 ms, x the dilation, whatever the real compute took; the learner core
+    itself holds no clock (the engine it trains through is wrapped)."""
     from test_core_pipeline import collect_segments, episodes, make_policy
 
-    from rlvla3.learner import LearnerCore, StreamingStart
+    from rlvla3.gpu_sim import SimulatedEngine
+    from rlvla3.learner import LearnerCore, StreamingStart, rl_engine
 
     policy = make_policy(0)
     segments = collect_segments(policy, 6)
     fake = FakeClock()
     costs = CALIBRATIONS["pi05_h200"]
-    core = LearnerCore(policy, AlgoConfig("ppo"), local_batch=16, micro_batch=8, lr=1e-3,
-                       strategy=StreamingStart(), cost=TrainingCost(costs, ranks=4, dilation=2.0))
-    core.clock = fake.clock(2.0)  # the core's clock on fake time: real compute takes 0 here
+    algo = AlgoConfig("ppo")
+    engine = SimulatedEngine(rl_engine(policy, algo, 1e-3),
+                             TrainingCost(costs, ranks=4, dilation=2.0), clock=fake.clock(2.0))
+    core = LearnerCore(policy, algo, local_batch=16, micro_batch=8, lr=1e-3,
+                       strategy=StreamingStart(), engine=engine)
     core.add_groups(episodes(segments))
     steps = core.run_available()
     assert steps >= 1
@@ -187,27 +187,35 @@ def test_learner_core_pays_per_sample_and_per_step(monkeypatch):
     micro_batches = core.micro_steps  # streaming: the next step's batches may have begun
     assert fake.sleeps[:3 * steps] == pytest.approx([micro, micro, step] * steps)
     assert fake.sleeps[3 * steps:] == pytest.approx([micro] * (micro_batches - 2 * steps))
-    assert core.clock.stats.simulated_s == pytest.approx(micro_batches * 0.06 + steps * 0.05)
+    assert engine.clock.stats.simulated_s == pytest.approx(micro_batches * 0.06 + steps * 0.05)
+    assert not hasattr(core, "clock") and not hasattr(core, "cost")
 
 
-def test_rollout_lane_pays_the_batch_formula():
+def test_simulated_rollout_pays_the_batch_formula_and_the_weight_transfer():
     from test_core_pipeline import REACH, make_policy
 
-    from actors.roles.rollout_server import Lane
     from envs import make_env
+    from rlvla3.gpu_sim import SimulatedRollout
     from rlvla3.rollout import RolloutCore
+    from rlvla3.types import WeightsMessage
 
     costs = build(GpuCosts, {"infer_per_call_ms": 36.0, "infer_per_sample_ms": 7.0,
-                             "infer_jitter": 0.0})
+                             "infer_jitter": 0.0, "sync_fixed_ms": 100.0, "model_gb": 0.0})
     fake = FakeClock()
-    lane = Lane(RolloutCore(make_policy(0)), 0, costs, dilation=3.0)
-    lane.clock = fake.clock(3.0)
+    policy = make_policy(0)
+    lane = SimulatedRollout(RolloutCore(policy), costs, dilation=3.0, seed=0,
+                            clock=fake.clock(3.0), sync_clock=fake.clock(3.0))
     obs = make_env(REACH).reset(0, 0)
     for size in (1, 4, 9):
-        chunks = asyncio.run(lane.compute([obs] * size))
-        assert len(chunks) == size
+        chunks = lane.act_batch([obs] * size)
+        assert len(chunks) == size and {c.policy_version for c in chunks} == {0}
     assert fake.sleeps == pytest.approx([(36 + 7 * b) * 3.0 / 1000.0 for b in (1, 4, 9)])
     assert lane.clock.stats.simulated_s == pytest.approx((36 * 3 + 7 * 14) / 1000.0)
+    assert not lane.swap_pending() and len(fake.sleeps) == 3  # nothing offered: no transfer
+    weights = {k: v.detach().numpy() for k, v in policy.state_dict().items()}
+    lane.offer_weights(WeightsMessage(1, weights))
+    assert lane.swap_pending() and lane.version == 1 and lane.swaps == 1
+    assert fake.sleeps[3:] == pytest.approx([100.0 * 3.0 / 1000.0])
 
 
 def test_weights_every_holds_versions_back_until_far_enough_ahead():

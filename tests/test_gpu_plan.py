@@ -13,6 +13,7 @@ import pytest
 
 from rlvla3.config import ConfigError
 from rlvla3.gpu_costs import CALIBRATIONS, GpuCosts
+from rlvla3.pacing import inherent_lag
 from rlvla3.plan.gpu import (
     EnvTiming,
     PlanRequest,
@@ -140,7 +141,8 @@ def test_plan_applies_to_a_run_config():
     assert cfg.env_workers.num_workers * cfg.env_workers.slots_per_worker == b.env_slots
     assert cfg.rollout.batching.name == "adaptive"
     assert cfg.queue.max_staleness == plan.max_staleness
-    assert cfg.inherent_lag(44) <= cfg.queue.max_staleness
+    lag = inherent_lag(b.env_slots, 44, 1, cfg.algo.update_epochs, cfg.learner.global_batch)
+    assert lag <= cfg.queue.max_staleness
 
 
 @pytest.mark.parametrize(("request_args", "field"), [

@@ -39,14 +39,14 @@ def test_full_mode_with_lanes_and_grouped_ranks(ray_cluster, tmp_path):
     assert summary["env_steps"] >= 1200 and summary["policy_version"] >= 1
     assert summary["accounting"]["unaccounted"] == 0
     (server,) = servers
-    assert server["lanes"] == 2
-    assert server["cost"]["calls"] == server["batches"] > 0  # every batch paid its cost
-    assert server["sync_cost"]["calls"] == server["weight_swaps"] > 0
-    assert server["batch_policy"]["b_max"] == 8 and "per_call_ms" in server["batch_policy"]
-    assert max(server["batch_sizes"]) <= 8
+    assert server.lanes == 2
+    assert server.cost.calls == server.batches > 0  # every batch paid its cost
+    assert server.sync_cost.calls == server.weight_swaps > 0
+    assert server.batch_policy["b_max"] == 8 and "per_call_ms" in server.batch_policy
+    assert max(server.batch_sizes) <= 8
     for learner in learners:  # DDP over two actors, each standing for 4 ranks
-        assert learner["world_size"] == 2
-        assert learner["cost"]["simulated_s"] > 0 and learner["cost"]["calls"] > 0
+        assert learner.world_size == 2
+        assert learner.cost.simulated_s > 0 and learner.cost.calls > 0
 
 
 def test_lockstep_batch_is_split_over_every_server_and_lane(ray_cluster, tmp_path):
@@ -54,7 +54,7 @@ def test_lockstep_batch_is_split_over_every_server_and_lane(ray_cluster, tmp_pat
         "pipeline.mode=sync", "total_env_steps=300", "rollout.num_servers=2", "rollout.lanes=2"])
     assert summary["policy_version"] >= 1
     # 8 slots over 2 servers x 2 lanes: lockstep batches of 2 on every lane
-    assert all(s["requests"] > 0 for s in servers)
+    assert all(s.requests > 0 for s in servers)
     assert {2} <= set(summary["batch_size_hist"])
     assert max(summary["batch_size_hist"]) <= 2
 

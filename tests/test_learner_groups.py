@@ -12,7 +12,8 @@ import torch
 from test_core_pipeline import collect_segments, episodes, make_policy
 
 from rlvla3.algos import AlgoConfig
-from rlvla3.learner import AdvantageNormalizer, BatchStart, LearnerCore, StreamingStart
+from rlvla3.learner import BatchStart, LearnerCore, StreamingStart
+from rlvla3.learner_step import AdvantageNormalizer
 from rlvla3.weight_sync import parameter_sum
 
 

@@ -239,14 +239,14 @@ def test_autoreset_rounds_step_every_slot(ray_cluster, tmp_path):
         stats = ray.get([w.stats.remote() for w in topo.workers])
     finally:
         controller.shutdown()
-    slots = sum(s["slots"] for s in stats)
-    decisions = sum(s["decisions"] for s in stats)
-    assert decisions + sum(s["lockstep_skips"] for s in stats) == 3 * 7 * slots
+    slots = sum(s.slots for s in stats)
+    decisions = sum(s.decisions for s in stats)
+    assert decisions + sum(s.lockstep_skips for s in stats) == 3 * 7 * slots
     assert decisions >= 0.8 * 3 * 7 * slots  # resets of reach take microseconds
     # 21 steps per slot with episodes of at most 4 decisions: every slot reset in place (and
     # sat out at least one step for it) several times
-    assert sum(s["episodes"] for s in stats) >= 3 * slots
-    assert all(s["inflight_decisions"] <= 4 * s["slots"] for s in stats)
+    assert sum(s.episodes for s in stats) >= 3 * slots
+    assert all(s.inflight_decisions <= 4 * s.slots for s in stats)
 
 
 @pytest.mark.slow
@@ -263,9 +263,9 @@ def test_grpo_with_two_learners_never_splits_a_group(ray_cluster, tmp_path):
         controller.shutdown()
     assert summary["policy_version"] >= 1
     # every group whole (no fault here), one group per queue item, never two pooled
-    assert all(lr["received_episodes"] == 2 * lr["received_groups"] for lr in learners), learners
-    assert all(lr["short_groups"] == 0 for lr in learners)
-    assert sum(lr["received_episodes"] for lr in learners) > 0
+    assert all(lr.received_episodes == 2 * lr.received_groups for lr in learners), learners
+    assert all(lr.short_groups == 0 for lr in learners)
+    assert sum(lr.received_episodes for lr in learners) > 0
     assert summary["accounting"]["unaccounted"] == 0
 
 
@@ -280,7 +280,7 @@ def test_two_learners_stop_together_whenever_asked(ray_cluster, tmp_path):
     rng = random.Random(0)
     try:
         topo = controller.build()
-        controller.rollout.start(topo.workers, topo.servers)
+        controller.schedule.rollout.start(topo.workers, topo.servers)
         before = 0
         for _ in range(6):
             refs = [lr.run.remote() for lr in topo.learners]
@@ -293,7 +293,7 @@ def test_two_learners_stop_together_whenever_asked(ray_cluster, tmp_path):
             assert versions[0] == versions[1], versions
             assert versions[0] > before, "a stop takes one more step, taken by both ranks"
             before = versions[0]
-        controller.rollout.stop(topo.workers)
+        controller.schedule.rollout.stop(topo.workers)
     finally:
         controller.shutdown()
 

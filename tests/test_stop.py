@@ -18,7 +18,6 @@ from ray import cloudpickle
 from tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
-from actors.roles.trajectory_queue import SegmentInfo
 from envs import env_spec, make_env
 from rlvla3.checkpoint import locate_checkpoint, read_meta
 from rlvla3.config import Named
@@ -26,6 +25,7 @@ from rlvla3.episode import TaskSampler
 from rlvla3.policies import build_policy
 from rlvla3.rollout import RolloutCore, collect_episodes
 from rlvla3.run_config import load_run_config
+from rlvla3.types import SegmentInfo
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the injection runs in an actor
 EPISODE = 8
@@ -107,7 +107,7 @@ class Running:
         except BaseException as exc:  # noqa: BLE001 - re-raised by stop()
             self.error = exc
 
-    def stats(self) -> list[dict]:
+    def stats(self) -> list:
         return ray.get([lr.stats.remote() for lr in self.topo.learners])
 
     def stop(self, timeout_s: float = 90.0) -> dict:
@@ -145,15 +145,15 @@ def test_two_learners_stop_within_30s_with_a_final_checkpoint(ray_cluster, tmp_p
     try:
         learners = running.topo.learners
         feed(running.topo.queue, data[:4])  # one whole step for both ranks
-        wait_for(lambda: all(s["version"] == 1 for s in running.stats()), "the first step")
+        wait_for(lambda: all(s.version == 1 for s in running.stats()), "the first step")
         if phase == "stepping":
             ray.get(learners[0].__ray_call__.remote(slow_loss, 3.0))
         feed(running.topo.queue, data[4:])
         if phase == "stepping":
             time.sleep(1.0)
         else:
-            wait_for(lambda: sum(s["buffered"] + s["in_step"] for s in running.stats())
-                     == 8 * fed and max(s["in_step"] for s in running.stats())
+            wait_for(lambda: sum(s.buffered + s.in_step for s in running.stats())
+                     == 8 * fed and max(s.in_step for s in running.stats())
                      == (16 if fed == 3 else 8), f"the {phase} phase")
         start = time.monotonic()
         summary = running.stop()
@@ -166,14 +166,14 @@ def test_two_learners_stop_within_30s_with_a_final_checkpoint(ray_cluster, tmp_p
           f"{elapsed:.1f}s")
     assert record["learners"] == "stopped together", record
     assert elapsed < 30.0, f"the stop took {elapsed:.1f}s"
-    assert [s["version"] for s in after] == [version, version]
+    assert [s.version for s in after] == [version, version]
     saved = locate_checkpoint(run_dir)  # the controller's final save
     assert read_meta(saved).version == version == summary["policy_version"]
     assert summary["stopped_by"] == "test"
     # trained: exactly the steps taken; the abandoned step's decisions are buffered again
-    assert sum(s["samples_trained"] for s in after) == 32 * version
-    assert sum(s["in_step"] for s in after) == 0
-    assert sum(s["buffered"] for s in after) == buffered
+    assert sum(s.samples_trained for s in after) == 32 * version
+    assert sum(s.in_step for s in after) == 0
+    assert sum(s.buffered for s in after) == buffered
 
 
 def test_a_rank_that_fails_while_stopping_is_reported_and_no_final_checkpoint_is_taken(
@@ -188,9 +188,9 @@ def test_a_rank_that_fails_while_stopping_is_reported_and_no_final_checkpoint_is
         for lr in running.topo.learners:
             ray.get(lr.__ray_call__.remote(failing_flush))
         feed(running.topo.queue, data[:4])
-        wait_for(lambda: all(s["version"] == 1 for s in running.stats()), "the first step")
+        wait_for(lambda: all(s.version == 1 for s in running.stats()), "the first step")
         feed(running.topo.queue, data[4:])
-        wait_for(lambda: max(s["in_step"] for s in running.stats()) == 8, "accumulating")
+        wait_for(lambda: max(s.in_step for s in running.stats()) == 8, "accumulating")
         summary = running.stop()
     finally:
         running.controller.shutdown()

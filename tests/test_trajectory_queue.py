@@ -8,13 +8,12 @@ import asyncio
 
 import pytest
 
-from rlvla3.run_config import load_run_config
 from rlvla3.types import EpisodeKey
 
 
 def _info(min_version: int, key: EpisodeKey | None = None, decisions: int = 3,
           max_version: int = -1):
-    from actors.roles.trajectory_queue import SegmentInfo
+    from rlvla3.types import SegmentInfo
 
     return SegmentInfo("w0/s0", key or EpisodeKey(0, 0), decisions, 2 * decisions, min_version,
                        1.0, True, max_version)
@@ -58,10 +57,10 @@ def test_queue_staleness_filter_and_backpressure():
     assert _refs(got) == [["ref3"]]
     assert _refs(rest) == [["ref4"]]
     assert empty == []
-    assert stats["dropped_stale"] == 2 and stats["dropped_stale_decisions"] == 6
-    assert stats["got"] == 2 and stats["put_decisions"] == 12
-    assert stats["put_decisions"] == (stats["got_decisions"] + stats["queued_decisions"]
-                                      + stats["dropped_stale_decisions"])
+    assert stats.dropped_stale == 2 and stats.dropped_stale_decisions == 6
+    assert stats.got == 2 and stats.put_decisions == 12
+    assert stats.put_decisions == (stats.got_decisions + stats.queued_decisions
+                                      + stats.dropped_stale_decisions)
 
 
 def test_queue_follows_a_restored_learner_backwards():
@@ -69,13 +68,13 @@ def test_queue_follows_a_restored_learner_backwards():
         queue = _queue(capacity=8, max_staleness=2)
         await queue.set_version(20)
         await queue.set_version(12)  # an out-of-date report does not move it back
-        assert queue.stats()["version"] == 20
+        assert queue.stats().version == 20
         await queue.set_version(12, restored=True)
         await queue.put(_info(12), ["fresh after the rollback"])
         return await queue.get(max_items=4, timeout_s=1.0), queue.stats()
 
     got, stats = asyncio.run(scenario())
-    assert _refs(got) == [["fresh after the rollback"]] and stats["dropped_stale"] == 0
+    assert _refs(got) == [["fresh after the rollback"]] and stats.dropped_stale == 0
 
 
 def test_grpo_groups_are_released_whole_and_short_groups_complete():
@@ -88,7 +87,7 @@ def test_grpo_groups_are_released_whole_and_short_groups_complete():
         await queue.put(_info(0, a), ["a0"])
         await queue.put(_info(0, b), ["b0"])
         await queue.put(_info(0, a), ["a1"])
-        assert queue.depth() == 0 and queue.stats()["held_episodes"] == 3
+        assert queue.depth() == 0 and queue.stats().held_episodes == 3
         await queue.put(_info(0, a), ["a2"])
         first = await queue.get(max_items=8, timeout_s=1.0)
         await queue.drop(b, decisions=5)  # one of b's members will never arrive
@@ -104,7 +103,7 @@ def test_grpo_groups_are_released_whole_and_short_groups_complete():
     assert _refs(first) == [["a0", "a1", "a2"]]
     assert _refs(second) == [["b0", "b1"]]
     assert _refs(third) == [["c0", "c1"]]
-    assert stats["held_episodes"] == 0 and stats["expired"] == 0
+    assert stats.held_episodes == 0 and stats.expired == 0
 
 
 def test_grpo_held_groups_expire_by_staleness():
@@ -115,15 +114,15 @@ def test_grpo_held_groups_expire_by_staleness():
         await queue.put(_info(0, k, decisions=7), ["k0"])
         await queue.put(_info(1, k, decisions=5), ["k1"])
         await queue.set_version(2)
-        held = queue.stats()["held_episodes"]
+        held = queue.stats().held_episodes
         await queue.set_version(3)  # its oldest decision (v0) is now 3 > 2 versions behind
         return held, queue.stats()
 
     held, stats = asyncio.run(scenario())
     assert held == 2
-    assert stats["held_episodes"] == 0 and stats["expired_groups"] == 1
-    assert stats["expired"] == 2 and stats["expired_decisions"] == 12
-    assert stats["put_decisions"] == stats["expired_decisions"]
+    assert stats.held_episodes == 0 and stats.expired_groups == 1
+    assert stats.expired == 2 and stats.expired_decisions == 12
+    assert stats.put_decisions == stats.expired_decisions
 
 
 def test_grpo_uniform_groups_are_skipped_and_counted_when_asked():
@@ -131,7 +130,7 @@ def test_grpo_uniform_groups_are_skipped_and_counted_when_asked():
     advantage: with ``skip_uniform`` it is counted and never queued; a mixed group, and any
     group without the option, is queued whole. Short groups (a member lost) are judged on the
     members they have."""
-    from actors.roles.trajectory_queue import SegmentInfo
+    from rlvla3.types import SegmentInfo
 
     def info(key, ret, decisions=4):
         return SegmentInfo("w0/s0", key, decisions, 2 * decisions, 0, ret, ret > 0.5)
@@ -149,23 +148,22 @@ def test_grpo_uniform_groups_are_skipped_and_counted_when_asked():
 
     kept, stats = asyncio.run(scenario(skip=True))
     assert kept == ["2"]  # only the mixed group
-    assert (stats["uniform_groups"], stats["uniform"], stats["uniform_decisions"]) == (3, 8, 39)  # 15 + 15 + 9
-    assert stats["put_decisions"] == (stats["got_decisions"] + stats["queued_decisions"]
-                                      + stats["held_decisions"] + stats["uniform_decisions"])
+    assert (stats.uniform_groups, stats.uniform, stats.uniform_decisions) == (3, 8, 39)  # 15 + 15 + 9
+    assert stats.put_decisions == (stats.got_decisions + stats.queued_decisions
+                                      + stats.held_decisions + stats.uniform_decisions)
     kept, stats = asyncio.run(scenario(skip=False))
-    assert kept == ["0", "1", "2", "3"] and stats["uniform_groups"] == 0
+    assert kept == ["0", "1", "2", "3"] and stats.uniform_groups == 0
 
 
 def test_inherent_lag_counts_the_episodes_a_slot_runs_for_one_grpo_group():
+    from rlvla3.pacing import group_rounds, inherent_lag
+
     # the multi-task LIBERO run: 2 workers x 2 slots, 44 decisions, global batch 32
-    base = ["env_workers.num_workers=2", "env_workers.slots_per_worker=2",
-            "learner.global_batch=32"]
-    ppo = load_run_config("smoke", overrides=base + ["algo.name=ppo"])
-    grpo = load_run_config("smoke", overrides=base + ["algo.name=grpo", "algo.group_size=4"])
-    odd = load_run_config("smoke", overrides=base + ["algo.name=grpo", "algo.group_size=3"])
-    assert (ppo.group_rounds(), grpo.group_rounds(), odd.group_rounds()) == (1, 2, 2)
-    assert ppo.inherent_lag(44) == pytest.approx(5.5)
-    assert grpo.inherent_lag(44) == pytest.approx(11.0)  # a group's first episode waits twice
+    assert (group_rounds(1, 2), group_rounds(4, 2), group_rounds(3, 2)) == (1, 2, 2)
+    assert inherent_lag(4, 44, group_rounds(1, 2), 1, 32) == pytest.approx(5.5)
+    # a group's first episode waits twice
+    assert inherent_lag(4, 44, group_rounds(4, 2), 1, 32) == pytest.approx(11.0)
+    assert inherent_lag(4, 44, 1, 2, 32) == pytest.approx(11.0)  # two versions a batch
 
 
 def test_pacing_holds_new_episodes_until_the_learners_catch_up():
@@ -186,9 +184,9 @@ def test_pacing_holds_new_episodes_until_the_learners_catch_up():
         assert not third.done()
         await queue.learner_buffered(0, 0)  # trained: (5 + 2 * 5) / 10 = 1.5
         t3 = await asyncio.wait_for(third, 1.0)
-        assert queue.stats()["in_flight_episodes"] == 2
+        assert queue.stats().in_flight_episodes == 2
         lost = await queue.reset_worker(1, "w1-b")  # worker 1 restarted: its admission died
-        assert lost == 1 and queue.stats()["in_flight_episodes"] == 1
+        assert lost == 1 and queue.stats().in_flight_episodes == 1
         # less than a batch of work ahead of the learner: admitted whatever the target says
         tight = _queue(capacity=100, max_staleness=0, pace_lag=0.1, global_batch=10,
                        initial_decisions=4.0)
@@ -204,7 +202,7 @@ def test_pacing_holds_new_episodes_until_the_learners_catch_up():
         return queue.stats(), (t2, t3, first, second, third)
 
     stats, _ = asyncio.run(scenario())
-    assert stats["admitted"] == 3 and stats["dropped_stale"] == 0
+    assert stats.admitted == 3 and stats.dropped_stale == 0
 
 
 def test_pacing_backlog_bound_is_at_least_one_grpo_group():
@@ -251,7 +249,7 @@ def test_pace_lag_zero_never_holds_a_slot_back():
         return tickets, queue.stats(), held
 
     tickets, stats, held = asyncio.run(scenario())
-    assert len(set(tickets)) == 20 and stats["in_flight_episodes"] == 20
+    assert len(set(tickets)) == 20 and stats.in_flight_episodes == 20
     assert held  # the same backlog holds a paced slot back
 
 
@@ -265,7 +263,7 @@ def test_pacing_counts_policy_versions_not_batches():
         await queue.admit(0, EpisodeKey(0, 0))  # none in flight: always admitted
         second = asyncio.create_task(queue.admit(0, EpisodeKey(0, 0)))  # 20 decisions ahead
         await asyncio.sleep(0.05)
-        admitted, lag = second.done(), queue.stats()["expected_lag"]
+        admitted, lag = second.done(), queue.stats().expected_lag
         await queue.close()
         await asyncio.wait_for(second, 1.0)
         return admitted, lag
@@ -308,7 +306,7 @@ def test_admissions_of_a_dead_worker_are_refused_and_the_in_flight_count_recover
         assert await queue.reset_worker(0, "w0-b") == 0  # no ticket yet: nothing to release
         await queue.learner_buffered(0, 0)  # the learners caught up: the waiters wake
         refused = await asyncio.wait_for(asyncio.gather(*dead), 1.0)
-        in_flight = queue.stats()["in_flight_episodes"]
+        in_flight = queue.stats().in_flight_episodes
         fresh = await asyncio.wait_for(queue.admit(0, EpisodeKey(1, 0), "w0-b"), 1.0)
         stale = await queue.admit(0, EpisodeKey(1, 1), "w0-a")  # a late call of the dead one
         # a worker lost with its node (not restarted): the controller retires its incarnation
@@ -320,8 +318,8 @@ def test_admissions_of_a_dead_worker_are_refused_and_the_in_flight_count_recover
     running, refused, in_flight, fresh, stale, released, closed, stats = asyncio.run(scenario())
     assert running is not None and refused == [None] * 4 and in_flight == 1
     assert fresh is not None and stale is None and released == 1 and closed is None
-    assert stats["in_flight_episodes"] == 1  # w0-b's one episode: the truth
-    assert stats["refused_admissions"] == 6
+    assert stats.in_flight_episodes == 1  # w0-b's one episode: the truth
+    assert stats.refused_admissions == 6
 
 
 def test_pacing_admits_the_rest_of_a_grpo_group_that_has_started():
@@ -374,7 +372,7 @@ def test_an_event_costs_each_waiting_admission_one_cheap_check():
     async def scenario():
         queue = _queue(capacity=10**6, max_staleness=10**6, pace_lag=4.0, pace_backlog=0,
                        group_size=8, global_batch=256, initial_decisions=40)
-        queue._items, queue._tickets = CountingDeque(), CountingDict()
+        queue.core._items, queue.core._tickets = CountingDeque(), CountingDict()
         tickets = [await queue.admit(w, EpisodeKey(0, 0), "i") for w in range(128)]
         waiting = [asyncio.create_task(queue.admit(200 + w, EpisodeKey(1 + w, 9), "i"))
                    for w in range(128)]

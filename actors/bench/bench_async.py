@@ -122,7 +122,7 @@ def env_stage_alone(cfg, spec, seconds: float, warmup_s: float) -> float:
     refs = [w.run.remote() for w in workers]
 
     def total() -> int:
-        return sum(s["env_steps"] for s in ray.get([w.stats.remote() for w in workers]))
+        return sum(s.env_steps for s in ray.get([w.stats.remote() for w in workers]))
 
     time.sleep(warmup_s)
     start, first = time.monotonic(), total()

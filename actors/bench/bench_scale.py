@@ -56,7 +56,9 @@ from pathlib import Path
 import ray
 
 from actors.bench.bench_async import env_stage_alone, run_mode
+from actors.rl.summary import batch_size_hist
 from actors.runtime.jsonout import json_main
+from rlvla3.gpu_costs import ClockStats
 
 GPUS_PER_NODE = 8
 SYNC_MODES = ("sync", "sync_autoreset")
@@ -171,34 +173,28 @@ def inspect_costs(controller, dilation: float) -> dict:
     servers = ray.get([s.stats.remote() for s in topo.servers])
     learners = ray.get([lr.stats.remote() for lr in topo.learners])
     workers = ray.get([w.stats.remote() for w in topo.workers])
-    asked = sum(w.get("infer_requests", 0) for w in workers)
-    answered = sum(s.get("answered", 0) for s in servers)
-    slot_ms = 1000 * sum(w["infer_wait_s"] for w in workers) / asked / dilation if asked else 0.0
-    server_ms = (1000 * sum(s.get("answer_s", 0.0) for s in servers) / answered / dilation
+    asked = sum(w.infer_requests for w in workers)
+    answered = sum(s.answered for s in servers)
+    slot_ms = 1000 * sum(w.infer_wait_s for w in workers) / asked / dilation if asked else 0.0
+    server_ms = (1000 * sum(s.answer_s for s in servers) / answered / dilation
                  if answered else 0.0)
 
-    def total(stats: list[dict], key: str) -> dict:
-        clocks = [s[key] for s in stats if key in s]
-        sim = sum(c["simulated_s"] for c in clocks)
-        real = sum(c["real_s"] for c in clocks)
+    def total(clocks: list[ClockStats | None]) -> dict:
+        paid = sum((c for c in clocks if c is not None), ClockStats())
+        sim, real = paid.simulated_s, paid.real_s
         return {"simulated_s": round(sim, 1), "real_s": round(real, 2),
                 "real_over_simulated": round(real / sim, 4) if sim else 0.0,
-                "overruns": sum(c["overruns"] for c in clocks),
-                "calls": sum(c["calls"] for c in clocks)}
+                "overruns": paid.overruns, "calls": paid.calls}
 
-    sizes: dict[int, int] = {}
-    for s in servers:
-        for k, v in s["batch_sizes"].items():
-            sizes[int(k)] = sizes.get(int(k), 0) + v
-    return {"overhead": {"rollout": total(servers, "cost"), "weight_sync": total(servers,
-                                                                                 "sync_cost"),
-                         "learner": total(learners, "cost")},
-            "batch_size_hist": dict(sorted(sizes.items())),
-            "weight_swaps": sum(s["weight_swaps"] for s in servers),
+    return {"overhead": {"rollout": total([s.cost for s in servers]),
+                         "weight_sync": total([s.sync_cost for s in servers]),
+                         "learner": total([lr.cost for lr in learners])},
+            "batch_size_hist": batch_size_hist(servers),
+            "weight_swaps": sum(s.weight_swaps for s in servers),
             "request_ms": ({"slot": round(slot_ms, 1), "in_server": round(server_ms, 1),
                             "outside_server": round(slot_ms - server_ms, 1)} if asked else
                            {"slot": None, "in_server": None, "outside_server": None}),
-            "batch_policy": servers[0].get("batch_policy", {})}
+            "batch_policy": servers[0].batch_policy}
 
 
 def to_simulated(result: dict, dilation: float) -> dict:

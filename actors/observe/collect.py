@@ -1,36 +1,24 @@
 """Collecting the roles' stats across actor restarts (see ``actors.observe.monitor``).
 
-Input: the actor handles of one role. Output: one stats dict per actor whose counters never
-go down: an actor that Ray restarted reports a new incarnation whose counters start from zero,
-so its predecessor's last counters are added back (``carried``), and what died with it (an
-env worker's running episodes, a learner's buffered samples) is counted as lost.
+Input: the actor handles of one role. Output: one record per actor (``rlvla3.role_stats``)
+whose counters never go down: an actor that Ray restarted reports a new incarnation whose
+counters start from zero, so its predecessor's last counters are added back (the record's
+``CARRIED``), and what died with it (the record's ``held()``: an env worker's running
+episodes, a learner's buffered samples) is counted as lost.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import ray
 
 from actors.observe.figures import add_counts
-
-WORKER_CARRIED = ("env_steps", "decisions", "episodes", "successes", "dropped_faults",
-                  "dropped_decisions", "shipped_decisions", "shipped_env_steps", "env_busy_s",
-                  "admit_wait_s", "length_hist")
-LEARNER_CARRIED = ("samples_trained", "received_decisions", "received_episodes",
-                   "trained_env_steps", "discarded_decisions", "discarded_env_steps",
-                   "lost_segments", "lost_decisions", "staleness_hist", "length_hist",
-                   "busy_s", "skipped_steps")
-SERVER_CARRIED = ("requests", "batches")
+from rlvla3.role_stats import Role
 
 
 class WaitingForActors(RuntimeError):
     """None of a role's actors has run yet (they wait for resources)."""
-
-
-def _zeroed(stats: dict) -> dict:
-    """A stats dict with every count at zero (strings kept)."""
-    return {k: {} if isinstance(v, dict) else (
-        type(v)(0) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
-        for k, v in stats.items()}
 
 
 class RoleStats:
@@ -41,16 +29,15 @@ class RoleStats:
     in flight, ``state`` says why, and what it held is counted as lost at once. ``down`` lists
     the indices that do not run now."""
 
-    def __init__(self, role: str, carried: tuple[str, ...]):
+    def __init__(self, role: str):
         self.role = role
-        self.carried = carried
         self.restarts = 0
         self.lost: dict[str, int] = {}
         self.down: dict[int, str] = {}
         self._seen: dict[int, dict] = {}
         self._pending: dict[int, object] = {}
 
-    def collect(self, handles: list, timeout_s: float = 60.0) -> list[dict]:
+    def collect(self, handles: list, timeout_s: float = 60.0) -> list[Role]:
         from actors.runtime.cluster_state import actor_state
 
         for i, h in enumerate(handles):  # one call in flight per actor
@@ -70,7 +57,7 @@ class RoleStats:
                                    f"call within {timeout_s:.0f}s")
             if state != "ALIVE":
                 self._went_down(i, state)
-        answered: dict[int, dict] = {}
+        answered: dict[int, Role] = {}
         for i, ref in enumerate(refs):
             if ref in ready:
                 del self._pending[i]
@@ -82,14 +69,14 @@ class RoleStats:
                     continue
                 self.down.pop(i, None)
                 seen = self._seen.get(i)
-                if seen is not None and seen["incarnation"] != st["incarnation"]:
+                if seen is not None and seen["incarnation"] != st.incarnation:
                     self._count_restart(seen)
                     if not seen.get("lost"):
                         self._lose(seen)
                 carry = seen["carry"] if seen is not None else {}
-                self._seen[i] = {"incarnation": st["incarnation"], "last": st, "carry": carry}
-                answered[i] = {**st, **{k: add_counts(st[k], carry[k]) for k in self.carried
-                                        if k in carry}, "state": "ALIVE"}
+                self._seen[i] = {"incarnation": st.incarnation, "last": st, "carry": carry}
+                answered[i] = replace(st, **{k: add_counts(getattr(st, k), v)
+                                             for k, v in carry.items()}, state="ALIVE")
         return [answered[i] if i in answered else self._as_down(i) for i in range(len(refs))]
 
     def incarnation(self, i: int) -> str | None:
@@ -115,32 +102,20 @@ class RoleStats:
     def _lose(self, seen: dict) -> None:
         """Count what the actor held, and keep its counters (its successor starts at zero)."""
         seen["lost"] = True
-        self._died(seen["last"])
-        for key in self.carried:
-            seen["carry"][key] = add_counts(seen["carry"].get(key, 0 if not isinstance(
-                seen["last"][key], dict) else {}), seen["last"][key])
+        last = seen["last"]
+        for key, n in last.held().items():
+            self.lost[key] = self.lost.get(key, 0) + n
+        for key in last.CARRIED:
+            value = getattr(last, key)
+            seen["carry"][key] = add_counts(seen["carry"].get(key, {} if isinstance(value, dict)
+                                                              else 0), value)
 
-    def _as_down(self, i: int) -> dict:
-        """The entry of an actor that does not run: its counters so far, nothing in flight (an
-        actor never seen running, e.g. one waiting for a new node, counts zeros)."""
+    def _as_down(self, i: int) -> Role:
+        """The record of an actor that does not run: its counters so far, nothing in flight
+        (an actor never seen running, e.g. one waiting for a new node, counts zeros)."""
         seen = self._seen.get(i)
         if seen is None:
             if not self._seen:
                 raise WaitingForActors(f"no {self.role} runs yet ({self.down.get(i)})")
-            template = _zeroed(next(iter(self._seen.values()))["last"])
-            seen = {"last": {**template, "slots": template.get("slots", 0)}, "carry": {}}
-        last = seen["last"]
-        zero = {"inflight_decisions": 0, "buffered": 0, "in_step": 0, "busy_fraction": 0.0,
-                "data_wait_fraction": 0.0, "recent_episodes": 0, "phases": {}}
-        return {**last, **{k: v for k, v in zero.items() if k in last},
-                **{k: seen["carry"][k] for k in self.carried if k in seen["carry"]},
-                "state": self.down.get(i, "DEAD")}
-
-    def _died(self, last: dict) -> None:
-        """What an actor's death took with it, from its last report."""
-        if self.role == "env_worker":
-            self.lost["episodes"] = self.lost.get("episodes", 0) + last["slots"]
-            self.lost["decisions"] = self.lost.get("decisions", 0) + last["inflight_decisions"]
-        elif self.role == "learner":
-            self.lost["decisions"] = (self.lost.get("decisions", 0) + last["buffered"]
-                                      + last.get("in_step", 0))
+            seen = {"last": type(next(iter(self._seen.values()))["last"])(), "carry": {}}
+        return replace(seen["last"].at_rest(), **seen["carry"], state=self.down.get(i, "DEAD"))

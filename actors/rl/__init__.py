@@ -6,14 +6,14 @@ Modules:
     plan_job       ``rlvla3 plan``: a cluster planned from GPU costs and env latencies
     controller     ``Controller``: one run in sequence (start, drive, checkpoint, stop, summary)
     topology       which actors exist, their resources and placement, and how they are wired
-    strategies     rollout and training strategies (sync / async / streamer) chosen by config
+    schedule       the sync and async schedules: each owns the run's loop (and the async stop)
+    strategies     rollout strategies (lockstep, pipelined, autoreset, async) chosen by config
     capacity       which actors do not run, since when, and what the run does about it
     failures       when a learner error rebuilds the learner group and when it ends the run
     checkpointer   when the run saves its state, and what a resume restores beside the learner
     periodic_eval  evaluation beside rollout and training, never pausing them
     step_log       the learner's per-step objective figures: file, progress row, summary
     budget         when a run stops: env steps, minutes, target success, a stop asked for
-    stop           how an asynchronous run stops: in order, within a bound, saying what happened
     summary        the summary's pure figures: batch sizes, memory estimated vs measured, split
 
 ``controller`` and ``topology`` are the only modules that know the topology.

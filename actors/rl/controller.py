@@ -8,14 +8,17 @@ It validates the run config against the env and policy registries, and runs the 
 (every role fits a node, ``rlvla3.plan.cluster``; every node's memory holds its share,
 ``rlvla3.plan.memory``) before any actor starts, then holds one collaborator per job: the
 ``Topology`` (which actors exist and where, ``actors.rl.topology``) with its ``LearnerGroup``
-(rebuilt when a rank is lost, ``actors.roles.learner_group``), the strategies that drive them
-(``actors.rl.strategies``), the ``RunMonitor`` (progress rows, accounting,
+(rebuilt when a rank is lost, ``actors.roles.learner_group``), the schedule that drives them and
+owns the run's loop (``actors.rl.schedule``: synchronous or asynchronous, with its rollout
+strategy, ``actors.rl.strategies``, and the stop sequence of an asynchronous run), the ``RunMonitor`` (progress rows, accounting,
 ``actors.observe.monitor``), the ``CapacityWatch`` (actors that lost their node,
 ``actors.rl.capacity``), the ``Checkpointer`` (``actors.rl.checkpointer``), ``PeriodicEval``
 (``actors.rl.periodic_eval``), ``LearnerFailures`` (whether a learner error rebuilds the group
 or ends the run, ``actors.rl.failures``), the ``StepLog`` (per-step objective figures,
-``actors.rl.step_log``), the ``RunBudget`` (when the run stops, ``actors.rl.budget``) and the
-stop sequence of an asynchronous run (``actors.rl.stop``). Its own loop only sequences them.
+``actors.rl.step_log``) and the ``RunBudget`` (when the run stops, ``actors.rl.budget``). The
+schedule calls back into it (``actors.rl.schedule.Run``): whether the run is done, a progress
+tick when one is due, and what to do about a lost learner or lost capacity. A tick is a
+sequence of named steps (``_tick``).
 
 Run directory (a local path or URI, ``rlvla3.storage``): ``config.yaml`` (resolved config),
 ``metrics.jsonl``, ``steps.jsonl`` (one line per optimizer step), ``tb/`` (TensorBoard),
@@ -40,26 +43,26 @@ import ray
 import yaml
 
 from actors.observe.collect import WaitingForActors
-from actors.observe.figures import waiting_on
-from actors.observe.monitor import RUN_COUNTERS, RunMonitor, say
+from actors.observe.figures import RUN_COUNTERS, episode_lengths, staleness_hist, waiting_on
+from actors.observe.monitor import RunMonitor, say
 from actors.rl.budget import RunBudget
 from actors.rl.capacity import CapacityWatch
 from actors.rl.checkpointer import Checkpointer, restore_samplers
 from actors.rl.failures import LOSS_GRACE_S, LearnerFailures
 from actors.rl.periodic_eval import PeriodicEval
+from actors.rl.schedule import make_schedule
 from actors.rl.step_log import StepLog
-from actors.rl.stop import stop_async_run
-from actors.rl.strategies import ROLLOUT_STRATEGIES, TRAINING_STRATEGIES
 from actors.rl.summary import batch_size_hist, memory_report, split_note
 from actors.rl.topology import Topology, build_topology
-from actors.roles.learner_group import LOSS_ERRORS
 from actors.runtime.bootstrap import NAMESPACE, init_ray
 from envs import check_training_split, dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.config import require, to_dict
+from rlvla3.pacing import group_rounds, inherent_lag
 from rlvla3.plan.cluster import actor_specs, check_placement, place
 from rlvla3.plan.memory import MemoryPlan, choose_strategy, estimate, model_facts
 from rlvla3.policies import build_policy
+from rlvla3.role_stats import Snapshot
 from rlvla3.run_config import RunConfig, check_resources
 from rlvla3.storage import Mirror, basename, check_reach, join
 from rlvla3.types import EnvSpec
@@ -129,9 +132,7 @@ class Controller:
         self.quiet = quiet
         self.spec = check_components(cfg)
         self.strategies = cfg.strategies
-        self.rollout = ROLLOUT_STRATEGIES[self.strategies.rollout](
-            cfg.pipeline.round_decisions or self.spec.max_decisions)
-        self.training = TRAINING_STRATEGIES[self.strategies.training]()
+        self.schedule = make_schedule(cfg, self.spec)
         self.topology: Topology | None = None
         self.monitor: RunMonitor | None = None
         self.evaluator = PeriodicEval(cfg, self.spec.num_tasks)
@@ -144,7 +145,7 @@ class Controller:
         self._watchdog_stop = threading.Event()
         self.capacity: CapacityWatch | None = None
         self._down_workers: set[int] = set()
-        self.budget = RunBudget(cfg, self._log)
+        self.budget = RunBudget(cfg, self.log)
         self.stopped_by: str | None = None  # the limit that ended the run
         self.failures = LearnerFailures(cfg.learner.max_rebuilds, cfg.learner.rebuild_window_s)
         self.stop_record: dict | None = None  # how an asynchronous run's stop went
@@ -160,7 +161,7 @@ class Controller:
         self.memory_plan = self._preflight()  # resolves learner.strategy: auto
         cfg = self.cfg
         self.topology = build_topology(cfg, self.spec, self.files.uri, basename(self.files.uri),
-                                       self.training.concurrent)
+                                       self.schedule.concurrent)
         self.monitor = RunMonitor(self.topology, self.run_dir)
         demands = {a.role: dict(a.resources) for a in actor_specs(cfg)}
         self.capacity = CapacityWatch(self.topology, demands,
@@ -185,20 +186,20 @@ class Controller:
         placement = place(self.cfg, alive_nodes())
         for line in check_placement(self.cfg, placement,
                                     can_add_nodes=bool(placement.waiting) and can_add_nodes()):
-            self._log(f"placement: {line} (the autoscaler may add it)")
+            self.log(f"placement: {line} (the autoscaler may add it)")
         facts = model_facts(self.cfg.policy, self.spec)
         self.cfg, note = choose_strategy(self.cfg, self.spec, placement, facts)
         if note:
-            self._log(note)
+            self.log(note)
         plan = estimate(self.cfg, self.spec, placement, facts)
         totals = ", ".join(f"{p.node.label}: {p.host_mb:,.0f} of {p.node.host_memory_mb:,.0f} MB"
                            for p in plan.nodes if p.components)
-        self._log(f"memory plan: {totals}")
+        self.log(f"memory plan: {totals}")
         if self.cfg.ray.check_memory:
             plan.check()
         else:
             for problem in plan.problems():
-                self._log(f"warning: memory plan: {problem}")
+                self.log(f"warning: memory plan: {problem}")
         return plan
 
     @property
@@ -215,11 +216,11 @@ class Controller:
             self.counters.update(meta.counters)
             self.partial_counters = [k for k in RUN_COUNTERS if k not in meta.counters]
             if self.partial_counters:
-                self._log(f"this checkpoint predates whole-run counts of "
+                self.log(f"this checkpoint predates whole-run counts of "
                           f"{', '.join(self.partial_counters)}: they count from this leg")
             self.samplers_continued = restore_samplers(topo.workers, meta.samplers,
                                                        self.counters["episodes"])
-            self._log(f"resumed at version {meta.version}: {self.samplers_continued} of "
+            self.log(f"resumed at version {meta.version}: {self.samplers_continued} of "
                       f"{len(topo.workers)} env workers continue their episode sequence"
                       + ("" if self.samplers_continued == len(topo.workers) else
                          ", the others start a new one (no saved sampler state)"))
@@ -237,46 +238,23 @@ class Controller:
         self.check_storage()
         self.files.write_text("config.yaml", yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
         topo = self.topology or self.build()
-        self._log(f"rlvla3 rl: mode={self.cfg.pipeline.mode} strategies={self.strategies} "
+        self.log(f"rlvla3 rl: mode={self.cfg.pipeline.mode} strategies={self.strategies} "
                   f"env={self.cfg.env.name} policy={self.cfg.policy.name} "
                   f"run_dir={self.files.uri}")
-        self._log(self.budget.line(self.counters))
+        self.log(self.budget.line(self.counters))
         self._warn_staleness_bound()
         self.budget.begin(self.counters)
-        self.steps = StepLog(self.run_dir, self._log)
+        self.steps = StepLog(self.run_dir, self.log)
         self.checkpoints = Checkpointer(self.learners, topo.workers, self.files.uri,
                                         self.cfg.checkpoint_every,
-                                        ray.get(self.learners[0].version.remote()), self._log)
+                                        ray.get(self.learners[0].version.remote()), self.log)
         self.checkpoints.pinned = self.evaluator.reading  # a running eval's snapshot stays
         watchdog = threading.Thread(target=self._watchdog, daemon=True, name="watchdog")
         watchdog.start()
         self.capacity.start()
-        next_log = time.monotonic()
+        self._next_tick = time.monotonic()
         try:
-            if self.training.concurrent:
-                self.training.start(self.learners)
-                self.rollout.start(topo.workers, topo.servers)
-                while not self._done():
-                    time.sleep(0.2)
-                    self._check_errors()
-                    if time.monotonic() >= next_log:
-                        self._tick()
-                        next_log = time.monotonic() + self.cfg.log_every_s
-                self.stop_record = stop_async_run(topo, self.training, self.rollout,
-                                                  self.cfg.learner.stop_timeout_s, self._log)
-            else:
-                max_item = self.spec.max_decisions * (
-                    self.cfg.algo.group_size if self.cfg.algo.name == "grpo" else 1)
-                while not self._done():
-                    try:
-                        self.rollout.run_round(topo.workers, topo.servers)
-                        self.training.after_round(self.learners, topo.queue,
-                                                  self.cfg.learner.global_batch, max_item)
-                    except LOSS_ERRORS as exc:
-                        self._on_learner_error(exc)
-                    if time.monotonic() >= next_log:
-                        self._tick()
-                        next_log = time.monotonic() + self.cfg.log_every_s
+            self.stop_record = self.schedule.run(self)
         finally:
             self._watchdog_stop.set()
             self.capacity.stop()
@@ -285,7 +263,7 @@ class Controller:
         summary["target_reached"] = self.budget.target_reached
         self.files.write_text("summary.json", json.dumps(summary, indent=2))
         self.files.push("metrics.jsonl", "steps.jsonl", "tb")
-        self._log(f"stopped by {self.stopped_by}; summary: {join(self.files.uri, 'summary.json')}")
+        self.log(f"stopped by {self.stopped_by}; summary: {join(self.files.uri, 'summary.json')}")
         return summary
 
     def _warn_staleness_bound(self) -> None:
@@ -293,10 +271,13 @@ class Controller:
         versions of lag while it runs, a GRPO group that many times the episodes a slot runs
         for it; a bound below that discards the old part of long episodes and expires groups."""
         cfg = self.cfg
-        if not self.training.concurrent:
+        if not self.schedule.concurrent:
             return
         slots = cfg.env_workers.num_workers * cfg.env_workers.slots_per_worker
-        inherent, rounds = cfg.inherent_lag(self.spec.max_decisions), cfg.group_rounds()
+        group = cfg.algo.group_size if cfg.algo.name == "grpo" else 1
+        rounds = group_rounds(group, cfg.env_workers.slots_per_worker)
+        inherent = inherent_lag(slots, self.spec.max_decisions, rounds, cfg.algo.update_epochs,
+                                cfg.learner.global_batch)
         if cfg.queue.max_staleness >= inherent:
             return
         grouped, expire = "", ""
@@ -304,7 +285,7 @@ class Controller:
             grouped = f" x {rounds} episodes a slot runs for one GRPO group of {cfg.algo.group_size}"
             expire = " and GRPO groups whose first episode grows too old expire"
         epochs = f" x {cfg.algo.update_epochs} update_epochs" if cfg.algo.update_epochs > 1 else ""
-        self._log(f"note: queue.max_staleness={cfg.queue.max_staleness} is below the lag a "
+        self.log(f"note: queue.max_staleness={cfg.queue.max_staleness} is below the lag a "
                   f"longest episode accrues at this scale ({slots} slots x "
                   f"{self.spec.max_decisions} decisions{grouped}{epochs} / global_batch "
                   f"{cfg.learner.global_batch} = {inherent:.1f} versions): pacing runs fewer "
@@ -320,47 +301,49 @@ class Controller:
         topo, last, since, told = self.topology, None, time.monotonic(), 0.0
         while not self._watchdog_stop.wait(min(every / 4, 5.0)):
             try:
-                snap = {"workers": ray.get([w.stats.remote() for w in topo.workers], timeout=10),
-                        "learners": ray.get([lr.stats.remote() for lr in self.learners],
-                                            timeout=10),
-                        "queue": ray.get(topo.queue.stats.remote(), timeout=10)}
+                workers = ray.get([w.stats.remote() for w in topo.workers], timeout=10)
+                learners = ray.get([lr.stats.remote() for lr in self.learners], timeout=10)
+                queue = ray.get(topo.queue.stats.remote(), timeout=10)
             except Exception as exc:  # noqa: BLE001 - a role that cannot answer is the news
-                snap, state = None, f"a role did not answer its stats call ({type(exc).__name__})"
+                answered, state = False, (f"a role did not answer its stats call "
+                                          f"({type(exc).__name__})")
             else:
-                state = (sum(w["env_steps"] for w in snap["workers"]),
-                         snap["learners"][0]["version"])
+                answered, state = True, (sum(w.env_steps for w in workers), learners[0].version)
             now = time.monotonic()
             if state != last:
                 last, since = state, now
                 continue
             if now - since >= every and now - told >= every:
                 told = now
-                detail = state if snap is None else waiting_on(
-                    snap, self.cfg.learner.global_batch,
-                    self.cfg.queue.capacity if self.training.concurrent else 1 << 30)
-                self._log(f"watchdog: no env or optimizer step for {now - since:.0f}s; {detail}")
+                detail = state if not answered else waiting_on(
+                    queue, workers, learners, self.cfg.learner.global_batch,
+                    self.cfg.queue.capacity if self.schedule.concurrent else 1 << 30)
+                self.log(f"watchdog: no env or optimizer step for {now - since:.0f}s; {detail}")
 
-    def _check_errors(self) -> None:
+    # ---- what the schedule calls (actors.rl.schedule.Run) ---------------------------------
+    def done(self) -> bool:
+        """Whether the run ends now; ``stopped_by`` names the limit that ended it."""
+        self.stopped_by = self.budget.stop_reason(self.monitor.env_steps)
+        return self.stopped_by is not None
+
+    def tick_if_due(self) -> None:
+        if time.monotonic() >= self._next_tick:
+            self._tick()
+            self._next_tick = time.monotonic() + self.cfg.log_every_s
+
+    def check_capacity(self) -> bool:
+        """Raise the capacity watch's fatal error; rebuild the learner group without a rank
+        that did not run for ``ray.node_wait_s`` (True when it did)."""
         if self.capacity.fatal is not None:
             raise self.capacity.fatal
-        if getattr(self.rollout, "errors", None):
-            raise self.rollout.errors[0]
-        if self.capacity.rebuild_requested.is_set():
-            cause = "a learner rank has not run for ray.node_wait_s"
-            self.failures.check(cause, [cause])
-            self._rebuild_learners(cause)
-        ready, _ = ray.wait(self.training.refs, timeout=0)
-        for ref in ready:  # a rank that ended early ended by an exception
-            try:
-                ray.get(ref)
-            except LOSS_ERRORS as exc:
-                self._on_learner_error(exc)
-                break
-        ready, _ = ray.wait(getattr(self.rollout, "refs", []), timeout=0)
-        for ref in ready:
-            ray.get(ref)  # a role that ended early ended by an exception: raise it here
+        if not self.capacity.rebuild_requested.is_set():
+            return False
+        cause = "a learner rank has not run for ray.node_wait_s"
+        self.failures.check(cause, [cause])
+        self._rebuild_learners(cause)
+        return True
 
-    def _on_learner_error(self, exc: BaseException) -> None:
+    def learner_failed(self, exc: BaseException) -> None:
         """Rebuild the group if a rank is really gone and the rebuild budget allows; otherwise
         end the run with the error (``actors.rl.failures``). Called inside the ``except``."""
         if self.capacity.fatal is not None:
@@ -370,17 +353,18 @@ class Controller:
         self.failures.check(exc, self.topology.group.lost(LOSS_GRACE_S))
         self._rebuild_learners(exc)
 
+    def log(self, text: str) -> None:
+        say(text, self.quiet)
+
     def _rebuild_learners(self, cause: BaseException | str) -> None:
         """A rank was lost: every rank restarts from the last checkpoint and the group forms
         again, without the ranks whose resources are gone (``LearnerGroup.rebuild``)."""
-        self._log(f"learner group: a rank was lost ({str(cause).splitlines()[0][:160]}); "
+        self.log(f"learner group: a rank was lost ({str(cause).splitlines()[0][:160]}); "
                   f"every rank restarts from the last checkpoint")
         record = self.topology.group.rebuild(cause)
         self.capacity.rebuild_requested.clear()
         self.checkpoints.rolled_back(self.learners, record["version"])
-        if self.training.concurrent:
-            self.training.start(self.learners)
-        self._log(f"learner group: rebuilt with {record['ranks_after']} of "
+        self.log(f"learner group: rebuilt with {record['ranks_after']} of "
                   f"{record['ranks_before']} ranks at v{record['version']} "
                   f"({record['restored_from']}) in {record['seconds']}s")
 
@@ -402,7 +386,7 @@ class Controller:
                     f"(ray.placement_timeout_s): no node offers "
                     f"{next(a.resources for a in actor_specs(self.cfg) if a.role == 'env')}")
             if not told:
-                self._log(f"waiting for the env workers to start ({len(self.topology.workers)};"
+                self.log(f"waiting for the env workers to start ({len(self.topology.workers)};"
                           f" on an autoscaling cluster their nodes may still be launching)")
                 told = True
             time.sleep(1.0)
@@ -412,60 +396,89 @@ class Controller:
         a signal handler); ``reason`` becomes ``stopped_by``."""
         self.budget.asked = reason
 
-    def _done(self) -> bool:
-        """Whether the run ends now; ``stopped_by`` names the limit that ended it."""
-        self.stopped_by = self.budget.stop_reason(self.monitor.env_steps)
-        return self.stopped_by is not None
-
+    # ---- a progress tick ------------------------------------------------------------------
     def _tick(self, final: bool = False) -> dict | None:
-        topo, monitor = self.topology, self.monitor
+        """One progress row (None while no env worker runs yet); the final one returns the
+        summary. Its steps, in order: read every role, release lost workers' admissions, make
+        the row, checkpoint, publish the row, check the training target, evaluate."""
         try:
-            snap = monitor.snapshot()
+            snap = self.monitor.snapshot()
         except WaitingForActors as exc:  # nothing to report before the first env worker runs
             if final:
                 raise
-            self._log(f"waiting: {exc}")
+            self.log(f"waiting: {exc}")
             return None
         self._release_lost_workers()
         killed = (self.stop_record is not None
                   and self.stop_record["learners"] != "stopped together")  # or failed
-        history = [] if killed else ray.get(self.learners[0].take_history.remote())
-        elapsed = self.budget.elapsed()
-        row = monitor.row(snap, elapsed, self.budget.base)
-        row["objective"] = self.steps.add(history)
-        self.counters.update({k: row[k] for k in RUN_COUNTERS},
-                             wall_s=self.budget.base["wall_s"] + elapsed)
+        row, history = self._row(snap, killed)
         # before anything slow, so a run stopped by a signal with a short grace keeps its last step
         if not killed:
             self.checkpoints.save(self.counters, force=final)
-        topo.extra["status"].update.remote(row, "finished" if final else "running")
-        monitor.write(row, history)
-        try:
-            self.files.sync("metrics.jsonl", "steps.jsonl", "tb")
-        except OSError as exc:  # retried at the next tick: a storage blip never stops a run
-            self._log(f"warning: copying metrics to {self.files.uri} failed: {exc}")
-        self._log(monitor.line(row, elapsed))
-        if not self.cfg.eval_every and row["success_window"] >= self.cfg.target_window:
-            self.budget.check_target("training", row["success_rate"], row["success_window"],
-                                     row["policy_version"], self.counters)
+        self._publish(row, history, final)
+        self._check_training_target(row)
         if not final:
             self._collect_eval()
             self._maybe_start_eval(row["policy_version"])
             return row
+        self._final_eval(row["policy_version"], killed)
+        return self._summary(row, snap, killed)
+
+    def _row(self, snap: Snapshot, killed: bool) -> tuple[dict, list[dict]]:
+        """The progress row and the optimizer steps since the last one; the run's counters
+        follow the row."""
+        history = [] if killed else ray.get(self.learners[0].take_history.remote())
+        elapsed = self.budget.elapsed()
+        row = self.monitor.row(snap, elapsed, self.budget.base)
+        row["objective"] = self.steps.add(history)
+        self.counters.update({k: row[k] for k in RUN_COUNTERS},
+                             wall_s=self.budget.base["wall_s"] + elapsed)
+        return row, history
+
+    def _publish(self, row: dict, history: list[dict], final: bool) -> None:
+        """The row to the status actor, ``metrics.jsonl`` and TensorBoard (copied to the run's
+        storage) and the console."""
+        self.topology.extra["status"].update.remote(row, "finished" if final else "running")
+        self.monitor.write(row, history)
+        try:
+            self.files.sync("metrics.jsonl", "steps.jsonl", "tb")
+        except OSError as exc:  # retried at the next tick: a storage blip never stops a run
+            self.log(f"warning: copying metrics to {self.files.uri} failed: {exc}")
+        self.log(self.monitor.line(row, row["time_s"]))
+
+    def _check_training_target(self, row: dict) -> None:
+        """Without periodic evaluation, the target success rate is judged on training
+        episodes, once ``target_window`` of them are in the row's window."""
+        if not self.cfg.eval_every and row["success_window"] >= self.cfg.target_window:
+            self.budget.check_target("training", row["success_rate"], row["success_window"],
+                                     row["policy_version"], self.counters)
+
+    def _final_eval(self, version: int, killed: bool) -> None:
+        """The last evaluation, unless the run was asked to stop or its group was killed."""
         if self.budget.asked is not None or killed:  # stop now: no final evaluation
             self.evaluator.cancel()
         else:
             self._collect_eval(wait_s=600.0)
-            self._maybe_start_eval(row["policy_version"], final=True)
+            self._maybe_start_eval(version, final=True)
             self._collect_eval(wait_s=600.0)
+
+    def _accounting(self, snap: Snapshot) -> dict:
+        """The final decision accounting (read again while a slot or learner still finishes
+        its last call)."""
+        monitor = self.monitor
         accounting = monitor.accounting(snap)
-        for _ in range(5):  # a slot or learner still finishing its last call: read again
+        for _ in range(5):
             if not accounting["unaccounted"]:
                 break
             time.sleep(1.0)
             accounting = monitor.accounting(monitor.snapshot())
         if accounting["unaccounted"] and not any(monitor.restarts.values()):
-            self._log(f"warning: {accounting['unaccounted']} decisions unaccounted: {accounting}")
+            self.log(f"warning: {accounting['unaccounted']} decisions unaccounted: {accounting}")
+        return accounting
+
+    def _summary(self, row: dict, snap: Snapshot, killed: bool) -> dict:
+        """``summary.json``: the last row and the whole run's figures."""
+        topo = self.topology
         return {
             **row,
             "mode": self.cfg.pipeline.mode,
@@ -473,12 +486,12 @@ class Controller:
             "env": self.cfg.env.name,
             "policy": self.cfg.policy.name,
             "algo": self.cfg.algo.name,
-            "env_slots": sum(w["slots"] for w in snap["workers"]),
-            "batch_size_hist": batch_size_hist(snap),
-            "staleness_hist": monitor.staleness_hist(snap),
-            "queue_staleness_hist": snap["queue"]["staleness_hist"],
-            "episode_lengths": monitor.lengths(snap),
-            "accounting": accounting,
+            "env_slots": sum(w.slots for w in snap.workers),
+            "batch_size_hist": batch_size_hist(snap.servers),
+            "staleness_hist": staleness_hist(snap.learners),
+            "queue_staleness_hist": snap.queue.staleness_hist,
+            "episode_lengths": episode_lengths(snap),
+            "accounting": self._accounting(snap),
             **split_note(self.cfg),
             "evals": self.evals,
             "nodes": topo.nodes(),
@@ -526,14 +539,11 @@ class Controller:
     def _collect_eval(self, wait_s: float = 0.0) -> None:
         result = self.evaluator.collect(wait_s)
         if result is not None:
-            self._log(f"eval at v{result['version']}: success {result['success_rate']:.2f} "
+            self.log(f"eval at v{result['version']}: success {result['success_rate']:.2f} "
                       f"over {result['episodes']} held-out episodes ({result['wall_s']}s)")
             self.monitor.scalar("eval/success_rate", result["success_rate"], result["version"])
             self.budget.check_target("held-out eval", result["success_rate"],
                                      result["episodes"], result["version"], self.counters)
-
-    def _log(self, text: str) -> None:
-        say(text, self.quiet)
 
     # ---- teardown ------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -548,7 +558,7 @@ class Controller:
             try:
                 self.files.push("metrics.jsonl", "steps.jsonl", "tb")
             except OSError as exc:
-                self._log(f"warning: metrics and TensorBoard events were not copied to "
+                self.log(f"warning: metrics and TensorBoard events were not copied to "
                           f"{self.files.uri} ({exc}); they stay in {self.files.local}")
                 return
         self.files.close()

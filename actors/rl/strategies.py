@@ -1,11 +1,13 @@
-"""Rollout and training strategies: how the controller drives env workers and learners.
+"""Rollout strategies: how the env workers' slots are driven, chosen by ``pipeline.rollout``.
 
-Each strategy is an object chosen by ``pipeline`` config; the controller's loop never branches on
-a mode name. Rollout strategies:
-- ``LockstepRollout(groups=1)``: all slots of all workers step, then one inference batch for all
-  of them, until every slot has finished its episode (synchronous, as colocated RL systems do).
-  A group's batch is split evenly over the group's rollout servers (every server when there
-  is one group), which answer at once.
+Input: the env worker and rollout server handles of a run. Output: episodes shipped to the
+trajectory queue by the workers; errors of the rollout, raised to the schedule
+(``actors.rl.schedule``) that drives it.
+
+- ``LockstepRollout(groups=1)``: all slots of all workers step, then one inference batch for
+  all of them, until every slot has finished its episode (synchronous, as colocated RL systems
+  do). A group's batch is split evenly over the group's rollout servers (every server when
+  there is one group), which answer at once.
 - ``LockstepRollout(groups=2)``: the workers split into two groups, each in lockstep; one group
   simulates while the other's batch is inferred (the disaggregated pipeline).
 - ``AutoresetRollout``: lockstep for a fixed number of decisions per round; a slot whose episode
@@ -13,36 +15,46 @@ a mode name. Rollout strategies:
   lockstep when its reset is done) and goes on, and an episode still running at the round's
   end continues in the next round (the fixed-horizon design of synchronous VLA-RL systems: no
   slot idles waiting for the round's slowest episode, only for the inference batch).
-- ``AsyncRollout``: every slot runs its own loop; the rollout server's batcher groups requests,
-  and the trajectory queue paces episode starts.
-Training strategies:
-- ``SyncTraining``: one rollout round, then every learner trains on what was collected, then the
-  new weights reach the servers before the next round. The round bounds what is in flight and
-  how old it gets, so the queue must hold a whole round (a queue smaller than the slots would
-  make every producer wait on a learner that waits for the round to end) and neither the
-  learners nor the queue apply a staleness bound (a round trained over several optimizer steps
-  is PPO's minibatching, its trust region the proximal policy).
-- ``AsyncTraining``: rollout and learners run at once; staleness is bounded by pacing, the
-  queue's capacity and the learners' per-decision bound.
+- ``AsyncRollout``: every slot runs its own loop inside its worker; the rollout server's batcher
+  groups requests, and the trajectory queue paces episode starts.
+
+The lockstep strategies run rounds (``RoundRollout``, for the synchronous schedule) or rounds in
+the background (``ContinuousRollout``, for the asynchronous one); ``AsyncRollout`` only runs in
+the background.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Protocol
 
 import ray
 
 
-@dataclass(frozen=True)
-class TrainingStop:
-    """How the learner ranks left their training loop when asked to stop."""
+class RoundRollout(Protocol):
+    """A rollout that runs in rounds (the synchronous schedule's)."""
 
-    left: bool
-    """Every rank's loop returned within the timeout (with or without an error)."""
-    errors: tuple[str, ...] = ()
-    """One line per rank whose loop ended in an error (``rank K: Type: message``)."""
+    def run_round(self, workers: Sequence, servers: Sequence) -> None:
+        """One round; returns when every slot has done its part (raises a role's error)."""
+        ...
+
+
+class ContinuousRollout(Protocol):
+    """A rollout that runs in the background until stopped (the asynchronous schedule's)."""
+
+    def start(self, workers: Sequence, servers: Sequence) -> None:
+        """Start the rollout and return at once."""
+        ...
+
+    def check(self) -> None:
+        """Raise the error of a part of the rollout that ended early."""
+        ...
+
+    def stop(self, workers: Sequence, timeout_s: float = 60.0) -> None:
+        """Stop the rollout and wait up to ``timeout_s`` for it (errors while stopping are
+        not raised: the run is over, and the accounting says where each decision went)."""
+        ...
 
 
 class LockstepRollout:
@@ -95,7 +107,7 @@ class LockstepRollout:
             while not self._stop.is_set() and (rounds is None or done < rounds):
                 self._round(workers, servers)
                 done += 1
-        except BaseException as exc:  # surfaced by the controller's monitor
+        except BaseException as exc:  # raised by run_round or check
             self.errors.append(exc)
 
     def run_round(self, workers: Sequence, servers: Sequence) -> None:
@@ -107,8 +119,7 @@ class LockstepRollout:
             t.start()
         for t in threads:
             t.join()
-        if self.errors:
-            raise self.errors[0]
+        self.check()
 
     def start(self, workers: Sequence, servers: Sequence) -> None:
         """Run rounds continuously in the background until ``stop``."""
@@ -118,34 +129,14 @@ class LockstepRollout:
         for t in self._threads:
             t.start()
 
+    def check(self) -> None:
+        if self.errors:
+            raise self.errors[0]
+
     def stop(self, workers: Sequence, timeout_s: float = 60.0) -> None:
         self._stop.set()
         for t in self._threads:
             t.join(timeout_s)
-
-
-class AsyncRollout:
-    """Every env slot runs its own episode loop inside its worker."""
-
-    def __init__(self):
-        self.refs: list = []
-        self.errors: list[BaseException] = []
-
-    def start(self, workers: Sequence, servers: Sequence) -> None:
-        self.refs = [w.run.remote() for w in workers]
-
-    def run_round(self, workers: Sequence, servers: Sequence) -> None:
-        raise RuntimeError("asynchronous rollout has no rounds; it needs asynchronous training")
-
-    def stop(self, workers: Sequence, timeout_s: float = 60.0) -> None:
-        for w in workers:
-            w.stop.remote()
-        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except Exception as exc:  # noqa: BLE001 - reported, not raised, at shutdown
-                self.errors.append(exc)
 
 
 class AutoresetRollout(LockstepRollout):
@@ -163,6 +154,27 @@ class AutoresetRollout(LockstepRollout):
             obs = self._step(workers, servers, obs, autoreset=True)
 
 
+class AsyncRollout:
+    """Every env slot runs its own episode loop inside its worker."""
+
+    def __init__(self):
+        self._runs: list = []
+        """Every worker's ``run`` call."""
+
+    def start(self, workers: Sequence, servers: Sequence) -> None:
+        self._runs = [w.run.remote() for w in workers]
+
+    def check(self) -> None:
+        ready, _ = ray.wait(self._runs, timeout=0)
+        for ref in ready:
+            ray.get(ref)  # a worker whose run ended early ended by an exception: raise it
+
+    def stop(self, workers: Sequence, timeout_s: float = 60.0) -> None:
+        for w in workers:
+            w.stop.remote()
+        ray.wait(self._runs, num_returns=len(self._runs), timeout=timeout_s)
+
+
 ROLLOUT_STRATEGIES = {
     "lockstep": lambda decisions: LockstepRollout(groups=1),
     "pipelined": lambda decisions: LockstepRollout(groups=2),
@@ -170,88 +182,3 @@ ROLLOUT_STRATEGIES = {
     "async": lambda decisions: AsyncRollout(),
 }
 """name -> factory taking the decisions per autoreset round."""
-
-
-class SyncTraining:
-    """Rollout round, then train, then sync weights; nothing overlaps."""
-
-    concurrent = False
-
-    def __init__(self):
-        self.refs: list = []
-
-    def start(self, learners: Sequence) -> None:
-        pass
-
-    def after_round(self, learners: Sequence, queue, global_batch: int, max_item: int) -> None:
-        """Train every full global batch the round produced, on all ranks alike."""
-        if len(learners) == 1:
-            ray.get(learners[0].train_available.remote())
-            return
-        steps = _full_steps(queue, learners, global_batch, max_item)
-        _get_all_or_first_error([lr.train_steps.remote(steps) for lr in learners])
-
-    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> TrainingStop:
-        return TrainingStop(left=True)
-
-
-def _get_all_or_first_error(refs: list) -> None:
-    """Wait for every rank's call, but raise as soon as one rank fails: the others may be
-    waiting in a collective for it and would never return."""
-    pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        ray.get(done)  # raises that rank's error now
-
-
-def _full_steps(queue, learners: Sequence, global_batch: int, max_item: int) -> int:
-    """Optimizer steps every rank can take from what is queued and buffered (with a margin for
-    items, an episode or a GRPO group of up to ``max_item`` decisions, that one rank takes
-    whole)."""
-    queued = ray.get(queue.queued_decisions.remote())
-    buffered = sum(ray.get([lr.buffered.remote() for lr in learners]))
-    margin = len(learners) * max_item
-    return max(0, (queued + buffered - margin) // global_batch)
-
-
-class AsyncTraining:
-    """Learners pull from the queue and train while rollout goes on."""
-
-    concurrent = True
-
-    def __init__(self):
-        self.refs: list = []
-
-    def start(self, learners: Sequence) -> None:
-        self.refs = [lr.run.remote() for lr in learners]
-
-    def after_round(self, learners: Sequence, queue, global_batch: int, max_item: int) -> None:
-        pass
-
-    def stop(self, learners: Sequence, timeout_s: float = 120.0) -> TrainingStop:
-        """Ask every rank to stop and wait up to ``timeout_s``; says whether every rank left
-        ``run()`` and which left it with an error (a ref that ended in an exception is ready
-        too: each is read). Ranks leave together at their next step agreement (or abandon the
-        step under way together), so rollout must go on until this returns."""
-        for lr in learners:
-            lr.stop.remote()
-        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
-        errors = []
-        for rank, ref in enumerate(self.refs):
-            if ref in ready:
-                try:
-                    ray.get(ref)
-                except Exception as exc:  # noqa: BLE001 - the stop record names it
-                    errors.append(f"rank {rank}: {one_line(exc)}")
-        return TrainingStop(left=len(ready) == len(self.refs), errors=tuple(errors))
-
-
-def one_line(exc: BaseException) -> str:
-    """``Type: message`` of an error, its first line (a Ray task error's cause, not the
-    traceback Ray wraps around it)."""
-    cause = getattr(exc, "cause", None) or exc
-    text = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {text[0] if text else ''}"
-
-
-TRAINING_STRATEGIES = {"sync": SyncTraining, "async": AsyncTraining}

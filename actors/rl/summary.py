@@ -1,7 +1,7 @@
 """Pure parts of an RL run's ``summary.json``: figures computed from the final snapshot.
 
-Input: the monitor's last snapshot of every role's stats (plain dicts), the pre-flight memory
-estimate, the run config. Output: summary fields: the batch-size histogram over all rollout
+Input: the monitor's last snapshot of every role's record (``rlvla3.role_stats``), the
+pre-flight memory estimate, the run config. Output: summary fields: the batch-size histogram over all rollout
 servers, estimated against measured peak memory per role, where LIBERO training episodes
 started; and ``trained_nothing``, the line a run that ended without an optimizer step ends
 with. Nothing here talks to Ray or writes a file; the controller assembles the summary.
@@ -9,29 +9,32 @@ with. Nothing here talks to Ray or writes a file; the controller assembles the s
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from actors.runtime.process_memory import ProcessMemory
+from rlvla3.role_stats import Role, RolloutServerStats, Snapshot
 from rlvla3.run_config import RunConfig
 from rlvla3.types import EnvSpec
 
 
-def batch_size_hist(snap: dict) -> dict[int, int]:
+def batch_size_hist(servers: Iterable[RolloutServerStats]) -> dict[int, int]:
     """How many batches each rollout-server batch size had, over all servers."""
     sizes: dict[int, int] = {}
-    for s in snap["servers"]:
-        for k, v in s["batch_sizes"].items():
+    for s in servers:
+        for k, v in s.batch_sizes.items():
             sizes[int(k)] = sizes.get(int(k), 0) + v
     return dict(sorted(sizes.items()))
 
 
-def memory_report(estimated: dict[str, float], snap: dict) -> dict:
+def memory_report(estimated: dict[str, float], snap: Snapshot) -> dict:
     """The pre-flight estimate next to the peak RSS each role measured (MB; own process
     plus children such as simulator processes), and their ratio."""
-    def peak(stats: list[dict]) -> float:
-        return round(sum(s["memory"]["total_peak_mb"] for s in stats if "memory" in s), 1)
+    def peak(stats: Iterable[Role]) -> float:
+        return round(sum(s.memory.total_peak_mb for s in stats), 1)
 
-    measured = {"learner": peak(snap["learners"]), "rollout": peak(snap["servers"]),
-                "env": peak(snap["workers"]),
-                "driver": ProcessMemory().sample()["rss_peak_mb"]}  # its children are Ray's
+    measured = {"learner": peak(snap.learners), "rollout": peak(snap.servers),
+                "env": peak(snap.workers),
+                "driver": ProcessMemory().sample().rss_peak_mb}  # its children are Ray's
     return {"estimated_mb": {k: round(v, 1) for k, v in estimated.items()},
             "measured_peak_mb": measured,
             "ratio": {k: round(estimated[k] / v, 3) for k, v in measured.items()

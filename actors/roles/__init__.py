@@ -3,11 +3,15 @@
 Modules:
     env_worker        ``EnvWorker``: env slots, each its own episode loop against a rollout server
     rollout_server    ``RolloutServer``: dynamic-batched policy inference, weight swaps between batches
-    trajectory_queue  ``TrajectoryQueue``: bounded hand-off to the learners, staleness pacing
+    trajectory_queue  ``TrajectoryQueue``: bounded hand-off to the learners, pacing (it waits)
     learner_rank      ``Learner``: one rank of the learner group (torch.distributed + DDP)
     learner_group     ``LearnerGroup``: forms the ranks, rebuilds the group when one is lost
     run_status        ``RunStatus``: a run's live state, found by name from outside the job
 
-Each role wraps a Ray-free core from ``rlvla3`` (batcher, learner, episode loop); none of them
-knows the topology, which lives in ``actors.rl``.
+Each role is a thin shell around a Ray-free core that owns its state (the shell names, calls
+and restarts it, and never writes its fields): ``rlvla3.rollout.RolloutService`` (lanes,
+``rlvla3.batcher``), ``rlvla3.queue_core.QueueCore`` (pacing and staleness from
+``rlvla3.pacing``), ``rlvla3.learner.LearnerCore`` (on ``rlvla3.engine``), and the episode
+recording of ``rlvla3.episode``. Every ``stats()`` returns the role's record
+(``rlvla3.role_stats``). None of them knows the topology, which lives in ``actors.rl``.
 """

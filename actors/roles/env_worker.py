@@ -37,7 +37,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import ray
 
-from actors.roles.trajectory_queue import SegmentInfo
 from actors.runtime.bootstrap import lookup, was_restarted
 from actors.runtime.metrics import RoleMetrics
 from actors.runtime.process_memory import ProcessMemory
@@ -45,12 +44,14 @@ from envs import make_env
 from rlvla3.confidence import tally
 from rlvla3.config import Named
 from rlvla3.episode import EpisodeRecorder, InformativeTasks, TaskSampler
+from rlvla3.role_stats import EnvWorkerStats
 from rlvla3.run_config import RECENT_EPISODES, EnvWorkerConfig
 from rlvla3.types import (
     ActionChunk,
     EnvSpec,
     EpisodeKey,
     Observation,
+    SegmentInfo,
     StepResult,
     TrajectorySegment,
 )
@@ -288,7 +289,7 @@ class EnvWorker:
         return self.sampler.restore(state, salt)
 
     # ---- reporting ---------------------------------------------------------------------
-    def stats(self) -> dict:
+    def stats(self) -> EnvWorkerStats:
         elapsed = max(time.monotonic() - self._started, 1e-9)
         returns = [r for r, _, _ in self.recent]
         succ = [s for _, s, _ in self.recent]
@@ -301,22 +302,17 @@ class EnvWorker:
             self.metrics.set("success_rate", float(np.mean(succ)))
         self.metrics.inc("restarts", restarts - self._reported_restarts)
         self._reported_restarts = restarts
-        return {
-            **self.counts,
-            "length_hist": dict(self.length_hist),
-            "phases": {p: self._phases.count(p) for p in set(self._phases)},
-            "incarnation": self.incarnation,
-            "inflight_decisions": sum(len(r) for r in self._recorders if r is not None),
-            "slots": len(self.envs),
-            "busy_fraction": busy,
-            "recent_return": float(np.mean(returns)) if returns else 0.0,
-            "recent_success": float(np.mean(succ)) if succ else 0.0,
-            "recent_episodes": len(self.recent),
-            "recent_by_task": by_task,
-            "task_shares": {str(t): share for t, share in self.sampler.weighting.shares().items()},
-            "restarts": restarts,
-            "memory": self.memory.sample(),
-        }
+        return EnvWorkerStats(
+            incarnation=self.incarnation, slots=len(self.envs), **self.counts,
+            inflight_decisions=sum(len(r) for r in self._recorders if r is not None),
+            busy_fraction=busy,
+            recent_return=float(np.mean(returns)) if returns else 0.0,
+            recent_success=float(np.mean(succ)) if succ else 0.0,
+            recent_episodes=len(self.recent), recent_by_task=by_task,
+            task_shares={str(t): share for t, share in self.sampler.weighting.shares().items()},
+            length_hist=dict(self.length_hist),
+            phases={p: self._phases.count(p) for p in set(self._phases)},
+            restarts=restarts, memory=self.memory.sample())
 
     def close(self) -> None:
         for env in self.envs:

@@ -59,7 +59,7 @@ class LearnerGroup:
             self._rank_of = {self.handles.index(lr): r for r, lr in enumerate(self.active)}
         else:
             ray.get([lr.init_group.remote(addr, port) for lr in self.active])
-        self._incarnations = {self.handles.index(lr): st["incarnation"] for lr, st in zip(
+        self._incarnations = {self.handles.index(lr): st.incarnation for lr, st in zip(
             self.active, ray.get([lr.stats.remote() for lr in self.active]), strict=True)}
 
     def rebuild(self, cause: BaseException | str) -> dict:
@@ -87,7 +87,7 @@ class LearnerGroup:
         self.active = back
         self.form(regroup=True)
         version = ray.get(self.active[0].version.remote())
-        restored = ray.get(self.active[0].stats.remote())["restored_from"]
+        restored = ray.get(self.active[0].stats.remote()).restored_from
         record = {"cause": str(cause).splitlines()[0][:200], "ranks_before": before,
                   "ranks_after": len(back), "left_group": gone, "version": version,
                   "restored_from": restored, "seconds": round(time.monotonic() - start, 1)}
@@ -111,7 +111,7 @@ class LearnerGroup:
     @staticmethod
     def _answers_with(lr, incarnation: str | None) -> bool:
         try:
-            return ray.get(lr.stats.remote(), timeout=10)["incarnation"] == incarnation
+            return ray.get(lr.stats.remote(), timeout=10).incarnation == incarnation
         except (RayActorError, GetTimeoutError):
             return False
 
@@ -123,7 +123,7 @@ class LearnerGroup:
                 return False
             if state == "ALIVE":
                 try:
-                    if ray.get(lr.stats.remote(), timeout=30)["incarnation"] != old:
+                    if ray.get(lr.stats.remote(), timeout=30).incarnation != old:
                         return True
                 except (RayActorError, GetTimeoutError):
                     pass

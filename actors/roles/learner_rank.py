@@ -66,8 +66,11 @@ from rlvla3.engine import group
 from rlvla3.engine.group import Ranks, free_port
 from rlvla3.engine.sharded import RowSource
 from rlvla3.gpu_costs import TrainingCost
-from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, StepStats, rl_engine
+from rlvla3.gpu_sim import SimulatedEngine
+from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, rl_engine
+from rlvla3.learner_step import StepStats
 from rlvla3.policies import build_policy
+from rlvla3.role_stats import LearnerStats
 from rlvla3.run_config import LearnerConfig
 from rlvla3.storage import basename
 from rlvla3.types import EnvSpec, WeightsMessage
@@ -103,6 +106,8 @@ class Learner:
         self.policy = build_policy(policy, spec).to(self.device)
         self.core: LearnerCore | None = None
         """Made once this rank knows its group (``init_group``; at once for a lone rank)."""
+        self.simulated: SimulatedEngine | None = None
+        """The engine on simulated GPUs (``learner.cost_model``), with its clock."""
         self.metrics = RoleMetrics("learner", f"learner-{rank}")
         self.memory = ProcessMemory()
         self.servers = [lookup(name) for name in servers]
@@ -139,10 +144,11 @@ class Learner:
         """The engine and the learner core for this rank's place in the group; then, after
         a restart, the state of the last checkpoint, and the first published weights."""
         engine = rl_engine(self.policy, self.algo, self.cfg.lr, self.cfg.engine(), ranks)
+        self.simulated = SimulatedEngine(engine, self.cost) if self.cost is not None else None
         self.core = LearnerCore(
             self.policy, self.algo, 0, self.cfg.micro_batch, self.cfg.lr,
-            LEARNER_STRATEGIES[self.strategy](), engine=engine,
-            max_staleness=self.max_staleness, cost=self.cost)
+            LEARNER_STRATEGIES[self.strategy](), engine=self.simulated or engine,
+            max_staleness=self.max_staleness)
         self.core.take_share(self.cfg.global_batch, ranks.world, ranks.rank)
         if self._restart:
             try:
@@ -288,7 +294,7 @@ class Learner:
         self._report_buffered()
         return len(items)
 
-    def run(self) -> dict:
+    def run(self) -> LearnerStats:
         """Asynchronous training: pull and train until ``stop()``.
 
         One rank stops at once (a partial accumulation stays untrained, ``in_step``). Several
@@ -341,7 +347,7 @@ class Learner:
                 self._report_buffered()
         return request
 
-    def train_available(self) -> dict:
+    def train_available(self) -> LearnerStats:
         """Synchronous training (one rank): take everything queued now, train every full batch."""
         while self._pull(max_items=1024, timeout_s=0.05):
             pass
@@ -349,7 +355,7 @@ class Learner:
             self.core.run_available(self._publish)
         return self.stats()
 
-    def train_steps(self, steps: int, timeout_s: float = 120.0) -> dict:
+    def train_steps(self, steps: int, timeout_s: float = 120.0) -> LearnerStats:
         """Synchronous training (any rank count): exactly ``steps`` batches (each
         ``algo.update_epochs`` optimizer steps), pulling only the samples this rank needs, so
         every rank takes the same number of steps."""
@@ -455,45 +461,35 @@ class Learner:
             now = {k: torch.as_tensor(v) for k, v in self._message.tensors.items()}
         return relative_change(reference.state_dict(), now)
 
-    def stats(self) -> dict:
+    def stats(self) -> LearnerStats:
         if self.core is None:  # a rank of a group not formed yet (``init_group``)
-            return {"incarnation": self.incarnation, "rank": self.rank,
-                    "world_size": self.world_size, "restored_from": self.restored_from,
-                    "waiting_for": "the learner group (init_group)"}
+            return LearnerStats(incarnation=self.incarnation, rank=self.rank,
+                                world_size=self.world_size, restored_from=self.restored_from,
+                                waiting_for="the learner group (init_group)")
+        core = self.core
         elapsed = max(time.monotonic() - self._started, 1e-9)
-        self.metrics.set("busy_fraction", min(self.core.busy_s / elapsed, 1.0))
-        self.metrics.set("data_wait_fraction", min(self.wait_s / elapsed, 1.0))
-        out = {
-            "version": self.core.version,
-            "samples_trained": self.core.samples_trained,
-            **self.core.counts,
-            "buffered": self.core.buffered,
-            "in_step": self.core.in_step,
-            "busy_fraction": min(self.core.busy_s / elapsed, 1.0),
-            "busy_s": self.core.busy_s,
-            "data_wait_fraction": min(self.wait_s / elapsed, 1.0),
-            "incarnation": self.incarnation,
-            "restored_from": self.restored_from,
-            "lost_segments": self.lost_segments,
-            "lost_decisions": self.lost_decisions,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "memory": self.memory.sample(),
-            "staleness_hist": dict(self.core.staleness_hist),
-            "length_hist": dict(self.core.length_hist),
-        }
-        if self.core.clock is not None:  # simulated GPU cost (rlvla3.gpu_costs)
-            out["cost"] = self.core.clock.stats.as_dict()
-        published = self.core.last_publish
-        if published is not None:  # what gathering the weights for the servers cost this rank
-            out.update(engine=self.core.engine.name, publish_s=round(published.seconds, 4),
-                       publish_peak_mb=round(published.peak_bytes / 2**20, 2),
-                       publish_dtype=published.dtype)
-        if self.last is not None:
-            out.update(loss=self.last.loss, entropy=self.last.entropy,
-                       kl_per_decision=self.last.kl_per_decision,
-                       clip_fraction=self.last.clip_fraction, staleness=self.last.mean_staleness)
-        return out
+        busy, wait = min(core.busy_s / elapsed, 1.0), min(self.wait_s / elapsed, 1.0)
+        self.metrics.set("busy_fraction", busy)
+        self.metrics.set("data_wait_fraction", wait)
+        published, last = core.last_publish, self.last
+        return LearnerStats(
+            incarnation=self.incarnation, rank=self.rank, world_size=self.world_size,
+            restored_from=self.restored_from, version=core.version,
+            samples_trained=core.samples_trained, **core.counts, buffered=core.buffered,
+            in_step=core.in_step, busy_fraction=busy, busy_s=core.busy_s,
+            data_wait_fraction=wait, lost_segments=self.lost_segments,
+            lost_decisions=self.lost_decisions, staleness_hist=dict(core.staleness_hist),
+            length_hist=dict(core.length_hist),
+            cost=self.simulated.clock.stats if self.simulated is not None else None,
+            # what gathering the weights for the servers cost this rank
+            **({} if published is None else dict(
+                engine=core.engine.name, publish_s=round(published.seconds, 4),
+                publish_peak_mb=round(published.peak_bytes / 2**20, 2),
+                publish_dtype=published.dtype)),
+            **({} if last is None else dict(
+                loss=last.loss, entropy=last.entropy, kl_per_decision=last.kl_per_decision,
+                clip_fraction=last.clip_fraction, staleness=last.mean_staleness)),
+            memory=self.memory.sample())
 
     def take_history(self) -> list[dict]:
         out, self.history = self.history, []

@@ -1,6 +1,6 @@
 """Measured memory of one actor process (and the processes it spawned, e.g. simulators).
 
-Every role reports ``ProcessMemory.sample()`` in its stats: resident set size now and at its
+Every role reports ``ProcessMemory.sample()`` in its stats (``rlvla3.role_stats.MemorySample``): resident set size now and at its
 peak, in MB, for the actor's own process and for its child processes together. The controller
 puts them next to the pre-flight estimate (``rlvla3.plan.memory``) in the summary, so a plan
 can be checked against what a run really used.
@@ -15,6 +15,8 @@ import resource
 
 import psutil
 
+from rlvla3.role_stats import MemorySample
+
 MB = 2**20
 
 
@@ -25,7 +27,7 @@ class ProcessMemory:
         self._proc = psutil.Process()
         self._children_peak = 0.0
 
-    def sample(self) -> dict[str, float]:
+    def sample(self) -> MemorySample:
         """``rss_mb`` (own), ``children_rss_mb`` (all descendants), their peaks, and
         ``total_peak_mb`` (own peak + children peak)."""
         own = self._proc.memory_info().rss / MB
@@ -37,7 +39,6 @@ class ProcessMemory:
                 continue
         self._children_peak = max(self._children_peak, children)
         own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
-        return {"rss_mb": round(own, 1), "rss_peak_mb": round(max(own_peak, own), 1),
-                "children_rss_mb": round(children, 1),
-                "children_rss_peak_mb": round(self._children_peak, 1),
-                "total_peak_mb": round(max(own_peak, own) + self._children_peak, 1)}
+        return MemorySample(round(own, 1), round(max(own_peak, own), 1), round(children, 1),
+                            round(self._children_peak, 1),
+                            round(max(own_peak, own) + self._children_peak, 1))

@@ -2,7 +2,8 @@
 
 Role: holds the policy under a strategy (one rank, DDP, FSDP2: ``rlvla3.engine.strategies``)
 with its optimizer, and does what is the same in RL and SFT: a training method's call
-(``call``), micro-batch accumulation (``accumulate``: gradients reduced on the last only),
+(``call``), micro-batch accumulation (``backward`` within ``accumulate``: gradients reduced on the last
+only),
 clipping over every rank's shard and the optimizer step, skipped when the gradient is not
 finite (``step``), sums over the ranks (``reduce``), a frozen copy held the way the policy is
 (``shadow``: the proximal policy of decoupled PPO), checkpoints (whole from rank 0 under DDP,
@@ -26,7 +27,7 @@ import copy
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ from rlvla3.engine.sharded import RowSource, local_rows
 from rlvla3.engine.strategies import Sharded, make_strategy
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,16 @@ class TrainingEngine:
 
     def accumulate(self, last: bool):
         return self.strategy.accumulate(last)
+
+    def backward(self, loss_fn: Callable[[], tuple[torch.Tensor, T]], last: bool,
+                 samples: int) -> T:
+        """One micro-batch of ``samples`` samples: ``loss_fn`` runs the forward and returns
+        (loss, info); the loss's gradients accumulate, reduced across the ranks on the step's
+        ``last`` micro-batch. Returns the info."""
+        with self.accumulate(last):
+            loss, info = loss_fn()
+            loss.backward()
+        return info
 
     def reduce(self, values: np.ndarray) -> np.ndarray:
         return self.ranks.reduce(values)

@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from rlvla3.config import require
 from rlvla3.gpu_costs import GpuCosts
+from rlvla3.pacing import inherent_lag, planned_max_staleness, planned_pace_lag
 from rlvla3.plan.lane_sim import SlotTiming, simulate_lane
 
 
@@ -443,16 +444,12 @@ def make_plan(costs: GpuCosts, env: EnvTiming, req: PlanRequest) -> Plan:
     need = lane_rate * a / (1.0 - lane_rate * b) if lane_rate * b < 1.0 else math.inf
     b_max = req.b_limit if math.isinf(need) else min(req.b_limit, max(1, math.ceil(1.5 * need)))
     t_max = 0.0 if need <= 1.0 or math.isinf(need) else min((need - 1.0) / lane_rate, 0.5 * a)
-    # pacing admits every slot: the queue's lag estimate (backlog + in-flight episodes x its
-    # recent mean length, in versions) stays below pace_lag even when every slot is in flight,
-    # the backlog is at its bound and the recent episodes are all of the longest length (a
-    # bound at the mean length held slots back whenever a run of failures raised the mean)
     epochs = req.update_epochs
-    pace_lag = (req.pace_backlog + (best.env_slots + 1) * env.max_decisions
-                / best.global_batch) * epochs + 1.0
-    inherent = best.env_slots * env.max_decisions * epochs / best.global_batch
-    max_staleness = math.ceil(max(pace_lag / 0.75, inherent + req.pace_backlog)
-                              + best.weights_every)
+    pace_lag = planned_pace_lag(req.pace_backlog, best.env_slots, env.max_decisions,
+                                best.global_batch, epochs)
+    inherent = inherent_lag(best.env_slots, env.max_decisions, 1, epochs, best.global_batch)
+    max_staleness = planned_max_staleness(pace_lag, inherent, req.pace_backlog,
+                                          best.weights_every)
     return Plan(req, costs, env, best, b_max, 1000.0 * t_max, pace_lag, max_staleness,
                 sorted(options, key=lambda p: p.learner_gpus))
 

@@ -1,0 +1,364 @@
+"""The trajectory queue's core: items, GRPO groups, admission tickets, pacing and staleness.
+
+Role: the state of the bounded hand-off between env workers and learners, with every decision
+about it; ``actors.roles.trajectory_queue`` wraps it in a Ray actor that does the waiting
+(asyncio conditions) and nothing else. The same core runs in one process for tests.
+
+Inputs: admissions asked per episode (worker, incarnation, ``EpisodeKey``), shipped segments
+(``SegmentInfo`` plus ``ObjectRef``s, never payloads, so memory stays flat), the learners'
+version and buffered decisions. Outputs: admission tickets, queue items taken in arrival order
+(one episode, or one whole GRPO group of episodes of one key), and counters.
+
+Pacing (asynchronous rollout): an episode is admitted by ``rlvla3.pacing.Pacing`` against the
+backlog (queued here plus buffered in the learners) and the episodes in flight, estimated with
+the mean length of recent episodes; a GRPO group is admitted rather than an episode: once a
+member of a group is running or held, its other members are admitted at once (holding them back
+only ages the members already done, until the group expires). GRPO episodes held for their
+group do not count as in flight, so pacing cannot deadlock.
+
+Admission tickets belong to one incarnation of an env worker. A restarted worker announces its
+new incarnation (``reset_worker``); the controller retires the incarnation of a worker that
+stopped running (``retire``). The tickets of a replaced or retired incarnation are released at
+once, and a later ``admit`` of such an incarnation is refused, so the in-flight count returns to
+the episodes really running. ``close_admissions`` refuses every admission from then on.
+
+Invariants:
+- Staleness is judged per item by its oldest decision with ``rlvla3.pacing.StalenessBound``, the
+  rule the learners apply: ``take`` drops, and counts, stale items whole (a GRPO group is never
+  split), and a held group whose oldest decision is stale expires, counted.
+- GRPO: an episode waits in ``held`` until its group has ``group_size`` members, minus members
+  that can never arrive (a simulator fault, a lost env worker: ``drop``/``reset_worker``), and
+  leaves as one item that keeps the group's boundaries: two groups of one key are never pooled.
+  With ``skip_uniform`` a complete group whose members all have the same return (every
+  advantage 0) is skipped, counted, instead of queued.
+- Items leave in arrival order; none is returned twice.
+- Decision accounting: ``put_decisions = queued + held + got + dropped_stale + expired +
+  uniform``; segments put after ``close()`` are counted in ``discarded_at_stop``.
+- ``set_version`` follows the learner, also backwards after a learner restored an older
+  checkpoint (``restored=True``), so the staleness filter never rejects everything after a
+  rollback.
+- ``may_admit`` is O(1) (running totals of the queued and buffered decisions, the tickets per
+  key), so a waiting admission costs one cheap check per event.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlvla3.pacing import Pacing, StalenessBound
+from rlvla3.protocols import Metrics
+from rlvla3.role_stats import QueueStats
+from rlvla3.run_config import QueueConfig
+from rlvla3.types import EpisodeKey, SegmentInfo
+
+UNIFORM_TOLERANCE = 1e-6
+"""Returns closer than this are the same return (a group of them has no advantage to learn)."""
+
+Item = list[tuple[SegmentInfo, list[Any]]]
+"""One queue item: an episode, or a whole GRPO group, each member with its ``ObjectRef``s."""
+
+
+def _uniform(members: Item) -> bool:
+    """Whether a group's episodes all have the same return (every GRPO advantage 0)."""
+    returns = [info.episode_return for info, _ in members]
+    return max(returns) - min(returns) <= UNIFORM_TOLERANCE
+
+
+@dataclass
+class _Group:
+    """GRPO episodes of one key waiting for the rest of their group."""
+
+    members: Item = field(default_factory=list)
+    missing: int = 0
+    """Members that will never arrive (dropped by a fault or lost with a worker)."""
+
+
+class QueueCore:
+    """Bounded FIFO of items with pacing and staleness (see the module docstring)."""
+
+    def __init__(self, cfg: QueueConfig, metrics: Metrics, group_size: int = 1,
+                 global_batch: int = 1, initial_decisions: float = 1.0,
+                 skip_uniform: bool = False, update_epochs: int = 1):
+        self.cfg = cfg
+        self.metrics = metrics
+        self.group_size = group_size
+        self.skip_uniform = skip_uniform
+        self.pacing = Pacing(cfg.pace_target, cfg.pace_backlog, global_batch, update_epochs,
+                             group_size)
+        self.bound = StalenessBound(cfg.max_staleness)
+        self._items: deque[Item] = deque()
+        self._queued = 0
+        """Decisions in ``_items`` (a running total)."""
+        self.version = 0
+        self.counts = {"put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
+                       "dropped_stale": 0, "dropped_stale_decisions": 0, "dropped_stale_items": 0,
+                       "expired": 0, "expired_decisions": 0, "expired_groups": 0,
+                       "uniform": 0, "uniform_decisions": 0, "uniform_groups": 0,
+                       "discarded_at_stop": 0, "discarded_decisions": 0,
+                       "producer_wait_s": 0.0, "admit_wait_s": 0.0, "admitted": 0,
+                       "dropped_by_producer": 0, "refused_admissions": 0,
+                       "released_tickets": 0}
+        self.closed = False
+        """The learners have stopped: nothing more is queued."""
+        self._admitting = True
+        self._current: dict[int, str] = {}
+        """Env worker -> its live incarnation (first seen, or announced by ``reset_worker``)."""
+        self._retired: set[str] = set()
+        self.staleness: dict[int, int] = {}
+        """Per episode taken: learner version minus its oldest decision's version."""
+        self._held: dict[EpisodeKey, _Group] = defaultdict(_Group)
+        self._credits: dict[EpisodeKey, int] = defaultdict(int)
+        self._tickets: dict[int, tuple[int, str, EpisodeKey]] = {}
+        self._ticket_keys: Counter[EpisodeKey] = Counter()
+        """Admitted, unfinished episodes per key (GRPO: a group under way)."""
+        self._serial = itertools.count()
+        self._learner_buffered: dict[int, int] = {}
+        self._buffered = 0
+        """The learners' buffered decisions, summed (a running total)."""
+        self._recent_lengths: deque[int] = deque(maxlen=64)
+        self._initial_decisions = initial_decisions
+
+    # ---- pacing --------------------------------------------------------------------------
+    def mean_decisions(self) -> float:
+        """Mean decisions of the recent episodes (the initial guess before any finished)."""
+        if not self._recent_lengths:
+            return self._initial_decisions
+        return sum(self._recent_lengths) / len(self._recent_lengths)
+
+    def backlog(self) -> int:
+        """Decisions shipped but not yet trained: queued here plus buffered in learners."""
+        return self._queued + self._buffered
+
+    def expected_lag(self) -> float:
+        """Policy versions before the first decision of an episode admitted after those
+        running now is trained."""
+        return self.pacing.expected_lag(self.backlog(), len(self._tickets), self.mean_decisions())
+
+    def may_admit(self, key: EpisodeKey | None = None) -> bool:
+        """Within the pacing (``Pacing.admits``), closing, or (GRPO) a member of a group that
+        has started: its first members age while it waits, and expire if it waits too long."""
+        return (self.closed or self._group_started(key)
+                or self.pacing.admits(self.backlog(), len(self._tickets), self.mean_decisions()))
+
+    def _group_started(self, key: EpisodeKey | None) -> bool:
+        if self.group_size == 1 or key is None:
+            return False
+        return key in self._held or key in self._ticket_keys
+
+    def live(self, worker_id: int, incarnation: str) -> bool:
+        """Whether ``incarnation`` is ``worker_id``'s live one (the first one seen is) and
+        admissions are open."""
+        if not self._admitting or incarnation in self._retired:
+            return False
+        return self._current.setdefault(worker_id, incarnation) == incarnation
+
+    def admit(self, worker_id: int, incarnation: str, key: EpisodeKey,
+              waited_s: float) -> int | None:
+        """A new episode of ``key`` starts (asked after ``may_admit`` or ``live`` changed):
+        its ticket, or None (counted) when this incarnation is not live; ``waited_s``: how
+        long the admission waited (counted for admitted episodes)."""
+        if not self.live(worker_id, incarnation):
+            self.counts["refused_admissions"] += 1
+            return None
+        ticket = next(self._serial)
+        self._tickets[ticket] = (worker_id, incarnation, key)
+        self._ticket_keys[key] += 1
+        self.counts["admitted"] += 1
+        self.counts["admit_wait_s"] += waited_s
+        return ticket
+
+    def close_admissions(self) -> None:
+        """No new episode starts from now on; episodes already admitted run to their end."""
+        self._admitting = False
+
+    def _pop_ticket(self, ticket: int | None) -> tuple[int, str, EpisodeKey] | None:
+        held = self._tickets.pop(ticket, None) if ticket is not None else None
+        if held is not None:
+            self._ticket_keys[held[2]] -= 1
+            if not self._ticket_keys[held[2]]:
+                del self._ticket_keys[held[2]]
+        return held
+
+    def drop(self, key: EpisodeKey, decisions: int, ticket: int | None) -> None:
+        """An admitted or running episode that will never be shipped (simulator fault)."""
+        self.counts["dropped_by_producer"] += 1
+        self._recent_lengths.append(decisions)
+        self._pop_ticket(ticket)
+        self._missing(key)
+
+    def cancel(self, ticket: int) -> None:
+        """An admitted episode that never started (the rollout is stopping)."""
+        self._pop_ticket(ticket)
+
+    def reset_worker(self, worker_id: int, incarnation: str) -> int:
+        """A restarted env worker announces its ``incarnation``: its predecessors' admitted
+        episodes died with them. Returns how many tickets were released."""
+        old = self._current.get(worker_id)
+        if old is not None and old != incarnation:
+            self._retired.add(old)
+        self._current[worker_id] = incarnation
+        return self._release(lambda w, inc: w == worker_id and inc != incarnation)
+
+    def retire(self, worker_id: int, incarnation: str) -> int:
+        """An env worker incarnation that stopped running (its node was lost): its tickets are
+        released. Returns how many."""
+        self._retired.add(incarnation)
+        if self._current.get(worker_id) == incarnation:
+            del self._current[worker_id]
+        return self._release(lambda w, inc: inc == incarnation)
+
+    def _release(self, which: Callable[[int, str], bool]) -> int:
+        lost = [t for t, (w, inc, _) in self._tickets.items() if which(w, inc)]
+        keys = [self._pop_ticket(t)[2] for t in lost]
+        self.counts["released_tickets"] += len(keys)
+        for key in keys:
+            self._missing(key)
+        return len(keys)
+
+    def _missing(self, key: EpisodeKey) -> None:
+        """A member of ``key``'s group will never arrive."""
+        if self.group_size > 1:
+            if key in self._held:
+                self._held[key].missing += 1
+                self._release_if_complete(key)
+            else:
+                self._credits[key] += 1
+
+    def learner_buffered(self, rank: int, decisions: int) -> None:
+        """A learner rank reports the decisions it holds but has not trained yet."""
+        self._buffered += decisions - self._learner_buffered.get(rank, 0)
+        self._learner_buffered[rank] = decisions
+
+    # ---- put / take ------------------------------------------------------------------------
+    def finished(self, info: SegmentInfo, ticket: int | None) -> None:
+        """An admitted episode finished and is being shipped: its admission is free."""
+        self._pop_ticket(ticket)
+        self._recent_lengths.append(info.decisions)
+
+    def has_space(self) -> bool:
+        """Whether a ``put`` may go ahead now (room, or closed: it is then discarded)."""
+        return len(self._items) < self.cfg.capacity or self.closed
+
+    def put(self, info: SegmentInfo, refs: list[Any], waited_s: float) -> int:
+        """Queue one segment (with a GRPO group, hold it until the group is complete); after
+        ``close`` count it as discarded at stop instead. Returns the depth."""
+        if self.closed:  # the run is stopping and no learner will take it
+            self.counts["discarded_at_stop"] += 1
+            self.counts["discarded_decisions"] += info.decisions
+            return len(self._items)
+        self.counts["put"] += 1
+        self.counts["put_decisions"] += info.decisions
+        self.counts["producer_wait_s"] += waited_s
+        if self.group_size > 1:
+            group = self._held[info.key]
+            if not group.members and self._credits.get(info.key):
+                group.missing, self._credits[info.key] = self._credits.pop(info.key), 0
+            group.members.append((info, refs))
+            self._release_if_complete(info.key)
+            self._expire_held()
+        else:
+            self._push_item([(info, refs)])
+        self.metrics.set("queue_depth", len(self._items))
+        return len(self._items)
+
+    def _push_item(self, item: Item) -> None:
+        self._items.append(item)
+        self._queued += sum(info.decisions for info, _ in item)
+
+    def _pop_item(self) -> Item:
+        item = self._items.popleft()
+        self._queued -= sum(info.decisions for info, _ in item)
+        return item
+
+    def _release_if_complete(self, key: EpisodeKey) -> None:
+        group = self._held[key]
+        if len(group.members) + group.missing >= self.group_size and group.members:
+            del self._held[key]
+            if self.skip_uniform and _uniform(group.members):
+                self._discard_group("uniform", group)
+                return
+            self._push_item(list(group.members))
+        elif not group.members and group.missing >= self.group_size:
+            del self._held[key]
+
+    def _expire_held(self) -> None:
+        """Held groups that can no longer be trained fresh: drop and count them."""
+        for key in [k for k, g in self._held.items() if g.members and self._stale(g.members)]:
+            self._discard_group("expired", self._held.pop(key))
+
+    def _discard_group(self, why: str, group: _Group) -> None:
+        """Count a GRPO group that leaves without being queued (``expired`` or ``uniform``)."""
+        self.counts[f"{why}_groups"] += 1
+        self.counts[why] += len(group.members)
+        self.counts[f"{why}_decisions"] += sum(i.decisions for i, _ in group.members)
+        self.metrics.inc("episodes_dropped", len(group.members))
+
+    def _stale(self, item: Item) -> bool:
+        return self.bound.stale(min(info.min_version for info, _ in item), self.version)
+
+    def ready(self) -> bool:
+        """Whether an item is queued (a learner waiting may go on)."""
+        return len(self._items) > 0
+
+    def take(self, max_items: int, max_decisions: int | None = None) -> list[Item]:
+        """Up to ``max_items`` items in arrival order, dropping (and counting) stale ones;
+        ``max_decisions``: stop once the items taken hold that many decisions (a learner's
+        budget: what its batch still needs; at least one item)."""
+        out: list[Item] = []
+        taken = 0
+        while self._items and len(out) < max_items and (
+                max_decisions is None or taken < max_decisions):
+            item = self._pop_item()
+            if self._stale(item):
+                self.counts["dropped_stale"] += len(item)
+                self.counts["dropped_stale_items"] += 1
+                self.counts["dropped_stale_decisions"] += sum(i.decisions for i, _ in item)
+                self.metrics.inc("episodes_dropped", len(item))
+                continue
+            for info, _ in item:
+                lag = max(self.version - info.min_version, 0)
+                self.staleness[lag] = self.staleness.get(lag, 0) + 1
+                self.metrics.observe("staleness", lag)
+            out.append(item)
+            taken += sum(info.decisions for info, _ in item)
+        self.counts["got"] += sum(len(item) for item in out)
+        self.counts["got_decisions"] += sum(i.decisions for item in out for i, _ in item)
+        self.metrics.inc("trajectories", sum(len(item) for item in out))
+        self.metrics.set("queue_depth", len(self._items))
+        return out
+
+    def close(self) -> None:
+        """The learners have stopped: what is put from now on is discarded at stop."""
+        self.closed = True
+
+    def set_version(self, version: int, restored: bool = False) -> None:
+        """The learner's current policy version (for the staleness filter and expiry); a
+        restored learner may move it backwards."""
+        self.version = version if restored else max(self.version, version)
+        if self.group_size > 1:
+            self._expire_held()
+
+    def depth(self) -> int:
+        return len(self._items)
+
+    def queued_decisions(self) -> int:
+        """Decision samples queued (before the staleness filter), held groups excluded."""
+        return self._queued
+
+    def held_decisions(self) -> int:
+        return sum(i.decisions for g in self._held.values() for i, _ in g.members)
+
+    def stats(self) -> QueueStats:
+        return QueueStats(**self.counts, depth=len(self._items), version=self.version,
+                          queued_decisions=self.queued_decisions(),
+                          held_episodes=sum(len(g.members) for g in self._held.values()),
+                          held_decisions=self.held_decisions(),
+                          in_flight_episodes=len(self._tickets),
+                          backlog_decisions=self.backlog(),
+                          expected_lag=round(self.expected_lag(), 2),
+                          mean_episode_decisions=round(self.mean_decisions(), 2),
+                          staleness_hist=dict(sorted(self.staleness.items())))
