@@ -20,11 +20,12 @@ import sys
 
 from envs.isaaclab import setup
 from envs.isaaclab.catalog import TASKS
+from envs.isaaclab.client import warm_task
 
 
 def _setup(args: argparse.Namespace) -> int:
     try:
-        info = setup.ensure(args.python, args.kit, tuple(args.warm))
+        info = setup.ensure(args.python, args.kit, tuple(args.warm), start=warm_task)
     except setup.SetupError as exc:
         print(f"rlvla3 envs setup: {exc}", file=sys.stderr)
         return 2

@@ -284,3 +284,16 @@ class IsaacLabServer:
     def __del__(self) -> None:
         if getattr(self, "_proc", None) is not None:
             self._kill()
+
+
+def warm_task(task: str, kit: bool = False) -> float:
+    """Start ``task`` once (one sub-env, its cameras) so Warp compiles its kernels into the
+    environment's cache; returns the seconds it took."""
+    t0 = time.perf_counter()
+    server = IsaacLabServer(ServerConfig(task=task, num_envs=1, kit=kit))
+    try:
+        server.reset([0], [0], [0])
+        server.step([0])
+    finally:
+        server.close()
+    return time.perf_counter() - t0

@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,15 +145,25 @@ def _building(kit: bool) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def ensure(python: str = "", kit: bool = False, warm: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Build the environment unless it is ready; warm the Warp cache of ``warm`` tasks.
-    Returns its record with ``cached`` (it was ready before) and the seconds each part took.
-    Concurrent calls for one environment run one after the other (``_building``)."""
+Starter = Callable[[str, bool], float]
+"""Starts a task once in the environment, returning the seconds it took
+(``envs.isaaclab.client.warm_task``: this module builds the environment, the client runs it)."""
+
+
+def ensure(python: str = "", kit: bool = False, warm: tuple[str, ...] = (),
+           start: Starter | None = None) -> dict[str, Any]:
+    """Build the environment unless it is ready; warm the Warp cache of ``warm`` tasks by
+    starting each once with ``start``. Returns its record with ``cached`` (it was ready before)
+    and the seconds each part took. Concurrent calls for one environment run one after the
+    other (``_building``)."""
+    if warm and start is None:
+        raise ValueError("ensure: warming tasks needs start (envs.isaaclab.client.warm_task)")
     with _building(kit):
-        return _ensure(python, kit, warm)
+        return _ensure(python, kit, warm, start)
 
 
-def _ensure(python: str, kit: bool, warm: tuple[str, ...]) -> dict[str, Any]:
+def _ensure(python: str, kit: bool, warm: tuple[str, ...], start: Starter | None
+            ) -> dict[str, Any]:
     info = located(kit)
     cached = info is not None
     if info is None:
@@ -184,23 +194,9 @@ def _ensure(python: str, kit: bool, warm: tuple[str, ...]) -> dict[str, Any]:
     warmed = dict(info.get("warm_s", {}))
     for task in warm:
         if task not in warmed:  # its kernels are in the environment's cache once started
-            warmed[task] = round(warm_task(task, kit), 1)
+            assert start is not None
+            warmed[task] = round(start(task, kit), 1)
             marker = Path(info["dir"]) / MARKER
             record = json.loads(marker.read_text())
             marker.write_text(json.dumps({**record, "warm_s": warmed}, indent=2) + "\n")
     return {**info, "cached": cached, **({"warm_s": warmed} if warmed else {})}
-
-
-def warm_task(task: str, kit: bool = False) -> float:
-    """Start ``task`` once (one sub-env, its cameras) so Warp compiles its kernels into the
-    environment's cache; returns the seconds it took."""
-    from envs.isaaclab.client import IsaacLabServer, ServerConfig
-
-    t0 = time.perf_counter()
-    server = IsaacLabServer(ServerConfig(task=task, num_envs=1, kit=kit))
-    try:
-        server.reset([0], [0], [0])
-        server.step([0])
-    finally:
-        server.close()
-    return time.perf_counter() - t0
