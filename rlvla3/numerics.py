@@ -76,7 +76,7 @@ def apply(mode: str, threads: int = 1) -> dict[str, Any]:
     env_vars(mode)  # validates the name
     pinned = mode == "pinned"
     torch.set_num_threads(1 if pinned else threads)
-    torch.backends.mkldnn.enabled = not pinned
+    torch.backends.mkldnn.enabled = not pinned  # type: ignore[assignment]  # a ContextProp
     info = describe(mode)
     if pinned and info["torch_cpu_capability"] != "DEFAULT":
         raise NumericsError(
@@ -108,7 +108,7 @@ def describe(mode: str) -> dict[str, Any]:
 @cache
 def host() -> dict[str, str]:
     """The CPU this process runs on: architecture, model name and widest vector extension."""
-    model, flags = "", set()
+    model, flags = "", set[str]()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
