@@ -512,8 +512,10 @@ def objective(
         scale=count if ratio == "normalised" else 1.0,
         mask_above_cap=cfg.behaviour_weight_mode == "mask",
     )
-    kl = approx_kl(elements, prox_log_prob, count) if per_element else approx_kl(
-        evaluation.log_prob, behaviour_log_prob if prox_total is None else prox_total, count)
+    kl = (approx_kl(elements, prox_log_prob, count)
+          if per_element and prox_log_prob is not None
+          else approx_kl(evaluation.log_prob,
+                         behaviour_log_prob if prox_total is None else prox_total, count))
     if cfg.name == "ppo":
         critic = value_loss(evaluation.value, old_values, returns, cfg.vf_clip)
     else:  # no critic; the value head stays in the graph with a zero gradient, so a

@@ -226,14 +226,15 @@ def _point_latest_and_prune(root: Storage, keep: int, pinned: Iterable[str]) -> 
     """``latest`` at the newest complete checkpoint; all but the newest ``keep`` versions
     pruned, never a ``pinned`` one, never one newer than ``latest``."""
     pinned = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in pinned}
-    complete = sorted((n for n in _complete(root)), key=_step_key)
-    root.write_text("latest", complete[-1] + "\n")
-    newest_copy = {_step_key(n)[0]: n for n in complete}  # sorted: the last copy wins
+    complete = _complete(root)
+    names = sorted(complete, key=complete.__getitem__)
+    root.write_text("latest", names[-1] + "\n")
+    newest_copy = {complete[n][0]: n for n in names}  # sorted: the last copy wins
     kept = {newest_copy[v] for v in sorted(newest_copy)[-keep:]}
+    latest = complete[names[-1]]
     for old in root.listdir():
         key = _step_key(old)
-        if (key is not None and old not in kept and old not in pinned
-                and key < _step_key(complete[-1])):
+        if key is not None and old not in kept and old not in pinned and key < latest:
             root.delete(old)
 
 
@@ -305,11 +306,16 @@ def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMet
     return path
 
 
-def _complete(root: Storage) -> list[str]:
-    """The checkpoint directories under ``root`` whose ``meta.json`` was written."""
-    return [name.split("/")[0] for name in root.sizes()
-            if name.endswith("/meta.json") and name.count("/") == 1
-            and _step_key(name.split("/")[0]) is not None]
+def _complete(root: Storage) -> dict[str, tuple[int, int]]:
+    """The checkpoint directories under ``root`` whose ``meta.json`` was written, each with
+    its ``_step_key``."""
+    out = {}
+    for name in root.sizes():
+        if name.endswith("/meta.json") and name.count("/") == 1:
+            key = _step_key(name.split("/")[0])
+            if key is not None:
+                out[name.split("/")[0]] = key
+    return out
 
 
 def locate_checkpoint(path: str | Path) -> str:
@@ -438,9 +444,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def read_meta(path: str | Path) -> CheckpointMeta:
     """Metadata of the checkpoint at ``path`` (a checkpoint or run directory, path or URI)."""
     raw = json.loads(Storage(locate_checkpoint(path)).read_text("meta.json"))
+    spec: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                            for k, v in raw["spec"].items()}
     return CheckpointMeta(
         policy=Named(raw["policy"]["name"], raw["policy"].get("options", {})),
-        spec=EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw["spec"].items()}),
+        spec=EnvSpec(**spec),
         version=int(raw["version"]),
         counters=dict(raw.get("counters", {})),
         samplers=list(raw.get("samplers", [])),

@@ -110,7 +110,7 @@ def paired_difference_interval(
     l_a, u_a = wilson(a_wins, n, z)
     l_b, u_b = wilson(b_wins, n, z)
     margins = a_wins * (n - a_wins) * b_wins * (n - b_wins)
-    cross = both * neither - only_a * only_b
+    cross: float = both * neither - only_a * only_b
     if cross > 0:
         cross = max(cross - n / 2, 0.0)
     phi = cross / math.sqrt(margins) if margins else 0.0

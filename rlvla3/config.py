@@ -21,11 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 class ConfigError(ValueError):
@@ -70,7 +73,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if value not in choices:
             raise ConfigError(path, f"{value!r} is not one of {list(choices)}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if tp is Named and isinstance(value, str):

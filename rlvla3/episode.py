@@ -163,7 +163,9 @@ class InformativeTasks:
             raise ValueError(f"window must be >= 1, got {window}")
         self.group = max(group_size, 2)
         self.floor = floor
-        self.outcomes = {t: deque(maxlen=window) for t in dict.fromkeys(task_ids)}
+        self.outcomes: dict[int, deque[bool]] = {
+            t: deque(maxlen=window) for t in dict.fromkeys(task_ids)
+        }
 
     def observe(self, task: int, success: bool) -> None:
         if task in self.outcomes:

@@ -49,14 +49,17 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 import torch
+from torch import nn
 
 from rlvla3.algos import AlgoConfig, approx_kl, objective
 from rlvla3.engine.config import EngineConfig
-from rlvla3.engine.engine import TrainingEngine
+from rlvla3.engine.engine import Published, TrainingEngine
 from rlvla3.engine.group import Ranks
+from rlvla3.engine.sharded import RowSource
 from rlvla3.group_buffer import GroupBuffer
 from rlvla3.kl_control import KlLearningRate
 from rlvla3.learner_step import AdvantageNormalizer, ProximalWindow, Reduce, StepStats
@@ -103,7 +106,8 @@ def rl_engine(policy: Policy, algo: AlgoConfig, lr: float, cfg: EngineConfig | N
               ranks: Ranks | None = None) -> TrainingEngine:
     """The engine an RL learner rank trains through: Adam (eps 1e-5) at ``lr``, gradients of
     ``evaluate``, a frozen proximal copy under ``proximal: window``."""
-    return TrainingEngine(policy, cfg or EngineConfig(), ranks or Ranks(), "evaluate",
+    module = cast(nn.Module, policy)  # every policy is a torch module (``Policy``)
+    return TrainingEngine(module, cfg or EngineConfig(), ranks or Ranks(), "evaluate",
                           lambda params: torch.optim.Adam(params, lr=lr, eps=1e-5),
                           keep_shadow=algo.proximal == "window")
 
@@ -135,7 +139,7 @@ class LearnerCore:
         """Unstarted items it calls stale are discarded (``max_staleness`` None: none is)."""
         self.reduce = reduce or self.engine.reduce
         self.optimizer = self.engine.optimizer
-        self.last_publish = None
+        self.last_publish: Published | None = None
         """What the last ``weights`` call cost (``rlvla3.engine.engine.Published``)."""
         self.kl_lr = (KlLearningRate(self.optimizer, lr, algo.target_kl, algo.kl_lr_factor,
                                      algo.kl_lr_min_scale, algo.kl_lr_max_scale)
@@ -221,10 +225,11 @@ class LearnerCore:
         return self.snapshot is not None
 
     def pop_snapshot(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """The snapshot taken (call once ``snapshot_ready``), handed over once."""
         taken, self.snapshot = self.snapshot, None
-        return taken
+        return cast(tuple[int, dict[str, torch.Tensor]], taken)
 
-    def load(self, source: object, version: int, optimizer: bool) -> None:
+    def load(self, source: RowSource, version: int, optimizer: bool) -> None:
         """Weights (and the optimizer state, with the version) from a checkpoint
         (``rlvla3.engine.sharded.RowSource``); the proximal copy follows."""
         self.engine.restore(source, optimizer=optimizer)
@@ -449,12 +454,13 @@ class LearnerCore:
         self.busy_s += time.perf_counter() - start
         if snapshot_now:  # every rank at this same version
             self.take_snapshot()
+        q05, q50, q95 = np.quantile(weights_seen, (0.05, 0.5, 0.95))
         return StepStats(
             self.version, 0 if epoch else self.local_batch, avg["loss"], avg["policy_loss"],
             avg["value_loss"], avg["entropy"], avg["clip_fraction"], avg["kl_per_element"],
             avg["kl_per_decision"], avg["no_grad_fraction"], float(grad_norm),
             avg["staleness"], avg["behaviour_weight"],
-            tuple(float(q) for q in np.quantile(weights_seen, (0.05, 0.5, 0.95))),
+            (float(q05), float(q50), float(q95)),
             avg["truncated_fraction"], skipped, epoch, self.optimizer.param_groups[0]["lr"],
             update_kl)
 
@@ -465,7 +471,9 @@ class LearnerCore:
         the trust region's start (the proximal copy's with a window, else those the step was
         computed with). Taken before the update, as the forward pass of the closing step, it
         would miss that step: zero for a region of one step."""
-        batch, before = self._probe
+        # set on a step's last micro-batch when the learning rate follows the KL, the only
+        # steps that measure the drift
+        batch, before = cast(tuple[Samples, torch.Tensor], self._probe)
         if self.proximal is not None:
             before = torch.from_numpy(np.ascontiguousarray(batch.prox_log_probs))
         ev = self.engine.call("evaluate", batch.obs, torch.from_numpy(batch.actions),

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
 
 from rlvla3.engine.engine import TrainingEngine
+from rlvla3.protocols import Policy
 from rlvla3.rl_samples import Samples
 
 Reduce = Callable[[np.ndarray], np.ndarray]
@@ -106,8 +108,9 @@ class ProximalWindow:
     @torch.no_grad()
     def log_probs(self, batch: Samples) -> np.ndarray:
         """``[n]``, or ``[n, E]`` per Gaussian when the policy reports them."""
-        ev = self.engine.shadow.evaluate(batch.obs, torch.from_numpy(batch.actions),
-                                         torch.from_numpy(batch.latents))
+        shadow = cast(Policy, self.engine.shadow)  # kept for ``proximal: window``
+        ev = shadow.evaluate(batch.obs, torch.from_numpy(batch.actions),
+                             torch.from_numpy(batch.latents))
         log_prob = ev.log_prob if ev.log_prob_elements is None else ev.log_prob_elements
         return log_prob.float().cpu().numpy()
 

@@ -103,7 +103,7 @@ def apply(mode: str, threads: int = 1, blas: str = PINNED_BLAS) -> dict[str, Any
     env_vars(mode)  # validates the name
     pinned = mode == "pinned"
     torch.set_num_threads(1 if pinned else threads)
-    torch.backends.mkldnn.enabled = not pinned
+    torch.backends.mkldnn.enabled = not pinned  # type: ignore[assignment]  # a ContextProp
     info = describe(mode)
     start = ("start the worker with runtime_env={'env_vars': "
              f"rlvla3.numerics.env_vars('pinned', {blas!r})}}")
@@ -186,7 +186,7 @@ def numpy_blas() -> str:
 @cache
 def host() -> dict[str, str]:
     """The CPU this process runs on: architecture, model name and widest vector extension."""
-    model, flags = "", set()
+    model, flags = "", set[str]()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

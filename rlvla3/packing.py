@@ -17,7 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def pack_best_fit(lengths: Sequence[int], max_tokens: int, max_segments: int = 64) -> list[list[int]]:
+def pack_best_fit(lengths: Sequence[int] | np.ndarray, max_tokens: int,
+                  max_segments: int = 64) -> list[list[int]]:
     """Group sample indices into rows of at most ``max_tokens`` tokens and ``max_segments`` samples."""
     if max_tokens < 1 or max_segments < 1:
         raise ValueError("max_tokens and max_segments must be >= 1")

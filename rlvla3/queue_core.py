@@ -94,14 +94,15 @@ class QueueCore:
         self._queued = 0
         """Decisions in ``_items`` (a running total)."""
         self.version = 0
-        self.counts = {"put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
-                       "dropped_stale": 0, "dropped_stale_decisions": 0, "dropped_stale_items": 0,
-                       "expired": 0, "expired_decisions": 0, "expired_groups": 0,
-                       "uniform": 0, "uniform_decisions": 0, "uniform_groups": 0,
-                       "discarded_at_stop": 0, "discarded_decisions": 0,
-                       "producer_wait_s": 0.0, "admit_wait_s": 0.0, "admitted": 0,
-                       "dropped_by_producer": 0, "refused_admissions": 0,
-                       "released_tickets": 0}
+        self.counts: dict[str, Any] = {
+            "put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
+            "dropped_stale": 0, "dropped_stale_decisions": 0, "dropped_stale_items": 0,
+            "expired": 0, "expired_decisions": 0, "expired_groups": 0,
+            "uniform": 0, "uniform_decisions": 0, "uniform_groups": 0,
+            "discarded_at_stop": 0, "discarded_decisions": 0,
+            "producer_wait_s": 0.0, "admit_wait_s": 0.0, "admitted": 0,
+            "dropped_by_producer": 0, "refused_admissions": 0,
+            "released_tickets": 0}
         self.closed = False
         """The learners have stopped: nothing more is queued."""
         self._admitting = True
@@ -213,7 +214,7 @@ class QueueCore:
 
     def _release(self, which: Callable[[int, str], bool]) -> int:
         lost = [t for t, (w, inc, _) in self._tickets.items() if which(w, inc)]
-        keys = [self._pop_ticket(t)[2] for t in lost]
+        keys = [held[2] for held in map(self._pop_ticket, lost) if held is not None]
         self.counts["released_tickets"] += len(keys)
         for key in keys:
             self._missing(key)

@@ -171,12 +171,13 @@ class RolloutService:
         """Their time in this service, summed."""
         self._next_lane = 0
 
-    def _ensure(self, lane: Lane) -> Lane:
-        if lane.batcher is None:
+    def _ensure(self, lane: Lane) -> tuple[asyncio.Lock, DynamicBatcher]:
+        """The lane's lock and batcher, made on its first use (in the serving event loop)."""
+        if lane.lock is None or lane.batcher is None:
             lane.lock = asyncio.Lock()
             lane.batcher = DynamicBatcher(partial(self._process, lane), self.batching(),
                                           between_batches=partial(self._swap, lane))
-        return lane
+        return lane.lock, lane.batcher
 
     async def _swap(self, lane: Lane) -> None:
         if self._catch_up is not None:
@@ -194,7 +195,8 @@ class RolloutService:
         self.metrics.observe("batch_wait_ms", 1000 * (time.monotonic() - requests[0][0])
                              / self.dilation)
         observations = [obs for _, obs in requests]
-        async with lane.lock:
+        lock, _ = self._ensure(lane)
+        async with lock:
             chunks = await lane.compute(observations)
         self.metrics.observe("batch_size", len(observations))
         self.metrics.inc("requests", len(observations))
@@ -203,11 +205,11 @@ class RolloutService:
 
     async def act(self, obs: Observation) -> ActionChunk:
         """One env slot's request; batched with whatever else is pending on the next lane."""
-        lane = self._ensure(self.lanes[self._next_lane])
+        _, batcher = self._ensure(self.lanes[self._next_lane])
         self._next_lane = (self._next_lane + 1) % len(self.lanes)
         start = time.monotonic()
         try:
-            return await lane.batcher.submit((start, obs))
+            return await batcher.submit((start, obs))
         finally:
             self.answered += 1
             self.answer_s += time.monotonic() - start
@@ -220,8 +222,8 @@ class RolloutService:
         async def run(lane: Lane, index: np.ndarray) -> list[ActionChunk]:
             if not len(index):
                 return []
-            self._ensure(lane)
-            async with lane.lock:
+            lock, _ = self._ensure(lane)
+            async with lock:
                 await self._swap(lane)
                 chunks = await lane.compute([observations[i] for i in index])
             lane.lockstep_sizes[len(index)] += 1
@@ -244,8 +246,8 @@ class RolloutService:
         """Apply weights on every lane at once (between batches: waits for running batches),
         whatever their version. Returns the version held."""
         for lane in self.lanes:
-            self._ensure(lane)
-            async with lane.lock:
+            lock, _ = self._ensure(lane)
+            async with lock:
                 lane.model.offer_weights(message, force=True)
                 await self._swap(lane)
         return self.version()
@@ -256,9 +258,9 @@ class RolloutService:
 
     async def between_batches(self, fn: Callable[[Acting], T]) -> T:
         """``fn`` of the first lane's model, between two of its batches."""
-        lane = self._ensure(self.lanes[0])
-        async with lane.lock:
-            return fn(lane.model)
+        lock, _ = self._ensure(self.lanes[0])
+        async with lock:
+            return fn(self.lanes[0].model)
 
     def batch_sizes(self) -> Counter[int]:
         """Batches computed, by size, over every lane (batched and lockstep)."""

@@ -431,7 +431,7 @@ class RunConfig:
                 require(getattr(self, section).cost_model.name != REAL, "time_dilation",
                         f"dilating time needs every stage simulated; {section}.cost_model is "
                         f"'{REAL}' (its compute would not dilate)")
-        require(not self.eval_every or self.eval_init_state_ids, "eval_init_state_ids",
+        require(not self.eval_every or bool(self.eval_init_state_ids), "eval_init_state_ids",
                 "periodic evaluation (eval_every > 0) needs held-out initial states")
         if self.algo.name == "grpo":
             require(self.algo.group_size >= 2, "algo.group_size", "GRPO needs groups of >= 2")

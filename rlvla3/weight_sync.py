@@ -48,8 +48,9 @@ class WeightBroadcaster:
                  timeout_s: float = 300.0):
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
-        if backend == "nccl":
-            self.group = dist.ProcessGroupNCCL(store, rank, world_size)
+        self.group: dist.ProcessGroupNCCL | dist.ProcessGroupGloo
+        if backend == "nccl":  # the stubs list only the overload that takes ``options``
+            self.group = dist.ProcessGroupNCCL(store, rank, world_size)  # type: ignore[call-arg]
         else:
             self.group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
         self.rank = rank
@@ -63,25 +64,30 @@ class WeightBroadcaster:
                         for dtype, entries in self.layout.items()}
         self.version = torch.zeros(1, dtype=torch.int64, device=self.device)
 
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        """Broadcast ``tensor`` from rank 0 in place and wait for it (the stubs omit the
+        ``broadcast`` that each backend class defines)."""
+        self.group.broadcast(tensor, 0).wait()  # type: ignore[union-attr]
+
     def send(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Rank 0: broadcast ``state`` as ``version`` (blocks until every member received)."""
         self.version.fill_(version)
-        self.group.broadcast(self.version, 0).wait()
+        self._broadcast(self.version)
         for dtype, entries in self.layout.items():
             flat = self.buffers[dtype]
             offset = 0
             for name, _, n in entries:
                 flat[offset:offset + n].copy_(state[name].detach().reshape(-1))
                 offset += n
-            self.group.broadcast(flat, 0).wait()
+            self._broadcast(flat)
 
     def receive(self) -> tuple[int, dict[str, np.ndarray]]:
         """Other ranks: wait for the next version; return it and CPU copies of the tensors."""
-        self.group.broadcast(self.version, 0).wait()
+        self._broadcast(self.version)
         out: dict[str, np.ndarray] = {}
         for dtype, entries in self.layout.items():
             flat = self.buffers[dtype]
-            self.group.broadcast(flat, 0).wait()
+            self._broadcast(flat)
             host = flat.cpu()
             offset = 0
             for name, shape, n in entries:

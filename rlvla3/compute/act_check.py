@@ -21,6 +21,8 @@ batch 1). ``pass``: every strategy agrees with eager.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,8 +73,8 @@ def check_act(ctx) -> Iterator[dict]:
                     ran = policy.acting.name
                 worst = max(worst, *(float(np.abs(getattr(outs[0], f) - getattr(outs[1], f))
                                            .max()) for f in ("actions", "log_prob", "value")))
-            row = {"ran": ran, "max_abs_diff": round_sig(worst),
-                   "pass": worst <= AGREEMENT and ran == name}
+            row: dict[str, Any] = {"ran": ran, "max_abs_diff": round_sig(worst),
+                                   "pass": worst <= AGREEMENT and ran == name}
         except Exception as exc:  # a strategy that fails is a result, not a crash
             row = {"error": f"{type(exc).__name__}: {exc}"[:400], "pass": False}
         snap["agreement"][name] = row
@@ -82,12 +84,12 @@ def check_act(ctx) -> Iterator[dict]:
     batches = {b: libero_like_batch(spec, b, np.random.default_rng(b))[0] for b in sz.act_batches}
     for name in strategies:
         policy.acting = make_acting(name, dev)
-        row: dict = {"act_ms": {}, "prefix_ms": {}}
+        row = {"act_ms": {}, "prefix_ms": {}}
         snap["strategies"][name] = row
         try:
             for b, ob in batches.items():
                 row["act_ms"][str(b)] = round_sig(
-                    1000 * timed(lambda o=ob: policy.act(o), sz.act_repeats, dev, warmup=2))
+                    1000 * timed(partial(policy.act, ob), sz.act_repeats, dev, warmup=2))
 
                 def prefix(o=ob):
                     with torch.no_grad():

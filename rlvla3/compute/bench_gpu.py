@@ -38,6 +38,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -125,8 +126,8 @@ def _device() -> dict:
     return {"device": torch.cuda.get_device_name(), "capability": f"{major}.{minor}"}
 
 
-def _get(entries: dict, *path: str):
-    node = entries
+def _get(entries: dict, *path: str) -> Any:
+    node: Any = entries
     for key in path:
         node = node.get(key) if isinstance(node, dict) else None
     return node
@@ -174,6 +175,7 @@ def run_check(names: list[str], dry_run: bool, budget: float) -> dict:
     fp8 = os.environ.get(BENCH_FP8)
     for name in names:
         left = budget - (time.monotonic() - start)
+        result: dict[str, Any]
         if left < MIN_ENTRY_S:
             result = {"pass": False, "error": f"not run: {left:.0f} s of the budget left"}
         else:

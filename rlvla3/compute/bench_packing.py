@@ -42,7 +42,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -52,6 +52,10 @@ from rlvla3.compute.step_profile import AttentionCall, AttentionRecorder, count_
 from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.config import build
 from rlvla3.types import EnvSpec, ObsBatch
+
+if TYPE_CHECKING:
+    from rlvla3.policies.groot.policy import GrootPolicy
+    from rlvla3.policies.vla.policy import VLAPolicy
 
 GROOT_TINY_ASSETS = Path(__file__).resolve().parents[2] / "tests" / "data" / "groot_tiny" / "eagle"
 """The Eagle processor assets of the tiny GR00T (the parity fixture's), ``--tokenizer``'s
@@ -63,10 +67,18 @@ class Workload(Protocol):
     (same weights), each sample's flow noise and time, a row's loss, the baseline's stream."""
 
     spec: EnvSpec
-    packed: nn.Module
-    padded: nn.Module
     noise: torch.Tensor
     t: torch.Tensor
+
+    @property
+    def packed(self) -> VLAPolicy | GrootPolicy:
+        """The packed model."""
+        ...
+
+    @property
+    def padded(self) -> VLAPolicy | GrootPolicy:
+        """The padded baseline, with the packed model's weights."""
+        ...
 
     def loss(self, policy: nn.Module, obs: ObsBatch, actions: torch.Tensor,
              row: np.ndarray) -> torch.Tensor: ...

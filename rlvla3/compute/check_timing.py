@@ -10,6 +10,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from typing import overload
 
 import torch
 
@@ -46,7 +47,16 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+@overload
+def round_sig(x: float, digits: int = 4) -> float: ...
+
+
+@overload
+def round_sig(x: None, digits: int = 4) -> None: ...
+
+
 def round_sig(x: float | None, digits: int = 4) -> float | None:
+    """``x`` rounded to ``digits`` significant digits (None, inf and nan as they are)."""
     if x is None or not math.isfinite(x):
         return x
     return float(f"{x:.{digits}g}")

@@ -28,6 +28,8 @@ measured point by more than ``FIT_TOLERANCE``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,9 +74,9 @@ def measure_costs(ctx, policy, spec, model: str, denoise_steps: int) -> Iterator
     batches = {b: libero_like_batch(spec, b, np.random.default_rng(b))[0]
                for b in sz.cost_batches}
     for obs in batches.values():  # every shape once first: allocator, kernels and clocks settle
-        timed(lambda p=policy, o=obs: p.act(o), 1, dev, warmup=1)
+        timed(partial(policy.act, obs), 1, dev, warmup=1)
     for b, obs in batches.items():
-        seconds = timed(lambda p=policy, o=obs: p.act(o), sz.cost_repeats, dev, warmup=1)
+        seconds = timed(partial(policy.act, obs), sz.cost_repeats, dev, warmup=1)
         snap["act_ms"][str(b)] = round_sig(1000 * seconds)
         yield snap
     sizes = np.array(sz.cost_batches, dtype=float)
@@ -98,7 +100,7 @@ def measure_costs(ctx, policy, spec, model: str, denoise_steps: int) -> Iterator
     step_s = timed(optimizer.step, sz.rl_repeats, dev)
     snap["train_peak_memory_gb"] = peak_gb(dev)
     params = sum(p.numel() for p in policy.parameters())
-    options = {
+    options: dict[str, Any] = {
         "infer_per_call_ms": round_sig(max(float(intercept), 0.0)),
         "infer_per_sample_ms": round_sig(max(float(slope), 0.0)),
         "train_per_sample_ms": round_sig(1000 * train_s / n),

@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -114,7 +115,7 @@ def check_attention(ctx: Context) -> Iterator[Snapshot]:
             got = run(backend, ctx.sizes.dtype)
             errors = {key: round_sig(_max_rel(a, b)) for key, a, b in
                       zip(("out", "dq", "dk", "dv"), got, ref, strict=True)}
-            seconds = timed(lambda b=backend: run(b, ctx.sizes.dtype), ctx.sizes.attention_repeats,
+            seconds = timed(partial(run, backend, ctx.sizes.dtype), ctx.sizes.attention_repeats,
                             dev)
             passed = all(errors[key] <= tol for key, tol in ATTENTION_TOLERANCE.items())
             snap["backends"][name] = {"max_rel_err": errors, "fwd_bwd_ms": round_sig(seconds * 1e3),
@@ -184,13 +185,14 @@ def check_rl(ctx: Context) -> Iterator[Snapshot]:
         with torch.no_grad():
             ev = policy.evaluate(obs, torch.as_tensor(out.actions), torch.as_tensor(out.latents))
         diff = ev.log_prob.float().cpu() - torch.as_tensor(out.log_prob)
-        row = {"logprob_max_abs_diff": round_sig(float(diff.abs().max())),
-               "ratio_max_dev": round_sig(float((diff.exp() - 1).abs().max())),
-               "logprob_mean": round_sig(float(ev.log_prob.float().mean())),
-               "finite": bool(np.isfinite(out.log_prob).all() and np.isfinite(out.actions).all())}
+        row: Snapshot = {
+            "logprob_max_abs_diff": round_sig(float(diff.abs().max())),
+            "ratio_max_dev": round_sig(float((diff.exp() - 1).abs().max())),
+            "logprob_mean": round_sig(float(ev.log_prob.float().mean())),
+            "finite": bool(np.isfinite(out.log_prob).all() and np.isfinite(out.actions).all())}
         row["ppo_clip_ok"] = row["ratio_max_dev"] <= 0.2  # ratios inside PPO's usual clip
         if dtype == sz.dtype:  # speed in the working dtype only
-            act_s = timed(lambda p=policy: p.act(obs), sz.rl_repeats, dev, warmup=0)
+            act_s = timed(partial(policy.act, obs), sz.rl_repeats, dev, warmup=0)
 
             def learn(p=policy, out=out):
                 p.zero_grad(set_to_none=True)

@@ -20,11 +20,13 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from rlvla3.compute.check_timing import round_sig, timed
+from rlvla3.model.attention import AttentionBackend
 
 
 @dataclass(frozen=True)
@@ -50,14 +52,16 @@ class AttentionCall:
         return pairs * heads * dim
 
 
-class AttentionRecorder:
+class AttentionRecorder(AttentionBackend):
     """Stands in for a network's attention backend; records each call, then delegates."""
 
-    def __init__(self, backend):
+    def __init__(self, backend: AttentionBackend):
         self.backend = backend
         self.calls: list[AttentionCall] = []
 
-    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, key_valid=None, causal=False):
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                 cu_k: torch.Tensor, max_q: int, max_k: int,
+                 key_valid: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
         self.calls.append(AttentionCall(tuple(q.shape), tuple(k.shape), cu_q, cu_k, max_q, max_k,
                                         key_valid, causal))
         return self.backend(q, k, v, cu_q, cu_k, max_q, max_k, key_valid, causal=causal)
@@ -95,7 +99,13 @@ KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 """First match wins; the last kind takes the rest (norms, RoPE, activations, the loss)."""
 
 
-def step_flops(net: nn.Module, step: Callable[[], object], padded: bool) -> int:
+class AttentionNetwork(Protocol):
+    """A network whose varlen attention is a swappable backend (the VLA's, GR00T's)."""
+
+    attention: AttentionBackend
+
+
+def step_flops(net: AttentionNetwork, step: Callable[[], object], padded: bool) -> int:
     """FLOPs of one forward + backward of ``step`` (which runs ``net``)."""
     recorder = AttentionRecorder(net.attention)
     net.attention = recorder

@@ -90,7 +90,7 @@ class Strategy:
         params = [p for p in self.policy.parameters() if p.grad is not None]
         if max_norm > 0:
             return nn.utils.clip_grad_norm_(params, max_norm)
-        return nn.utils.get_total_norm([p.grad for p in params])
+        return nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
 
 class Replicated(Strategy):
@@ -133,7 +133,7 @@ class Sharded(Strategy):
         self.policy = policy
         mesh = init_device_mesh(self.ranks.device.type, (self.ranks.world,))
         dtype = self.cfg.param_dtype(self.ranks.device)
-        options = {
+        options: dict[str, Any] = {
             "mesh": mesh,
             # the root too: a forward without a backward (a no-grad evaluate of the proximal
             # copy, the drift check) must leave every parameter sharded again
@@ -146,17 +146,17 @@ class Sharded(Strategy):
             fully_shard(block, **options)
             for name in block_methods:
                 register_fsdp_forward_method(block, name)
-        fully_shard(policy, **options)
+        self._root = fully_shard(policy, **options)  # ``policy``, now an FSDPModule
         for name in ("evaluate", "act", "sft_loss"):  # the Policy protocol's entry points
             register_fsdp_forward_method(policy, name)
 
     @contextlib.contextmanager
     def accumulate(self, last: bool) -> Iterator[None]:
-        self.policy.set_requires_gradient_sync(last)  # else: accumulate unsharded, reduce later
+        self._root.set_requires_gradient_sync(last)  # else: accumulate unsharded, reduce later
         try:
             yield
         finally:
-            self.policy.set_requires_gradient_sync(True)
+            self._root.set_requires_gradient_sync(True)
 
     def clip(self, max_norm: float) -> torch.Tensor:
         from torch.distributed.tensor import DTensor

@@ -35,6 +35,7 @@ import functools
 import importlib.util
 import inspect
 import logging
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -155,7 +156,7 @@ class TorchVarlenAttention(FusedAttention):
     def fused(self, q, k, v, cu_q, cu_k, max_q, max_k, causal=False):
         from torch.nn.attention.varlen import varlen_attn
 
-        extra = {}
+        extra: dict[str, Any] = {}  # keywords this torch's varlen_attn takes (varlen_params)
         if causal:  # newer releases spell it as a window: every key up to the query's own
             extra = ({"is_causal": True} if "is_causal" in varlen_params()
                      else {"window_size": (-1, 0)})

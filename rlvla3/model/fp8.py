@@ -27,10 +27,14 @@ import abc
 import importlib.util
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from rlvla3.model.fp8_kernels import QWeight
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +105,7 @@ def require_hopper(what: str) -> None:
 
 # Autotuner configs kept by quick tuning. Each quantiser is compiled per feature size and, left
 # alone, times 45 configs (GEMMs: 6) at the first call of every shape: minutes for a model.
-_QUICK = {
+_QUICK: dict[str, dict[str, tuple[int, ...]]] = {
     "act_quant": {"NUM_GROUPS": (32, 128), "num_warps": (4,), "num_stages": (2,)},
     "weight_quant": {"num_warps": (4,), "num_stages": (2,)},
     "gemm": {"BLOCK_SIZE_M": (128,), "BLOCK_SIZE_N": (128,), "num_warps": (8,)},
@@ -225,6 +229,9 @@ class BlockLinear(nn.Linear):
     """``nn.Linear`` that runs through an FP8 backend when ``fp8`` is set (same state dict)."""
 
     fp8: Fp8Backend | None = None
+    fp8_weight: tuple[tuple[object, ...], QWeight] | None = None
+    """A kernel set's quantised ``weight`` and the key it was made for
+    (``rlvla3.model.fp8_kernels.Fp8Linear.weight``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8 is None:

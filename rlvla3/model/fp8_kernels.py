@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlvla3.model.fp8 import BLOCK, E4M3, E4M3_MAX, Fp8Backend
+from rlvla3.model.fp8 import BLOCK, E4M3, E4M3_MAX, BlockLinear, Fp8Backend
 
 log = logging.getLogger(__name__)
 
@@ -239,9 +239,9 @@ def scaled_mm_rowwise(a: QTensor, b: QTensor, out_dtype: torch.dtype) -> torch.T
 
 @dataclass
 class _ActCache:
-    source: torch.Tensor | None = None
-    version: int = -1
-    rows: QTensor | None = None
+    source: torch.Tensor
+    version: int
+    rows: QTensor
     cols: QTensor | None = None
 
 
@@ -274,18 +274,18 @@ class Fp8Linear(Fp8Backend):
         self.name = kernels.name
         self.weight_quantisations = 0
         self.activation_quantisations = 0
-        self._act = _ActCache()
+        self._act: _ActCache | None = None
 
     @property
     def detail(self) -> str:
         return self.kernels.detail
 
-    def weight(self, layer: torch.nn.Module) -> QWeight:
+    def weight(self, layer: BlockLinear) -> QWeight:
         """The layer's quantised weight, re-quantised only when the weight changed, into the
         tensors it had (so a CUDA graph that reads them sees the new weights)."""
         w = layer.weight
         key = (w.data_ptr(), w._version, w.dtype, w.device, self.kernels.name)
-        cached = getattr(layer, "_fp8_weight", None)
+        cached = layer.fp8_weight
         if cached is None or cached[0] != key:
             with torch.no_grad():
                 qw = self.kernels.quant_weight(w.detach())
@@ -296,18 +296,18 @@ class Fp8Linear(Fp8Backend):
                         a.scale.copy_(b.scale)
                     qw = old
             self.weight_quantisations += 1
-            cached = layer._fp8_weight = (key, qw)
+            cached = layer.fp8_weight = (key, qw)
         return cached[1]
 
     def refresh(self, module: torch.nn.Module) -> None:
         """Re-quantise, in place, the weights of ``module``'s layers that changed."""
         for m in module.modules():
-            if getattr(m, "fp8", None) is self:
+            if isinstance(m, BlockLinear) and m.fp8 is self:
                 self.weight(m)
 
     def _activation(self, x: torch.Tensor, x2: torch.Tensor, need_cols: bool) -> _ActCache:
         c = self._act
-        if c.source is not x or c.version != x._version:
+        if c is None or c.source is not x or c.version != x._version:
             with torch.no_grad():
                 c = self._act = _ActCache(x, x._version, self.kernels.quant(x2.detach()))
             self.activation_quantisations += 1
@@ -330,7 +330,7 @@ class Fp8Linear(Fp8Backend):
 
     def release(self) -> None:
         """Drop the kept activation (its tensor may otherwise outlive a step)."""
-        self._act = _ActCache()
+        self._act = None
 
 
 

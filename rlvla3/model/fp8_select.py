@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -138,12 +139,13 @@ def measure_linear(backend: Fp8Backend, tokens: int, in_features: int, out_featu
     def errors(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict[str, float]:
         return {k: round_sig(_rel(p, q)) for k, p, q in zip(keys, a, b, strict=True)}
 
-    row = {"tokens": tokens, "in": in_features, "out": out_features,
-           "fp8_vs_emulation_rel_err": errors(results["fp8"], results["emulation"]),
-           "format_rel_err": errors(results["emulation"], exact),
-           "fp8_rel_err": errors(results["fp8"], exact),
-           "bf16_rel_err": errors(results[dtype], exact),
-           "fp8_vs_bf16_rel_err": errors(results["fp8"], results[dtype])}
+    row: dict[str, Any] = {
+        "tokens": tokens, "in": in_features, "out": out_features,
+        "fp8_vs_emulation_rel_err": errors(results["fp8"], results["emulation"]),
+        "format_rel_err": errors(results["emulation"], exact),
+        "fp8_rel_err": errors(results["fp8"], exact),
+        "bf16_rel_err": errors(results[dtype], exact),
+        "fp8_vs_bf16_rel_err": errors(results["fp8"], results[dtype])}
     row["correct"] = all(e <= KERNEL_TOLERANCE for e in row["fp8_vs_emulation_rel_err"].values())
     if timing:
         def step(fp8: Fp8Backend | None) -> Callable[[], None]:

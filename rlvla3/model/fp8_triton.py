@@ -30,6 +30,7 @@ checks every set against the float32 emulation before using it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import triton
@@ -210,7 +211,7 @@ class TritonBlockGemm:
                 continue
         if not times:
             raise RuntimeError("no Triton block-GEMM configuration ran on this GPU")
-        return GEMM_CONFIGS[min(times, key=times.get)]
+        return GEMM_CONFIGS[min(times, key=times.__getitem__)]
 
 
 class TritonBlockKernels(KernelSet):
@@ -277,8 +278,9 @@ class ScaledMMRowwiseKernels(KernelSet):
 
 def build(name: str) -> KernelSet:
     """The GPU kernel set ``name``."""
-    sets = {"triton_block": TritonBlockKernels, "scaled_mm_block": ScaledMMBlockKernels,
-            "scaled_mm_rowwise": ScaledMMRowwiseKernels}
+    sets: dict[str, Callable[[], KernelSet]] = {
+        "triton_block": TritonBlockKernels, "scaled_mm_block": ScaledMMBlockKernels,
+        "scaled_mm_rowwise": ScaledMMRowwiseKernels}
     return sets[name]()
 
 

@@ -130,6 +130,26 @@ class DecoderLayer(nn.Module):
         return x + (out if gate is None else out * gate)
 
 
+class VisionAttentionProj(nn.Module):
+    """SigLIP's biased Q/K/V/out projections (the attention itself is in ``VisionLayer``)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.q_proj = nn.Linear(dim, dim)
+        self.k_proj = nn.Linear(dim, dim)
+        self.v_proj = nn.Linear(dim, dim)
+        self.out_proj = nn.Linear(dim, dim)
+
+
+class VisionMLP(nn.Module):
+    """SigLIP's two-layer MLP weights (the tanh GELU between them is in ``VisionLayer``)."""
+
+    def __init__(self, dim: int, mlp: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, mlp)
+        self.fc2 = nn.Linear(mlp, dim)
+
+
 class VisionLayer(nn.Module):
     """SigLIP encoder layer: LayerNorm, biased MHA, LayerNorm, GELU MLP."""
 
@@ -137,13 +157,9 @@ class VisionLayer(nn.Module):
         super().__init__()
         self.heads = heads
         self.layer_norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.self_attn = nn.Module()
-        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            setattr(self.self_attn, name, nn.Linear(dim, dim))
+        self.self_attn = VisionAttentionProj(dim)
         self.layer_norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = nn.Module()
-        self.mlp.fc1 = nn.Linear(dim, mlp)
-        self.mlp.fc2 = nn.Linear(mlp, dim)
+        self.mlp = VisionMLP(dim, mlp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, p, d = x.shape
@@ -163,6 +179,7 @@ class VisionEncoder(nn.Module):
     def __init__(self, image_size: int, patch: int, dim: int, depth: int, heads: int, mlp: int,
                  out_dim: int, conv_stem: int = 0):
         super().__init__()
+        self.patch_embedding: nn.Module
         if conv_stem:  # channels double up to ``dim``; each conv halves the side
             widths = [3] + [max(8, dim >> (conv_stem - 1 - i)) for i in range(conv_stem)]
             convs: list[nn.Module] = []

@@ -30,6 +30,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -48,6 +49,9 @@ from rlvla3.parity.vla import (
     run_export,
 )
 from rlvla3.types import EnvSpec, ObsBatch
+
+if TYPE_CHECKING:
+    from rlvla3.policies.groot.policy import GrootPolicy
 
 DEFAULT_FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "data" / "groot_tiny"
 
@@ -137,11 +141,14 @@ def compare(path: Path) -> list[Stage]:
     steps = meta["steps"]
     blocks = len(net.action_head.model.transformer_blocks)
     for kind in ("sampled", "deterministic"):
-        enc, dit, vel = [], [[] for _ in range(blocks)], []
+        enc: list[Stage] = []
+        dit: list[list[Stage]] = [[] for _ in range(blocks)]
+        vel: list[Stage] = []
         for k in range(steps):
             x = torch.cat([r[k] for r in ref(kind, "chain_x")])
             timestep = torch.full((n,), int(k / steps * net.shapes.buckets))
-            record, encodings = [], []
+            record: list[torch.Tensor] = []
+            encodings: list[torch.Tensor] = []
             v = net.velocity(cache, kv, x, timestep, record, encodings)
             enc.append(_diff("", encodings[0], torch.cat([r[k] for r in ref(kind,
                                                                            "action_encoding")])))
@@ -206,7 +213,7 @@ def compare_export(fixture: Path, out: Path) -> list[Stage]:
     check_digest(exported, digest, "tests/data/groot_reference.py --export")
     meta, t = load_fixture(fixture)
     obs = fixture_obs(meta, t)
-    trained, _ = load_policy(ckpt)
+    trained = cast("GrootPolicy", load_policy(ckpt)[0])  # the fixture's round trip: GR00T
     reloaded = build_groot_policy(trained.spec, {
         **fixture_options(fixture, meta, exported), "tokenizer": str(exported / "eagle")})
     untrained = torch.cat([t[f"deterministic.{i}.actions"] for i in range(len(obs))])

@@ -38,12 +38,15 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from rlvla3.policies.vla.normalize import QuantileNormalizer
 from rlvla3.policies.vla.policy import VLAPolicy
+from rlvla3.policies.vla.tokenizer import PaliGemmaTokenizer
 from rlvla3.types import EnvSpec, ObsBatch
 
 DEFAULT_FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "data" / "pi05_tiny"
@@ -109,14 +112,17 @@ def compare(path: Path) -> list[Stage]:
     def real(ref: torch.Tensor) -> torch.Tensor:  # [B, L, ...] -> packed real tokens
         return torch.cat([ref[b][mask[b]] for b in range(n)])
 
-    bins = policy.normalizer.state_bins(obs.state)
+    # a LeRobot pi05 directory: PaliGemma's prompt, quantile normalisation
+    tokenizer = cast(PaliGemmaTokenizer, proc.tokenizer)
+    normalizer = cast(QuantileNormalizer, policy.normalizer)
+    bins = normalizer.state_bins(obs.state)
     stages = [
-        _exact("prompts", [proc.tokenizer.prompt(i, b) for i, b in zip(obs.instruction, bins,
-                                                                       strict=True)],
+        _exact("prompts", [tokenizer.prompt(i, b) for i, b in zip(obs.instruction, bins,
+                                                                  strict=True)],
                meta["prompts"]),
         _exact("tokens", [ids for ids, _ in proc.encode_text(obs)],
                [t["tokens"][b][t["token_mask"][b]].tolist() for b in range(n)]),
-        _diff("state normalised", policy.normalizer.state_normalised(obs.state),
+        _diff("state normalised", normalizer.state_normalised(obs.state),
               t["state_normalised"]),
     ]
     pb = proc(obs)
@@ -251,7 +257,7 @@ def compare_export(fixture: Path, out: Path) -> list[Stage]:
     check_digest(exported, digest, "tests/data/check_pi05_export.py")
     meta, t = load_fixture(fixture)
     obs = fixture_obs(meta, t)
-    trained, _ = load_policy(ckpt)
+    trained = cast(VLAPolicy, load_policy(ckpt)[0])  # the fixture's round trip: a VLA policy
     reloaded = build_vla_policy(trained.spec, {
         "preset": "pi05_tiny", "checkpoint": str(exported),
         "tokenizer": str(exported / "tokenizer.model"), "camera_keys": trained.cfg.camera_keys,

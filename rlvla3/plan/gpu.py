@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
+from typing import cast
 
 from rlvla3.config import require
 from rlvla3.gpu_costs import GpuCosts
@@ -315,7 +316,7 @@ def predict(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: int
     batch = split_batch(req, learner_gpus)
     train = training_rate(costs, learner_gpus, batch, req.update_epochs)
     sync_s = costs.sync_ms / 1000.0
-    stall, lane = 0.0, None
+    stall = 0.0
     decision_s = env.decision_s + req.slot_overhead_ms / 1000.0  # a slot's own time per decision
     for _ in range(50):  # the stall depends on the rate it limits
         lane = rollout_gpu(costs, slots / rollout_gpus, decision_s,
@@ -330,8 +331,8 @@ def predict(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: int
     spd = env.steps_per_decision
     capacity = capacities(costs, env, req, rollout_gpus, slots, stall, train)
     return Prediction(learner_gpus, rollout_gpus, slots, weights_every, batch, rate, rate * spd,
-                      rate * spd, capacity, min(capacity, key=capacity.get), lane.mean_batch,
-                      1000.0 * lane.response_s, stall)
+                      rate * spd, capacity, min(capacity, key=capacity.__getitem__),
+                      lane.mean_batch, 1000.0 * lane.response_s, stall)
 
 
 def capacities(costs: GpuCosts, env: EnvTiming, req: PlanRequest, rollout_gpus: int,
@@ -361,7 +362,7 @@ def refine(costs: GpuCosts, env: EnvTiming, req: PlanRequest, pred: Prediction,
     of the closed form. The version cadence depends on the rate it limits: three rounds."""
     train = training_rate(costs, pred.learner_gpus, pred.global_batch, req.update_epochs)
     timing = slot_timing(env, req.slot_overhead_ms)
-    rate, lane = pred.decisions_per_s, None
+    rate = pred.decisions_per_s
     for _ in range(3):
         lane = simulate_lane(costs, timing, round(pred.env_slots / pred.rollout_gpus),
                              req.b_limit, 1.0 / versions_per_s(req, rate, pred.global_batch),
@@ -376,7 +377,7 @@ def refine(costs: GpuCosts, env: EnvTiming, req: PlanRequest, pred: Prediction,
     spd = env.steps_per_decision
     return replace(pred, decisions_per_s=rate, env_steps_per_s=rate * spd,
                    trained_env_steps_per_s=rate * spd, capacity_env_steps_per_s=capacity,
-                   bottleneck=min(capacity, key=capacity.get),
+                   bottleneck=min(capacity, key=capacity.__getitem__),
                    mean_batch=lane.mean_batch, response_ms=1000.0 * lane.response_s,
                    sync_stall_fraction=lane.sync_fraction, analytic_decisions_per_s=(
                        pred.decisions_per_s))
@@ -419,7 +420,7 @@ def plan_split(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: 
             best = pred
         if pred.sync_stall_fraction <= req.max_sync_fraction:
             break
-    return best
+    return cast(Prediction, best)  # max_weights_every >= 1: the loop ran
 
 
 def make_plan(costs: GpuCosts, env: EnvTiming, req: PlanRequest) -> Plan:

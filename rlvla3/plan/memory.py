@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -53,6 +54,9 @@ from rlvla3.config import ConfigError, Named, build
 from rlvla3.plan.cluster import NodeInfo, Placement
 from rlvla3.run_config import RunConfig
 from rlvla3.types import EnvSpec, ObsBatch
+
+if TYPE_CHECKING:
+    import torch
 
 MB = 2**20
 TORCH_PROCESS_MB = 310.0
@@ -505,7 +509,7 @@ def learner_strategy(cfg: RunConfig) -> str:
     return "fsdp" if cfg.learner.strategy == "fsdp" else "ddp"
 
 
-def _device(lc) -> object:
+def _device(lc) -> torch.device:
     import torch
 
     return torch.device("cuda" if lc.num_gpus > 0 else "cpu")

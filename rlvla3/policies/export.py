@@ -40,7 +40,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors.torch import save_file
@@ -48,6 +48,7 @@ from safetensors.torch import save_file
 from rlvla3.cli_options import add_output_dir, require_output_dir
 from rlvla3.policies.vla.lerobot import ACTION, POSTPROCESSOR, PREPROCESSOR, STATE, feature_key
 from rlvla3.policies.vla.loader import EMBED_TOKENS, EXPERT_LM_HEAD, LM_HEAD, to_openpi_state_dict
+from rlvla3.policies.vla.normalize import QuantileNormalizer
 from rlvla3.policies.vla.policy import VLAPolicy
 from rlvla3.policies.vla.tokenizer import PaliGemmaTokenizer
 
@@ -122,7 +123,7 @@ def _config(policy: VLAPolicy, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stats(policy: VLAPolicy, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    n = policy.normalizer
+    n = cast(QuantileNormalizer, policy.normalizer)  # export_problems: quantile normalisation
     quantiles = {STATE: (n.state_q01, n.state_q99), ACTION: (n.action_q01, n.action_q99)}
     return {f"{key}.{name}": q.clone() for key in keys
             for name, q in zip(("q01", "q99"), quantiles[key], strict=True)}
@@ -188,7 +189,8 @@ def export_lerobot(policy: VLAPolicy, out: Path, source: dict[str, Any]) -> dict
         raise ExportError("cannot export as a LeRobot pi05 policy:\n  " + "\n  ".join(problems))
     weights, left_out = _weights(policy)
     inputs, cameras = _features(policy)
-    tokenizer = Path(policy.processor.tokenizer.path)
+    paligemma = cast(PaliGemmaTokenizer, policy.processor.tokenizer)  # export_problems
+    tokenizer = Path(paligemma.path)
     manifest = {
         "format": "lerobot pi05 (LeRobot 0.6.x)",
         **source,

@@ -25,6 +25,7 @@ import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -111,8 +112,9 @@ class SmallPolicy(nn.Module):
         self.value_head = nn.Sequential(nn.Linear(feat, cfg.hidden), nn.Tanh(),
                                         nn.Linear(cfg.hidden, 1))
         self.log_std = nn.Parameter(torch.full((self.out_dim,), cfg.init_log_std))
-        nn.init.zeros_(self.mean_head[-1].bias)
-        self.mean_head[-1].weight.data.mul_(0.1)
+        last = cast(nn.Linear, self.mean_head[-1])
+        nn.init.zeros_(last.bias)
+        last.weight.data.mul_(0.1)
         self._generator: torch.Generator | None = None
 
     def seed_sampling(self, seed: int) -> None:

@@ -19,6 +19,9 @@ exact reshapes) so float32 outputs agree to rounding.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -66,7 +69,7 @@ class SiglipTower(nn.Module):
         self.embeddings = SiglipEmbeddings(s)
         self.encoder = SiglipEncoder(s)
         self.post_layernorm = nn.LayerNorm(s.vision_width, eps=s.vision_eps)
-        for layer in self.encoder.layers:
+        for layer in cast(Sequence[VisionLayer], self.encoder.layers):
             layer.layer_norm1.eps = layer.layer_norm2.eps = s.vision_eps
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,9 @@ a probability is passed (training on request), never from ``nn.Module.training``
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -167,7 +169,7 @@ class DiT(nn.Module):
         self.proj_out_2 = nn.Linear(dim, out_dim)
 
     def cross_blocks(self) -> list[Block]:
-        return [b for b in self.transformer_blocks if b.cross]
+        return [b for b in cast(Sequence[Block], self.transformer_blocks) if b.cross]
 
     def cross_kv(self, vl: torch.Tensor, index: torch.Tensor, cu_k: torch.Tensor, max_k: int,
                  key_valid: torch.Tensor | None) -> CrossKV:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -173,6 +173,7 @@ def export_lerobot(policy: GrootPolicy, out: Path, source: dict[str, Any]) -> di
     problems = export_problems(policy, base)
     if problems:
         raise ExportError("cannot export as a LeRobot groot policy:\n  " + "\n  ".join(problems))
+    base = cast(str, base)  # export_problems names a missing base
     weights, left_out = lerobot_weights(policy.net)
     stats = {k: v.clone() for k, v in _stats(policy).items()}
     inputs = _features(policy)

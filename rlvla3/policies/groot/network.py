@@ -56,7 +56,8 @@ class GrootNetwork(nn.Module):
         w = shapes.vl_width
         self.value_head = nn.Sequential(nn.Linear(w, shapes.hidden), nn.SiLU(),
                                         nn.Linear(shapes.hidden, 1))
-        self.attention: AttentionBackend | None = None
+        self.attention: AttentionBackend
+        """Varlen attention, set by the policy before the first forward."""
         self.dropout = 0.0
         """Dropout probability of the head's blocks in the next forwards (training only)."""
 

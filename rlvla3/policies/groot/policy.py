@@ -37,7 +37,7 @@ from rlvla3.packing import pack_best_fit
 from rlvla3.policies.groot.config import GrootConfig, GrootShapes
 from rlvla3.policies.groot.head import flow_loss, training_time
 from rlvla3.policies.groot.network import GrootNetwork, VLCache
-from rlvla3.policies.groot.processor import EagleTokenizer, GrootProcessor, MinMax
+from rlvla3.policies.groot.processor import GrootProcessor, MinMax, PromptTokenizer
 from rlvla3.protocols import Evaluation
 from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput
 
@@ -61,7 +61,7 @@ def freeze(net: GrootNetwork, cfg: GrootConfig) -> None:
 
 class GrootPolicy(nn.Module):
     def __init__(self, spec: EnvSpec, cfg: GrootConfig, shapes: GrootShapes,
-                 tokenizer: EagleTokenizer, device: torch.device | str = "cpu"):
+                 tokenizer: PromptTokenizer, device: torch.device | str = "cpu"):
         super().__init__()
         device = torch.device(device)
         self.spec, self.cfg, self.shapes = spec, cfg, shapes

@@ -35,6 +35,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, cast
 
 import numpy as np
 import torch
@@ -56,6 +57,20 @@ def _read_json(path: Path) -> dict:
         raise ValueError(f"{path}: {exc}") from None
 
 
+class PromptTokenizer(Protocol):
+    """What the processor reads of a tokenizer: ``EagleTokenizer``, or a stand-in that makes
+    prompts of the same layout without tokenizer files (the GPU check's)."""
+
+    image_token_id: int
+    pad_id: int
+    tile: int
+    """Side of an image tile the processor resizes to (0: the model's image size)."""
+
+    def encode(self, instruction: str, images: int) -> list[int]:
+        """The prompt's token ids for ``instruction`` after ``images`` images."""
+        ...
+
+
 class EagleTokenizer:
     """The Eagle prompt and its token ids, from a processor assets directory."""
 
@@ -69,7 +84,8 @@ class EagleTokenizer:
                 raise FileNotFoundError(f"no {name} in {d} (the Eagle processor assets "
                                         "directory; nothing is downloaded)")
         vocab = _read_json(d / "vocab.json")
-        merges = [tuple(line.split(" ")) for line in (d / "merges.txt").read_text().splitlines()
+        merges = [cast(tuple[str, str], tuple(line.split(" ")))  # a pair per line
+                  for line in (d / "merges.txt").read_text().splitlines()
                   if line and not line.startswith("#version")]
         tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False,
                             byte_fallback=False, continuing_subword_prefix="",
@@ -101,9 +117,10 @@ class EagleTokenizer:
         proc = _read_json(d / "processor_config.json") if (d / "processor_config.json"
                                                             ).is_file() else {}
         self.tokens_per_tile = int(proc.get("tokens_per_tile", 256))
-        self.image_token_id = tok.token_to_id(IMG_CONTEXT)
-        if self.image_token_id is None:
+        image_token_id = tok.token_to_id(IMG_CONTEXT)
+        if image_token_id is None:
             raise ValueError(f"{d}: the tokenizer has no {IMG_CONTEXT} token")
+        self.image_token_id = image_token_id
         self.pad_id = tok.token_to_id(config.get("pad_token") or "<|endoftext|>") or 0
         pre = _read_json(d / "preprocessor_config.json") if (d / "preprocessor_config.json"
                                                               ).is_file() else {}
@@ -218,7 +235,7 @@ class GrootBatch:
 
 
 class GrootProcessor:
-    def __init__(self, tokenizer: EagleTokenizer, cameras: Sequence[str],
+    def __init__(self, tokenizer: PromptTokenizer, cameras: Sequence[str],
                  camera_keys: Mapping[str, str], tile: int, max_state_dim: int,
                  normalizer: MinMax, embodiment_id: int):
         self.tokenizer, self.tile, self.max_state_dim = tokenizer, tile, max_state_dim

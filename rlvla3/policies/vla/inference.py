@@ -48,6 +48,8 @@ import torch
 from rlvla3.policies.vla.network import DenseSuffix, PrefixCache
 
 if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
+
     from rlvla3.policies.vla.policy import VLAPolicy
     from rlvla3.types import ObsBatch
 
@@ -213,7 +215,7 @@ class CudaGraphActing(StaticActing):
     def __init__(self, buckets: tuple[int, ...] = BUCKETS) -> None:
         super().__init__(buckets)
         self._graphs: dict[tuple[int, bool], _Captured] = {}
-        self._pool = None
+        self._pool: _POOL_HANDLE | None = None
         self.failed = ""
         """Why a capture failed (then every call runs the static loop, and ``name`` says so)."""
 

@@ -18,7 +18,9 @@ denoising steps (the KV cache of pi0 inference), and training uses the same two 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -125,7 +127,8 @@ class VLANetwork(nn.Module):
         self.value_head = nn.Sequential(nn.Linear(s.width, s.width), nn.SiLU(),
                                         nn.Linear(s.width, 1))
         self.noise_head = nn.Linear(we, self.action_width) if flow_noise else None
-        self.attention: AttentionBackend | None = None
+        self.attention: AttentionBackend
+        """Varlen attention, set by the policy (``set_attention``) before the first forward."""
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -157,7 +160,7 @@ class VLANetwork(nn.Module):
     def encode_prefix(self, pb: PrefixBatch) -> PrefixCache:
         x = self.embed_prefix(pb)
         keys, values = [], []
-        for layer in self.layers:
+        for layer in cast(Sequence[DecoderLayer], self.layers):
             q, k, v, _ = layer.qkv(x, pb.positions)
             a = self.attention(q, k, v, pb.cu_prefix, pb.cu_prefix, pb.max_prefix, pb.max_prefix,
                                pb.key_valid)
@@ -167,12 +170,14 @@ class VLANetwork(nn.Module):
         return PrefixCache(keys, values, self.norm(x)[0])
 
     def value(self, cache: PrefixCache, pb: PrefixBatch) -> torch.Tensor:
-        """Value ``[n]`` from the mean of each sample's real prefix states."""
-        w = torch.ones(len(cache.hidden), device=cache.hidden.device, dtype=cache.hidden.dtype)
+        """Value ``[n]`` from the mean of each sample's real prefix states (``cache`` from
+        ``encode_prefix``, which keeps them)."""
+        hidden = cast(torch.Tensor, cache.hidden)
+        w = torch.ones(len(hidden), device=hidden.device, dtype=hidden.dtype)
         if pb.key_valid is not None:
             w = pb.key_valid.to(w.dtype)
-        pooled = cache.hidden.new_zeros(pb.n, cache.hidden.shape[1])
-        pooled.index_add_(0, pb.sample_of_token, cache.hidden * w[:, None])
+        pooled = hidden.new_zeros(pb.n, hidden.shape[1])
+        pooled.index_add_(0, pb.sample_of_token, hidden * w[:, None])
         count = pb.real_counts.to(w.dtype)
         return self.value_head(pooled / count[:, None])[:, 0].float()
 
@@ -221,7 +226,8 @@ class VLANetwork(nn.Module):
             x = F.pad(x, (0, self.action_width - a))
         y = self.action_in_proj(x.to(self.action_in_proj.weight.dtype))
         cond = self.time_condition(t)[:, None, :]
-        for layer, pk, pv in zip(self.expert_layers, cache.keys, cache.values, strict=True):
+        layers = cast(Sequence[DecoderLayer], self.expert_layers)
+        for layer, pk, pv in zip(layers, cache.keys, cache.values, strict=True):
             q, k, v, gate = layer.qkv(y, layout.positions, cond)
             att = layout.attend(self.attention, q, k, v, pk, pv, h)
             y = layer.finish(y, att.view(s, h, *att.shape[1:]), gate, cond)
