@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from actors.sft import sft_job
+from commands import sft
 from rlvla3.__main__ import command_names, command_parser
 from rlvla3.config import ConfigError, to_dict
 
@@ -71,15 +71,15 @@ def test_old_spellings_still_work_with_one_warning_line(capsys):
 
 
 def test_record_still_requires_its_output_dir(capsys):
-    from datalake import cli
+    from commands.datalake import main as datalake_main
 
     with pytest.raises(SystemExit):
-        cli.main(["record", "--episodes", "1"])
+        datalake_main(["record", "--episodes", "1"])
     assert "required: --output-dir" in capsys.readouterr().err
 
 
 def _sft(argv: list[str]):
-    return sft_job.config_from_args(sft_job.parser().parse_args(argv))
+    return sft.config_from_args(sft.parser().parse_args(argv))
 
 
 def test_the_libero_spatial10_preset_is_the_recipe_it_replaces():
