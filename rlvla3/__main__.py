@@ -71,30 +71,9 @@ def command_module(words: Sequence[str]) -> ModuleType:
     return importlib.import_module(table[name][0])
 
 
-class _Built(Exception):
-    def __init__(self, parser: argparse.ArgumentParser):
-        super().__init__(parser.prog)
-        self.parser = parser
-
-
 def command_parser(words: Sequence[str]) -> argparse.ArgumentParser:
-    """The argparse parser of ``rlvla3 WORDS``, as its ``main`` builds it: ``main`` runs until
-    it parses its arguments (every command parses them first) and stops there, so the parser
-    is the real one whichever way the module builds it."""
-    module = command_module(words)
-    original = argparse.ArgumentParser.parse_args
-
-    def stop(self, args=None, namespace=None):
-        raise _Built(self)
-
-    argparse.ArgumentParser.parse_args = stop  # type: ignore[method-assign]
-    try:
-        module.main([])
-    except _Built as built:
-        return built.parser
-    finally:
-        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
-    raise RuntimeError(f"rlvla3 {' '.join(words)}: main() returned without parsing arguments")
+    """The argparse parser of ``rlvla3 WORDS``: the one its ``main`` parses with."""
+    return command_module(words).parser()
 
 
 def _usage() -> str:
