@@ -26,9 +26,7 @@ blocked on the loader / wall time), plus ``ratio_lake_over_dataloader``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import tempfile
 import time
 from collections import OrderedDict
@@ -44,9 +42,7 @@ from datalake import synthetic
 from datalake.format import open_dataset_cached
 from datalake.pipeline import FrameDecoder, Lake, LakeConfig, PackedBatch, PackedLoader, SkipLedger
 from datalake.samples import episode_samples
-from datalake.video import CODECS
 from datalake.writer import WriterConfig, write_dataset
-from rlvla3.cli_options import add_image_size, deprecated_alias
 
 
 class SampleDataset(Dataset):
@@ -285,40 +281,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "lake_data_wait_below_0.05": lake_r["data_wait_fraction"] < 0.05,
         },
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlvla3 bench lake", description=__doc__.split("\n")[0])
-    parser.add_argument("--json", action="store_true", help="print only the JSON result")
-    parser.add_argument("--episodes", type=int, default=40)
-    parser.add_argument("--length", type=int, default=50, help="frames per episode")
-    add_image_size(parser, 128, square=True, help="stored camera resolution")
-    deprecated_alias(parser, "--size", "--image-size", "image_size", type=int,
-                     convert=lambda n: (n, n))
-    parser.add_argument("--codec", choices=sorted(CODECS), default="av1")
-    parser.add_argument("--model-size", type=int, default=64,
-                        help="output resolution: frames are resized to the model's image side")
-    parser.add_argument("--preset", choices=["tiny", "small"], default="tiny",
-                        help="VLA preset the consumer trains")
-    parser.add_argument("--max-tokens", type=int, default=2048, help="tokens per packed row")
-    parser.add_argument("--train-threads", type=int, default=1,
-                        help="torch threads of the consumer's training step")
-    parser.add_argument("--shuffle-buffer", type=int, default=128, help="samples, both loaders")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--decoders", type=int, default=2, help="lake decoder actors")
-    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2,
-                        help="CPUs of the local Ray started here")
-    parser.add_argument("--loader-workers", type=int, default=os.cpu_count() or 2,
-                        help="DataLoader worker processes (default: the machine's cores)")
-    parser.add_argument("--prefetch", type=int, default=2, help="DataLoader prefetch_factor")
-    parser.add_argument(
-        "--dir", default="", help="where the dataset is generated (reused if present)"
-    )
-    args = parser.parse_args(argv)
-    result = run(args)
-    print(json.dumps(result, indent=2 if not args.json else None))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

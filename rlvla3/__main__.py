@@ -1,14 +1,15 @@
 """``python -m rlvla3`` / ``rlvla3``: the command-line entry point.
 
-This module is only a table from command names to the modules that implement them; each such
-module exposes ``main(argv: list[str]) -> int`` and also runs as ``python -m <module>``. The
-table names modules by string so that ``rlvla3`` (the Ray-free core) never imports the actor,
-env or data-lake packages: a command's module is loaded only when that command runs.
+This module is only a table from command names to their modules in the ``commands`` package
+(``commands.rl``, ..., ``commands.bench.async_``, ...); each defines ``parser()``, the command's
+argparse parser, and ``main(argv) -> int``, which parses with it and calls the implementation.
+The table names modules by string so that ``rlvla3`` (the Ray-free core) never imports the
+packages above it: a command's module is loaded only when that command runs.
 
-The table is also how tools find a command's argparse parser (``command_parser``: the docs'
-generated CLI reference, the test that parses every command in the docs), so a command added
-here is documented and checked with no other change. A command whose ``--set`` addresses a
-config dataclass also exposes ``config_from_args(args) -> ThatConfig``.
+The table is also how tools find a command's parser (``command_parser``: the docs' generated
+CLI reference, the test that parses every command in the docs), so a command added here is
+documented and checked with no other change. A command whose ``--set`` addresses a config
+dataclass also defines ``config_from_args(args) -> ThatConfig``.
 """
 
 from __future__ import annotations
@@ -22,33 +23,40 @@ from collections.abc import Sequence
 from types import ModuleType
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "rl": ("actors.rl.rl_job", "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
-    "plan": ("actors.rl.plan_job", "plan a cluster from GPU costs: GPU split, env slots, batching, "
-                                "pacing, predicted env steps/s"),
-    "status": ("actors.observe.status", "live state of the runs on a cluster (table or JSON)"),
-    "eval": ("actors.eval.evaluate", "closed-loop evaluation on LIBERO or MetaWorld: success "
-                                 "table, videos, chart"),
-    "sft": ("actors.sft.sft_job", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
-    "datalake": ("datalake.cli", "inspect LeRobot datasets; record expert demonstrations"),
-    "export": ("rlvla3.policies.export", "write a checkpoint as a LeRobot policy directory (pi05, groot)"),
-    "envs": ("envs.cli", "build a simulator's own environment (Isaac Lab, Python 3.12); status"),
+    "rl": ("commands.rl",
+           "RL post-training (asynchronous RL-VLA3 pipeline or an ablation mode)"),
+    "plan": ("commands.plan", "plan a cluster from GPU costs: GPU split, env slots, batching, "
+                              "pacing, predicted env steps/s"),
+    "status": ("commands.status", "live state of the runs on a cluster (table or JSON)"),
+    "eval": ("commands.eval", "closed-loop evaluation on LIBERO or MetaWorld: success "
+                              "table, videos, chart"),
+    "sft": ("commands.sft", "supervised fine-tuning on LeRobot v3.0 datasets (Ray Train)"),
+    "datalake": ("commands.datalake", "inspect LeRobot datasets; record expert demonstrations"),
+    "export": ("commands.export",
+               "write a checkpoint as a LeRobot policy directory (pi05, groot)"),
+    "envs": ("commands.envs",
+             "build a simulator's own environment (Isaac Lab, Python 3.12); status"),
 }
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "async": ("actors.bench.bench_async", "ablation of the RL pipeline modes (throughput JSON)"),
-    "scale": ("actors.bench.bench_scale", "the GPU regime simulated at 8-32 GPUs: modes, planner, "
-                                    "dilation check"),
-    "batcher": ("actors.bench.bench_batcher", "adaptive vs fixed B_max / T_max at three loads"),
-    "learning": ("actors.bench.bench_learning", "sync vs async: success vs env steps and wall time"),
-    "packing": ("rlvla3.compute.bench_packing", "packed vs padded SFT throughput of the VLA or GR00T"),
-    "gpu": ("rlvla3.compute.bench_gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
-    "env": ("envs.bench_env", "simulator step/reset latency and env steps/s (LIBERO, MetaWorld, "
-                              "Isaac Lab)"),
-    "lake": ("datalake.bench", "data lake samples/s and data-wait vs a per-sample loader"),
-    "soak": ("actors.bench.bench_soak", "long run with periodic kills: recovery time, memory over time"),
-    "engine": ("actors.bench.bench_engine", "FSDP2 and DDP learner groups against one rank: "
+    "async": ("commands.bench.async_", "ablation of the RL pipeline modes (throughput JSON)"),
+    "scale": ("commands.bench.scale", "the GPU regime simulated at 8-32 GPUs: modes, planner, "
+                                      "dilation check"),
+    "batcher": ("commands.bench.batcher", "adaptive vs fixed B_max / T_max at three loads"),
+    "learning": ("commands.bench.learning",
+                 "sync vs async: success vs env steps and wall time"),
+    "packing": ("commands.bench.packing",
+                "packed vs padded SFT throughput of the VLA or GR00T"),
+    "gpu": ("commands.bench.gpu", "flash-attn varlen / FP8 backends vs the CPU reference"),
+    "env": ("commands.bench.env", "simulator step/reset latency and env steps/s (LIBERO, "
+                                  "MetaWorld, Isaac Lab)"),
+    "lake": ("commands.bench.lake", "data lake samples/s and data-wait vs a per-sample loader"),
+    "soak": ("commands.bench.soak",
+             "long run with periodic kills: recovery time, memory over time"),
+    "engine": ("commands.bench.engine", "FSDP2 and DDP learner groups against one rank: "
                "parameters after N steps, bytes per rank against the pre-flight"),
-    "storage": ("actors.bench.bench_storage", "checkpoint save/restore on a run's storage vs a local disk"),
+    "storage": ("commands.bench.storage",
+                "checkpoint save/restore on a run's storage vs a local disk"),
 }
 
 
@@ -58,35 +66,14 @@ def command_names() -> list[tuple[str, ...]]:
 
 
 def command_module(words: Sequence[str]) -> ModuleType:
-    """The module that implements ``rlvla3 WORDS`` (imported, nothing run)."""
+    """The module of ``commands`` that defines ``rlvla3 WORDS`` (imported, nothing run)."""
     table, name = (BENCHMARKS, words[1]) if words[0] == "bench" else (COMMANDS, words[0])
     return importlib.import_module(table[name][0])
 
 
-class _Built(Exception):
-    def __init__(self, parser: argparse.ArgumentParser):
-        super().__init__(parser.prog)
-        self.parser = parser
-
-
 def command_parser(words: Sequence[str]) -> argparse.ArgumentParser:
-    """The argparse parser of ``rlvla3 WORDS``, as its ``main`` builds it: ``main`` runs until
-    it parses its arguments (every command parses them first) and stops there, so the parser
-    is the real one whichever way the module builds it."""
-    module = command_module(words)
-    original = argparse.ArgumentParser.parse_args
-
-    def stop(self, args=None, namespace=None):
-        raise _Built(self)
-
-    argparse.ArgumentParser.parse_args = stop  # type: ignore[method-assign]
-    try:
-        module.main([])
-    except _Built as built:
-        return built.parser
-    finally:
-        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
-    raise RuntimeError(f"rlvla3 {' '.join(words)}: main() returned without parsing arguments")
+    """The argparse parser of ``rlvla3 WORDS``: the one its ``main`` parses with."""
+    return command_module(words).parser()
 
 
 def _usage() -> str:

@@ -7,7 +7,8 @@ directory adds the option through this module, so ``rlvla3 eval``, ``datalake re
 
 Old spellings stay for one release as hidden aliases (``deprecated_alias``): they still work,
 print one warning line on stderr naming the new spelling, and are left out of ``--help`` and
-the generated CLI reference.
+the generated CLI reference. ``refuse_a_used_run_dir`` is the check ``--run-dir`` promises: a
+new run refuses a directory that holds another run's checkpoints.
 
 Inputs: an ``argparse.ArgumentParser``. Outputs: the options added to it; ``--image-size``
 parses to an ``(H, W)`` tuple of positive ints.
@@ -98,3 +99,14 @@ def add_run_dir(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR (a path or URI) with its saved config "
                         "(--set and the job's flags apply on top)")
+
+
+def refuse_a_used_run_dir(run_dir: str) -> None:
+    """A new run never starts in a directory holding another run's checkpoints: its saves would
+    mix with theirs (and ``latest`` names the newest version there, which may be theirs)."""
+    from rlvla3.config import ConfigError
+    from rlvla3.storage import Storage
+
+    if Storage(run_dir).is_file("checkpoints/latest"):
+        raise ConfigError("--run-dir", f"{run_dir} already holds a run's checkpoints: continue it "
+                          f"with --resume {run_dir}, or start this run in another directory")

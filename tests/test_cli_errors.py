@@ -148,7 +148,7 @@ def test_an_evaluation_of_a_corrupt_checkpoint_stops_before_ray_with_one_line(tm
     """Weights overwritten after the save (with a line of text, or with bytes of the same
     size): refused before Ray starts (this test process refuses ``ray.init``), not counted
     as failed episodes."""
-    from actors.eval import evaluate
+    from commands.eval import main as eval_main
     from rlvla3.checkpoint import CheckpointMeta, locate_checkpoint, save_run_checkpoint
     from rlvla3.policies import build_policy
     from rlvla3.types import EnvSpec
@@ -166,7 +166,7 @@ def test_an_evaluation_of_a_corrupt_checkpoint_stops_before_ray_with_one_line(tm
                          (original[:-64] + bytes(64), "policy.safetensors does not match the "
                                                       "sha256 meta.json lists")):
         weights.write_bytes(damaged)
-        assert evaluate.main(argv) == 2
+        assert eval_main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("rlvla3 eval: ") and why in err[0], err
     assert not (tmp_path / "eval" / "results.json").exists()
@@ -176,7 +176,7 @@ def test_a_dataset_whose_video_does_not_open_stops_sft_before_ray(tmp_path, caps
     """A dataset written here with one video cut to its first third (its index, written
     last, gone): more frames than lake.max_skip_fraction are in files that cannot be read;
     the first one is named, before Ray starts (this test process refuses ``ray.init``)."""
-    from actors.sft import sft_job
+    from commands.sft import main as sft_main
     from datalake import synthetic
     from datalake.writer import WriterConfig, write_dataset
 
@@ -185,7 +185,7 @@ def test_a_dataset_whose_video_does_not_open_stops_sft_before_ray(tmp_path, caps
                   WriterConfig(codec="h264-lossless", episodes_per_file=2))
     video = data / "videos" / "observation.images.agentview" / "chunk-000" / "file-000.mp4"
     video.write_bytes(video.read_bytes()[: video.stat().st_size // 3])
-    assert sft_job.main(["--dataset", str(data), "--run-dir", str(tmp_path / "run")]) == 2
+    assert sft_main(["--dataset", str(data), "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rlvla3 sft: "), err
     assert "are in files that cannot be read, more than lake.max_skip_fraction" in err[0]

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from actors.sft import sft_job
-from rlvla3.__main__ import command_names, command_parser
+from commands import sft
+from rlvla3.__main__ import BENCHMARKS, COMMANDS, command_module, command_names, command_parser
 from rlvla3.config import ConfigError, to_dict
 
 LIBERO10 = ("env.options={suite: libero_spatial, task_ids: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], "
@@ -46,6 +46,30 @@ def test_every_command_has_a_parser_and_one_spelling_per_option():
             "rlvla3 bench learning"} <= spellings["--output-dir"]
 
 
+def test_the_command_table_is_the_commands_package():
+    """Each entry of the table names a module of ``commands`` that defines ``parser()`` (its
+    prog the command's words) and ``main``; every module there has an entry. The parser comes
+    from ``parser()`` alone: ``argparse`` is left as it was."""
+    import pkgutil
+
+    import commands
+    import commands.bench
+
+    parse_args = argparse.ArgumentParser.parse_args
+    named = set()
+    for words in command_names():
+        table = BENCHMARKS if words[0] == "bench" else COMMANDS
+        module = command_module(words)
+        assert module.__name__ == table[words[-1]][0], words
+        assert callable(module.main), words
+        assert module.parser().prog == command_parser(words).prog == "rlvla3 " + " ".join(words)
+        named.add(module.__name__)
+    assert argparse.ArgumentParser.parse_args is parse_args
+    defined = {f"{package.__name__}.{info.name}" for package in (commands, commands.bench)
+               for info in pkgutil.iter_modules(package.__path__) if not info.ispkg}
+    assert defined == named
+
+
 def test_image_size_takes_n_or_h_w_and_square_commands_refuse_h_w(capsys):
     assert _parse(("eval",), ["--policy", "random", "--image-size", "64"]).image_size == (64, 64)
     record = _parse(("datalake",), ["record", "--output-dir", "d", "--image-size", "48", "64"])
@@ -71,15 +95,15 @@ def test_old_spellings_still_work_with_one_warning_line(capsys):
 
 
 def test_record_still_requires_its_output_dir(capsys):
-    from datalake import cli
+    from commands.datalake import main as datalake_main
 
     with pytest.raises(SystemExit):
-        cli.main(["record", "--episodes", "1"])
+        datalake_main(["record", "--episodes", "1"])
     assert "required: --output-dir" in capsys.readouterr().err
 
 
 def _sft(argv: list[str]):
-    return sft_job.config_from_args(sft_job.parser().parse_args(argv))
+    return sft.config_from_args(sft.parser().parse_args(argv))
 
 
 def test_the_libero_spatial10_preset_is_the_recipe_it_replaces():

@@ -328,7 +328,7 @@ def _panels_without_data(prometheus: Prometheus, start: float) -> list[str]:
 
 
 def _status(head: LocalHead, *extra: str) -> subprocess.CompletedProcess:
-    return head.run(sys.executable, "-m", "actors.observe.status", "--address", head.gcs, *extra,
+    return head.run(sys.executable, "-m", "rlvla3", "status", "--address", head.gcs, *extra,
                     timeout_s=120)
 
 

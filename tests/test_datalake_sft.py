@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from actors.sft import sft_config, sft_job
-from datalake import cli, synthetic
+from commands.datalake import main as datalake_main
+from datalake import synthetic
 from datalake.writer import WriterConfig, write_dataset
 from rlvla3.checkpoint import (
     CheckpointMeta,
@@ -270,13 +271,13 @@ def test_inspect_cli_reports_dataset_and_problems(tmp_path, capsys):
         synthetic.episodes(4, 8, 12, size=(16, 16)),
         WriterConfig(codec="av1", episodes_per_file=2),
     )
-    assert cli.main(["inspect", str(root), "--json"]) == 0
+    assert datalake_main(["inspect", str(root), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["episodes"] == 4 and report["fps"] == 10 and report["codec"] == ["av1"]
     assert set(report["cameras"]) == {"agentview", "wrist"} and report["problems"] == []
     assert report["size_on_disk"] > 0 and len(report["tasks"]) == 3
     (root / "videos/observation.images.wrist/chunk-000/file-001.mp4").unlink()
-    assert cli.main(["inspect", str(root), "--json"]) == 1
+    assert datalake_main(["inspect", str(root), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert any("missing video" in p and "file-001.mp4" in p for p in report["problems"])
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from datalake import cli
+from commands.datalake import main as datalake_main
 from datalake.format import open_dataset
 from datalake.samples import episode_samples
 from datalake.verify import format_episodes, verify_dataset
@@ -53,7 +53,7 @@ def _corrupt_row_group(root: Path, group: int, column: str = "action") -> None:
 
 
 def _inspect(root: Path, *flags: str, capsys) -> tuple[int, dict]:
-    code = cli.main(["inspect", str(root), "--json", *flags])
+    code = datalake_main(["inspect", str(root), "--json", *flags])
     return code, json.loads(capsys.readouterr().out)
 
 

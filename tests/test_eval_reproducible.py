@@ -297,7 +297,7 @@ def test_recheck_samples_reproducibly_and_counts_each_kind_of_difference():
 
 
 def test_recheck_refuses_a_checkpoint_with_other_weights(tmp_path):
-    from actors.eval.evaluate import parse_args
+    from commands.eval import parse_args
     from rlvla3.fingerprint import checkpoint_identity
 
     rl18 = str(ROOT / "results/libero_spatial10/rl18")
@@ -337,7 +337,7 @@ def test_recheck_refuses_a_checkpoint_with_other_weights(tmp_path):
 
 # ---- real LIBERO ---------------------------------------------------------------------------
 def _eval(out: Path, *argv: str) -> dict[tuple[int, int], tuple]:
-    from actors.eval.evaluate import main
+    from commands.eval import main
 
     assert (
         main(
@@ -376,7 +376,7 @@ def test_an_episode_is_the_same_alone_in_a_larger_run_reordered_and_after_a_resu
     why = libero_available()
     if why:
         pytest.skip(why)
-    from actors.eval.evaluate import main
+    from commands.eval import main
 
     alone = _eval(tmp_path / "alone", "--episodes", "2:7", "8:31", "4:48", "--workers", "1")
     # task 4's simulator runs two of its episodes first (LIBERO grows a sampler list per reset)
@@ -476,8 +476,9 @@ def test_a_resumed_evaluation_reruns_episodes_a_fault_ended(tmp_path):
 def test_an_output_written_before_the_scene_rule_is_not_resumed(tmp_path):
     """Its task-4 episodes were drawn after as many extra draws as the simulator had resets;
     continuing it with today's draw would mix two scene rules in one result."""
-    from actors.eval.evaluate import _identity, env_options, eval_tasks, parse_args
+    from actors.eval.evaluate import _identity, env_options, eval_tasks
     from actors.eval.output_dir import IDENTITY_KEYS, EvalOutput
+    from commands.eval import parse_args
     from envs.libero.scenes import SCENE_RULE
 
     assert "scenes" in IDENTITY_KEYS
@@ -507,6 +508,7 @@ def test_an_evaluation_of_a_run_that_goes_on_saving_loads_the_checkpoint_it_hash
     if why:
         pytest.skip(why)
     from actors.eval import evaluate
+    from commands.eval import main as eval_main
     from rlvla3.checkpoint import locate_checkpoint
 
     run = tmp_path / "run"
@@ -523,9 +525,9 @@ def test_an_evaluation_of_a_run_that_goes_on_saving_loads_the_checkpoint_it_hash
 
     monkeypatch.setattr(evaluate, "EvalOutput", training_goes_on)
     out = tmp_path / "eval"
-    assert evaluate.main(["--suite", "libero_spatial", "--checkpoint", str(run), "--episodes",
-                          "2:7", "--max-steps", "10", "--videos", "0", "--workers", "1",
-                          "--output-dir", str(out), "--json"]) == 0
+    assert eval_main(["--suite", "libero_spatial", "--checkpoint", str(run), "--episodes",
+                      "2:7", "--max-steps", "10", "--videos", "0", "--workers", "1",
+                      "--output-dir", str(out), "--json"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["complete"] and results["faults"] == 0 and results["episodes"] == 1
     assert results["checkpoint"] == first == results["fingerprint"]["checkpoint"]["path"]

@@ -13,8 +13,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from actors.eval.evaluate import acting, parse_args
+from actors.eval.evaluate import acting
 from actors.eval.worker import ActionSource, EvalWorker, given_instructions
+from commands.eval import parse_args
 from rlvla3.config import ConfigError, Named
 
 ENV = Named("reach", {"image_size": 16})

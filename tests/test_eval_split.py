@@ -42,10 +42,10 @@ def test_split_refuses_training_on_evaluation_states_unless_allowed():
 
 
 def test_record_cli_refuses_bundled_states_before_starting_anything(tmp_path, capsys):
-    from datalake import cli
+    from commands.datalake import main as datalake_main
 
     out = tmp_path / "demos"
-    code = cli.main(["record", "--placements", "bundled", "--episodes", "3", "--output-dir",
+    code = datalake_main(["record", "--placements", "bundled", "--episodes", "3", "--output-dir",
                      str(out)])
     assert code == 2 and not out.exists()
     err = capsys.readouterr().err

@@ -178,7 +178,7 @@ def _results(path, successes, fp):
 
 
 def test_compare_two_results_files_pairs_episodes_and_warns_on_fingerprints(tmp_path, capsys):
-    from actors.eval.evaluate import main
+    from commands.eval import main
 
     fp = fingerprint({"image_size": [64, 64], "fast_render": True, "chunk_len": 5},
                      {"gl_renderer": "llvmpipe"})
@@ -226,7 +226,7 @@ def test_compare_refuses_an_incomplete_evaluation_unless_told_to_pair_what_both_
     """An evaluation with a faulted episode, or fewer episodes than it planned, is not
     compared: one line names it and the way to finish it. ``--allow-incomplete`` compares
     the episodes both sides ran to their end, and says so."""
-    from actors.eval.evaluate import main
+    from commands.eval import main
 
     fp = fingerprint({"image_size": [64, 64]}, {"gl_renderer": "llvmpipe"})
     a = _results(tmp_path / "a.json", {0: [False] * 5 + [True] * 5}, fp)
@@ -289,7 +289,7 @@ def test_tally_sums_episodes_and_successes_per_key():
 
 
 def test_compare_several_against_one_baseline_adjusts_p_with_holm(tmp_path, capsys):
-    from actors.eval.evaluate import main
+    from commands.eval import main
 
     fp = fingerprint({"image_size": [64, 64], "fast_render": True, "chunk_len": 5},
                      {"gl_renderer": "llvmpipe"})

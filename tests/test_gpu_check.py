@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from commands.bench.gpu import main as gpu_main
 from rlvla3.compute import bench_gpu
 from rlvla3.compute.gpu_checks import ENTRIES, LOGPROB_TOLERANCE
 from rlvla3.model.attention import PerSegmentAttention, repeat_kv
@@ -129,10 +130,10 @@ def test_dry_run_passes_every_entry_without_ray(image_python, tmp_path):
             packing["variants"]["padded"]["attention"]) == ("per_segment", "padded")
     assert packing["padded_stream_tokens"] > packing["real_tokens"]
     assert report["summary"]["groot_cost_model"] == groot["cost_model"]
-    from actors.rl import plan_job
+    from commands.plan import main as plan_main
 
-    assert plan_job.main([*groot["plan_args"].split(), "--gpus", "8", "--sim-cpus", "128",
-                          "--json"]) == 0
+    assert plan_main([*groot["plan_args"].split(), "--gpus", "8", "--sim-cpus", "128",
+                      "--json"]) == 0
 
 
 def test_an_entry_past_its_time_is_killed_and_reported():
@@ -149,7 +150,7 @@ def test_entries_left_without_budget_fail_without_running():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
 def test_without_gpu_or_dry_run_the_check_says_it_skipped(capsys):
-    assert bench_gpu.main(["--json"]) == 0
+    assert gpu_main(["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["gpu"] is False and out["skipped"] is True
 

@@ -239,7 +239,7 @@ def test_weights_every_holds_versions_back_until_far_enough_ahead():
 def test_a_gpu_check_report_becomes_a_calibration_and_a_plan_beside_todays(capsys, tmp_path):
     """The committed H200 report's ``costs`` entry turns into a cost model, a calibration entry
     that evaluates back to it (two significant figures), and a second plan."""
-    from actors.rl.plan_job import main
+    from commands.plan import main
     from rlvla3.gpu_costs import calibration_source, costs_from_gpu_check
 
     path = Path(__file__).parents[1] / "results" / "gpu_check" / "h200_check.json"

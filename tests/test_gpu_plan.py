@@ -157,7 +157,7 @@ def test_bad_requests_name_the_field(request_args, field):
 
 
 def test_plan_command_prints_json_and_refuses_bad_input(capsys):
-    from actors.rl.plan_job import main
+    from commands.plan import main
 
     assert main(["--cost-model", "pi05_a100_eager", "--gpus", "8", "--sim-cpus", "128",
                  "--json"]) == 0
@@ -175,7 +175,7 @@ def test_plan_command_prints_json_and_refuses_bad_input(capsys):
 def test_rl_plan_applies_the_plan_and_user_overrides_win(capsys):
     import yaml
 
-    from actors.rl.rl_job import main
+    from commands.rl import main
 
     base = ["--set", "env.name=latency_replay", "--set", "env_workers.slots_per_worker=16"]
     assert main(["--plan", "--plan-gpus", "8", "--plan-sim-cpus", "128", "--plan-cost-model",
@@ -221,7 +221,7 @@ def test_bench_scale_replans_full_runs_with_a_measured_env_loop_overhead(tmp_pat
     """``bench scale --replan FULL [--overhead-from LOOP]`` runs nothing: it re-predicts each
     full run's own split, slots and cadence, in closed form and with simulated rollout GPUs,
     with the env loop's overhead measured at the same scale and dilation when given."""
-    from actors.bench.bench_scale import main as bench_scale
+    from commands.bench.scale import main as bench_scale
 
     full = {"cost_model": "pi05_h200", "runs": [
         {"gpus": 8, "mode": "full", "split": {"learner_gpus": 6, "rollout_gpus": 2},
@@ -313,12 +313,12 @@ def test_bench_scale_lays_out_whole_actors_per_node_at_any_gpu_count(gpus):
         WORKLOAD,
         Bench,
         colocated_layout,
-        parse_args,
         planned_layout,
     )
+    from commands.bench.scale import parser
     from rlvla3.plan.cluster import NodeInfo, place
 
-    args = parse_args(["--cost-model", "pi05_h200", "--gpus", str(gpus)])
+    args = parser().parse_args(["--cost-model", "pi05_h200", "--gpus", str(gpus)])
     bench = Bench(argparse.Namespace(**vars(args)), Path("."))
     plan = bench.plan(gpus)  # as the benchmark plans it, with its own actor size
     per_actor = plan.request.granularity

@@ -34,7 +34,7 @@ def test_eval_writes_json_with_intervals_fingerprint_videos_and_resumes(
         pytest.skip(why)
     import av
 
-    from actors.eval.evaluate import main
+    from commands.eval import main
 
     out = tmp_path / "eval"
     argv = [

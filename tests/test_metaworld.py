@@ -76,10 +76,10 @@ def test_a_process_isolated_rollout_ends_on_success_or_the_step_limit():
 
 
 def test_record_refuses_the_test_split_before_starting_anything(tmp_path, capsys):
-    from datalake import cli
+    from commands.datalake import main as datalake_main
 
     out = tmp_path / "demos"
-    code = cli.main(["record", "--suite", "mt10", "--placements", "bundled", "--episodes", "2",
+    code = datalake_main(["record", "--suite", "mt10", "--placements", "bundled", "--episodes", "2",
                      "--output-dir", str(out)])
     assert code == 2 and not out.exists()
     err = capsys.readouterr().err

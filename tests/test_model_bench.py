@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from rlvla3.compute import bench_packing, step_profile
+from commands.bench.packing import main as packing_main
+from rlvla3.compute import step_profile
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -20,8 +21,8 @@ def _one_thread():
 
 
 def test_packing_benchmark_reports_speedup_token_ratio_and_bound(capsys):
-    assert bench_packing.main(["--preset", "tiny", "--samples", "6", "--repeats", "1",
-                               "--max-tokens", "1024", "--json"]) == 0
+    assert packing_main(["--preset", "tiny", "--samples", "6", "--repeats", "1",
+                          "--max-tokens", "1024", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["real_tokens"] < out["padded_tokens"]
     assert out["token_ratio"] == pytest.approx(out["padded_tokens"] / out["real_tokens"], 1e-3)
@@ -43,8 +44,8 @@ def test_packing_benchmark_reports_speedup_token_ratio_and_bound(capsys):
 
 
 def test_packing_benchmark_measures_groot_by_the_same_code(capsys):
-    assert bench_packing.main(["--preset", "groot_tiny", "--samples", "6", "--repeats", "1",
-                               "--max-tokens", "512", "--json"]) == 0
+    assert packing_main(["--preset", "groot_tiny", "--samples", "6", "--repeats", "1",
+                          "--max-tokens", "512", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["preset"] == "groot_tiny" and out["rows"] >= 2
     # GR00T pads only its prompts (both cameras are always there): fewer padded tokens than
@@ -73,8 +74,8 @@ def test_linear_flops_are_counted_per_call():
 
 
 def test_packing_breakdown_accounts_for_its_time_by_kind(capsys):
-    assert bench_packing.main(["--preset", "tiny", "--samples", "4", "--repeats", "1",
-                               "--max-tokens", "1024", "--breakdown", "--json"]) == 0
+    assert packing_main(["--preset", "tiny", "--samples", "4", "--repeats", "1",
+                          "--max-tokens", "1024", "--breakdown", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     for model in ("packed", "padded"):
         b = out["breakdown"][model]

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 from tiny_runs import run_rlvla3
 
+from commands.export import main as export_main
 from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
 from rlvla3.config import Named
 from rlvla3.parity import groot as parity
-from rlvla3.policies import export
 from rlvla3.policies.groot import build_groot_policy
 from rlvla3.policies.groot.export import PACK_FILE, UNPACK_FILE
 
@@ -61,7 +61,7 @@ def test_a_policy_lerobot_cannot_rebuild_is_refused_with_every_reason(tmp_path, 
                "denoise_steps": 2}
     policy = build_groot_policy(spec, options)
     save_checkpoint(tmp_path / "ck", policy, CheckpointMeta(Named("groot", options), spec, 1))
-    assert export.main(["--checkpoint", str(tmp_path / "ck"), "--format", "lerobot",
+    assert export_main(["--checkpoint", str(tmp_path / "ck"), "--format", "lerobot",
                         "--output-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     for field in ("embodiment_id 5", "policy.options.checkpoint", "denoise_steps 2"):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from commands.export import main as export_main
 from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
 from rlvla3.compute.synthetic_obs import libero_like_spec
 from rlvla3.config import Named
@@ -51,9 +52,9 @@ def test_export_writes_a_lerobot_pi05_directory_and_lists_what_it_leaves_out(tmp
     manifest = json.loads((out / "rlvla3_export.json").read_text())
     assert manifest["left_out"] == summary["left_out"] and manifest["version"] == 7
     # An existing, non-empty directory is kept unless --force.
-    assert export.main(["--checkpoint", str(ckpt), "--format", "lerobot",
+    assert export_main(["--checkpoint", str(ckpt), "--format", "lerobot",
                         "--output-dir", str(out)]) == 2
-    assert export.main(["--checkpoint", str(ckpt), "--format", "lerobot",
+    assert export_main(["--checkpoint", str(ckpt), "--format", "lerobot",
                         "--output-dir", str(out), "--force"]) == 0
 
 
@@ -62,15 +63,15 @@ def test_checkpoints_that_do_not_act_as_pi05_are_refused_with_every_reason(tmp_p
     options = {"preset": "tiny", "shapes": {"conv_stem": 3}}
     policy = build_vla_policy(spec, options)
     save_checkpoint(tmp_path / "tiny", policy, CheckpointMeta(Named("vla", options), spec, 3))
-    assert export.main(["--checkpoint", str(tmp_path / "tiny"), "--format", "lerobot",
+    assert export_main(["--checkpoint", str(tmp_path / "tiny"), "--format", "lerobot",
                         "--output-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     for field in ("chain", "normalization", "tokenizer", "image_resize", "conv_stem"):
         assert field in err
     assert not (tmp_path / "o").exists()
-    assert export.main(["--checkpoint", "s3://bucket/run", "--format", "lerobot",
+    assert export_main(["--checkpoint", "s3://bucket/run", "--format", "lerobot",
                         "--output-dir", str(tmp_path / "o")]) == 2
-    assert export.main(["--checkpoint", str(tmp_path / "absent"), "--format", "lerobot",
+    assert export_main(["--checkpoint", str(tmp_path / "absent"), "--format", "lerobot",
                         "--output-dir", str(tmp_path / "o")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
 

@@ -242,25 +242,26 @@ def test_a_job_writing_to_a_bucket_that_does_not_exist_stops_before_ray_with_one
     bucket, exit status 2, before Ray starts (this test process refuses ``ray.init``)."""
     from importlib.util import find_spec
 
-    from actors.rl import rl_job
-    from actors.sft import sft_job
-    from datalake import cli, synthetic
+    from commands.datalake import main as datalake_main
+    from commands.rl import main as rl_main
+    from commands.sft import main as sft_main
+    from datalake import synthetic
     from datalake.writer import WriterConfig, write_dataset
 
     data = tmp_path / "ds"
     write_dataset(data, synthetic.episodes(2, 6, 8, size=(16, 16)), WriterConfig(codec="av1"))
     missing = s3.uri("no-such-bucket", "x")
-    runs = [(rl_job.main, ["--preset", "smoke", "--storage", missing, "--set", "name=a"],
+    runs = [(rl_main, ["--preset", "smoke", "--storage", missing, "--set", "name=a"],
              "rlvla3 rl: invalid config: config field 'storage.root': cannot write to"),
-            (sft_job.main, ["--dataset", str(data), "--run-dir", missing],
+            (sft_main, ["--dataset", str(data), "--run-dir", missing],
              "rlvla3 sft: config field 'run_dir': cannot write to")]
     if find_spec("libero") is not None:  # both need the simulator's extra before the bucket
-        from actors.eval import evaluate
+        from commands.eval import main as eval_main
 
-        runs += [(evaluate.main, ["--policy", "random", "--episodes", "0:0", "--output-dir",
-                                  missing], "rlvla3 eval: config field '--output-dir': cannot "
-                                            "write to"),
-                 (cli.main, ["record", "--episodes", "1", "--output-dir", missing],
+        runs += [(eval_main, ["--policy", "random", "--episodes", "0:0", "--output-dir",
+                              missing], "rlvla3 eval: config field '--output-dir': cannot "
+                                        "write to"),
+                 (datalake_main, ["record", "--episodes", "1", "--output-dir", missing],
                   "rlvla3 datalake record: config field '--output-dir': cannot write to")]
     for main, argv, start in runs:
         assert main(argv) == 2, argv

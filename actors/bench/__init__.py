@@ -1,4 +1,5 @@
-"""Benchmarks of the RL pipeline: ``rlvla3 bench NAME``, each printing one JSON object.
+"""Benchmarks of the RL pipeline: what ``rlvla3 bench NAME`` measures (the commands, with their
+options and output, are ``commands.bench``).
 
 Modules:
     bench_async     the RL-VLA3 ablation: pipeline modes, throughput on this machine

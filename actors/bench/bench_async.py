@@ -46,8 +46,6 @@ import numpy as np
 import ray
 import torch
 
-from actors.runtime.jsonout import json_main
-
 if TYPE_CHECKING:
     from actors.rl.controller import Controller
 
@@ -255,26 +253,6 @@ def run_mode(mode: str, overrides: list[str], seconds: float, warmup_s: float, r
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    return json_main(parse_args, measure, argv)
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="rlvla3 bench async", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", choices=sorted(WORKLOADS), default="latency_replay")
-    p.add_argument("--seconds", type=float, default=150.0, help="wall time per mode")
-    p.add_argument("--warmup", type=float, default=30.0,
-                   help="seconds excluded at the start of each mode (all slots reset at once, and "
-                        "the first episodes, up to 25 s long with LIBERO's latencies, end)")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of modes")
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="latency_replay: multiply every latency (1.0 = as measured)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE")
-    p.add_argument("--json", action="store_true", help="print only the JSON object")
-    return p.parse_args(argv)
-
-
 def measure(args: argparse.Namespace) -> dict:
     """Run the benchmark; return the JSON-able result."""
     from actors.rl.controller import check_components, ensure_ray
@@ -326,7 +304,3 @@ def measure(args: argparse.Namespace) -> dict:
     if "full" in results:
         out["ideal_bound_fraction"] = round(results["full"]["env_steps_per_s"] / stages[slowest], 3)
     return out
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 
@@ -31,8 +30,7 @@ import numpy as np
 
 from rlvla3.batch_policy import AdaptiveBatching, AdaptiveConfig, FixedBatching
 from rlvla3.batcher import DynamicBatcher
-from rlvla3.config import Named
-from rlvla3.gpu_costs import GpuCosts, jitter_factor, resolve_costs
+from rlvla3.gpu_costs import GpuCosts, jitter_factor
 
 DEFAULTS = {"rl_vla3_default": (32, 5.0), "rollout_default": (64, 5.0),
             "default_preset": (8, 2.0)}
@@ -156,29 +154,9 @@ def summarize(results: dict, args: argparse.Namespace) -> dict:
     return out
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="rlvla3 bench batcher", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cost-model", default="pi05_h200")
-    p.add_argument("--loads", default="16,64,256", help="env slots per GPU, comma-separated")
-    p.add_argument("--b-max", default="8,32,128")
-    p.add_argument("--t-max-ms", default="1,5,20", help="simulated ms")
-    p.add_argument("--seconds", type=float, default=120.0, help="simulated seconds measured")
-    p.add_argument("--warmup", type=float, default=20.0, help="simulated seconds excluded")
-    p.add_argument("--dilation", type=float, default=3.0)
-    p.add_argument("--json", action="store_true", help="print only the JSON object")
-    args = p.parse_args(argv)
-    args.b_max = [int(x) for x in args.b_max.split(",")]
-    args.t_max_ms = [float(x) for x in args.t_max_ms.split(",")]
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    costs = resolve_costs(Named(args.cost_model), "--cost-model")
-    if costs is None:
-        print("rlvla3 bench batcher: needs a simulated cost model", file=sys.stderr)
-        return 2
+def measure(args: argparse.Namespace, costs: GpuCosts) -> dict:
+    """Every load of ``--loads`` with the simulated GPU ``costs``: each setting's result and
+    the adaptive batcher against the best fixed one (progress on stderr unless ``--json``)."""
     out: dict = {"cost_model": args.cost_model, "costs": costs.describe(),
                  "dilation": args.dilation, "seconds": args.seconds, "warmup_s": args.warmup,
                  "baseline": "the best fixed (B_max, T_max) of the grid at each load",
@@ -193,9 +171,4 @@ def main(argv: list[str] | None = None) -> int:
             r = out["loads"][str(load)]
             print(f"  best fixed {r['best_fixed']}; adaptive/best {r['adaptive_vs_best']}",
                   file=sys.stderr, flush=True)
-    print(json.dumps(out))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return out

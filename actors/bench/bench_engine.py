@@ -1,7 +1,7 @@
 """``rlvla3 bench engine``: the engine's strategies train the same policy, and hold what they
 say they hold.
 
-Each rank is its own process (``python -m actors.bench.bench_engine rank ...``: gloo over a
+Each rank is its own process (``python -m actors.bench.bench_engine ...``: gloo over a
 shared rendezvous file, no Ray), running the RL learner core on the engine with real reach
 episodes (PPO episodes, or GRPO groups of four of one task and state), each global batch shared
 out over the ranks in order (``rlvla3.learner.rank_batches``). After the last step the ranks
@@ -195,7 +195,7 @@ def run_group(tmp: Path, world: int, strategy: str = "ddp", algo: str = "ppo",
     tag = f"{strategy}-{algo}-{world}-{digest}"
     out, init = tmp / tag, tmp / f"rendezvous-{tag}"
     extra = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
-    procs = [subprocess.Popen([sys.executable, "-m", "actors.bench.bench_engine", "rank",
+    procs = [subprocess.Popen([sys.executable, "-m", "actors.bench.bench_engine",
                                "--world", str(world), "--rank", str(r), "--init", str(init),
                                "--out", str(out), "--strategy", strategy, "--algo", algo,
                                *extra]) for r in range(world)]
@@ -253,24 +253,5 @@ def matrix(args: argparse.Namespace) -> dict:
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["rank"]:
-        rank_main(argv[1:])
-        return 0
-    p = argparse.ArgumentParser(prog="rlvla3 bench engine", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", default="2,4", help="group sizes to compare with one rank")
-    p.add_argument("--algos", default="ppo,grpo,sft")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--policy", choices=tuple(POLICIES), default="small")
-    p.add_argument("--tolerance", type=float, default=1e-5)
-    p.add_argument("--json", action="store_true", help="print only the JSON object")
-    args = p.parse_args(argv)
-    result = matrix(args)
-    print(json.dumps(result, indent=None if args.json else 1))
-    return 0 if result["pass"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # one rank, in the process run_group starts
+    rank_main(sys.argv[1:])

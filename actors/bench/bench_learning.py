@@ -30,9 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.runtime.jsonout import json_main
-from rlvla3.cli_options import add_output_dir
-
 TASKS: dict[str, list[str]] = {
     "reach": ["env.name=reach"],
     "reach_latency": ["env.name=reach", "env.options.latency=data/libero_latency.json"],
@@ -172,25 +169,6 @@ def chart(runs: dict[str, dict[int, dict]], title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="rlvla3 bench learning", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", choices=sorted(TASKS), default="reach_latency")
-    p.add_argument("--modes", default="sync,full",
-                   help="comma-separated pipeline modes; every other mode is compared with each "
-                        "synchronous one (sync, sync_autoreset)")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    p.add_argument("--slots", type=int, default=64, help="env slots (a multiple of 16)")
-    p.add_argument("--budget", type=int, default=60_000, help="env steps per run")
-    p.add_argument("--thresholds", default="0.5,0.75,0.9")
-    p.add_argument("--log-every", type=float, default=2.0, help="seconds between curve points")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE")
-    add_output_dir(p, "directory for learning.json and learning.png (default: a temporary "
-                   "one, charts discarded)")
-    p.add_argument("--json", action="store_true", help="print only the JSON object")
-    return p.parse_args(argv)
-
-
 def measure(args: argparse.Namespace) -> dict:
     from actors.rl.controller import ensure_ray
     from rlvla3.run_config import load_run_config
@@ -248,11 +226,3 @@ def measure(args: argparse.Namespace) -> dict:
             chart(runs, f"{args.task}, {args.slots} slots", out_dir / "learning.png")
             out["chart"] = str(out_dir / "learning.png")
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    return json_main(parse_args, measure, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

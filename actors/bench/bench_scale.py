@@ -57,7 +57,6 @@ import ray
 
 from actors.bench.bench_async import env_stage_alone, run_mode
 from actors.rl.summary import batch_size_hist
-from actors.runtime.jsonout import json_main
 from rlvla3.gpu_costs import ClockStats
 
 GPUS_PER_NODE = 8
@@ -420,52 +419,6 @@ class Bench:
         return out
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="rlvla3 bench scale", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cost-model", default="pi05_h200")
-    p.add_argument("--gpus", default="8,16,32", help="comma-separated simulated GPU counts")
-    p.add_argument("--modes", default="sync,sync_autoreset,full")
-    p.add_argument("--sim-cpus-per-gpu", type=int, default=16,
-                   help="simulator CPUs (one env slot each) per GPU")
-    p.add_argument("--slots-per-worker", type=int, default=32)
-    p.add_argument("--global-batch", type=int, default=840,
-                   help="decisions per optimizer step (840 divides by every learner actor "
-                        "count the layouts use)")
-    p.add_argument("--update-epochs", type=int, default=1,
-                   help="optimizer steps per batch (algo.update_epochs), in the runs and the plan")
-    p.add_argument("--seconds", type=float, default=100.0,
-                   help="simulated seconds per full run")
-    p.add_argument("--sync-seconds", type=float, default=220.0,
-                   help="simulated seconds per lockstep run (about three rounds)")
-    p.add_argument("--warmup", type=float, default=35.0, help="simulated seconds excluded")
-    p.add_argument("--dilation", default="auto",
-                   help="time dilation of every run, or 'auto' (--real-rate)")
-    p.add_argument("--real-rate", type=float, default=80.0,
-                   help="auto dilation: real decisions/s this machine should handle")
-    p.add_argument("--sweep-rollout-gpus", default="",
-                   help="instead of the modes: full runs at the first --gpus with these "
-                        "rollout GPU counts (the planner's among them)")
-    p.add_argument("--env-alone", action="store_true",
-                   help="first run every scale's env slots alone (instant actions): the "
-                        "machine's overhead on the env loop, in simulated ms per decision; "
-                        "full runs then also report the planner's prediction with it "
-                        "(--modes '' runs the env loop only)")
-    p.add_argument("--replan", metavar="FULL_JSON",
-                   help="run nothing: compare the full runs of FULL_JSON with the planner's "
-                        "predictions for their own splits (closed form and simulated rollout "
-                        "GPUs), with --overhead-from's env-loop overhead when given")
-    p.add_argument("--overhead-from", metavar="LOOP_JSON",
-                   help="with --replan: a results file with env_loop entries (--env-alone)")
-    p.add_argument("--results-file", metavar="FILE",
-                   help="also write the results (JSON) to FILE after every run")
-    p.add_argument("--json", action="store_true", help="print only the JSON object")
-    args = p.parse_args(argv)
-    if args.overhead_from and not args.replan:
-        p.error("--overhead-from goes with --replan")
-    return args
-
-
 def replan(args: argparse.Namespace) -> dict:
     """``--replan FULL [--overhead-from LOOP]``: the full runs of one results file against the
     planner's predictions for each run's own split, slots, cadence and batch (nothing is run):
@@ -539,11 +492,3 @@ def measure(args: argparse.Namespace) -> dict:
             cluster.shutdown()
             shutil.rmtree(os.environ.pop("RAY_TMPDIR"), ignore_errors=True)
     return {**bench.summary(), "wall_s": round(time.monotonic() - start, 1)}
-
-
-def main(argv: list[str] | None = None) -> int:
-    return json_main(parse_args, measure, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,7 +32,6 @@ from pathlib import Path
 import psutil
 import ray
 
-from actors.runtime.jsonout import json_main
 from rlvla3.run_config import RunConfig, load_run_config
 
 WINDOW_S = 10.0
@@ -81,24 +80,6 @@ def slope_per_hour(rows: list[tuple[float, ...]], i: int) -> float:
     t = np.array([r[0] for r in rows])
     y = np.array([r[i] for r in rows])
     return float(np.polyfit(t, y, 1)[0] * 3600.0)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return json_main(parse_args, measure, argv)
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="rlvla3 bench soak", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--minutes", type=float, default=5.0)
-    p.add_argument("--kill-every", type=float, default=40.0, help="seconds between kills")
-    p.add_argument("--roles", default="env_worker,rollout_server,learner",
-                   help="roles to kill, in turn")
-    p.add_argument("--preset", default="default")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true")
-    return p.parse_args(argv)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -207,7 +188,3 @@ def measure(args: argparse.Namespace) -> dict:
                             for t, r, o in memory[:: max(1, len(memory) // 30)]],
     }
     return out
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,7 +28,6 @@ environment (``AWS_*``; ``AWS_ENDPOINT_URL`` for an S3-compatible server such as
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
@@ -139,32 +138,18 @@ def measure(where: str, name: str, repeats: int, adam: bool) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="rlvla3 bench storage", description=__doc__.split("\n")[0])
-    ap.add_argument("--storage", required=True, help="a storage URI or path to measure")
-    ap.add_argument("--policies", default="default,vla-300m",
-                    help=f"comma-separated, of: {', '.join(POLICIES)}")
-    ap.add_argument("--optimizer", choices=["adam", "none"], default="adam",
-                    help="checkpoint an Adam state beside the weights (as a learner does)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    names = args.policies.split(",")
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown or args.repeats < 1:
-        print(f"rlvla3 bench storage: unknown policies {unknown} or --repeats < 1",
-              file=sys.stderr)
-        return 2
-    adam = args.optimizer == "adam"
-    result: dict[str, Any] = {"storage": args.storage, "repeats": args.repeats,
-                              "optimizer": args.optimizer,
+def against_local(storage: str, names: list[str], repeats: int, optimizer: str) -> dict[str, Any]:
+    """``measure`` of each policy in ``names`` on ``storage`` and on a local directory, with
+    the storage-over-local ratios (each side's figures on stderr as they come)."""
+    adam = optimizer == "adam"
+    result: dict[str, Any] = {"storage": storage, "repeats": repeats, "optimizer": optimizer,
                               "baseline": "the same saves and restores on a local directory",
                               "policies": {}}
     with tempfile.TemporaryDirectory(prefix="rlvla3-bench-local-") as local_root:
         for name in names:
-            row = {"local": measure(str(Path(local_root)), name, args.repeats, adam)}
+            row = {"local": measure(str(Path(local_root)), name, repeats, adam)}
             print(f"{name} local: {json.dumps(row['local'])}", file=sys.stderr, flush=True)
-            row["storage"] = measure(args.storage, name, args.repeats, adam)
+            row["storage"] = measure(storage, name, repeats, adam)
             print(f"{name} storage: {json.dumps(row['storage'])}", file=sys.stderr, flush=True)
             row["storage_over_local"] = {
                 k: round(row["storage"][k] / row["local"][k], 2)
@@ -172,16 +157,4 @@ def main(argv: list[str] | None = None) -> int:
             row["learner_pause_s"] = row["storage"]["pause_s"]
             row["upload_in_background"] = True  # Learner.save writes after the pause
             result["policies"][name] = row
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    for name, row in result["policies"].items():
-        st, lo = row["storage"], row["local"]
-        print(f"{name} ({st['parameters'] / 1e6:.1f}M parameters, {st['mb']} MB): learner pause "
-              f"{st['pause_s']:.3f}s; write {st['write_s']:.2f}s (local {lo['write_s']:.2f}s), "
-              f"restore {st['restore_s']:.2f}s (local {lo['restore_s']:.2f}s)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return result

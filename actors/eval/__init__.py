@@ -1,7 +1,7 @@
 """Evaluation: closed-loop episodes of a policy on LIBERO or MetaWorld, results, comparisons.
 
 Modules:
-    evaluate    ``rlvla3 eval``: the CLI, the run and ``--compare`` / ``--recheck``
+    evaluate    ``rlvla3 eval``'s run and ``--compare`` (the command: ``commands.eval``)
     suites      what a ``--suite`` evaluates: a LIBERO suite or a MetaWorld benchmark
     output_dir  an evaluation's output directory: its identity (what a resume must match),
                 finished episodes, wall time over invocations

@@ -1,12 +1,9 @@
-"""``python -m rlvla3 eval``: closed-loop evaluation on LIBERO or MetaWorld in parallel Ray actors.
+"""Closed-loop evaluation on LIBERO or MetaWorld in parallel Ray actors: ``rlvla3 eval``'s run.
 
-One module over 400 lines because the CLI, the run and ``--compare`` / ``--recheck`` share the
-parsed arguments; the output directory is ``actors.eval.output_dir`` and the protocol
+``run(args)`` evaluates one policy, ``compare(args)`` two or more; both take the arguments of
+``rlvla3 eval`` as ``commands.eval`` parses and checks them (``--recheck`` passes its own,
+``actors.eval.recheck``). The output directory is ``actors.eval.output_dir`` and the protocol
 ``actors.eval.rounds``.
-
-    python -m rlvla3 eval --suite libero_spatial [--task-ids 0 1 ...] [--episodes-per-task N]
-        (--checkpoint RUN_DIR | --policy random) [--output-dir DIR] [--workers K] [--json]
-    python -m rlvla3 eval --compare A B [C ...] [same options]   checkpoints or results.json
 
 Role: the driver. It starts Ray locally unless ``--address`` names a cluster, spawns ``K``
 ``EvalWorker`` actors (each owns one process-isolated env and a CPU copy of the policy) and
@@ -67,22 +64,19 @@ from actors.eval.compare import (
 )
 from actors.eval.media import write_chart, write_video
 from actors.eval.output_dir import EvalOutput, planned
-from actors.eval.recheck import recheck, recheck_line, recheck_status
 from actors.eval.rounds import (
     EvalRound,
-    EvalSetupError,
     episode_row,
     make_eval_workers,
     protocol_jobs,
     summarise_rows,
 )
-from actors.eval.suites import suite_names, suite_of
+from actors.eval.suites import suite_of
 from actors.eval.trace import TRACE_DIR, trace_name, write_trace
-from actors.eval.worker import LANGUAGE_MODES, ActionSource, given_instructions
-from rlvla3.cli_options import add_image_size
+from actors.eval.worker import ActionSource, given_instructions
 from rlvla3.config import Named
 from rlvla3.fingerprint import fingerprint
-from rlvla3.numerics import HOST_BLAS, NUMERICS, PINNED_BLAS, check_blas
+from rlvla3.numerics import HOST_BLAS, check_blas
 from rlvla3.storage import Mirror, check_writable, join
 
 
@@ -102,7 +96,7 @@ def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any
     return options
 
 
-def _console() -> Any:
+def stderr_console() -> Any:
     """Progress and tables on stderr; 120 columns when it is a file, so a logged table keeps
     one line per row (rich falls back to 80)."""
     from rich.console import Console
@@ -189,14 +183,6 @@ def eval_tasks(args: argparse.Namespace) -> list[int]:
     if args.episodes:
         return sorted({t for t, _ in args.episodes})
     return list(args.task_ids) if args.task_ids else list(range(suite_of(args.suite).num_tasks))
-
-
-def episode_pair(text: str) -> tuple[int, int]:
-    """``TASK:STATE`` -> ``(suite task, initial state)``."""
-    task, sep, state = text.partition(":")
-    if not sep or not task.isdigit() or not state.isdigit():
-        raise argparse.ArgumentTypeError(f"expected TASK:STATE (e.g. 2:31), got {text!r}")
-    return int(task), int(state)
 
 
 def pin_checkpoint(args: argparse.Namespace) -> argparse.Namespace:
@@ -306,7 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     overlap: list[str] = []
     if args.checkpoint:
         overlap = suite.training_overlap(args, tasks, ids)
-    console = _console()
+    console = stderr_console()
     for reason in overlap:
         console.print(f"[bold yellow]WARNING[/]: evaluation states were trained on: {reason}")
     state: dict[str, Any] = {"restarts": 0, "fingerprint_changes": []}
@@ -432,7 +418,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     """``--compare A B [C ...]``: read or produce every results, then the paired comparison of
     B against A (with more, each against A and a Holm-adjusted summary)."""
-    console = _console()
+    console = stderr_console()
     names = _labels(args.compare)
     stored = [load_results(target) for target in args.compare]
     for name, loaded in zip(names, stored, strict=True):  # before any checkpoint is evaluated
@@ -505,131 +491,3 @@ def _label(target: str) -> str:
     if path.name == "results.json":
         path = path.parent
     return (path.stem if path.suffix == ".json" else path.name) or str(target)
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="rlvla3 eval", description=__doc__.split("\n")[0])
-    parser.add_argument("--suite", default="libero_spatial", choices=suite_names(),
-                        help="a LIBERO suite or a MetaWorld benchmark (mt10, ml10, mt50)")
-    parser.add_argument("--task-ids", type=int, nargs="+", help="suite task ids (default: all)")
-    parser.add_argument("--episodes-per-task", type=int, default=50,
-                        help="initial states 0..N-1 of each task (default: all 50)")
-    parser.add_argument("--init-ids", type=int, nargs="+", help="explicit initial states")
-    parser.add_argument("--episodes", type=episode_pair, nargs="+", metavar="TASK:STATE",
-                        help="exactly these episodes (suite task:initial state), instead of "
-                        "--task-ids x --init-ids")
-    who = parser.add_mutually_exclusive_group()
-    who.add_argument("--checkpoint", metavar="RUN_DIR", help="run or checkpoint directory, a "
-                     "path or URI (with --recheck: where the evaluated checkpoint is now)")
-    who.add_argument("--policy", choices=["random"], help="a built-in policy instead")
-    who.add_argument("--compare", nargs="+", metavar="A B",
-                     help="checkpoints or results.json files: paired comparison of B - A; "
-                     "with more (A B C ...), each against A, p-values also Holm-adjusted")
-    parser.add_argument("--allow-incomplete", action="store_true",
-                        help="with --compare: accept an evaluation with missing or faulted "
-                        "episodes and compare only the episodes both sides ran to their end "
-                        "(default: refuse it)")
-    parser.add_argument("--placements", choices=["bundled", "fresh"], default="bundled",
-                        help="bundled initial states (the published protocol) or fresh ones")
-    parser.add_argument("--placement-seed", type=int, default=0,
-                        help="seed of fresh placements, and of where bundled scenes put the "
-                        "jointless fixtures")
-    parser.add_argument("--output-dir", help="default: eval_out/<suite>-<time>; an existing "
-                        "one continues where it stopped")
-    parser.add_argument("--workers", type=int, default=2, help="parallel env workers")
-    parser.add_argument("--videos", type=int, default=4, help="episodes to save as MP4")
-    add_image_size(parser, 128, help="camera size (no checkpoint)")
-    parser.add_argument("--max-steps", type=int, default=0, help="episode limit; 0: the suite's")
-    parser.add_argument("--no-fast-render", action="store_true", help="render as upstream does")
-    parser.add_argument("--address", help="Ray cluster address (default: start Ray locally)")
-    parser.add_argument("--sampled", action="store_true",
-                        help="sample the checkpoint's policy as RL does (default: its mode, "
-                        "the flow ODE from zero noise); episode noise is seeded by --seed, "
-                        "the task and the initial state")
-    parser.add_argument("--noise-level", type=float,
-                        help="with --sampled: the policy's noise_level (default: the "
-                        "checkpoint's)")
-    parser.add_argument("--init-noise", type=float,
-                        help="with --sampled: the policy's init_noise (default: the "
-                        "checkpoint's)")
-    parser.add_argument("--language", choices=LANGUAGE_MODES, default="own",
-                        help="what the policy is told: each task's own instruction (the "
-                        "protocol), none, or the next task's (an ablation)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--numerics", choices=NUMERICS, default="pinned",
-                        help="the policy's and the simulator's CPU arithmetic: pinned (the same "
-                        "episodes on every x86-64 CPU with AVX2) or native (the host's fastest "
-                        "kernels; episodes then depend on the CPU model)")
-    parser.add_argument("--blas", default=PINNED_BLAS, metavar="CORE",
-                        help="with pinned numerics: the OpenBLAS kernels NumPy runs in the "
-                        "simulator (its controller's linear algebra; default %(default)s, any CPU "
-                        "with AVX2 and FMA); 'host' leaves them to the CPU")
-    parser.add_argument("--recheck", metavar="EVAL_DIR",
-                        help="run --sample episodes of a finished evaluation again with its "
-                        "settings and report any that differ (exit status 1)")
-    parser.add_argument("--sample", type=int, default=20, help="with --recheck: episodes")
-    parser.add_argument("--sample-seed", type=int, default=0,
-                        help="with --recheck: which episodes are drawn")
-    parser.add_argument("--trace", action="store_true",
-                        help="write each episode's per-decision hashes of observation and action "
-                        "to trace/ (compare two runs with python -m actors.eval.trace A B)")
-    parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
-    args = parser.parse_args(argv)
-    if args.recheck:
-        if args.policy or args.compare:
-            parser.error("--recheck takes its policy from the evaluation it re-checks "
-                         "(--checkpoint only where that checkpoint is now)")
-        if args.sample < 1:
-            parser.error("--sample must be >= 1")
-    elif not (args.checkpoint or args.policy or args.compare):
-        parser.error("one of --checkpoint, --policy, --compare or --recheck is required")
-    if args.episodes and (args.task_ids or args.init_ids):
-        parser.error("--episodes names the episodes: drop --task-ids and --init-ids")
-    if args.episodes:
-        n = suite_of(args.suite).num_tasks
-        bad = [t for t, _ in args.episodes if t >= n]
-        if bad:
-            parser.error(f"--episodes: {args.suite} has tasks 0..{n - 1}"
-                         f", got {bad[0]}")
-    suite = suite_of(args.suite)
-    limit = suite.eval_states if args.placements == "bundled" else suite.fresh_states
-    ids = init_ids(args)
-    if not ids or min(ids) < 0 or max(ids) >= limit:
-        parser.error(f"initial states must lie in 0..{limit - 1} ({args.placements} placements)")
-    if args.compare and not 2 <= len(args.compare) <= len(string.ascii_lowercase):
-        parser.error(f"--compare needs 2 to {len(string.ascii_lowercase)} checkpoints or results")
-    if args.workers < 1:
-        parser.error("--workers must be >= 1")
-    if not args.sampled and (args.noise_level is not None or args.init_noise is not None):
-        parser.error("--noise-level and --init-noise set how a sampled policy acts: add --sampled")
-    if args.numerics == "native" and args.blas != PINNED_BLAS:
-        parser.error("--blas chooses pinned numerics' kernels; native ones are the host's")
-    if args.policy and (args.sampled or args.language != "own"):
-        parser.error("--sampled and --language need a checkpoint (--checkpoint or --compare)")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from rlvla3.config import ConfigError
-
-    args = parse_args(argv)
-    try:
-        if args.recheck:
-            summary = recheck(args, run)
-        else:
-            summary = compare(args) if args.compare else run(args)
-    except BrokenPipeError:  # stdout closed early: not a storage error
-        raise
-    except (ConfigError, OSError, EvalSetupError) as exc:  # user errors, storage: one line
-        print(f"rlvla3 eval: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(summary))
-    if args.recheck:
-        _console().print(recheck_line(summary))
-        return recheck_status(summary)
-    return 1 if not args.compare and incomplete_line(summary) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

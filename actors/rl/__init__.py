@@ -1,9 +1,8 @@
 """The RL job: from a validated config to a summary, wiring the roles of ``actors.roles``.
 
 Modules:
-    rl_job         ``rlvla3 rl``: presets, YAML and ``--set`` into a ``RunConfig``; starts the run
     preflight      ``rlvla3 rl --print-plan``: placement and per-node memory before any actor
-    plan_job       ``rlvla3 plan``: a cluster planned from GPU costs and env latencies
+    plan_job       a cluster planned from GPU costs and env latencies (``rlvla3 plan``, ``--plan``)
     controller     ``Controller``: one run in sequence (start, drive, checkpoint, stop, summary)
     topology       which actors exist, their resources and placement, and how they are wired
     schedule       the sync and async schedules: each owns the run's loop (and the async stop)
@@ -16,5 +15,6 @@ Modules:
     budget         when a run stops: env steps, minutes, target success, a stop asked for
     summary        the summary's pure figures: batch sizes, memory estimated vs measured, split
 
-``controller`` and ``topology`` are the only modules that know the topology.
+``controller`` and ``topology`` are the only modules that know the topology. The commands that
+start a run, print its plan or plan a cluster are ``commands.rl`` and ``commands.plan``.
 """

@@ -36,13 +36,12 @@ def stdout_to_stderr(enabled: bool = True) -> Iterator[None]:
         os.close(saved)
 
 
-def json_main(parse_args: Callable[[list[str] | None], argparse.Namespace],
-              measure: Callable[[argparse.Namespace], dict], argv: list[str] | None) -> int:
-    """Run a benchmark's ``measure`` with stdout kept for its JSON result (``--json``), shut
-    Ray down inside the redirect (its exit notices go to stderr too), then print the JSON."""
+def json_main(args: argparse.Namespace, measure: Callable[[argparse.Namespace], dict]) -> int:
+    """Run a benchmark's ``measure(args)`` with stdout kept for its JSON result (``--json``),
+    shut Ray down inside the redirect (its exit notices go to stderr too), then print the
+    JSON; returns the exit status, 0."""
     import ray
 
-    args = parse_args(argv)
     with stdout_to_stderr(args.json):
         out = measure(args)
         ray.shutdown()

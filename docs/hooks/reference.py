@@ -3,15 +3,16 @@
 ``reference/cli.md`` and ``reference/config.md`` hold a marker, ``<!-- generated: cli -->`` or
 ``<!-- generated: config -->``, that this hook replaces with Markdown built from
 
-- every command's real argparse parser, found through the command table of
-  ``rlvla3/__main__.py`` (``command_names`` / ``command_parser``): usage, sub-commands, and each
-  option with its default and help (hidden deprecated aliases left out);
+- every command's real argparse parser (its module's ``parser()`` in ``commands/``), found
+  through the command table of ``rlvla3/__main__.py`` (``command_names`` /
+  ``command_parser``): usage, sub-commands, and each option with its default and help (hidden
+  deprecated aliases left out);
 - the config dataclass each command's ``--set`` addresses (the return type of its module's
   ``config_from_args``), walked recursively, with each field's type, default and docstring
   (the string literal under the field in the source);
 - the options dataclass of every env, policy, batching policy and cost model, named by the
   registries (``envs.OPTIONS``, ``rlvla3.batch_policy.OPTIONS``, ``rlvla3.gpu_costs.OPTIONS``,
-  ``rlvla3.policies.OPTIONS``), and the presets each job ships (its module's ``PRESETS``).
+  ``rlvla3.policies.OPTIONS``), and the presets each command ships (its module's ``PRESETS``).
 
 Nothing here is written by hand, so the reference cannot drift from the code; a command or
 field that cannot be rendered fails the build.

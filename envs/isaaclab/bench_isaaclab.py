@@ -108,7 +108,7 @@ def measure(task: str, num_envs: int, cameras: bool, seconds: float, chunk_len: 
 
 
 def run(args: Any) -> dict[str, Any]:
-    """The report for ``rlvla3 bench env --sim isaaclab`` (``args`` from ``envs.bench_env``)."""
+    """The report for ``rlvla3 bench env --sim isaaclab`` (``args`` from ``commands.bench.env``)."""
     import os
 
     from envs.isaaclab import setup

@@ -18,7 +18,7 @@ latency-replay env::
 
     {"description": str, "command": str, "step_ms": {"<task id>": [ms, ...]}, "reset_ms": [ms]}
 
-``report(args)`` returns the JSON object ``envs.bench_env`` prints; progress goes to stderr.
+``report(args)`` returns the JSON object ``commands.bench.env`` prints; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """LIBERO's options of ``rlvla3 bench env`` (``envs.bench_env`` adds the other
+    """LIBERO's options of ``rlvla3 bench env`` (``commands.bench.env`` adds the other
     simulators')."""
     parser.add_argument("--suite", default="libero_spatial",
                         help=f"LIBERO suite ({', '.join(sorted(SUITE_NUM_TASKS))}); with "

@@ -130,7 +130,7 @@ def measure_throughput(args: Any, procs: int, cameras: bool) -> dict[str, Any]:
 
 
 def run(args: Any) -> dict[str, Any]:
-    """The report for ``rlvla3 bench env --sim metaworld`` (``args`` from ``envs.bench_env``)."""
+    """The report for ``rlvla3 bench env --sim metaworld`` (``args`` from ``commands.bench.env``)."""
     report: dict[str, Any] = {
         "sim": "metaworld", "suite": args.suite, "task_ids": list(args.task_ids),
         "image_size": [args.image_size[0]] * 2, "chunk_len": args.chunk_len,

@@ -22,12 +22,12 @@ importable.
 Output: one JSON object: versions, device, ``pass`` (all entries passed), ``summary`` (the
 headline speed-ups) and ``entries`` (each with ``pass``, its figures, the backends that ran and
 ``seconds``). Exit status 0 when every entry passed (or the check was skipped), 1 otherwise.
-Entry point: ``main(argv) -> int``.
+The command is ``commands.bench.gpu``; ``run_check`` runs the entries, each in a process of
+its own (``python -m rlvla3.compute.bench_gpu ENTRY [--dry-run]``: ``run_child``).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import logging
@@ -89,7 +89,7 @@ def run_entry(name: str, dry_run: bool, timeout: float, fp8: str | None = None) 
     if fp8:
         env[BENCH_FP8] = fp8
     env.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # later entries reuse earlier tuning
-    cmd = [sys.executable, "-m", "rlvla3.compute.bench_gpu", "--entry", name]
+    cmd = [sys.executable, "-m", "rlvla3.compute.bench_gpu", name]
     cmd += ["--dry-run"] if dry_run else []
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
@@ -192,38 +192,5 @@ def run_check(names: list[str], dry_run: bool, budget: float) -> dict:
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="rlvla3 bench gpu", description=__doc__.split("\n")[0])
-    ap.add_argument("--json", action="store_true", help="print one JSON line (else indented)")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="run the same code on CPU at tiny shapes (timings meaningless)")
-    ap.add_argument("--only", default=",".join(ENTRIES),
-                    help="comma-separated entries to run (default: all): " + "; ".join(
-                        f"{k}: {e.what}" for k, e in ENTRIES.items()))
-    ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the whole check (default: 480 on a GPU, 500 dry run)")
-    ap.add_argument("--report", default=None, metavar="FILE",
-                    help="also write the JSON report to this file")
-    ap.add_argument("--entry", choices=sorted(ENTRIES), help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.entry:
-        return run_child(args.entry, args.dry_run)
-    if not torch.cuda.is_available() and not args.dry_run:
-        print(json.dumps({"gpu": False, "skipped": True,
-                          "reason": "no NVIDIA GPU visible to torch; nothing to check "
-                                    "(--dry-run runs the same code on CPU)"}))
-        return 0
-    names = [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(ENTRIES))
-    if unknown:
-        ap.error(f"unknown entries {unknown}; choose from {', '.join(ENTRIES)}")
-    budget = args.budget or sizes_for(args.dry_run).budget_s
-    report = run_check(names, args.dry_run, budget)
-    print(json.dumps(report, indent=None if args.json else 2))
-    if args.report:
-        Path(args.report).write_text(json.dumps(report, indent=1) + "\n")
-    return 0 if report["pass"] else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # one entry, in the process run_entry starts
+    raise SystemExit(run_child(sys.argv[1], "--dry-run" in sys.argv[2:]))

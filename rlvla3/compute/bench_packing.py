@@ -31,14 +31,13 @@ Each model's time is split into two measured parts:
 ``upper_bound_speedup`` is the padded time over the packed model's real work done at the
 cheaper of the two measured per-unit costs of each part: what packing could reach if it added
 no overhead of its own. ``fraction_of_bound`` = ``speedup / upper_bound_speedup``;
-``meets_target``: at least 0.9 of the bound. Entry point: ``main(argv) -> int``.
+``meets_target``: at least 0.9 of the bound. ``run`` measures; the command is
+``commands.bench.packing``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import statistics
 import time
 from pathlib import Path
@@ -281,41 +280,3 @@ def run(preset: str, samples: int, max_tokens: int, max_segments: int, repeats: 
         "seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},
         "threads": torch.get_num_threads(),
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="rlvla3 bench packing", description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default="small",
-                    choices=["tiny", "small", "pi05", "groot_tiny", "groot_n15"],
-                    help="the model: the VLA's presets or GR00T-N1.5's")
-    ap.add_argument("--tokenizer", default="",
-                    help="GR00T only: the Eagle processor assets directory (default for "
-                    "groot_tiny: the tiny fixture's, tests/data/groot_tiny/eagle)")
-    ap.add_argument("--samples", type=int, default=32)
-    ap.add_argument("--max-tokens", type=int, default=2048)
-    ap.add_argument("--max-segments", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads (0: torch's default); one thread keeps the "
-                    "measurement stable on a shared machine")
-    ap.add_argument("--breakdown", action="store_true",
-                    help="also profile one pass per model: time by kind of op, op count")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    result = run(args.preset, args.samples, args.max_tokens, args.max_segments, args.repeats,
-                 args.seed, args.breakdown, args.tokenizer)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"packed {result['packed_tokens_per_s']:.0f} tok/s, padded "
-              f"{result['padded_tokens_per_s']:.0f} tok/s: speed-up {result['speedup']:.2f}x, "
-              f"{result['fraction_of_bound']:.0%} of the bound {result['upper_bound_speedup']:.2f}x "
-              f"(token ratio {result['token_ratio']:.2f}x, padding {result['padding_fraction']:.1%})")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

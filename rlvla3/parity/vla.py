@@ -31,7 +31,6 @@ trip's checkpoint (``DIR/checkpoint``) and its export (``DIR/lerobot``) and prin
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -189,14 +188,11 @@ def perturbed_checkpoint(policy, name: str, options: dict, out: Path) -> Path:
 
 
 def run_export(ckpt: Path, out: Path) -> Path:
-    """``rlvla3 export --format lerobot`` of ``ckpt`` into ``out`` (its summary to stderr)."""
-    from rlvla3.policies import export
+    """``rlvla3 export --format lerobot --force`` of ``ckpt`` into ``out`` (its summary to
+    stderr: stdout is the table)."""
+    from rlvla3.policies.export import export_checkpoint
 
-    with contextlib.redirect_stdout(sys.stderr):  # the command's summary; stdout is the table
-        code = export.main(["--checkpoint", str(ckpt), "--format", "lerobot", "--output-dir",
-                            str(out), "--force"])
-    if code:
-        raise RuntimeError(f"rlvla3 export failed with exit code {code}")
+    print(json.dumps(export_checkpoint(str(ckpt), out), indent=2), file=sys.stderr)
     return out
 
 

@@ -1,16 +1,12 @@
-"""``rlvla3 export``: write a checkpoint trained here as a LeRobot policy directory: a ``vla``
-policy as LeRobot's ``pi05``, a ``groot`` policy as LeRobot's ``groot`` (GR00T-N1.5; written by
+"""A checkpoint trained here as a LeRobot policy directory (``rlvla3 export``): a ``vla`` policy
+as LeRobot's ``pi05``, a ``groot`` policy as LeRobot's ``groot`` (GR00T-N1.5; written by
 ``rlvla3.policies.groot.export``, whose docstring lists its files).
-
-Example::
-
-    rlvla3 export --checkpoint runs/pi05_rl --format lerobot --out exports/pi05_rl
 
 Input: a checkpoint directory or a run directory (its latest checkpoint) holding a ``groot``
 policy or a ``vla`` policy that acts as pi0.5 does (``chain: padded``, ``normalization: quantile``, a PaliGemma
 ``tokenizer`` with the state in the prompt, ``image_resize: pad``, a patchify vision stem).
-Output for a ``vla`` policy, in ``--out`` (which must not exist or be empty, unless
-``--force``)::
+Output for a ``vla`` policy, in the output directory (``rlvla3 export`` refuses a non-empty
+one unless ``--force``)::
 
     config.json              "type": "pi05" and the PI05Config fields the policy implies
     model.safetensors        weights under LeRobot's keys (``model.`` prefix), the Hub's
@@ -29,23 +25,21 @@ loads the directory and acts as the checkpoint does (``tests/data/check_pi05_exp
 it for the tiny configuration; LeRobot builds only the full-size variants, so a ``pi05_tiny``
 export is loaded with that script's size patch). ``--checkpoint`` is a local path or a
 storage URI (``s3://...``, ``rlvla3.storage``; downloaded into the scratch cache). Both formats
-are written by ``write_policy_dir``; ``EXPORTERS`` picks the writer by the checkpoint's policy.
+are written by ``write_policy_dir``; ``EXPORTERS`` picks the writer by the checkpoint's policy,
+and ``export_checkpoint`` runs the whole export.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 from safetensors.torch import save_file
 
-from rlvla3.cli_options import add_output_dir, require_output_dir
 from rlvla3.policies.vla.lerobot import ACTION, POSTPROCESSOR, PREPROCESSOR, STATE, feature_key
 from rlvla3.policies.vla.loader import EMBED_TOKENS, EXPERT_LM_HEAD, LM_HEAD, to_openpi_state_dict
 from rlvla3.policies.vla.normalize import QuantileNormalizer
@@ -213,56 +207,23 @@ EXPORTERS: dict[str, str] = {
 """Policy name -> the function writing it as a LeRobot directory (``pi05``, ``groot``)."""
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlvla3 export", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True,
-                   help="checkpoint or run directory (a path or a storage URI)")
-    p.add_argument("--format", required=True, choices=["lerobot"],
-                   help="output format: a LeRobot policy directory (pi05 for a 'vla' policy, "
-                   "groot for a 'groot' policy)")
-    add_output_dir(p, "directory to write", required=True)
-    p.add_argument("--force", action="store_true", help="overwrite a non-empty --output-dir")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    cli = parser()
-    args = cli.parse_args(argv)
-    require_output_dir(cli, args)
+def export_checkpoint(checkpoint: str, out: Path) -> dict[str, Any]:
+    """Write the checkpoint at ``checkpoint`` (a checkpoint or run directory, a path or URI) as a
+    LeRobot policy directory at ``out``, replacing what is there; returns what
+    ``rlvla3 export`` prints. A checkpoint that cannot be read raises ``OSError`` or
+    ``ValueError``, one that does not export ``ExportError``, each with a one-line reason."""
     from rlvla3.checkpoint import load_policy, resolve_checkpoint
-
-    out = Path(args.output_dir)
-    if out.exists() and any(out.iterdir()) and not args.force:
-        print(f"rlvla3 export: {out} exists and is not empty (--force overwrites)",
-              file=sys.stderr)
-        return 2
-    try:
-        ckpt = resolve_checkpoint(args.checkpoint)
-        policy, meta = load_policy(ckpt)
-    except (OSError, ValueError) as exc:  # no checkpoint there, storage unreachable, bad file
-        print(f"rlvla3 export: {exc}", file=sys.stderr)
-        return 2
-    if meta.policy.name not in EXPORTERS:
-        print(f"rlvla3 export: {ckpt} holds a {meta.policy.name!r} policy; only "
-              f"{' and '.join(repr(n) for n in EXPORTERS)} policies export to LeRobot",
-              file=sys.stderr)
-        return 2
     from rlvla3.registry import resolve
 
+    ckpt = resolve_checkpoint(checkpoint)
+    policy, meta = load_policy(ckpt)
+    if meta.policy.name not in EXPORTERS:
+        raise ExportError(f"{ckpt} holds a {meta.policy.name!r} policy; only "
+                          f"{' and '.join(repr(n) for n in EXPORTERS)} policies export to LeRobot")
     writer = resolve(EXPORTERS, meta.policy.name, "policy.name")
-    if out.exists() and args.force:
+    if out.exists():
         shutil.rmtree(out)
-    try:
-        manifest = writer(policy, out, {"source": str(ckpt), "version": meta.version})
-    except ExportError as exc:
-        print(f"rlvla3 export: {exc}", file=sys.stderr)
-        return 2
+    manifest = writer(policy, out, {"source": str(ckpt), "version": meta.version})
     size = sum(p.stat().st_size for p in out.iterdir())
-    print(json.dumps({"out": str(out), "source": str(ckpt), "version": meta.version,
-                      "bytes": size, "left_out": manifest["left_out"],
-                      "files": manifest["files"]}, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"out": str(out), "source": str(ckpt), "version": meta.version, "bytes": size,
+            "left_out": manifest["left_out"], "files": manifest["files"]}

@@ -62,9 +62,9 @@ def _path(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlvla3 envs", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="rlvla3 envs", description=__doc__.split("\n")[0])
+    sub = top.add_subparsers(dest="command", required=True)
     s = sub.add_parser("setup", help="build a simulator's environment (cached)")
     s.add_argument("simulator", choices=["isaaclab"])
     s.add_argument("--python", default="", help="the Python 3.12 to build it with "
@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("simulator", choices=["isaaclab"])
     p.add_argument("--kit", action="store_true")
     p.set_defaults(fn=_path)
-    args = parser.parse_args(argv)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     return int(args.fn(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

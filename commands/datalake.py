@@ -202,9 +202,9 @@ def _record(args: argparse.Namespace) -> int:
     return 0 if result["recorded"] else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlvla3 datalake", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="rlvla3 datalake", description=__doc__.split("\n")[0])
+    sub = top.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "inspect", help="episodes, frames, fps, features, cameras, tasks, codec, size, problems"
     )
@@ -264,11 +264,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--codec", choices=sorted(CODECS), default="av1")
     r.add_argument("--fps", type=int, default=20)
     r.set_defaults(fn=_record)
-    args = parser.parse_args(argv)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    top = parser()
+    args = top.parse_args(argv)
     if args.command == "record":
-        require_output_dir(r, args)
+        require_output_dir(_subcommand(top, "record"), args)
     return int(args.fn(args))
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _subcommand(top: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of ``rlvla3 datalake NAME`` (its errors name the sub-command)."""
+    subparsers = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices[name]

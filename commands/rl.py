@@ -43,7 +43,7 @@ import yaml
 
 from actors.rl.summary import trained_nothing
 from actors.runtime.jsonout import json_text, stdout_to_stderr
-from rlvla3.cli_options import add_run_dir
+from rlvla3.cli_options import add_run_dir, refuse_a_used_run_dir
 from rlvla3.config import ConfigError, build, preset_names
 from rlvla3.run_config import RunConfig, load_run_config, upgrade
 from rlvla3.storage import Storage, check_writable, join
@@ -114,14 +114,6 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, str]:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run config the arguments describe (what ``--print-config`` prints)."""
     return resolve(args)[0]
-
-
-def refuse_a_used_run_dir(run_dir: str) -> None:
-    """A new run never starts in a directory holding another run's checkpoints: its saves would
-    mix with theirs (and ``latest`` names the newest version there, which may be theirs)."""
-    if Storage(run_dir).is_file("checkpoints/latest"):
-        raise ConfigError("--run-dir", f"{run_dir} already holds a run's checkpoints: continue it "
-                          f"with --resume {run_dir}, or start this run in another directory")
 
 
 def _stop_on_signals(controller) -> dict:
@@ -232,7 +224,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlvla3 rl: {nothing}", file=sys.stderr)
         return 0 if summary.get("stopped_by") in ("SIGTERM", "SIGINT") else 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

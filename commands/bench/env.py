@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from envs.libero import bench_env as libero_bench
 
@@ -55,7 +54,3 @@ def main(argv: list[str] | None = None) -> int:
         report = run(args)
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
