@@ -12,8 +12,8 @@ against its memory, and per GPU-holding actor its GPU total against its share of
 plan (``ConfigError``), ``render`` prints it (``rlvla3 rl --print-plan``).
 
 How each part is estimated (host RSS, measured on this machine: Python 3.11, torch 2.13 CPU,
-Ray 2.60, Debian 12; ``tests/test_cluster_memory.py`` checks the sum against a real run,
-``tests/test_cluster_plan.py`` the parts):
+Ray 2.60, Debian 12; ``tests/plan/test_cluster_memory.py`` checks the sum against a real run,
+``tests/plan/test_cluster_plan.py`` the parts):
 - a Ray actor process that imported torch and this project: ``TORCH_PROCESS_MB``; the run's
   status actor (no torch): ``PLAIN_PROCESS_MB``; the job driver: ``DRIVER_MB``; Ray's own
   processes per node (GCS, raylet, dashboard, agents, log monitor): ``RAY_HEAD_MB`` /

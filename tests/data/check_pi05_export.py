@@ -14,7 +14,7 @@ It loads the directory with ``PI05Policy.from_pretrained`` and ``make_pre_post_p
 in the policy (``from_pretrained`` only warns when a load fails) and that the embedding is the
 tied LM head, runs the fixture's observations with its sampled and deterministic noises through
 LeRobot's full path, and writes the actions with, as metadata, the sha256 of the weights it
-loaded. ``rlvla3.parity.vla.compare_export`` (run by ``tests/test_model_pi05_export.py``)
+loaded. ``rlvla3.parity.vla.compare_export`` (run by ``tests/policies/test_model_pi05_export.py``)
 re-creates the export, checks the digest and compares rlvla3's actions with these.
 """
 

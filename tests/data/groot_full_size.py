@@ -12,7 +12,7 @@ SigLIP 1152 x 27 at 224 px without pixel shuffle and a one-layer connector, Qwen
 layer 12, the action head of 16 DiT layers of 32 x 48), the Eagle one into ``HF_LEROBOT_HOME``
 where LeRobot reads it, and ``GR00TN15`` is built on ``torch.device("meta")`` (no memory, no
 weights). The output JSON holds both configs, every state-dict key with its shape, and the
-parameter count; ``tests/test_model_groot.py`` builds rlvla3's network from the same two
+parameter count; ``tests/policies/test_model_groot.py`` builds rlvla3's network from the same two
 configs and compares.
 """
 

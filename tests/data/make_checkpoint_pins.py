@@ -2,7 +2,7 @@
 
 For each checkpoint in ``PINNED`` (VLA policies trained here, under ``results/``) it records
 the outputs of ``act`` (deterministic and sampled from a fixed sampling seed) and of
-``evaluate`` on the sampled chains, for a fixed batch of observations. ``tests/test_model_pins.py``
+``evaluate`` on the sampled chains, for a fixed batch of observations. ``tests/policies/test_model_pins.py``
 recomputes them with the current code: a change to the model, processor or policy that alters
 how an existing checkpoint acts fails there. Re-run it only when such a change is intended::
 

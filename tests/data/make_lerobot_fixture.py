@@ -4,7 +4,7 @@ The dataset: 3 episodes (lengths in ``LENGTHS``) at ``FPS`` frames/s, two tasks,
 ``observation.state``, a 7-d ``action``, one camera stored as video
 (``observation.images.front``, LeRobot's default AV1 encoding) and one stored as PNG images in
 the parquet rows (``observation.images.wrist``). Every value is a function of (episode, frame)
-given below, so ``tests/test_datalake_lerobot.py`` checks what the lake reads frame for frame
+given below, so ``tests/datalake/test_datalake_lerobot.py`` checks what the lake reads frame for frame
 and value for value without LeRobot installed.
 
 Run it in a scratch environment that has LeRobot (it needs torch and torchvision; LeRobot 0.4.4

@@ -11,7 +11,7 @@ for three observations and two initial noises::
     OUT/parity.safetensors   inputs (frames, state), noises and every stage's output
     OUT/parity.json          instructions, prompts, seeds, versions, camera mapping
 
-``tests/test_model_pi05.py`` loads the directory with rlvla3's loader and compares every stage
+``tests/policies/test_model_pi05.py`` loads the directory with rlvla3's loader and compares every stage
 and the final actions at 1e-5 (it reads ``RLVLA3_PI05_FIXTURE`` when set). Run it in a Python
 >= 3.12 environment with ``lerobot==0.6.1``, torch < 2.12 and sentencepiece::
 

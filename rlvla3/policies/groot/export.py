@@ -30,7 +30,7 @@ no checkpoint; a policy with none of these is refused. The RL value head is left
 Invariants: the weights LeRobot loads are the policy's, key for key; LeRobot's
 ``GrootPolicy.from_pretrained`` + ``make_pre_post_processors(pretrained_path=...)`` act as the
 policy does from the same noise (``tests/data/groot_reference.py --export``, checked by
-``tests/test_model_groot_export.py``).
+``tests/policies/test_model_groot_export.py``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from datalake.report import inspect_dataset
 from datalake.samples import episode_samples
 from datalake.video import DecoderCache, decode_image
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 ROOT = DATA / "lerobot_v30"
 
 

@@ -1,6 +1,6 @@
 """``rlvla3 export --format lerobot`` of a ``groot`` policy: the LeRobot groot directory it
 writes (LeRobot's own key set and shapes, statistics, Eagle assets) and the policies it refuses
-(LeRobot acting on the export: ``tests/test_model_export.py``)."""
+(LeRobot acting on the export: ``tests/policies/test_model_export.py``)."""
 
 from __future__ import annotations
 

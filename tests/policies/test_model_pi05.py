@@ -26,7 +26,7 @@ from rlvla3.policies.vla.loader import CheckpointLayoutError, load_openpi_checkp
 from rlvla3.policies.vla.network import VLANetwork
 from rlvla3.policies.vla.tokenizer import PaliGemmaTokenizer, pi05_prompt
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from pi05_reference import train_tokenizer  # noqa: E402  (LeRobot is imported lazily there)
 
 FIXTURE = parity.fixture_path()

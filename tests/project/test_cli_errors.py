@@ -19,7 +19,7 @@ import pytest
 import envs
 from rlvla3.config import ConfigError, Named
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Runs each command's main() in one fresh process whose imports of ``libero`` fail (as without
 # the extra) and reports exit status, stderr, whether it raised, and whether Ray was started.

@@ -31,7 +31,7 @@ from rlvla3.__main__ import BENCHMARKS, COMMANDS, command_module, command_parser
 from rlvla3.cli_options import DEPRECATED
 from rlvla3.config import ConfigError, build
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")

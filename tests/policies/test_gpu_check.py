@@ -25,7 +25,7 @@ from rlvla3.compute import bench_gpu
 from rlvla3.compute.gpu_checks import ENTRIES, LOGPROB_TOLERANCE
 from rlvla3.model.attention import PerSegmentAttention, repeat_kv
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FP8_TOLERANCE = 0.1
 """FP8 output and gradients against float32 (e4m3 alone gives about 0.037)."""
 VENV = Path(os.environ.get("RLVLA3_GPU_IMAGE_VENV", "/tmp/rlvla3-gpu-image-venv"))

@@ -1,6 +1,6 @@
 """``rlvla3 export --format lerobot`` of a ``vla`` policy: the pi05 directory it writes, what it
 leaves out, and the checkpoints it refuses (LeRobot acting on the export:
-``tests/test_model_export.py``)."""
+``tests/policies/test_model_export.py``)."""
 
 from __future__ import annotations
 

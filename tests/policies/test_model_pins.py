@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 sys.path.insert(0, str(DATA))
 import make_checkpoint_pins as pins  # noqa: E402
 

@@ -23,7 +23,7 @@ from rlvla3.policies.groot.loader import CheckpointLayoutError, load_weights
 from rlvla3.policies.groot.network import GrootNetwork
 from rlvla3.policies.groot.policy import parameter_count
 
-sys.path.insert(0, str(Path(__file__).parent / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 
 FIXTURE = parity.fixture_path()
 
@@ -148,7 +148,7 @@ def test_full_size_network_matches_lerobots_own_build_key_for_key():
     shapes (with the two parts GR00T never runs, which the export fills), the preset has the
     files' sizes, and the parameter counts differ by exactly SigLIP's pooling head (the LM
     head is tied to the embedding there)."""
-    ref = json.loads((Path(__file__).parent / "data" / "groot_n15_keys.json").read_text())
+    ref = json.loads((Path(__file__).resolve().parents[1] / "data" / "groot_n15_keys.json").read_text())
     shapes = shapes_from_configs(PRESETS["groot_n15"], ref["groot_config"], ref["eagle_config"])
     assert shapes == PRESETS["groot_n15"]
     with torch.device("meta"):

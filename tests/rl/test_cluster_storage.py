@@ -15,7 +15,7 @@ import pytest
 from cluster_scenarios import scenario_facts
 from cluster_scenarios import scenario_result as _scenario
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from importlib.util import find_spec
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from envs.libero.env import (
 )
 from envs.libero.simulator import libero_available
 from rlvla3.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.libero,
@@ -71,7 +74,7 @@ def test_import_never_prompts_even_without_a_libero_config(tmp_path):
         text=True,
         env=env,
         timeout=300,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=REPO,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "''"  # importable, and nothing read from stdin
@@ -85,8 +88,7 @@ def test_importing_the_simulator_prints_no_macro_file_advice():
             "from robosuite.utils.log_utils import ROBOSUITE_DEFAULT_LOGGER as log;"
             "log.warning('another robosuite warning')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(
-                              __file__))))
+                          timeout=300, cwd=REPO)
     assert done.returncode == 0 and done.stdout.strip() == "''", done.stderr
     assert "macro" not in done.stderr, done.stderr
     assert "another robosuite warning" in done.stderr

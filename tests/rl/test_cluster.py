@@ -39,7 +39,7 @@ from cluster_scenarios import MARKER, marked_pids
 
 from actors.runtime.metrics import _COUNTERS, _GAUGES, _HISTOGRAMS, TAGS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "actors" / "observe" / "dashboards" / "rlvla3_grafana.json"
 EGL_PACKAGES = ("libegl1", "libegl-mesa0", "libgl1-mesa-dri", "libgbm1", "libopengl0", "libgl1",
                 "libglib2.0-0")

@@ -31,7 +31,7 @@ from rlvla3.plan.memory import (
 from rlvla3.policies import build_policy
 from rlvla3.run_config import load_run_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROLES = ["learner.resources={learner: 1}", "rollout.resources={rollout: 1}",
          "env_workers.resources={sim: 1}"]
 PI05 = ["policy.name=vla", "policy.options.preset=pi05", "learner.num_gpus=1",

@@ -19,10 +19,10 @@ from datalake.samples import episode_samples
 from datalake.verify import format_episodes, verify_dataset
 from datalake.video import DecoderCache, VideoError
 
-FIXTURE = Path(__file__).parent / "data" / "lerobot_v30"
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "lerobot_v30"
 VIDEO = "videos/observation.images.front/chunk-000/file-000.mp4"
 DATA = "data/chunk-000/file-000.parquet"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from actors.runtime.bootstrap import dashboard_installed
 from actors.runtime.quiet import LogFilter
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 NOISY_WORKER = textwrap.dedent('''
     import sys, time

@@ -60,7 +60,7 @@ def test_calibrations_carry_their_figures():
 def test_measured_calibration_is_the_median_of_the_committed_gpu_runs():
     """``pi05_h200_eager`` comes from ``rlvla3 bench gpu`` on an H200: each figure is the
     median of the committed runs' ``costs`` entries (rounded to two significant figures)."""
-    runs = sorted((Path(__file__).parents[1] / "results" / "gpu_check").glob("h200_*.json"))
+    runs = sorted((Path(__file__).parents[2] / "results" / "gpu_check").glob("h200_*.json"))
     measured = [json.loads(p.read_text())["entries"]["costs"]["cost_model"]["options"]
                 for p in runs]
     assert len(measured) >= 3
@@ -242,7 +242,7 @@ def test_a_gpu_check_report_becomes_a_calibration_and_a_plan_beside_todays(capsy
     from commands.plan import main
     from rlvla3.gpu_costs import calibration_source, costs_from_gpu_check
 
-    path = Path(__file__).parents[1] / "results" / "gpu_check" / "h200_check.json"
+    path = Path(__file__).parents[2] / "results" / "gpu_check" / "h200_check.json"
     report = json.loads(path.read_text())
     costs = costs_from_gpu_check(report)
     options = report["entries"]["costs"]["cost_model"]["options"]

@@ -1,7 +1,7 @@
 """Episode traces (``actors.eval.trace``): per decision, hashes of what the policy saw and did;
 two runs of one episode compared say at which decision they part and whether the observation
 (the simulator) or the action (the policy) parted first. No Ray, no simulator: the worker's
-trace of a real episode is checked in ``tests/test_libero_eval.py``."""
+trace of a real episode is checked in ``tests/eval/test_libero_eval.py``."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from envs.process_env import EnvProcessError
 from rlvla3.config import ConfigError, Named
 from rlvla3.types import EnvSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STANDIN = "tests.isaaclab_standin:DEFINITION"
 
 

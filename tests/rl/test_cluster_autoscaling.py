@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from cluster_scenarios import kill_marked, scenario_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from rlvla3.checkpoint import CheckpointMeta, listed_files, save_run_checkpoint
 from rlvla3.config import Named
 from rlvla3.storage import Storage
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.libero,
     pytest.mark.skipif(

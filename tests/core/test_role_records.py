@@ -135,7 +135,7 @@ def test_no_role_shell_assigns_a_field_of_its_core():
     """``actors/roles/`` names, calls and restarts: no assignment to ``<x>.core.<field>`` or
     ``core.<field>`` (the core owns its state)."""
     offenders = []
-    for path in sorted((Path(__file__).parents[1] / "actors" / "roles").glob("*.py")):
+    for path in sorted((Path(__file__).parents[2] / "actors" / "roles").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             targets = (node.targets if isinstance(node, ast.Assign) else
                        [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])

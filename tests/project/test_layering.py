@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLOORS = {"rlvla3": 1, "envs": 2, "datalake": 3, "actors": 4, "commands": 5}
 ALLOWED_DOWN = {"envs": {"rlvla3"}, "datalake": {"rlvla3", "envs"},
                 "actors": {"rlvla3", "envs", "datalake"},

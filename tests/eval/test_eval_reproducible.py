@@ -43,7 +43,7 @@ from actors.eval.worker import ActionSource, EvalWorker
 from rlvla3.config import ConfigError, Named
 from rlvla3.numerics import PINNED_ENV, NumericsError, env_vars, host
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SFT = ROOT / "results" / "libero_spatial10" / "sft10d"
 ENV = Named("reach", {"image_size": 16})
 

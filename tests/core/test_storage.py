@@ -291,7 +291,7 @@ def test_sft_keeps_its_run_in_a_bucket_and_resumes_from_it(s3, tmp_path):
     options = ["lake.image_size=[32, 32]", "lake.chunk_len=4", "lake.decode_actors=1",
                "lake.max_tokens=600", "lake.shuffle_buffer=32", "lake.pack_window=32",
                "policy.options={channels: 8, hidden: 64}", "log_every=4", "checkpoint_every=4"]
-    env = {**os.environ, **s3.env, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    env = {**os.environ, **s3.env, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
            "RLVLA3_SCRATCH": str(tmp_path / "scratch")}
 
     def sft(steps: int, where: str) -> dict:
