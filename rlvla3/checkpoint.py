@@ -50,7 +50,7 @@ from safetensors.torch import load_file, save_file
 
 from rlvla3.config import ConfigError, Named, require
 from rlvla3.protocols import Policy
-from rlvla3.storage import Storage, cache_name, join, scratch_dir
+from rlvla3.storage import Storage, cache_name, file_sha256, join, scratch_dir
 from rlvla3.types import EnvSpec
 
 
@@ -149,14 +149,6 @@ def _step_key(name: str) -> tuple[int, int] | None:
     return None if match is None else (int(match[1]), int(match[2] or 0))
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _write_files(stage: Path, policy: Policy, optimizer: Any, rng: torch.Tensor | None
                  ) -> list[str]:
     state = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
@@ -192,7 +184,7 @@ def save_checkpoint(
             for name in _write_files(stage, policy, optimizer, rng):
                 if store.local:
                     files[name] = {"size": (stage / name).stat().st_size,
-                                   "sha256": _sha256(stage / name)}
+                                   "sha256": file_sha256(stage / name)}
                 else:
                     moved = store.upload(stage / name, name)
                     files[name] = {"size": moved.size, "sha256": moved.sha256}
@@ -277,7 +269,7 @@ def save_sharded_run_checkpoint(run_dir: str | Path, tensors: dict[str, torch.Te
             shapes = {k: v for w in records for k, v in w["keys"].items()}
             if ranks.rank == 0:
                 for file_name, path in extra.items():
-                    files[file_name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+                    files[file_name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
                 target.write_text("meta.json", _meta_payload(
                     meta, files, format=FORMAT, world=ranks.world, tensors=shapes,
                     optimizer=optimizer or {}))
@@ -387,7 +379,7 @@ def _matches(local: Path, files: dict[str, dict[str, Any]]) -> bool:
     for name, want in files.items():
         path = _inside(local, name)
         if not path.is_file() or path.stat().st_size != want["size"] or (
-                "sha256" in want and _sha256(path) != want["sha256"]):
+                "sha256" in want and file_sha256(path) != want["sha256"]):
             return False
     return True
 

@@ -155,6 +155,15 @@ def scratch_dir() -> Path:
     return path
 
 
+def file_sha256(path: Path) -> str:
+    """The sha256 of a local file, read in chunks (a checkpoint's ``meta.json`` records it)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def cache_name(uri: str) -> str:
     """A directory name for ``uri`` in the scratch cache: readable and unique."""
     tail = re.sub(r"[^A-Za-z0-9._-]+", "_", basename(uri))[-40:]

@@ -27,7 +27,6 @@ files are uploaded and checked.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shutil
@@ -41,6 +40,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from rlvla3.engine.group import Ranks
+from rlvla3.storage import file_sha256
 
 FORMAT = "sharded"
 SHARDS = "shards"
@@ -69,14 +69,6 @@ def local_rows(tensor: torch.Tensor, ranks: Ranks) -> tuple[torch.Tensor, int, t
     shape = tuple(tensor.shape)
     start, _ = row_range(shape[0], ranks.rank, ranks.world) if shape else (0, 0)
     return tensor.to_local(), start, shape
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -109,7 +101,7 @@ def write_shard(stage: Path, tensors: Mapping[str, torch.Tensor], ranks: Ranks) 
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(rows, str(path), metadata={"layout": json.dumps(layout),
                                          "shapes": json.dumps(shapes)})
-    return ShardWritten(name, path.stat().st_size, _sha256(path), shapes)
+    return ShardWritten(name, path.stat().st_size, file_sha256(path), shapes)
 
 
 class RowSource:

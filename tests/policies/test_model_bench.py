@@ -10,14 +10,7 @@ import torch
 from commands.bench.packing import main as packing_main
 from rlvla3.compute import step_profile
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: one intra-op thread is faster than two on a shared, loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_packing_benchmark_reports_speedup_token_ratio_and_bound(capsys):

@@ -37,12 +37,7 @@ E4M3_SUBNORMAL_ABS = 2.0**-10
 SPEC = libero_like_spec(image_size=32, chunk_len=6)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _per_element(q: QTensor, shape: tuple[int, int]) -> torch.Tensor:

@@ -16,12 +16,7 @@ from rlvla3.policies.vla.inference import BUCKETS, bucket, make_acting
 TOLERANCE = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _pair(options: dict, side: int):

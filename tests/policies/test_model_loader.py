@@ -18,13 +18,7 @@ from rlvla3.policies.vla.loader import (
 SPEC = libero_like_spec(image_size=32, chunk_len=6)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: one intra-op thread is faster than two on a shared, loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _pair():

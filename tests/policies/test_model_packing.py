@@ -22,13 +22,7 @@ SPEC = libero_like_spec(image_size=32, chunk_len=6)
 CPU_BACKENDS = ["per_segment", "padded"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: one intra-op thread is faster than two on a shared, loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _dense_reference(q, k, v, cu_q, cu_k, key_valid=None):

@@ -20,13 +20,7 @@ SPATIAL_0 = "pick up the black bowl between the plate and the ramekin and place 
 SPATIAL_1 = "pick up the black bowl next to the ramekin and place it on the plate"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matmuls: one intra-op thread is faster than two on a shared, loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_vla_actions_depend_on_the_instruction_alone():
