@@ -59,13 +59,15 @@ def _list_file(uri: str, listed: str, data: bytes = b"owned") -> None:
 
 
 @pytest.mark.parametrize("listed", [
-    "../x", "../../outside/.bashrc", "/tmp/absolute-target", "sub/../../x", "./policy.pt",
+    "../x", "../../outside/.bashrc", "ABSOLUTE", "sub/../../x", "./policy.pt",
     "name\x00with-nul", "dir\\..\\x", ".hidden", "", "meta.json", "a//b", "link -> ../x",
 ])
 def test_a_remote_checkpoint_that_lists_an_unsafe_name_is_refused_before_any_write(
         listed, tmp_path, monkeypatch):
     scratch, outside = tmp_path / "scratch", tmp_path / "outside"
     outside.mkdir()
+    absolute = tmp_path / "absolute-target"
+    listed = str(absolute) if listed == "ABSOLUTE" else listed  # an absolute path of this test's
     monkeypatch.setenv(SCRATCH_ENV, str(scratch))
     uri = _remote_checkpoint("unsafe")
     _list_file(uri, listed)
@@ -77,7 +79,7 @@ def test_a_remote_checkpoint_that_lists_an_unsafe_name_is_refused_before_any_wri
     written = _files_under(tmp_path) - before
     assert all(w.startswith("scratch") for w in written), written  # nothing outside scratch
     assert not any("policy.safetensors" in w for w in written)  # refused before any download
-    assert not Path("/tmp/absolute-target").exists()
+    assert not absolute.exists()
 
 
 def test_a_local_checkpoint_whose_directory_links_outside_is_refused(tmp_path):
