@@ -31,9 +31,10 @@ POLICIES = {"small": {"channels": 8, "hidden": 32},
             "vla": {"preset": "tiny", "image_size": 16}}
 
 
-def _samples(algo_name: str, episodes: int, proximal: str = "window"):
-    """The same decisions on every rank: real reach episodes of a seeded policy (GRPO:
-    groups of four episodes of one task and initial state)."""
+def _samples(algo_name: str, episodes: int, proximal: str = "window", policy: str = "small"):
+    """The same decisions on every rank: real reach episodes of a seeded policy of the kind
+    trained (a VLA's samples carry its flow chain; GRPO: groups of four episodes of one task
+    and initial state)."""
     from envs import env_spec, make_env
     from rlvla3.algos import AlgoConfig
     from rlvla3.config import Named
@@ -45,7 +46,7 @@ def _samples(algo_name: str, episodes: int, proximal: str = "window"):
     algo = AlgoConfig(algo_name, proximal=proximal, proximal_window=2)
     torch.manual_seed(1)
     reach = Named("reach", REACH)
-    acting = build_policy(Named("small", POLICIES["small"]), env_spec(reach))
+    acting = build_policy(Named(policy, POLICIES[policy]), env_spec(reach))
     keys = range(1) if algo_name == "grpo" else range(5)
     segments = collect_episodes(make_env(reach), RolloutCore(acting),
                                 TaskSampler(range(2), keys, 0), episodes, "test")
@@ -92,7 +93,7 @@ def rank_main(argv: list[str]) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     algo, data = _samples("ppo" if args.algo == "sft" else args.algo, args.episodes,
-                          args.proximal)
+                          args.proximal, args.policy)
     torch.manual_seed(0)
     policy = build_policy(Named(args.policy, POLICIES[args.policy]),
                           env_spec(Named("reach", REACH)))
@@ -210,15 +211,30 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
-def matrix(args: argparse.Namespace) -> dict:
+def _memory_row(strategy: str, world: int, records: list[dict],
+                one: list[dict] | None = None) -> dict:
+    """The largest bytes of parameters + gradients + optimizer state a rank held, against the
+    pre-flight's prediction (one rank: ``single``, predicted as DDP's whole copy)."""
     from rlvla3.plan.memory import engine_bytes
 
+    params = (one or records)[0]["memory"]["params"] // 4
+    predicted = engine_bytes(params, "ddp" if strategy == "single" else strategy, world,
+                             param_bytes=4, optimizer_bytes=8)
+    measured = max(r["memory"]["params"] + r["memory"]["grads"] + r["memory"]["optimizer"]
+                   for r in records)
+    return {"strategy": strategy, "ranks": world, "measured_bytes": measured,
+            "predicted_bytes": predicted, "error": round(measured / predicted - 1.0, 4)}
+
+
+def matrix(args: argparse.Namespace) -> dict:
     options = {"steps": args.steps, "policy": args.policy}
     results: dict = {"steps": args.steps, "policy": args.policy, "algos": {}, "memory": []}
     with tempfile.TemporaryDirectory() as tmp:
         for algo in args.algos.split(","):
             reference, one = run_group(Path(tmp), 1, "ddp", algo, **options)
             row: dict = {}
+            if algo == args.algos.split(",")[0]:
+                results["memory"].append(_memory_row("single", 1, one))
             for world in [int(w) for w in args.ranks.split(",")]:
                 weights = {}
                 for strategy in ("ddp", "fsdp"):
@@ -230,14 +246,7 @@ def matrix(args: argparse.Namespace) -> dict:
                         "samples_trained": sum(r["samples_trained"] for r in records),
                         "seconds": round(max(r["seconds"] for r in records), 2)}
                     if algo == args.algos.split(",")[0]:
-                        predicted = engine_bytes(one[0]["memory"]["params"] // 4, strategy,
-                                                 world, param_bytes=4, optimizer_bytes=8)
-                        measured = max(r["memory"]["params"] + r["memory"]["grads"]
-                                       + r["memory"]["optimizer"] for r in records)
-                        results["memory"].append({
-                            "strategy": strategy, "ranks": world, "measured_bytes": measured,
-                            "predicted_bytes": predicted,
-                            "error": round(measured / predicted - 1.0, 4)})
+                        results["memory"].append(_memory_row(strategy, world, records, one))
                 row[f"fsdp_vs_ddp_{world}"] = max_difference(weights["fsdp"], weights["ddp"])
             results["algos"][algo] = {"one_rank_samples": one[0]["samples_trained"], **row}
     # SFT draws its flow-matching noise per rank: a group's draws are not one rank's, so SFT

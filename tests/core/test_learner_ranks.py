@@ -49,6 +49,15 @@ def test_fsdp_and_ddp_groups_end_where_one_rank_does_and_fsdp_holds_half(tmp_pat
         assert record["engine"] == "fsdp"
 
 
+def test_a_vla_group_trains_on_its_own_chains_as_one_rank_does(tmp_path):
+    """The VLA's samples carry the flow chain its own acting drew: a group of FSDP ranks
+    trains on them (a chain from another policy would have no shape to score)."""
+    one, _ = run_group(tmp_path, 1, "ddp", "ppo", steps=1, policy="vla")
+    fsdp, sharded = run_group(tmp_path, 2, "fsdp", "ppo", steps=1, policy="vla")
+    assert max_difference(fsdp, one) <= 1e-5
+    assert sum(r["samples_trained"] for r in sharded) == 32
+
+
 @pytest.mark.slow
 def test_a_sharded_checkpoint_in_a_bucket_written_by_two_ranks_restores_onto_three(tmp_path):
     """Two FSDP ranks train 3 steps and write a sharded checkpoint to an S3 server on
