@@ -213,7 +213,8 @@ def scenario_resume(facts: Facts, cluster, nodes, scratch: Path) -> None:
                   work, 600)
     out: dict = {"exit": proc.returncode, "seconds": round(time.monotonic() - start, 1),
                  "stderr_tail": proc.stderr.strip().splitlines()[-5:],
-                 "resumed_line": [line for line in proc.stdout.splitlines()
+                 # with --json, stdout holds the summary alone and the progress goes to stderr
+                 "resumed_line": [line for line in proc.stderr.splitlines()
                                   if line.startswith("resumed at version")],
                  "env_steps_before": before["env_steps"], "version_before": before[
                      "policy_version"], "target": target}

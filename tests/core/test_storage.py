@@ -310,7 +310,7 @@ def test_sft_keeps_its_run_in_a_bucket_and_resumes_from_it(s3, tmp_path):
     rows = [json.loads(x) for x in Storage(run).read_text("metrics.jsonl").splitlines()]
     assert [r["step"] for r in rows] == [4, 8, 12]  # one history over both runs
     files = Storage(run).sizes()
-    assert {"config.json", "metrics.jsonl", "checkpoints/latest"} <= set(files)
+    assert {"config.yaml", "metrics.jsonl", "checkpoints/latest"} <= set(files)
     assert any(name.startswith("ray/") for name in files)  # Ray Train's storage_path
     assert not (tmp_path / "runs").exists()
 

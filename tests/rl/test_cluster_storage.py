@@ -36,7 +36,9 @@ def test_every_node_sees_only_its_own_scratch_directory(facts):
 def test_a_local_run_dir_on_a_cluster_of_several_nodes_is_refused_before_any_actor(facts):
     refusal = _scenario(facts, "refusal")
     assert refusal["exit"] == 2
-    [line] = refusal["stderr"]  # one line, naming the setting and the ways out
+    # the line naming the cluster it joined, then one line naming the setting and the ways out
+    *joined, line = refusal["stderr"]
+    assert len(joined) <= 1 and all(x.startswith("Ray: joined the Ray cluster at ") for x in joined)
     assert "config field 'storage.root'" in line and "local path" in line
     assert "s3://" in line and "storage.shared=true" in line
     assert refusal["named_actors"] == [] and refusal["wrote"] == []

@@ -25,7 +25,7 @@ def proximal_copy(learner) -> tuple[int, float, float]:
     """Runs inside a learner (``__ray_call__``): the version its proximal copy holds, the sum
     of the copy's parameters and of the policy's."""
     window = learner.core.proximal
-    return window.synced_at, parameter_sum(window.copy), parameter_sum(learner.policy)
+    return window.synced_at, parameter_sum(window.engine.shadow), parameter_sum(learner.policy)
 
 
 def run(tmp_path, name: str, overrides: list[str], resume: bool = False) -> tuple[dict, Controller]:
