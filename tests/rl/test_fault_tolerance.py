@@ -260,15 +260,14 @@ def test_isaaclab_env_worker_killed_run_continues(ray_cluster, tmp_path):
     assert summary["restart_counts"]["env_worker"] == 1
     assert summary["restart_counts"]["episodes_lost"] == 2  # the killed worker's two slots
     assert summary["lost_segments"] == 0 and summary["policy_version"] > 3
-    assert workers[0]["episodes"] > 0  # the restarted worker started a server and ran again
+    assert workers[0].episodes > 0  # the restarted worker started a server and ran again
     # the same accounting as test_env_worker_killed_run_continues: the queue lost nothing, the dead
     # incarnation's admissions were released, the surviving worker accounts for every decision
-    assert queue["put_decisions"] == (queue["got_decisions"] + queue["queued_decisions"]
-                                      + queue["dropped_stale_decisions"])
-    assert queue["in_flight_episodes"] <= 4
+    assert queue.put_decisions == (queue.got_decisions + queue.queued_decisions
+                                   + queue.dropped_stale_decisions)
+    assert queue.in_flight_episodes <= 4
     w = workers[1]
-    assert w["decisions"] == (w["shipped_decisions"] + w["inflight_decisions"]
-                              + w["dropped_decisions"])
+    assert w.decisions == w.shipped_decisions + w.inflight_decisions + w.dropped_decisions
     deadline = time.monotonic() + 60  # the killed worker's server ends when its pipe closes
     while {p.pid for p in _isaaclab_servers()} - before and time.monotonic() < deadline:
         time.sleep(1)
