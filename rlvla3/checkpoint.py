@@ -555,3 +555,21 @@ def load_rng_state(path: str | Path) -> torch.Tensor | None:
     """The torch RNG state saved beside the weights, or None."""
     file = resolve_checkpoint(path) / "rng.safetensors"
     return load_file(str(file))["torch"] if file.is_file() else None
+
+
+def saved_run(checkpoint: str) -> tuple[str, dict[str, Any]]:
+    """The run directory a checkpoint belongs to (the run itself, or ``RUN`` of
+    ``RUN/checkpoints/step-N``) and the config it was started with: ``config.yaml`` (RL and
+    SFT runs), else the ``config.json`` of an SFT run written before it, else ``{}``."""
+    import yaml
+
+    from rlvla3.storage import basename, parent
+
+    path = Storage(checkpoint).uri  # a path or a storage URI
+    run = parent(parent(path)) if basename(parent(path)) == "checkpoints" else path
+    files = Storage(run)
+    if files.is_file("config.yaml"):
+        return run, dict(yaml.safe_load(files.read_text("config.yaml")) or {})
+    if files.is_file("config.json"):
+        return run, dict(json.loads(files.read_text("config.json")))
+    return run, {}

@@ -22,9 +22,9 @@ from typing import Any
 
 from envs.libero.env import SUITE_NUM_TASKS, LiberoConfig
 from envs.libero.scenes import NUM_BUNDLED_STATES, RECORD_SIDECAR
+from rlvla3.checkpoint import saved_run
 from rlvla3.config import ConfigError, Named, build, to_dict
-from rlvla3.storage import Storage, basename
-from rlvla3.storage import parent as parent_of
+from rlvla3.storage import Storage
 
 
 def _libero_options(env: Named) -> dict[str, Any]:
@@ -121,21 +121,12 @@ def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None,
     ``init_from``) and recorded
     datasets (``meta/record.json``). With ``fresh``, the evaluation runs on fresh placements,
     and training on those same scenes (same suite, placement seed, task and id) is reported."""
-    import yaml
-
     seen = _seen if _seen is not None else set()
-    path = Storage(checkpoint).uri  # a path or a storage URI
-    run = parent_of(parent_of(path)) if basename(parent_of(path)) == "checkpoints" else path
+    run, config = saved_run(checkpoint)  # an RL run's config, or an SFT run's (its lake: below)
     if run in seen:
         return []
     seen.add(run)
-    files = Storage(run)
     reasons: list[str] = []
-    config: dict[str, Any] = {}
-    if files.is_file("config.yaml"):  # an RL run's, or an SFT run's (its lake: below)
-        config = yaml.safe_load(files.read_text("config.yaml")) or {}
-    elif files.is_file("config.json"):  # an SFT run written before config.yaml
-        config = json.loads(files.read_text("config.json"))
     if "lake" not in config:
         env = config.get("env") or {}
         if isinstance(env, Mapping) and env.get("name") == "libero":

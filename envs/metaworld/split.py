@@ -5,8 +5,8 @@ Evaluation (``rlvla3 eval --suite mt10``) runs on the benchmark's own 50 states 
 (``split: train``), which are never one of them. ``check_split`` refuses a training config on
 the test split (a ``ConfigError`` naming the field) unless ``env.options.allow_eval_overlap``
 is set; ``split_note`` is what outputs record; ``training_overlap`` follows a checkpoint's
-provenance (RL ``config.yaml``, SFT ``config.json``, the datasets' ``meta/record.json``,
-``init_from`` chains) and says where training touched test states.
+provenance (RL and SFT ``config.yaml``, an older SFT run's ``config.json``, the datasets'
+``meta/record.json``, ``init_from`` chains) and says where training touched test states.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 from envs.libero.scenes import RECORD_SIDECAR
 from envs.metaworld.env import MetaWorldConfig
+from rlvla3.checkpoint import saved_run
 from rlvla3.config import ConfigError, Named, build
-from rlvla3.storage import Storage, basename
-from rlvla3.storage import parent as parent_of
+from rlvla3.storage import Storage
 
 
 def _cfg(env: Named) -> MetaWorldConfig:
@@ -49,24 +49,17 @@ def split_note(env: Named) -> dict[str, Any]:
 def training_overlap(checkpoint: str, _seen: set[str] | None = None) -> list[str]:
     """Why a checkpoint's training touched test states (empty: it did not, as far as its run
     directory, its datasets and its ``init_from`` chain record)."""
-    import yaml
-
     seen = _seen if _seen is not None else set()
-    path = Storage(checkpoint).uri
-    run = parent_of(parent_of(path)) if basename(parent_of(path)) == "checkpoints" else path
+    run, config = saved_run(checkpoint)
     if run in seen:
         return []
     seen.add(run)
-    files = Storage(run)
     reasons: list[str] = []
-    config: dict[str, Any] = {}
-    if files.is_file("config.yaml"):
-        config = yaml.safe_load(files.read_text("config.yaml")) or {}
+    if "lake" not in config:  # an RL run: its env
         env = config.get("env") or {}
         if env.get("name") == "metaworld" and (env.get("options") or {}).get("split") == "test":
             reasons.append(f"RL run {run} trained on the test split")
-    elif files.is_file("config.json"):
-        config = json.loads(files.read_text("config.json"))
+    else:  # an SFT run: its datasets
         for root in (config.get("lake") or {}).get("datasets") or []:
             dataset = Storage(str(root))
             if dataset.is_file(RECORD_SIDECAR):

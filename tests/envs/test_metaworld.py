@@ -84,3 +84,32 @@ def test_record_refuses_the_test_split_before_starting_anything(tmp_path, capsys
     assert code == 2 and not out.exists()
     err = capsys.readouterr().err
     assert "--init-ids/--placements" in err and "allow_eval_overlap" in err
+
+
+def test_training_on_test_states_is_found_through_sft_and_rl_configs(tmp_path):
+    """An SFT run (its ``config.yaml`` names its datasets) on demonstrations recorded on the
+    test split, and an RL run on the test split started from it, are both reported."""
+    import json
+
+    import yaml
+
+    from envs.libero.scenes import RECORD_SIDECAR
+    from envs.metaworld.split import training_overlap
+
+    data = tmp_path / "demos"
+    (data / RECORD_SIDECAR).parent.mkdir(parents=True)
+    (data / RECORD_SIDECAR).write_text(json.dumps({"split": {"eval_overlap": True}}))
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "config.yaml").write_text(yaml.safe_dump({"lake": {"datasets": [str(data)]}}))
+    [reason] = training_overlap(str(sft))
+    assert "demos was recorded on the test split" in reason
+    rl = tmp_path / "rl"
+    rl.mkdir()
+    (rl / "config.yaml").write_text(yaml.safe_dump({
+        "env": {"name": "metaworld", "options": {"split": "test"}}, "init_from": str(sft)}))
+    reasons = training_overlap(str(rl / "checkpoints" / "step-00000001"))
+    assert len(reasons) == 2 and "trained on the test split" in reasons[0]
+    assert "demos was recorded on the test split" in reasons[1]
+    (sft / "config.yaml").write_text(yaml.safe_dump({"lake": {"datasets": []}}))
+    assert training_overlap(str(tmp_path / "sft")) == []
