@@ -16,8 +16,11 @@ reads datasets through the same ``resolve_filesystem``.
   copied up by ``push`` (every ``every_s`` through ``sync``); files named in ``keep`` are pulled
   down first, so a resumed run appends to its own history. A local storage *is* its working copy;
   a remote one gets a fresh directory in the scratch cache (dropped by ``close``).
-- ``scratch_dir()``: this node's cache (``RLVLA3_SCRATCH``, else ``<tmp>/rlvla3-scratch``). Nothing
-  a run keeps lives only there: it is a cache of what storage holds and a staging area for uploads.
+- ``scratch_dir()``: this user's cache on this node (``RLVLA3_SCRATCH``, else
+  ``<tmp>/rlvla3-scratch-<uid>``). Nothing a run keeps lives only there: it is a cache of what
+  storage holds and a staging area for uploads. It must be this user's own (``private_dir``):
+  a directory another user of the node could write to would let them plant or swap files
+  between a download's check and its use, or in a staged upload.
 
 Credentials never pass through here: pyarrow and fsspec read them from the environment (for S3:
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL`` for an S3-compatible server,
@@ -31,6 +34,7 @@ import os
 import posixpath
 import re
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -149,10 +153,44 @@ def resolve_filesystem(uri: str | Path) -> tuple[pafs.FileSystem, str]:
 
 
 def scratch_dir() -> Path:
-    """This node's cache and staging directory (``RLVLA3_SCRATCH`` or ``<tmp>/rlvla3-scratch``)."""
-    path = Path(os.environ.get(SCRATCH_ENV) or Path(tempfile.gettempdir()) / "rlvla3-scratch")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """This user's cache and staging directory on this node (``RLVLA3_SCRATCH`` or
+    ``<tmp>/rlvla3-scratch-<uid>``), made or checked by ``private_dir``."""
+    default = Path(tempfile.gettempdir()) / f"rlvla3-scratch-{os.getuid()}"
+    return private_dir(Path(os.environ.get(SCRATCH_ENV) or default))
+
+
+def private_dir(path: Path) -> Path:
+    """``path``, a directory only this user can change: made with mode 0700 where it is
+    absent; one that exists must be a directory (not a link to one) that this user owns and
+    that neither its group nor others can write to, in a parent nobody else can rename it out
+    of (not writable by group or others, or sticky as ``/tmp`` is). Else ``PermissionError``,
+    one line naming the directory and what is wrong with it. Checked with ``lstat``: no link
+    is followed."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass  # checked below, as found
+    except OSError as exc:
+        raise PermissionError(f"{path}: cannot make a directory there ({exc.strerror}); set "
+                              f"{SCRATCH_ENV} to a directory of your own") from None
+    info, above = os.lstat(path), os.stat(path.parent)
+    if stat.S_ISLNK(info.st_mode):
+        why = "is a symbolic link"
+    elif not stat.S_ISDIR(info.st_mode):
+        why = "is not a directory"
+    elif info.st_uid != os.getuid():
+        why = f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+    elif info.st_mode & 0o022:
+        why = f"can be written by other users (mode {stat.S_IMODE(info.st_mode):04o})"
+    elif (above.st_mode & 0o022 or above.st_uid not in (0, os.getuid())) and not (
+            above.st_mode & stat.S_ISVTX):
+        why = (f"sits in {path.parent}, where another user can rename it (mode "
+               f"{stat.S_IMODE(above.st_mode):04o}, uid {above.st_uid}, not sticky)")
+    else:
+        return path
+    raise PermissionError(f"{path} {why}: a scratch directory must be this user's own (set "
+                          f"{SCRATCH_ENV} to a directory of yours)")
 
 
 def file_sha256(path: Path) -> str:

@@ -17,8 +17,10 @@ and JSON only.
 
 Reading (``RowSource``): the rows ``[start, end)`` of any key, from a sharded checkpoint
 (read from every shard file that overlaps them: a checkpoint of 2 ranks restores onto 3) or
-from a whole one (``policy.safetensors`` and ``optimizer.pt``), so restoring, resharding and
-consolidating for evaluation are the same operation.
+from a whole one (``policy.safetensors``, and ``optimizer.pt`` only when the optimizer state
+is asked for: ``bind_optimizer``), so restoring, resharding and consolidating for evaluation
+are the same operation. Only files ``meta.json`` lists are read
+(``rlvla3.checkpoint.open_listed``).
 
 Invariants: a shard file holds only the rows of its rank; the union of the files' rows of a
 key is the whole tensor, without overlap; ``meta.json`` is written by rank 0 after every rank's
@@ -39,6 +41,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from rlvla3.checkpoint import open_listed
 from rlvla3.engine.group import Ranks
 from rlvla3.storage import file_sha256
 
@@ -106,7 +109,8 @@ def write_shard(stage: Path, tensors: Mapping[str, torch.Tensor], ranks: Ranks) 
 
 class RowSource:
     """Rows of the tensors of a checkpoint: sharded (``shards/``) or whole
-    (``policy.safetensors`` and ``optimizer.pt``), in a local directory."""
+    (``policy.safetensors`` and ``optimizer.pt``), in a local directory (as
+    ``rlvla3.checkpoint.resolve_checkpoint`` gives it)."""
 
     def __init__(self, local: Path):
         self.local = Path(local)
@@ -129,31 +133,23 @@ class RowSource:
                             (path, start, rows[0] if rows else 0))
                         self.shapes[key] = tuple(shapes[key])
         else:
-            self._whole = self._whole_tensors()
+            from safetensors.torch import load_file
+
+            self._whole = {f"model/{k}": v for k, v in
+                           load_file(str(self.local / "policy.safetensors")).items()}
             self.shapes = {k: tuple(v.shape) for k, v in self._whole.items()}
 
-    def _whole_tensors(self) -> dict[str, torch.Tensor]:
-        """A whole checkpoint's weights (``model/``) and, where saved, optimizer state
-        (``optim/``, parameters named by the order of the policy's ``named_parameters``: the
-        order the optimizer was built in)."""
-        from safetensors.torch import load_file
-
-        out = {f"model/{k}": v for k, v in load_file(str(self.local / "policy.safetensors"))
-               .items()}
-        self._optimizer_by_index = None
-        file = self.local / "optimizer.pt"
-        if file.is_file():
-            self._optimizer_by_index = torch.load(file, map_location="cpu", weights_only=True)
-            self.param_groups = [{k: v for k, v in g.items() if k != "params"}
-                                 for g in self._optimizer_by_index["param_groups"]]
-        return out
-
     def bind_optimizer(self, names_in_order: list[str]) -> None:
-        """A whole checkpoint's optimizer state under parameter names (``names_in_order``:
-        the parameters of the optimizer's groups, in order, as it indexes them)."""
-        state = getattr(self, "_optimizer_by_index", None)
-        if state is None:
+        """A whole checkpoint's optimizer state (``optim/``), where its ``meta.json`` lists
+        one, under parameter names (``names_in_order``: the parameters of the optimizer's
+        groups, in order, as it indexes them). A sharded checkpoint's is in its shards."""
+        handle = None if self.sharded else open_listed(self.local, "optimizer.pt")
+        if handle is None:
             return
+        with handle:
+            state = torch.load(handle, map_location="cpu", weights_only=True)
+        self.param_groups = [{k: v for k, v in g.items() if k != "params"}
+                             for g in state["param_groups"]]
         for index, values in state["state"].items():
             for key, value in values.items():
                 self._whole[f"optim/{names_in_order[int(index)]}/{key}"] = value
