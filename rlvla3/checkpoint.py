@@ -57,7 +57,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch
 from safetensors.torch import load as safetensors_load
@@ -66,15 +66,21 @@ from safetensors.torch import load_file, save_file
 from rlvla3.config import ConfigError, Named, require
 from rlvla3.protocols import Policy
 from rlvla3.storage import (
-    CHUNK,
     Storage,
     cache_name,
+    discard,
     file_sha256,
     join,
+    lstat_below,
+    open_no_link,
     private_dir,
     scratch_dir,
+    size_and_sha256,
 )
 from rlvla3.types import EnvSpec
+
+if TYPE_CHECKING:
+    from rlvla3.engine.sharded import RowSource
 
 
 @dataclass(frozen=True)
@@ -441,35 +447,6 @@ def _missing(ckpt: str, name: str, want: dict[str, Any]) -> CheckpointError:
                            f"({want['size']} bytes)")
 
 
-def _open_no_link(path: Path) -> BinaryIO:
-    """``path`` open for reading, refused (``OSError``) where its last part is a link."""
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
-
-
-def _digest(handle: BinaryIO) -> tuple[int, str]:
-    """Size and sha256 of what ``handle`` reads from where it stands to its end."""
-    digest, size = hashlib.sha256(), 0
-    while chunk := handle.read(CHUNK):
-        digest.update(chunk)
-        size += len(chunk)
-    return size, digest.hexdigest()
-
-
-def _lstat_below(root: Path, name: str) -> os.stat_result | None:
-    """``lstat`` of ``root/name``, None where it is absent; ``ValueError`` where a directory on
-    the way is a link or not a directory (no link is followed)."""
-    here = root
-    parts = name.split("/")
-    try:
-        for part in parts[:-1]:
-            here = here / part
-            if not stat.S_ISDIR(os.lstat(here).st_mode):
-                raise ValueError(f"{here} is not a directory")
-        return os.lstat(here / parts[-1])
-    except FileNotFoundError:
-        return None
-
-
 def _sound_copy(local: Path, raw: bytes, files: dict[str, dict[str, Any]]) -> bool:
     """Whether ``local`` is a complete copy, made by this user, of the checkpoint whose
     ``meta.json`` is ``raw``: a directory of this user's that nobody else can write to (not a
@@ -483,38 +460,22 @@ def _sound_copy(local: Path, raw: bytes, files: dict[str, dict[str, Any]]) -> bo
         info = os.lstat(local)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o022:
             return False
-        with _open_no_link(local / "meta.json") as handle:
+        with open_no_link(local / "meta.json") as handle:
             if handle.read() != raw:
                 return False
         for name, want in files.items():
-            found = _lstat_below(local, name)
+            found = lstat_below(local, name)
             if found is None and name in OPTIONAL_FILES:
                 continue
             if (found is None or not stat.S_ISREG(found.st_mode) or found.st_uid != uid
                     or found.st_size != want["size"] or "sha256" not in want):
                 return False
-            with _open_no_link(local / name) as handle:
-                if _digest(handle) != (want["size"], want["sha256"]):
+            with open_no_link(local / name) as handle:
+                if size_and_sha256(handle) != (want["size"], want["sha256"]):
                     return False
     except (OSError, ValueError):
         return False
     return True
-
-
-def _discard(path: Path) -> None:
-    """Take whatever is at ``path`` in this user's cache out of the way (a bad copy, a link, a
-    directory another user made), following no link: a directory is renamed aside first, so no
-    reader finds half of it, then removed as far as this user may."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(info.st_mode):
-        os.unlink(path)
-        return
-    aside = path.with_name(f".discard-{uuid.uuid4().hex}")
-    os.rename(path, aside)
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _fetch(ckpt: str, store: Storage, raw: bytes, files: dict[str, dict[str, Any]]) -> Path:
@@ -543,7 +504,7 @@ def _fetch(ckpt: str, store: Storage, raw: bytes, files: dict[str, dict[str, Any
                                       f"{moved.size} vs {want['size']}, or its sha256)")
         (fresh / "meta.json").write_bytes(raw)  # written last: a complete, checked copy
         if not _sound_copy(local, raw, files):  # another process of this user's may be first
-            _discard(local)
+            discard(local)
             try:
                 os.rename(fresh, local)
             except OSError:
@@ -605,13 +566,13 @@ def open_listed(local: Path, name: str) -> BinaryIO | None:
     if want is None:
         return None
     try:
-        handle = _open_no_link(_inside(local, name))
+        handle = open_no_link(_inside(local, name))
     except FileNotFoundError:
         raise _missing(str(local), name, want) from None
     except OSError as exc:  # ELOOP: a link
         raise CheckpointError(f"{local}: {name} cannot be opened as a plain file "
                               f"({exc.strerror}); refused") from None
-    size, sha256 = _digest(handle)
+    size, sha256 = size_and_sha256(handle)
     if size != want["size"] or want.get("sha256", sha256) != sha256:
         handle.close()
         raise CheckpointError(f"{local}: {name} does not match meta.json (size {size} vs "
@@ -753,6 +714,18 @@ def load_policy(path: str | Path) -> tuple[Policy, CheckpointMeta]:
     policy = build_policy(meta.policy, meta.spec)
     policy.load_state_dict(load_weights(local))
     return policy, meta
+
+
+def row_source(path: str | Path, optimizer: bool) -> RowSource:
+    """What a training engine restores from (``TrainingEngine.restore``): the rows of the
+    checkpoint at ``path`` (``resolve_checkpoint``'s local copy) and, with ``optimizer`` (a
+    resumed run), the optimizer state of a whole checkpoint where it lists one (a sharded
+    checkpoint's is in its shards)."""
+    from rlvla3.engine.sharded import RowSource
+
+    local = resolve_checkpoint(path)
+    whole = optimizer and not is_sharded(local)
+    return RowSource(local, load_optimizer_state(local) if whole else None)
 
 
 def load_optimizer_state(path: str | Path) -> dict[str, Any] | None:

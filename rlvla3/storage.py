@@ -20,7 +20,9 @@ reads datasets through the same ``resolve_filesystem``.
   ``<tmp>/rlvla3-scratch-<uid>``). Nothing a run keeps lives only there: it is a cache of what
   storage holds and a staging area for uploads. It must be this user's own (``private_dir``):
   a directory another user of the node could write to would let them plant or swap files
-  between a download's check and its use, or in a staged upload.
+  between a download's check and its use, or in a staged upload. ``open_no_link``,
+  ``lstat_below`` and ``discard`` read, check and remove what is in it without following a
+  link.
 
 Credentials never pass through here: pyarrow and fsspec read them from the environment (for S3:
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL`` for an S3-compatible server,
@@ -41,6 +43,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
 import pyarrow as pa
@@ -200,6 +203,51 @@ def file_sha256(path: Path) -> str:
         while chunk := f.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def open_no_link(path: Path) -> BinaryIO:
+    """``path`` open for reading, refused (``OSError``) where its last part is a link."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+
+
+def size_and_sha256(handle: BinaryIO) -> tuple[int, str]:
+    """Size and sha256 of what ``handle`` reads from where it stands to its end."""
+    digest, size = hashlib.sha256(), 0
+    while chunk := handle.read(CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def lstat_below(root: Path, name: str) -> os.stat_result | None:
+    """``lstat`` of ``root/name``, None where it is absent; ``ValueError`` where a directory on
+    the way is a link or not a directory (no link is followed)."""
+    here = root
+    parts = name.split("/")
+    try:
+        for part in parts[:-1]:
+            here = here / part
+            if not stat.S_ISDIR(os.lstat(here).st_mode):
+                raise ValueError(f"{here} is not a directory")
+        return os.lstat(here / parts[-1])
+    except FileNotFoundError:
+        return None
+
+
+def discard(path: Path) -> None:
+    """Take whatever is at ``path`` out of the way (a file, a link, a directory, whoever made
+    it), following no link: a directory is renamed aside first, so no reader finds half of it,
+    then removed as far as this user may."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        os.unlink(path)
+        return
+    aside = path.with_name(f".discard-{uuid.uuid4().hex}")
+    os.rename(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def cache_name(uri: str) -> str:

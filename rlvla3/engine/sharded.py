@@ -17,10 +17,9 @@ and JSON only.
 
 Reading (``RowSource``): the rows ``[start, end)`` of any key, from a sharded checkpoint
 (read from every shard file that overlaps them: a checkpoint of 2 ranks restores onto 3) or
-from a whole one (``policy.safetensors``, and ``optimizer.pt`` only when the optimizer state
-is asked for: ``bind_optimizer``), so restoring, resharding and consolidating for evaluation
-are the same operation. Only files ``meta.json`` lists are read
-(``rlvla3.checkpoint.open_listed``).
+from a whole one (``policy.safetensors``, and the optimizer state its checkpoint lists, read
+by ``rlvla3.checkpoint.row_source`` when it is to be restored), so restoring, resharding and
+consolidating for evaluation are the same operation. Only files ``meta.json`` lists are read.
 
 Invariants: a shard file holds only the rows of its rank; the union of the files' rows of a
 key is the whole tensor, without overlap; ``meta.json`` is written by rank 0 after every rank's
@@ -36,12 +35,12 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rlvla3.checkpoint import open_listed
 from rlvla3.engine.group import Ranks
 from rlvla3.storage import file_sha256
 
@@ -108,11 +107,13 @@ def write_shard(stage: Path, tensors: Mapping[str, torch.Tensor], ranks: Ranks) 
 
 
 class RowSource:
-    """Rows of the tensors of a checkpoint: sharded (``shards/``) or whole
-    (``policy.safetensors`` and ``optimizer.pt``), in a local directory (as
-    ``rlvla3.checkpoint.resolve_checkpoint`` gives it)."""
+    """Rows of the tensors of a checkpoint, sharded (``shards/``) or whole
+    (``policy.safetensors``), in a local directory (``rlvla3.checkpoint.row_source`` makes
+    one). ``optimizer``: a whole checkpoint's optimizer state in ``Optimizer.state_dict``'s
+    layout, where it is to be restored (None: none; a sharded checkpoint's is in its
+    shards)."""
 
-    def __init__(self, local: Path):
+    def __init__(self, local: Path, optimizer: dict[str, Any] | None = None):
         self.local = Path(local)
         meta = json.loads((self.local / "meta.json").read_text())
         self.sharded = meta.get("format") == FORMAT
@@ -138,18 +139,18 @@ class RowSource:
             self._whole = {f"model/{k}": v for k, v in
                            load_file(str(self.local / "policy.safetensors")).items()}
             self.shapes = {k: tuple(v.shape) for k, v in self._whole.items()}
+        self._optimizer_by_index = None if self.sharded else optimizer
+        if self._optimizer_by_index is not None:
+            self.param_groups = [{k: v for k, v in g.items() if k != "params"}
+                                 for g in self._optimizer_by_index["param_groups"]]
 
     def bind_optimizer(self, names_in_order: list[str]) -> None:
-        """A whole checkpoint's optimizer state (``optim/``), where its ``meta.json`` lists
-        one, under parameter names (``names_in_order``: the parameters of the optimizer's
-        groups, in order, as it indexes them). A sharded checkpoint's is in its shards."""
-        handle = None if self.sharded else open_listed(self.local, "optimizer.pt")
-        if handle is None:
+        """A whole checkpoint's optimizer state (``optim/``), where one was given, under
+        parameter names (``names_in_order``: the parameters of the optimizer's groups, in
+        order, as it indexes them)."""
+        state = self._optimizer_by_index
+        if state is None:
             return
-        with handle:
-            state = torch.load(handle, map_location="cpu", weights_only=True)
-        self.param_groups = [{k: v for k, v in g.items() if k != "params"}
-                             for g in state["param_groups"]]
         for index, values in state["state"].items():
             for key, value in values.items():
                 self._whole[f"optim/{names_in_order[int(index)]}/{key}"] = value

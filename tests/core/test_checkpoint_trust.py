@@ -32,10 +32,10 @@ from rlvla3.checkpoint import (
     load_policy,
     load_rng_state,
     resolve_checkpoint,
+    row_source,
     save_checkpoint,
 )
 from rlvla3.config import ConfigError, Named
-from rlvla3.engine.sharded import RowSource
 from rlvla3.learner import rl_engine
 from rlvla3.policies import build_policy
 from rlvla3.storage import SCRATCH_ENV, Storage, check_no_secret, scratch_dir
@@ -157,10 +157,10 @@ def _planted_optimizer(lr: float, where: Path) -> bytes:
 
 def _restored_lr(where: str | Path) -> float:
     """The learning rate of a learner that resumes (optimizer state included) from
-    ``where``, as the learner rank does: ``RowSource`` over ``resolve_checkpoint``."""
+    ``where``, as the learner rank does (``row_source``)."""
     policy = build_policy(SMALL, SPEC)
     engine = rl_engine(policy, AlgoConfig("grpo"), LR)
-    engine.restore(RowSource(resolve_checkpoint(where)), optimizer=True)
+    engine.restore(row_source(where, optimizer=True), optimizer=True)
     return engine.optimizer.param_groups[0]["lr"]
 
 

@@ -19,9 +19,8 @@ from rlvla3.checkpoint import (
     check_resume,
     load_policy,
     locate_checkpoint,
-    resolve_checkpoint,
+    row_source,
 )
-from rlvla3.engine.sharded import RowSource
 from rlvla3.learner import rl_engine
 from rlvla3.policies import build_policy
 
@@ -49,7 +48,7 @@ def test_a_committed_checkpoint_loads_for_eval_export_and_init_from(run, one_tor
     policy, meta = load_policy(run)  # an eval worker's load, and export's
     assert check_init_from(run, meta.policy, meta.spec, build_policy(meta.policy, meta.spec))
     learner = build_policy(meta.policy, meta.spec)  # a learner rank's init_from
-    rl_engine(learner, AlgoConfig("grpo"), 1e-4).restore(RowSource(resolve_checkpoint(run)),
+    rl_engine(learner, AlgoConfig("grpo"), 1e-4).restore(row_source(run, optimizer=False),
                                                           optimizer=False)
     for key, value in policy.state_dict().items():
         torch.testing.assert_close(learner.state_dict()[key], value)
