@@ -191,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             from envs import require_extra
 
             require_extra(cfg.env)
-        if not args.resume:
+        if args.resume:
+            from rlvla3.checkpoint import check_resume
+
+            check_resume(run_dir)  # its optimizer and RNG state: here, not after Ray started
+        else:
             refuse_a_used_run_dir(run_dir)
         check_writable(run_dir, _storage_field(args))  # a missing bucket: here, not at a save
         from actors.rl.controller import Controller

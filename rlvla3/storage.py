@@ -16,8 +16,13 @@ reads datasets through the same ``resolve_filesystem``.
   copied up by ``push`` (every ``every_s`` through ``sync``); files named in ``keep`` are pulled
   down first, so a resumed run appends to its own history. A local storage *is* its working copy;
   a remote one gets a fresh directory in the scratch cache (dropped by ``close``).
-- ``scratch_dir()``: this node's cache (``RLVLA3_SCRATCH``, else ``<tmp>/rlvla3-scratch``). Nothing
-  a run keeps lives only there: it is a cache of what storage holds and a staging area for uploads.
+- ``scratch_dir()``: this user's cache on this node (``RLVLA3_SCRATCH``, else
+  ``<tmp>/rlvla3-scratch-<uid>``). Nothing a run keeps lives only there: it is a cache of what
+  storage holds and a staging area for uploads. It must be this user's own (``private_dir``):
+  a directory another user of the node could write to would let them plant or swap files
+  between a download's check and its use, or in a staged upload. ``open_no_link``,
+  ``lstat_below`` and ``discard`` read, check and remove what is in it without following a
+  link.
 
 Credentials never pass through here: pyarrow and fsspec read them from the environment (for S3:
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL`` for an S3-compatible server,
@@ -31,12 +36,14 @@ import os
 import posixpath
 import re
 import shutil
+import stat
 import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
 import pyarrow as pa
@@ -149,10 +156,44 @@ def resolve_filesystem(uri: str | Path) -> tuple[pafs.FileSystem, str]:
 
 
 def scratch_dir() -> Path:
-    """This node's cache and staging directory (``RLVLA3_SCRATCH`` or ``<tmp>/rlvla3-scratch``)."""
-    path = Path(os.environ.get(SCRATCH_ENV) or Path(tempfile.gettempdir()) / "rlvla3-scratch")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """This user's cache and staging directory on this node (``RLVLA3_SCRATCH`` or
+    ``<tmp>/rlvla3-scratch-<uid>``), made or checked by ``private_dir``."""
+    default = Path(tempfile.gettempdir()) / f"rlvla3-scratch-{os.getuid()}"
+    return private_dir(Path(os.environ.get(SCRATCH_ENV) or default))
+
+
+def private_dir(path: Path) -> Path:
+    """``path``, a directory only this user can change: made with mode 0700 where it is
+    absent; one that exists must be a directory (not a link to one) that this user owns and
+    that neither its group nor others can write to, in a parent nobody else can rename it out
+    of (not writable by group or others, or sticky as ``/tmp`` is). Else ``PermissionError``,
+    one line naming the directory and what is wrong with it. Checked with ``lstat``: no link
+    is followed."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass  # checked below, as found
+    except OSError as exc:
+        raise PermissionError(f"{path}: cannot make a directory there ({exc.strerror}); set "
+                              f"{SCRATCH_ENV} to a directory of your own") from None
+    info, above = os.lstat(path), os.stat(path.parent)
+    if stat.S_ISLNK(info.st_mode):
+        why = "is a symbolic link"
+    elif not stat.S_ISDIR(info.st_mode):
+        why = "is not a directory"
+    elif info.st_uid != os.getuid():
+        why = f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+    elif info.st_mode & 0o022:
+        why = f"can be written by other users (mode {stat.S_IMODE(info.st_mode):04o})"
+    elif (above.st_mode & 0o022 or above.st_uid not in (0, os.getuid())) and not (
+            above.st_mode & stat.S_ISVTX):
+        why = (f"sits in {path.parent}, where another user can rename it (mode "
+               f"{stat.S_IMODE(above.st_mode):04o}, uid {above.st_uid}, not sticky)")
+    else:
+        return path
+    raise PermissionError(f"{path} {why}: a scratch directory must be this user's own (set "
+                          f"{SCRATCH_ENV} to a directory of yours)")
 
 
 def file_sha256(path: Path) -> str:
@@ -162,6 +203,51 @@ def file_sha256(path: Path) -> str:
         while chunk := f.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def open_no_link(path: Path) -> BinaryIO:
+    """``path`` open for reading, refused (``OSError``) where its last part is a link."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+
+
+def size_and_sha256(handle: BinaryIO) -> tuple[int, str]:
+    """Size and sha256 of what ``handle`` reads from where it stands to its end."""
+    digest, size = hashlib.sha256(), 0
+    while chunk := handle.read(CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def lstat_below(root: Path, name: str) -> os.stat_result | None:
+    """``lstat`` of ``root/name``, None where it is absent; ``ValueError`` where a directory on
+    the way is a link or not a directory (no link is followed)."""
+    here = root
+    parts = name.split("/")
+    try:
+        for part in parts[:-1]:
+            here = here / part
+            if not stat.S_ISDIR(os.lstat(here).st_mode):
+                raise ValueError(f"{here} is not a directory")
+        return os.lstat(here / parts[-1])
+    except FileNotFoundError:
+        return None
+
+
+def discard(path: Path) -> None:
+    """Take whatever is at ``path`` out of the way (a file, a link, a directory, whoever made
+    it), following no link: a directory is renamed aside first, so no reader finds half of it,
+    then removed as far as this user may."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        os.unlink(path)
+        return
+    aside = path.with_name(f".discard-{uuid.uuid4().hex}")
+    os.rename(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def cache_name(uri: str) -> str:

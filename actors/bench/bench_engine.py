@@ -110,10 +110,9 @@ def rank_main(argv: list[str]) -> None:
                        engine=engine)
     core.take_share(args.global_batch, args.world, args.rank)
     if args.restore:
-        from rlvla3.checkpoint import read_meta, resolve_checkpoint
-        from rlvla3.engine.sharded import RowSource
+        from rlvla3.checkpoint import read_meta, row_source
 
-        core.load(RowSource(resolve_checkpoint(args.restore)), read_meta(args.restore).version,
+        core.load(row_source(args.restore, optimizer=True), read_meta(args.restore).version,
                   optimizer=True)
     start = time.perf_counter()
     for step in range(args.first_step, args.first_step + args.steps):

@@ -57,6 +57,7 @@ from rlvla3.checkpoint import (
     listed_files,
     load_rng_state,
     locate_checkpoint,
+    row_source,
     save_run_checkpoint,
     save_sharded_run_checkpoint,
     snapshot,
@@ -64,7 +65,6 @@ from rlvla3.checkpoint import (
 from rlvla3.config import Named
 from rlvla3.engine import group
 from rlvla3.engine.group import Ranks, free_port
-from rlvla3.engine.sharded import RowSource
 from rlvla3.gpu_costs import TrainingCost
 from rlvla3.gpu_sim import SimulatedEngine
 from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, rl_engine
@@ -194,14 +194,14 @@ class Learner:
     def load_weights(self, path: str) -> int:
         """Initialise from another run's weights (e.g. SFT); optimizer and version stay fresh.
         Every rank calls it (under FSDP each loads its shard)."""
-        from rlvla3.checkpoint import read_meta, resolve_checkpoint
+        from rlvla3.checkpoint import read_meta
 
         meta = read_meta(path)
         if meta.policy.name != self.policy_choice.name:
             raise ValueError(f"init_from {path}: checkpoint holds a {meta.policy.name!r} policy, "
                              f"this run builds {self.policy_choice.name!r}")
         with self._stepping:
-            self.core.load(RowSource(resolve_checkpoint(path)), self.core.version,
+            self.core.load(row_source(path, optimizer=False), self.core.version,
                            optimizer=False)
         self._publish_weights()
         return self.core.version
@@ -209,13 +209,13 @@ class Learner:
     def restore(self, path: str) -> int:
         """Load weights, optimizer state and version from a checkpoint (either format, any
         rank count); returns the version. Every rank calls it."""
-        from rlvla3.checkpoint import read_meta, resolve_checkpoint
+        from rlvla3.checkpoint import read_meta
 
         meta = read_meta(path)
-        local = resolve_checkpoint(path)
+        source = row_source(path, optimizer=True)
         rng = load_rng_state(path)
         with self._stepping:
-            self.core.load(RowSource(local), meta.version, optimizer=True)
+            self.core.load(source, meta.version, optimizer=True)
             if rng is not None:
                 torch.set_rng_state(rng)
         self._publish_weights()

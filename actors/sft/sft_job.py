@@ -40,7 +40,7 @@ from actors.sft.sft_config import SFTConfig
 from actors.sft.sft_worker import train_loop
 from datalake.format import DatasetError, resolve_filesystem
 from datalake.pipeline import ACTION_KEY, STATE_KEY, Lake
-from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
+from rlvla3.checkpoint import check_init_from, check_resume, locate_checkpoint, read_meta
 from rlvla3.config import ConfigError, Named, build, to_dict
 from rlvla3.run_config import adopt_init_policy
 from rlvla3.storage import Mirror, Storage, check_writable, join
@@ -203,6 +203,8 @@ def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
     resolve(POLICIES, cfg.policy.name, "policy.name")
     # What every worker builds; on GPUs the driver keeps off the devices.
     policy = None if cfg.use_gpu else build_policy(cfg.policy, spec)
+    if Storage(cfg.run_dir).is_file("checkpoints/latest"):  # resumed: what it needs is there
+        check_resume(cfg.run_dir)
     if cfg.init_from:
         cfg = dataclasses.replace(cfg, init_from=check_init_from(cfg.init_from, cfg.policy, spec,
                                                                  policy))

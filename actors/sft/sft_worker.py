@@ -51,13 +51,13 @@ from rlvla3.checkpoint import (
     CheckpointMeta,
     StateSnapshot,
     resolve_checkpoint,
+    row_source,
     save_run_checkpoint,
     save_sharded_run_checkpoint,
 )
 from rlvla3.config import build
 from rlvla3.engine import group
 from rlvla3.engine.engine import TrainingEngine
-from rlvla3.engine.sharded import RowSource
 from rlvla3.storage import Mirror, Storage
 from rlvla3.types import EnvSpec
 
@@ -114,11 +114,11 @@ def train_loop(config: dict[str, Any]) -> None:
     resumed = Storage(cfg.run_dir).is_file("checkpoints/latest")
     ckpt = resolve_checkpoint(cfg.run_dir) if resumed else None  # a local copy
     if ckpt is not None:  # each rank loads its part, whatever strategy and ranks wrote it
-        engine.restore(RowSource(ckpt), optimizer=True)
+        engine.restore(row_source(ckpt, optimizer=True), optimizer=True)
         counters = json.loads((ckpt / "meta.json").read_text())["counters"]
         step, samples_done, epoch = counters["step"], counters["samples"], counters["epoch"]
     elif cfg.init_from:  # checked by the job (same policy, names and shapes) before it started
-        engine.restore(RowSource(resolve_checkpoint(cfg.init_from)), optimizer=False)
+        engine.restore(row_source(cfg.init_from, optimizer=False), optimizer=False)
         if rank == 0:
             print(f"[sft] starting from the weights of {cfg.init_from} (step, optimizer, "
                   "schedule and data order start fresh)", file=sys.__stdout__, flush=True)

@@ -17,8 +17,9 @@ and JSON only.
 
 Reading (``RowSource``): the rows ``[start, end)`` of any key, from a sharded checkpoint
 (read from every shard file that overlaps them: a checkpoint of 2 ranks restores onto 3) or
-from a whole one (``policy.safetensors`` and ``optimizer.pt``), so restoring, resharding and
-consolidating for evaluation are the same operation.
+from a whole one (``policy.safetensors``, and the optimizer state its checkpoint lists, read
+by ``rlvla3.checkpoint.row_source`` when it is to be restored), so restoring, resharding and
+consolidating for evaluation are the same operation. Only files ``meta.json`` lists are read.
 
 Invariants: a shard file holds only the rows of its rank; the union of the files' rows of a
 key is the whole tensor, without overlap; ``meta.json`` is written by rank 0 after every rank's
@@ -34,6 +35,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -105,10 +107,13 @@ def write_shard(stage: Path, tensors: Mapping[str, torch.Tensor], ranks: Ranks) 
 
 
 class RowSource:
-    """Rows of the tensors of a checkpoint: sharded (``shards/``) or whole
-    (``policy.safetensors`` and ``optimizer.pt``), in a local directory."""
+    """Rows of the tensors of a checkpoint, sharded (``shards/``) or whole
+    (``policy.safetensors``), in a local directory (``rlvla3.checkpoint.row_source`` makes
+    one). ``optimizer``: a whole checkpoint's optimizer state in ``Optimizer.state_dict``'s
+    layout, where it is to be restored (None: none; a sharded checkpoint's is in its
+    shards)."""
 
-    def __init__(self, local: Path):
+    def __init__(self, local: Path, optimizer: dict[str, Any] | None = None):
         self.local = Path(local)
         meta = json.loads((self.local / "meta.json").read_text())
         self.sharded = meta.get("format") == FORMAT
@@ -129,29 +134,21 @@ class RowSource:
                             (path, start, rows[0] if rows else 0))
                         self.shapes[key] = tuple(shapes[key])
         else:
-            self._whole = self._whole_tensors()
+            from safetensors.torch import load_file
+
+            self._whole = {f"model/{k}": v for k, v in
+                           load_file(str(self.local / "policy.safetensors")).items()}
             self.shapes = {k: tuple(v.shape) for k, v in self._whole.items()}
-
-    def _whole_tensors(self) -> dict[str, torch.Tensor]:
-        """A whole checkpoint's weights (``model/``) and, where saved, optimizer state
-        (``optim/``, parameters named by the order of the policy's ``named_parameters``: the
-        order the optimizer was built in)."""
-        from safetensors.torch import load_file
-
-        out = {f"model/{k}": v for k, v in load_file(str(self.local / "policy.safetensors"))
-               .items()}
-        self._optimizer_by_index = None
-        file = self.local / "optimizer.pt"
-        if file.is_file():
-            self._optimizer_by_index = torch.load(file, map_location="cpu", weights_only=True)
+        self._optimizer_by_index = None if self.sharded else optimizer
+        if self._optimizer_by_index is not None:
             self.param_groups = [{k: v for k, v in g.items() if k != "params"}
                                  for g in self._optimizer_by_index["param_groups"]]
-        return out
 
     def bind_optimizer(self, names_in_order: list[str]) -> None:
-        """A whole checkpoint's optimizer state under parameter names (``names_in_order``:
-        the parameters of the optimizer's groups, in order, as it indexes them)."""
-        state = getattr(self, "_optimizer_by_index", None)
+        """A whole checkpoint's optimizer state (``optim/``), where one was given, under
+        parameter names (``names_in_order``: the parameters of the optimizer's groups, in
+        order, as it indexes them)."""
+        state = self._optimizer_by_index
         if state is None:
             return
         for index, values in state["state"].items():

@@ -19,6 +19,8 @@ from rlvla3.checkpoint import (
     CheckpointError,
     CheckpointMeta,
     StateSnapshot,
+    check_init_from,
+    check_resume,
     listed_files,
     load_optimizer_state,
     load_policy,
@@ -128,14 +130,43 @@ def test_a_copy_that_does_not_match_its_meta_json_is_refused(s3, tmp_path, monke
         resolve_checkpoint(run)
     ckpt.delete("policy.safetensors")
     monkeypatch.setenv(SCRATCH_ENV, str(tmp_path / "b"))
-    with pytest.raises(CheckpointError, match="policy.safetensors, listed in meta.json, is "
-                                              "missing"):
+    with pytest.raises(CheckpointError, match=r"policy.safetensors \(the policy's weights\) "
+                                              "is missing; meta.json lists it"):
         resolve_checkpoint(run)
     local = tmp_path / "local-run"
     save_run_checkpoint(local, _weights(0), CheckpointMeta(SMALL, SPEC, 1))
     (local / "checkpoints" / "step-00000001" / "policy.safetensors").write_bytes(b"short")
     with pytest.raises(CheckpointError, match="holds 5 bytes"):
         resolve_checkpoint(local)
+
+
+def test_a_checkpoint_without_its_optimizer_state_serves_everything_but_resuming(
+        where, tmp_path, monkeypatch):
+    """A copy of a checkpoint without the optimizer and RNG state its ``meta.json`` lists (as
+    the repository keeps results): evaluating, exporting and ``init_from`` load its weights;
+    resuming is refused before anything starts, in one line naming the file and what it is
+    for, and so is reading that state."""
+    monkeypatch.setenv(SCRATCH_ENV, str(tmp_path / "scratch"))
+    policy = build_policy(SMALL, SPEC)
+    ckpt = save_run_checkpoint(where, policy, CheckpointMeta(SMALL, SPEC, 4),
+                               torch.optim.Adam(policy.parameters()), rng=torch.get_rng_state())
+    for name in ("optimizer.pt", "rng.safetensors"):
+        Storage(ckpt).delete(name)
+    loaded, _ = load_policy(where)
+    for key, value in policy.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[key], value)
+    assert check_init_from(where, SMALL, SPEC, build_policy(SMALL, SPEC)) == ckpt
+    with pytest.raises(ConfigError) as err:
+        check_resume(where)
+    line = str(err.value)
+    assert "\n" not in line and "None" not in line, line
+    assert line.startswith("config field '--resume': ") and line.endswith(
+        "optimizer.pt (the optimizer state, which only --resume needs) is missing; meta.json "
+        f"lists it ({listed_files(where)['optimizer.pt']['size']} bytes)"), line
+    with pytest.raises(CheckpointError, match=r"optimizer.pt \(the optimizer state"):
+        load_optimizer_state(where)
+    with pytest.raises(CheckpointError, match=r"rng.safetensors \(the learner's RNG state"):
+        load_rng_state(where)
 
 
 def test_an_endpoint_killed_mid_upload_leaves_latest_on_the_previous_checkpoint(s3, tmp_path):

@@ -63,6 +63,7 @@ def results(tmp_path_factory):
         "rl_used_run_dir": ["rl", "--preset", "smoke", "--run-dir", str(tmp / "used")],
         "sft_used_run_dir": ["sft", "--dataset", str(tmp), "--run-dir", str(tmp / "used")],
         "rl_resume_with_preset": ["rl", "--resume", str(tmp / "used"), "--preset", "smoke"],
+        "rl_resume_no_optimizer": ["rl", "--resume", str(tmp / "copied")],
         "record_bad_task": ["datalake", "record", "--task-ids", "12", "--episodes", "1",
                             "--output-dir", str(tmp / "rec12")],
         "rl_plan_too_big": ["rl", "--plan", "--plan-gpus", "16", "--plan-sim-cpus", "256",
@@ -73,10 +74,34 @@ def results(tmp_path_factory):
     }
     (tmp / "used" / "checkpoints").mkdir(parents=True)
     (tmp / "used" / "checkpoints" / "latest").write_text("step-00000007\n")
+    _copy_without_optimizer(tmp / "copied")
     proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(list(commands.values()))],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return dict(zip(commands, json.loads(proc.stdout.strip().splitlines()[-1]), strict=True)), tmp
+
+
+def _copy_without_optimizer(run: Path) -> None:
+    """A smoke run's directory whose checkpoint lost the optimizer state its meta.json lists
+    (as a copy that keeps only the weights)."""
+    import torch
+    import yaml
+
+    from rlvla3.checkpoint import CheckpointMeta, locate_checkpoint, save_run_checkpoint
+    from rlvla3.config import to_dict
+    from rlvla3.policies import build_policy
+    from rlvla3.run_config import load_run_config
+    from rlvla3.types import EnvSpec
+
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(load_run_config("smoke", None, []))))
+    spec = EnvSpec(cameras=("cam",), image_size=(16, 16), state_dim=3, action_dim=2,
+                   chunk_len=1, max_decisions=10, num_tasks=1, num_init_states=4)
+    small = Named("small", {"channels": 4, "hidden": 16})
+    policy = build_policy(small, spec)
+    save_run_checkpoint(run, policy, CheckpointMeta(small, spec, 3),
+                        torch.optim.Adam(policy.parameters()))
+    (Path(locate_checkpoint(run)) / "optimizer.pt").unlink()
 
 
 def _one_line_exit_2(result: dict) -> str:
@@ -118,6 +143,15 @@ def test_a_new_run_refuses_a_directory_holding_another_runs_checkpoints(results)
         assert "'--run-dir'" in line and f"--resume {tmp / 'used'}" in line
     line = _one_line_exit_2(out["rl_resume_with_preset"])
     assert "'--resume'" in line and "drop --preset" in line
+
+
+def test_a_resume_whose_checkpoint_lost_its_optimizer_state_names_it_before_ray(results):
+    out, tmp = results
+    line = _one_line_exit_2(out["rl_resume_no_optimizer"])
+    ckpt = tmp / "copied" / "checkpoints" / "step-00000003"
+    assert line.startswith(f"rlvla3 rl: invalid config: config field '--resume': {ckpt}: "
+                           "optimizer.pt (the optimizer state, which only --resume needs) is "
+                           "missing; meta.json lists it ("), line
 
 
 def test_a_task_id_the_suite_lacks_is_named_before_anything_is_recorded(results):
