@@ -277,7 +277,7 @@ class LearnerConfig:
     torch_threads: int = 1
     backend: str = "auto"
     """auto: nccl when learners have GPUs, else gloo."""
-    weight_sync: str = "object_store"
+    weight_sync: Literal["object_store", "collective"] = "object_store"
     """How new weights reach the rollout servers: ``object_store`` (one ``ray.put``, servers
     pull; survives server restarts) or ``collective`` (a broadcast group of learner 0 and the
     servers: NCCL GPU to GPU, gloo on CPU; a server that dies cannot rejoin it)."""
@@ -318,15 +318,13 @@ class LearnerConfig:
                 "must be divisible by num_learners")
         require(self.lr > 0, "lr", "must be > 0")
         require(self.backend in ("auto", "gloo", "nccl"), "backend", "must be auto, gloo or nccl")
+        require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
         self.engine().validate()
 
     def engine(self) -> EngineConfig:
         """The engine's share of this section."""
         return EngineConfig(self.strategy, self.max_grad_norm, self.mixed_precision,
                             self.offload)
-        require(self.weight_sync in ("object_store", "collective"), "weight_sync",
-                "must be object_store or collective")
-        require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
 
 
 @dataclass(frozen=True)
