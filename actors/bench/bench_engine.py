@@ -109,12 +109,8 @@ def rank_main(argv: list[str]) -> None:
     core = LearnerCore(policy, algo, shares[args.rank], args.micro_batch, 3e-3, BatchStart(),
                        engine=engine)
     core.take_share(args.global_batch, args.world, args.rank)
-    if args.restore:
-        from rlvla3.checkpoint import read_meta, resolve_checkpoint
-        from rlvla3.engine.sharded import RowSource
-
-        core.load(RowSource(resolve_checkpoint(args.restore)), read_meta(args.restore).version,
-                  optimizer=True)
+    if args.restore:  # weights, optimizer, version, RNG, the core's state, the proximal copy
+        core.restore(args.restore)
     start = time.perf_counter()
     for step in range(args.first_step, args.first_step + args.steps):
         first = (step * args.global_batch) % (len(data) - args.global_batch + 1)
@@ -126,7 +122,8 @@ def rank_main(argv: list[str]) -> None:
         from rlvla3.checkpoint import CheckpointMeta, save_sharded_run_checkpoint
 
         meta = CheckpointMeta(Named(args.policy, POLICIES[args.policy]),
-                              env_spec(Named("reach", REACH)), core.version)
+                              env_spec(Named("reach", REACH)), core.version,
+                              learner=core.state().as_json())
         save_sharded_run_checkpoint(args.save, engine.checkpoint_tensors(), meta, ranks,
                                     engine.optimizer_meta())
     memory = engine.memory()

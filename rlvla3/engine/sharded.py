@@ -9,8 +9,9 @@ Layout inside one checkpoint directory (``rlvla3.checkpoint``'s protocol is kept
     meta.json                                ``format: sharded``, the world size, each key's
                                              global shape, the optimizer's param groups
 
-Keys are ``model/<name>`` (parameters and buffers) and ``optim/<name>/<state>`` (the optimizer
-state of parameter ``<name>``: Adam's ``exp_avg``, ``exp_avg_sq``, ``step``). A tensor sharded
+Keys are ``model/<name>`` (parameters and buffers), ``optim/<name>/<state>`` (the optimizer
+state of parameter ``<name>``: Adam's ``exp_avg``, ``exp_avg_sq``, ``step``) and, for an RL
+learner with a proximal copy, ``shadow/<name>`` (that copy's parameters and buffers). A tensor sharded
 on dim 0 (an FSDP2 DTensor) is stored as the rows its rank holds, with their offset in the
 safetensors header; anything else is stored once, by rank 0. Nothing is pickled: safetensors
 and JSON only.
@@ -129,17 +130,23 @@ class RowSource:
                             (path, start, rows[0] if rows else 0))
                         self.shapes[key] = tuple(shapes[key])
         else:
-            self._whole = self._whole_tensors()
+            self._whole = self._whole_tensors(meta.get("files") or {})
             self.shapes = {k: tuple(v.shape) for k, v in self._whole.items()}
 
-    def _whole_tensors(self) -> dict[str, torch.Tensor]:
-        """A whole checkpoint's weights (``model/``) and, where saved, optimizer state
-        (``optim/``, parameters named by the order of the policy's ``named_parameters``: the
-        order the optimizer was built in)."""
+    def _whole_tensors(self, listed: Mapping[str, object]) -> dict[str, torch.Tensor]:
+        """A whole checkpoint's weights (``model/``), its proximal copy where ``listed``
+        (``shadow/``) and, where saved, optimizer state (``optim/``, parameters named by the
+        order of the policy's ``named_parameters``: the order the optimizer was built in)."""
         from safetensors.torch import load_file
+
+        from rlvla3.checkpoint import SHADOW_FILE
+        from rlvla3.engine.engine import SHADOW
 
         out = {f"model/{k}": v for k, v in load_file(str(self.local / "policy.safetensors"))
                .items()}
+        if SHADOW_FILE in listed:
+            out.update({f"{SHADOW}/{k}": v for k, v in
+                        load_file(str(self.local / SHADOW_FILE)).items()})
         self._optimizer_by_index = None
         file = self.local / "optimizer.pt"
         if file.is_file():
