@@ -150,10 +150,6 @@ pick the same new directory."""
 _STEP = re.compile(r"^step-(\d+)(?:-(\d+))?$")
 
 
-SHADOW_FILE = "shadow.safetensors"
-"""A whole checkpoint's proximal copy of the policy (``rlvla3.engine.engine.SHADOW``)."""
-
-
 def _step_key(name: str) -> tuple[int, int] | None:
     """``step-<version>[-<k>]`` -> (version, k); None for other names."""
     match = _STEP.match(name)
@@ -166,6 +162,8 @@ def _write_files(stage: Path, policy: Policy, optimizer: Any, rng: torch.Tensor 
     save_file(state, str(stage / "policy.safetensors"))
     names = ["policy.safetensors"]
     if shadow is not None:
+        from rlvla3.engine.sharded import SHADOW_FILE
+
         save_file({k: v.detach().cpu().contiguous() for k, v in shadow.state_dict().items()},
                   str(stage / SHADOW_FILE))
         names.append(SHADOW_FILE)

@@ -36,11 +36,9 @@ from torch.distributed.tensor import DTensor
 
 from rlvla3.engine.config import EngineConfig
 from rlvla3.engine.group import Ranks
-from rlvla3.engine.sharded import RowSource, local_rows
+from rlvla3.engine.sharded import SHADOW, RowSource, local_rows
 from rlvla3.engine.strategies import Sharded, make_strategy
 
-SHADOW = "shadow"
-"""The key prefix of the frozen copy's tensors in a checkpoint (``shadow/<name>``)."""
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 T = TypeVar("T")
 

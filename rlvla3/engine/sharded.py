@@ -45,6 +45,10 @@ from rlvla3.storage import file_sha256
 
 FORMAT = "sharded"
 SHARDS = "shards"
+SHADOW = "shadow"
+"""The key prefix of an RL learner's proximal copy of the policy (``shadow/<name>``)."""
+SHADOW_FILE = "shadow.safetensors"
+"""The file of that copy in a whole checkpoint."""
 
 
 def shard_name(rank: int, world: int) -> str:
@@ -138,9 +142,6 @@ class RowSource:
         (``shadow/``) and, where saved, optimizer state (``optim/``, parameters named by the
         order of the policy's ``named_parameters``: the order the optimizer was built in)."""
         from safetensors.torch import load_file
-
-        from rlvla3.checkpoint import SHADOW_FILE
-        from rlvla3.engine.engine import SHADOW
 
         out = {f"model/{k}": v for k, v in load_file(str(self.local / "policy.safetensors"))
                .items()}
