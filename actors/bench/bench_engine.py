@@ -5,8 +5,8 @@ Each rank is its own process (``python -m actors.bench.bench_engine ...``: gloo 
 shared rendezvous file, no Ray), running the RL learner core on the engine with real reach
 episodes (PPO episodes, or GRPO groups of four of one task and state), each global batch shared
 out over the ranks in order (``rlvla3.learner.rank_batches``). After the last step the ranks
-gather the weights and rank 0 writes them; every rank writes what it trained and the bytes it
-held (``TrainingEngine.memory``). ``run_group`` starts a group and reads what it wrote;
+gather the weights and rank 0 writes them; every rank writes what it trained, the bytes it
+held (``TrainingEngine.memory``) and the warnings its training steps raised. ``run_group`` starts a group and reads what it wrote;
 ``matrix`` compares FSDP2 and DDP groups of 2 and 4 ranks with one rank, for PPO, GRPO and
 SFT steps (the largest parameter difference after the steps), and the measured bytes per rank with the
 memory pre-flight's prediction (``rlvla3.plan.memory.engine_bytes``). Prints one JSON object.
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -112,11 +113,13 @@ def rank_main(argv: list[str]) -> None:
     if args.restore:  # weights, optimizer, version, RNG, the core's state, the proximal copy
         core.restore(args.restore)
     start = time.perf_counter()
-    for step in range(args.first_step, args.first_step + args.steps):
-        first = (step * args.global_batch) % (len(data) - args.global_batch + 1)
-        begin = first + sum(shares[: args.rank])
-        core.buffer.add(data.select(np.arange(begin, begin + shares[args.rank])))
-        core.run_available(until_version=step + 1)
+    with warnings.catch_warnings(record=True) as caught:  # what training warned of, once each
+        warnings.simplefilter("always")
+        for step in range(args.first_step, args.first_step + args.steps):
+            first = (step * args.global_batch) % (len(data) - args.global_batch + 1)
+            begin = first + sum(shares[: args.rank])
+            core.buffer.add(data.select(np.arange(begin, begin + shares[args.rank])))
+            core.run_available(until_version=step + 1)
     seconds = time.perf_counter() - start
     if args.save:
         from rlvla3.checkpoint import CheckpointMeta, save_sharded_run_checkpoint
@@ -133,6 +136,7 @@ def rank_main(argv: list[str]) -> None:
     (out / f"rank{args.rank}.json").write_text(json.dumps({
         "version": core.version, "samples_trained": core.samples_trained,
         "engine": engine.name, "seconds": seconds, "memory": memory.__dict__,
+        "warnings": sorted({str(w.message) for w in caught}),
         "publish_s": published.seconds, "publish_peak_bytes": published.peak_bytes}))
     if args.rank == 0:
         from safetensors.torch import save_file
