@@ -52,7 +52,13 @@ from actors.rl.failures import LOSS_GRACE_S, LearnerFailures
 from actors.rl.periodic_eval import PeriodicEval
 from actors.rl.schedule import make_schedule
 from actors.rl.step_log import StepLog
-from actors.rl.summary import batch_size_hist, memory_report, split_note
+from actors.rl.summary import (
+    batch_size_hist,
+    learner_group,
+    learner_line,
+    memory_report,
+    split_note,
+)
 from actors.rl.topology import Topology, build_topology
 from actors.runtime.bootstrap import NAMESPACE, init_ray
 from envs import check_training_split, dilate_env, env_spec
@@ -241,6 +247,7 @@ class Controller:
         self.log(f"rlvla3 rl: mode={self.cfg.pipeline.mode} strategies={self.strategies} "
                   f"env={self.cfg.env.name} policy={self.cfg.policy.name} "
                   f"run_dir={self.files.uri}")
+        self.log(learner_line(self.cfg))
         self.log(self.budget.line(self.counters))
         self._warn_staleness_bound()
         self.budget.begin(self.counters)
@@ -495,7 +502,8 @@ class Controller:
             **split_note(self.cfg),
             "evals": self.evals,
             "nodes": topo.nodes(),
-            "learner_group": {"ranks": len(self.learners), "rebuilds": topo.group.rebuilds},
+            "learner_group": learner_group(self.cfg, len(self.learners),
+                                           (s.engine for s in snap.learners), topo.group.rebuilds),
             "objective": self.steps.summary(),
             "stop": self._stop_summary(killed),
             "weights_moved": None if killed or not self.cfg.init_from else round(ray.get(
