@@ -85,6 +85,8 @@ def rank_main(argv: list[str]) -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--episodes", type=int, default=48)
     p.add_argument("--proximal", choices=("window", "step"), default="window")
+    p.add_argument("--offload", choices=("true", "false"), default="false",
+                   help="FSDP: shards, gradients and the optimizer step in host memory")
     p.add_argument("--save", default="", help="after the steps: a sharded (FSDP) or whole "
                    "checkpoint of the group in this run directory (a path or URI)")
     p.add_argument("--restore", default="", help="before the steps: restore this checkpoint "
@@ -106,7 +108,8 @@ def rank_main(argv: list[str]) -> None:
     if args.algo == "sft":
         sft_main(args, policy, data, ranks, shares)
         return
-    engine = rl_engine(policy, algo, 3e-3, EngineConfig(strategy=args.strategy), ranks)
+    engine_cfg = EngineConfig(strategy=args.strategy, offload=args.offload == "true")
+    engine = rl_engine(policy, algo, 3e-3, engine_cfg, ranks)
     core = LearnerCore(policy, algo, shares[args.rank], args.micro_batch, 3e-3, BatchStart(),
                        engine=engine)
     core.take_share(args.global_batch, args.world, args.rank)

@@ -181,7 +181,7 @@ class Learner:
         if self.core is not None and self.core.engine.ranks.world == self.world_size:
             return True  # a lone rank: made at construction
         ranks = group.join(self.cfg.backend, master_addr, master_port, self.rank,
-                           self.world_size, self.device)
+                           self.world_size, self.device, host_state=self.cfg.offload)
         self._make_core(ranks)
         self._report_buffered()
         return True

@@ -172,7 +172,9 @@ class Sharded(Strategy):
             "reshard_after_forward": True,
             "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
             if dtype is not None else MixedPrecisionPolicy(),
-            "offload_policy": CPUOffloadPolicy() if self.cfg.offload else OffloadPolicy(),
+            # pinned host memory needs an accelerator; a CPU group runs the same offload path
+            "offload_policy": CPUOffloadPolicy(pin_memory=self.ranks.device.type == "cuda")
+            if self.cfg.offload else OffloadPolicy(),
         }
         entry_points = ("evaluate", "act", "sft_loss")  # the Policy protocol's
         for block, block_methods in shard_units(policy):

@@ -36,6 +36,7 @@ REACH = Named("reach", {"image_size": 16, "max_decisions": 6})
         ("learner.global_batch=10", "learner.global_batch"),
         ("learner.weight_sync=collectve", "learner.weight_sync"),
         ("learner.torch_threads=0", "learner.torch_threads"),
+        ("learner.offload=true", "learner.offload"),  # one rank: nothing to offload
         ("algo.clip_eps=1.5", "algo.clip_eps"),
         ("queue.max_staleness=-1", "queue.max_staleness"),
         ("rollout.bmax=3", "rollout.bmax"),

@@ -49,6 +49,25 @@ def test_fsdp_and_ddp_groups_end_where_one_rank_does_and_fsdp_holds_half(tmp_pat
         assert record["engine"] == "fsdp"
 
 
+def test_an_offloaded_fsdp_group_trains_as_it_does_without_offload(tmp_path):
+    """``learner.offload``: FSDP2's ``CPUOffloadPolicy`` (shards, gradients and the optimizer
+    step in host memory) on two gloo ranks clips over every rank's shard and gathers the
+    weights as without it, and both end where one rank does. On GPUs the same path runs over
+    ``cpu:gloo,cuda:nccl`` (``group.pick_backend``): NCCL cannot reduce host tensors."""
+    from rlvla3.engine.group import pick_backend
+
+    one, _ = run_group(tmp_path, 1, "ddp", "ppo", steps=3)
+    plain, _ = run_group(tmp_path, 2, "fsdp", "ppo", steps=3)
+    offloaded, records = run_group(tmp_path, 2, "fsdp", "ppo", steps=3, offload="true")
+    assert {r["engine"] for r in records} == {"fsdp"} and {r["version"] for r in records} == {3}
+    assert max_difference(offloaded, plain) <= 1e-6
+    assert max_difference(offloaded, one) <= 1e-5
+    cuda = torch.device("cuda")
+    assert pick_backend("auto", cuda, host_state=True) == "cpu:gloo,cuda:nccl"
+    assert pick_backend("auto", cuda) == "nccl"
+    assert pick_backend("auto", torch.device("cpu"), host_state=True) == "gloo"
+
+
 def test_a_vla_group_trains_on_its_own_chains_as_one_rank_does(tmp_path):
     """The VLA's samples carry the flow chain its own acting drew: a group of FSDP ranks
     trains on them (a chain from another policy would have no shape to score). Its sharded
