@@ -55,6 +55,22 @@ def test_invalid_config_names_the_field(override, field):
     assert err.value.field == field, str(err.value)
 
 
+def test_no_shipped_preset_is_written_in_an_old_spelling(capsys):
+    """A preset as shipped reads without the warning an old field name gets (``groot_libero``
+    had ``algo.max_grad_norm``, now ``learner.max_grad_norm``)."""
+    from actors.sft.sft_config import upgrade as upgrade_sft
+    from rlvla3.config import load_mapping, preset_names
+    from rlvla3.run_config import upgrade
+
+    for name in preset_names():
+        upgrade(load_mapping(name))
+    for name in preset_names("rlvla3.presets.sft"):
+        upgrade_sft(load_mapping(name, package="rlvla3.presets.sft"))
+    assert "spelled" not in capsys.readouterr().err
+    upgrade({"algo": {"max_grad_norm": 1.0}})  # an old spelling still says so
+    assert "'algo.max_grad_norm' is spelled 'learner.max_grad_norm'" in capsys.readouterr().err
+
+
 def test_unknown_preset_and_env_and_policy():
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         load_run_config("nope")
