@@ -87,9 +87,10 @@ def test_a_vla_group_trains_on_its_own_chains_as_one_rank_does(tmp_path):
 def test_a_sharded_checkpoint_in_a_bucket_written_by_two_ranks_restores_onto_three(tmp_path):
     """Two FSDP ranks train 3 steps and write a sharded checkpoint to an S3 server on
     loopback, each rank its own shard; three FSDP ranks restore it (weights, Adam state,
-    version: resharded from 2 to 3) and train 2 more steps. They end where the two ranks
-    end when they train the same 2 steps on without a checkpoint between (GRPO with the
-    proximal policy of the step: nothing a checkpoint does not hold steers the update)."""
+    version, the proximal copy and the advantage normaliser's moments: resharded from 2 to
+    3) and train 2 more steps. They end where the two ranks end when they train the same 2
+    steps on without a checkpoint between (PPO with a proximal window of 2: at version 3 the
+    copy holds version 2's weights, and the normaliser carries three batches' moments)."""
     import os
 
     from s3_server import S3Server
@@ -101,14 +102,14 @@ def test_a_sharded_checkpoint_in_a_bucket_written_by_two_ranks_restores_onto_thr
         server.create_bucket("runs")
         os.environ.update(server.env)
         run = server.uri("runs", "sharded")
-        run_group(tmp_path, 2, "fsdp", "grpo", steps=3, save=run, proximal="step")
+        run_group(tmp_path, 2, "fsdp", "ppo", steps=3, save=run)
         files = listed_files(run)
         assert sorted(n for n in files if n.startswith("shards/")) == [
             "shards/rank-00000-of-00002.safetensors", "shards/rank-00001-of-00002.safetensors"]
         assert read_meta(run).version == 3
-        resumed, records = run_group(tmp_path, 3, "fsdp", "grpo", steps=2, restore=run,
-                                     first_step=3, proximal="step")
-        straight, _ = run_group(tmp_path, 2, "fsdp", "grpo", steps=5, proximal="step")
+        resumed, records = run_group(tmp_path, 3, "fsdp", "ppo", steps=2, restore=run,
+                                     first_step=3)
+        straight, _ = run_group(tmp_path, 2, "fsdp", "ppo", steps=5)
     finally:
         for key in server.env:
             os.environ.pop(key, None)
