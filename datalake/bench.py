@@ -26,7 +26,6 @@ blocked on the loader / wall time), plus ``ratio_lake_over_dataloader``.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from collections import OrderedDict
@@ -43,6 +42,7 @@ from datalake.format import open_dataset_cached
 from datalake.pipeline import FrameDecoder, Lake, LakeConfig, PackedBatch, PackedLoader, SkipLedger
 from datalake.samples import episode_samples
 from datalake.writer import WriterConfig, write_dataset
+from rlvla3.machine import usable_cpus
 
 
 class SampleDataset(Dataset):
@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     lake_r, base = results["lake"], results["dataloader"]
     ratio = lake_r["samples_per_s"] / base["samples_per_s"]
     return {
-        "machine": {"cpus": os.cpu_count(), "ray_cpus": args.cpus},
+        "machine": {"cpus": usable_cpus(), "ray_cpus": args.cpus},
         "dataset": {
             "episodes": args.episodes,
             "frames": args.episodes * args.length,

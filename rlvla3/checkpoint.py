@@ -6,9 +6,12 @@ Layout of one checkpoint directory::
     policy.safetensors   policy parameters and buffers
     optimizer.pt         optimizer state dict (loaded with ``weights_only=True``; optional)
     rng.safetensors      torch RNG state of the learner (optional)
+    shadow.safetensors   the learner's proximal copy of the policy (optional: ``proximal:
+                         window``), ``shadow/<name>`` tensors of a sharded checkpoint
     meta.json            policy choice (name + options), env spec, policy version, counters,
-                         env workers' episode sampler states (RL runs), and ``files``: the size
-                         and sha256 of every other file. Written last.
+                         env workers' episode sampler states (RL runs), the learner's state
+                         between steps (``learner``: ``rlvla3.learner_step.LearnerState``), and
+                         ``files``: the size and sha256 of every other file. Written last.
 
 Atomic without a rename (object stores have none): the files are written first and
 ``meta.json``, which lists them, last, so a directory without ``meta.json`` is a write that did
@@ -98,6 +101,10 @@ class CheckpointMeta:
     samplers: list[dict | None] = field(default_factory=list)
     """Each env worker's episode sampler state (``TaskSampler.state``; None where a worker did
     not answer), so that a resumed run continues its episode sequence."""
+    learner: dict[str, Any] = field(default_factory=dict)
+    """The RL learner's state between two optimizer steps (``LearnerState.as_json``: the
+    advantage normaliser's moments, the proximal copy's version); empty for SFT and for
+    checkpoints written before it was kept."""
 
 
 @dataclass(frozen=True)
@@ -178,11 +185,17 @@ def _step_key(name: str) -> tuple[int, int] | None:
     return None if match is None else (int(match[1]), int(match[2] or 0))
 
 
-def _write_files(stage: Path, policy: Policy, optimizer: Any, rng: torch.Tensor | None
-                 ) -> list[str]:
+def _write_files(stage: Path, policy: Policy, optimizer: Any, rng: torch.Tensor | None,
+                 shadow: Any = None) -> list[str]:
     state = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
     save_file(state, str(stage / "policy.safetensors"))
     names = ["policy.safetensors"]
+    if shadow is not None:
+        from rlvla3.engine.sharded import SHADOW_FILE
+
+        save_file({k: v.detach().cpu().contiguous() for k, v in shadow.state_dict().items()},
+                  str(stage / SHADOW_FILE))
+        names.append(SHADOW_FILE)
     if optimizer is not None:
         torch.save(optimizer.state_dict(), stage / "optimizer.pt")
         names.append("optimizer.pt")
@@ -198,9 +211,10 @@ def save_checkpoint(
     meta: CheckpointMeta,
     optimizer: torch.optim.Optimizer | None = None,
     rng: torch.Tensor | None = None,
+    shadow: Any = None,
 ) -> str:
     """Write a checkpoint into ``directory`` (a local path or URI), ``meta.json`` last (see the
-    module docstring). A checkpoint already there stops being one (its ``meta.json`` goes)
+    module docstring); ``shadow``: the learner's proximal copy (anything with ``state_dict``). A checkpoint already there stops being one (its ``meta.json`` goes)
     before its files are overwritten. A remote checkpoint is staged in this node's scratch
     directory and uploaded. Returns the directory's location."""
     store = Storage(directory)
@@ -210,7 +224,7 @@ def save_checkpoint(
         stage.mkdir(parents=True, exist_ok=True)
         files = {}
         try:
-            for name in _write_files(stage, policy, optimizer, rng):
+            for name in _write_files(stage, policy, optimizer, rng, shadow):
                 if store.local:
                     files[name] = {"size": (stage / name).stat().st_size,
                                    "sha256": file_sha256(stage / name)}
@@ -231,6 +245,7 @@ def _meta_payload(meta: CheckpointMeta, files: dict[str, Any], **extra: Any) -> 
         "version": meta.version,
         "counters": meta.counters,
         "samplers": meta.samplers,
+        **({"learner": meta.learner} if meta.learner else {}),
         "files": files,
         **extra,
     }, indent=2)
@@ -311,7 +326,8 @@ def save_sharded_run_checkpoint(run_dir: str | Path, tensors: dict[str, torch.Te
 
 def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMeta,
                         optimizer: torch.optim.Optimizer | None = None, keep: int = 2,
-                        rng: torch.Tensor | None = None, pinned: Iterable[str] = ()) -> str:
+                        rng: torch.Tensor | None = None, pinned: Iterable[str] = (),
+                        shadow: Any = None) -> str:
     """Save ``checkpoints/step-<version>`` in a run directory (a local path or URI), point
     ``latest`` at the newest complete checkpoint there and prune all but the newest ``keep``
     versions, and never a ``pinned`` one (a checkpoint name or location another reader is
@@ -322,7 +338,7 @@ def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMet
     root = Storage(join(run_dir, "checkpoints"))
     with _WRITING:
         name = _new_step_dir(root, meta.version)
-        path = save_checkpoint(join(root.uri, name), policy, meta, optimizer, rng)
+        path = save_checkpoint(join(root.uri, name), policy, meta, optimizer, rng, shadow)
         _point_latest_and_prune(root, keep, pinned)
     return path
 
@@ -592,6 +608,7 @@ def read_meta(path: str | Path) -> CheckpointMeta:
         version=int(raw["version"]),
         counters=dict(raw.get("counters", {})),
         samplers=list(raw.get("samplers", [])),
+        learner=dict(raw.get("learner", {})),
     )
 
 

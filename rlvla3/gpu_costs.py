@@ -153,7 +153,36 @@ CALIBRATIONS: dict[str, GpuCosts] = {
                                 sync_gb_per_s=25.0,
                                 source="measured: rlvla3 bench gpu on an H200, eager bf16 "
                                 "(results/gpu_check)"),
+    # GR00T-N1.5 at its real size (the ``groot_n15`` shapes, 2.41B parameters as LeRobot 0.5.1
+    # builds it: tests/data/groot_n15_keys.json) on LIBERO, an ESTIMATE until a GPU measures it
+    # (``rlvla3 bench gpu``, entry ``groot``). FLOPs of one decision, two 224 px cameras of 256
+    # tokens each (no pixel shuffle) and a prompt of about 44 tokens, 556 VL tokens: SigLIP 27
+    # layers 0.44 TFLOP, Qwen3-1.7B cut at layer 12 0.70, VL self-attention (4 layers) 0.23,
+    # DiT 16 layers over 49 tokens (state, 32 future tokens, horizon 16) with cross-attention
+    # to the VL tokens, x 4 Euler steps 0.39: 1.77 TFLOP to act. Training (LeRobot's default
+    # flags: LLM and vision frozen, so their part is forward only; the action head's 1.07B
+    # parameters forward + backward): 3.0 TFLOP. The same count for the VLA at pi0.5 shapes
+    # gives 2.85 TFLOP to act and 8.5 to train, which ``pi05_h200_eager`` measured at 5.55 and
+    # 20.8 ms a sample: 513 and 410 TFLOP/s on an H100-class GPU. At those rates: 3.5 ms per
+    # sample to act, 7.4 ms to train. Per call: GR00T N1.7 takes about 85 ms eager on an H100
+    # at batch 1 (published, 28 ms with TensorRT), taken for N1.5 (both host-bound, with about the same
+    # layer launches: 27 + 12 + 4 + 16 x 4 for N1.5): 85 - 3.5 = 82 ms; eager jitter as
+    # measured for the VLA. One AdamW step: the VLA's measured 48.7 ms for 3.36B trained
+    # parameters, scaled to the action head's 1.07B: 16 ms. Weights: 2.41B in bf16, 4.8 GB.
+    "groot_n15_h100_eager": GpuCosts(
+        infer_per_call_ms=82.0, infer_per_sample_ms=3.5, infer_jitter=0.10,
+        train_per_sample_ms=7.4, train_per_step_ms=16.0, sync_fixed_ms=300.0, model_gb=4.8,
+        sync_gb_per_s=25.0,
+        source="GR00T-N1.5 on H100, estimate: FLOPs of the groot_n15 shapes at the rates the "
+        "pi0.5-shape VLA measured (results/gpu_check), GR00T N1.7's published ~85 ms eager at "
+        "B=1"),
 }
+
+PLAN_FIGURES: dict[str, tuple[str, ...]] = {
+    "inference": ("infer_per_call_ms", "infer_per_sample_ms"),
+    "training": ("train_per_sample_ms", "train_per_step_ms"),
+}
+"""The figures a plan prices each GPU stage by: at least one of each must be positive."""
 
 
 OPTIONS: dict[str, str] = {CUSTOM: "rlvla3.gpu_costs:GpuCosts"}
@@ -222,6 +251,16 @@ def check_costs(costs: GpuCosts | None, needs: tuple[str, ...], path: str) -> No
     if costs is not None:
         require(any(getattr(costs, n) > 0 for n in needs), f"{path}.options",
                 f"a simulated stage needs {' or '.join(needs)} > 0 (all are 0)")
+
+
+def check_plannable(costs: GpuCosts, path: str) -> None:
+    """A plan prices both GPU stages (``PLAN_FIGURES``): a stage whose figures are all 0 would
+    be free, of infinite capacity. Refused in one line naming the missing figures."""
+    missing = [" or ".join(names) for names in PLAN_FIGURES.values()
+               if not any(getattr(costs, n) > 0 for n in names)]
+    require(not missing, path, f"a plan needs {' and '.join(missing)} > 0; the cost model "
+            f"({costs.source or 'no source'}) gives 0 (set them, or name a calibration: "
+            f"{', '.join(CALIBRATIONS)})")
 
 
 def jitter_factor(rng: np.random.Generator, cv: float) -> float:

@@ -48,7 +48,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import cast
 
 import numpy as np
@@ -56,13 +56,27 @@ import torch
 from torch import nn
 
 from rlvla3.algos import AlgoConfig, approx_kl, objective
+from rlvla3.checkpoint import (
+    CheckpointMeta,
+    StateSnapshot,
+    load_rng_state,
+    read_meta,
+    row_source,
+    snapshot,
+)
 from rlvla3.engine.config import EngineConfig
 from rlvla3.engine.engine import Published, TrainingEngine
 from rlvla3.engine.group import Ranks
 from rlvla3.engine.sharded import RowSource
 from rlvla3.group_buffer import GroupBuffer
 from rlvla3.kl_control import KlLearningRate
-from rlvla3.learner_step import AdvantageNormalizer, ProximalWindow, Reduce, StepStats
+from rlvla3.learner_step import (
+    AdvantageNormalizer,
+    LearnerState,
+    ProximalWindow,
+    Reduce,
+    StepStats,
+)
 from rlvla3.pacing import StalenessBound
 from rlvla3.protocols import Policy
 from rlvla3.rl_samples import Samples, prepare_samples
@@ -110,6 +124,19 @@ def rl_engine(policy: Policy, algo: AlgoConfig, lr: float, cfg: EngineConfig | N
     return TrainingEngine(module, cfg or EngineConfig(), ranks or Ranks(), "evaluate",
                           lambda params: torch.optim.Adam(params, lr=lr, eps=1e-5),
                           keep_shadow=algo.proximal == "window")
+
+
+@dataclass(frozen=True)
+class WholeCopy:
+    """What a whole checkpoint of one rank holds, copied at one moment (``copy_whole``)."""
+
+    version: int
+    weights: StateSnapshot
+    optimizer: StateSnapshot | None
+    rng: torch.Tensor
+    state: LearnerState
+    shadow: StateSnapshot | None
+    """The proximal copy (``proximal: window``), else None."""
 
 
 class LearnerCore:
@@ -173,8 +200,9 @@ class LearnerCore:
         """Set (from another thread) when a sharded checkpoint is asked of this rank: at the
         first step agreement where every rank wants one, each copies its shard of that
         version (``snapshot``)."""
-        self.snapshot: tuple[int, dict[str, torch.Tensor]] | None = None
-        """``(version, this rank's checkpoint tensors)`` of the last agreed snapshot."""
+        self.snapshot: tuple[int, dict[str, torch.Tensor], LearnerState] | None = None
+        """``(version, this rank's checkpoint tensors, the core's state)`` of the last agreed
+        snapshot."""
         self.busy_s = 0.0
         self.samples_trained = 0
         self.counts = {"received_decisions": 0, "received_episodes": 0, "received_groups": 0,
@@ -216,27 +244,63 @@ class LearnerCore:
         self.snapshot_wanted = True
 
     def take_snapshot(self) -> None:
-        """Copy this rank's checkpoint tensors now (between two steps), for a save."""
-        self.snapshot = (self.version, self.engine.checkpoint_tensors())
+        """Copy this rank's checkpoint tensors and the core's state now (between two steps),
+        for a save."""
+        self.snapshot = (self.version, self.engine.checkpoint_tensors(), self.state())
         self.snapshot_wanted = False
 
     @property
     def snapshot_ready(self) -> bool:
         return self.snapshot is not None
 
-    def pop_snapshot(self) -> tuple[int, dict[str, torch.Tensor]]:
+    def pop_snapshot(self) -> tuple[int, dict[str, torch.Tensor], LearnerState]:
         """The snapshot taken (call once ``snapshot_ready``), handed over once."""
         taken, self.snapshot = self.snapshot, None
-        return cast(tuple[int, dict[str, torch.Tensor]], taken)
+        return cast(tuple[int, dict[str, torch.Tensor], LearnerState], taken)
 
-    def load(self, source: RowSource, version: int, optimizer: bool) -> None:
-        """Weights (and the optimizer state, with the version) from a checkpoint
-        (``rlvla3.engine.sharded.RowSource``); the proximal copy follows."""
-        self.engine.restore(source, optimizer=optimizer)
+    def copy_whole(self, reuse: tuple[StateSnapshot, StateSnapshot | None] | None = None
+                   ) -> WholeCopy:
+        """Copies of what a whole checkpoint holds, taken now (between two steps; written
+        while training goes on): ``reuse``, an earlier copy's weights and optimizer state
+        whose write has finished, lends its buffers (``rlvla3.checkpoint.snapshot``)."""
+        weights, optimizer, rng = snapshot(cast(nn.Module, self.policy), self.optimizer, reuse)
+        shadow = self.engine.shadow
+        return WholeCopy(self.version, weights, optimizer, rng, self.state(),
+                         None if shadow is None else StateSnapshot(
+                             {k: v.detach().clone() for k, v in shadow.state_dict().items()}))
+
+    def restore(self, path: str) -> CheckpointMeta:
+        """Resume from the checkpoint at ``path`` (either format, any rank count): weights,
+        optimizer state, version, RNG, the core's state and the proximal copy."""
+        meta = read_meta(path)
+        rng = load_rng_state(path)
+        self.load(row_source(path, optimizer=True), meta.version, optimizer=True,
+                  state=LearnerState.from_json(meta.learner) if meta.learner else None)
+        if rng is not None:
+            torch.set_rng_state(rng)
+        return meta
+
+    def state(self) -> LearnerState:
+        """What the next step depends on beyond weights, optimizer, version and RNG (read
+        between two steps; a checkpoint's ``learner`` entry)."""
+        return LearnerState(self.normalizer.state(),
+                            None if self.proximal is None else self.proximal.synced_at)
+
+    def load(self, source: RowSource, version: int, optimizer: bool,
+             state: LearnerState | None = None) -> None:
+        """Weights (and the optimizer state, with the version and the core's ``state``:
+        a resume) from a checkpoint (``rlvla3.engine.sharded.RowSource``). The proximal copy
+        is the checkpoint's where it holds one, else it takes the loaded weights."""
+        shadow = self.engine.restore(source, optimizer=optimizer)
         if optimizer:
             self.version = version
+            if state is not None:
+                self.normalizer.restore(state.normalizer)
         if self.proximal is not None:
-            self.proximal.sync(self.version)
+            if shadow and state is not None and state.proximal_synced_at is not None:
+                self.proximal.synced_at = state.proximal_synced_at
+            else:
+                self.proximal.sync(self.version)
 
     @property
     def buffered(self) -> int:

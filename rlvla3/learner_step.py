@@ -3,31 +3,69 @@
 Role: what ``rlvla3.learner.LearnerCore`` computes each optimizer step with, beside its loop:
 the standardisation of PPO advantages (``AdvantageNormalizer``: constants fixed for a whole
 step and shared by every micro-batch and rank), the proximal policy of decoupled PPO
-(``ProximalWindow``: the engine's frozen copy, refreshed every ``algo.proximal_window`` steps)
-and the step's report (``StepStats``, one ``steps.jsonl`` line).
+(``ProximalWindow``: the engine's frozen copy, refreshed every ``algo.proximal_window`` steps),
+what of both a checkpoint keeps (``LearnerState``) and the step's report (``StepStats``, one
+``steps.jsonl`` line).
 
 Inputs: advantages, micro-batches of ``Samples``, the engine. Outputs: standardised
 advantages, proximal log-probabilities, the step's figures.
 
-Invariant: a step's standardisation constants never come from the micro-batch or queue pull
-they standardise, so streaming, micro-batching or the rank count do not change the update.
+Invariants: a step's standardisation constants never come from the micro-batch or queue pull
+they standardise, so streaming, micro-batching or the rank count do not change the update; a
+learner restored from a checkpoint (``LearnerState`` and the proximal copy's tensors) takes
+the step the learner that saved it would have taken next.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import asdict, dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
 
+from rlvla3.config import build
 from rlvla3.engine.engine import TrainingEngine
 from rlvla3.protocols import Policy
 from rlvla3.rl_samples import Samples
 
 Reduce = Callable[[np.ndarray], np.ndarray]
 """Sums a float64 vector over the learner ranks (identity for one rank)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NormalizerState:
+    """What ``AdvantageNormalizer`` carries from one optimizer step to the next."""
+
+    mu: float = 0.0
+    sigma: float = 1.0
+    ready: bool = False
+    """The constants are set (the first step's batch seeded them)."""
+    average: tuple[float, float, float] | None = None
+    """The running moments (count, sum, sum of squares); None before the first whole batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerState:
+    """What the next optimizer step depends on beyond the weights, the optimizer state, the
+    version and the RNG: a checkpoint's ``meta.json`` keeps it (``learner``), so that a resumed
+    run takes the step the saving run would have taken. The proximal copy's parameters travel
+    as the checkpoint's ``shadow/`` tensors; the learning rate ``algo.target_kl`` adapts lives
+    in the optimizer's param groups. Not kept: a batch's stored micro-batches, so a checkpoint
+    taken between the epochs of one batch (``algo.update_epochs`` > 1) resumes at the next
+    batch."""
+
+    normalizer: NormalizerState = NormalizerState()
+    proximal_synced_at: int | None = None
+    """The version whose parameters the proximal copy holds (``proximal: window``)."""
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> LearnerState:
+        return build(cls, raw, "learner")
 
 
 class AdvantageNormalizer:
@@ -86,6 +124,19 @@ class AdvantageNormalizer:
     def _moments(a: np.ndarray) -> np.ndarray:
         a = np.asarray(a, np.float64)
         return np.array([len(a), a.sum(), np.square(a).sum()])
+
+    def state(self) -> NormalizerState:
+        """The constants and running moments (between two steps: a step's own moments join
+        them at ``end_step``)."""
+        average = None if self._average is None else (
+            float(self._average[0]), float(self._average[1]), float(self._average[2]))
+        return NormalizerState(float(self.mu), float(self.sigma), self.ready, average)
+
+    def restore(self, state: NormalizerState) -> None:
+        if self.enabled:
+            self.mu, self.sigma, self.ready = state.mu, state.sigma, state.ready
+            self._average = None if state.average is None else np.array(state.average)
+        self._step = np.zeros(3)
 
     def _set(self, moments: np.ndarray) -> None:
         n, s, s2 = moments

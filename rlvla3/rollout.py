@@ -82,7 +82,7 @@ class RolloutCore:
         self.load(pending.tensors, pending.version)
         return True
 
-    def load(self, tensors: Mapping[str, np.ndarray], version: int) -> None:
+    def load(self, tensors: Mapping[str, np.ndarray | torch.Tensor], version: int) -> None:
         self.policy.load_state_dict({k: v if isinstance(v, torch.Tensor) else
                                      torch.tensor(np.asarray(v)) for k, v in tensors.items()})
         self.version = version

@@ -268,7 +268,9 @@ class LearnerConfig:
     mixed_precision: Literal["auto", "off", "bf16"] = "auto"
     """FSDP: bf16 compute with float32 gradient reduction (``auto``: on a GPU)."""
     offload: bool = False
-    """FSDP: keep the shards and the optimizer step in host memory."""
+    """FSDP over 2+ ranks: keep the shards, gradients and the optimizer step in host memory
+    (the GPU holds the units it gathers and the activations; the memory pre-flight counts it
+    so; NCCL for the GPU's collectives, gloo for the host's)."""
     publish_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """The dtype of the weights published to the rollout servers (gathered one parameter at
     a time; ``bfloat16`` halves what travels and what rank 0 holds)."""
@@ -277,7 +279,7 @@ class LearnerConfig:
     torch_threads: int = 1
     backend: str = "auto"
     """auto: nccl when learners have GPUs, else gloo."""
-    weight_sync: str = "object_store"
+    weight_sync: Literal["object_store", "collective"] = "object_store"
     """How new weights reach the rollout servers: ``object_store`` (one ``ray.put``, servers
     pull; survives server restarts) or ``collective`` (a broadcast group of learner 0 and the
     servers: NCCL GPU to GPU, gloo on CPU; a server that dies cannot rejoin it)."""
@@ -318,15 +320,16 @@ class LearnerConfig:
                 "must be divisible by num_learners")
         require(self.lr > 0, "lr", "must be > 0")
         require(self.backend in ("auto", "gloo", "nccl"), "backend", "must be auto, gloo or nccl")
+        require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
+        require(not self.offload or (self.strategy != "ddp" and self.num_learners > 1),
+                "offload", "host offload is FSDP's: it needs strategy fsdp (or auto) and "
+                "num_learners >= 2 (one rank trains the plain module)")
         self.engine().validate()
 
     def engine(self) -> EngineConfig:
         """The engine's share of this section."""
         return EngineConfig(self.strategy, self.max_grad_norm, self.mixed_precision,
                             self.offload)
-        require(self.weight_sync in ("object_store", "collective"), "weight_sync",
-                "must be object_store or collective")
-        require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
 
 
 @dataclass(frozen=True)

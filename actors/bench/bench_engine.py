@@ -5,8 +5,8 @@ Each rank is its own process (``python -m actors.bench.bench_engine ...``: gloo 
 shared rendezvous file, no Ray), running the RL learner core on the engine with real reach
 episodes (PPO episodes, or GRPO groups of four of one task and state), each global batch shared
 out over the ranks in order (``rlvla3.learner.rank_batches``). After the last step the ranks
-gather the weights and rank 0 writes them; every rank writes what it trained and the bytes it
-held (``TrainingEngine.memory``). ``run_group`` starts a group and reads what it wrote;
+gather the weights and rank 0 writes them; every rank writes what it trained, the bytes it
+held (``TrainingEngine.memory``) and the warnings its training steps raised. ``run_group`` starts a group and reads what it wrote;
 ``matrix`` compares FSDP2 and DDP groups of 2 and 4 ranks with one rank, for PPO, GRPO and
 SFT steps (the largest parameter difference after the steps), and the measured bytes per rank with the
 memory pre-flight's prediction (``rlvla3.plan.memory.engine_bytes``). Prints one JSON object.
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,8 @@ def rank_main(argv: list[str]) -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--episodes", type=int, default=48)
     p.add_argument("--proximal", choices=("window", "step"), default="window")
+    p.add_argument("--offload", choices=("true", "false"), default="false",
+                   help="FSDP: shards, gradients and the optimizer step in host memory")
     p.add_argument("--save", default="", help="after the steps: a sharded (FSDP) or whole "
                    "checkpoint of the group in this run directory (a path or URI)")
     p.add_argument("--restore", default="", help="before the steps: restore this checkpoint "
@@ -105,27 +108,28 @@ def rank_main(argv: list[str]) -> None:
     if args.algo == "sft":
         sft_main(args, policy, data, ranks, shares)
         return
-    engine = rl_engine(policy, algo, 3e-3, EngineConfig(strategy=args.strategy), ranks)
+    engine_cfg = EngineConfig(strategy=args.strategy, offload=args.offload == "true")
+    engine = rl_engine(policy, algo, 3e-3, engine_cfg, ranks)
     core = LearnerCore(policy, algo, shares[args.rank], args.micro_batch, 3e-3, BatchStart(),
                        engine=engine)
     core.take_share(args.global_batch, args.world, args.rank)
-    if args.restore:
-        from rlvla3.checkpoint import read_meta, row_source
-
-        core.load(row_source(args.restore, optimizer=True), read_meta(args.restore).version,
-                  optimizer=True)
+    if args.restore:  # weights, optimizer, version, RNG, the core's state, the proximal copy
+        core.restore(args.restore)
     start = time.perf_counter()
-    for step in range(args.first_step, args.first_step + args.steps):
-        first = (step * args.global_batch) % (len(data) - args.global_batch + 1)
-        begin = first + sum(shares[: args.rank])
-        core.buffer.add(data.select(np.arange(begin, begin + shares[args.rank])))
-        core.run_available(until_version=step + 1)
+    with warnings.catch_warnings(record=True) as caught:  # what training warned of, once each
+        warnings.simplefilter("always")
+        for step in range(args.first_step, args.first_step + args.steps):
+            first = (step * args.global_batch) % (len(data) - args.global_batch + 1)
+            begin = first + sum(shares[: args.rank])
+            core.buffer.add(data.select(np.arange(begin, begin + shares[args.rank])))
+            core.run_available(until_version=step + 1)
     seconds = time.perf_counter() - start
     if args.save:
         from rlvla3.checkpoint import CheckpointMeta, save_sharded_run_checkpoint
 
         meta = CheckpointMeta(Named(args.policy, POLICIES[args.policy]),
-                              env_spec(Named("reach", REACH)), core.version)
+                              env_spec(Named("reach", REACH)), core.version,
+                              learner=core.state().as_json())
         save_sharded_run_checkpoint(args.save, engine.checkpoint_tensors(), meta, ranks,
                                     engine.optimizer_meta())
     memory = engine.memory()
@@ -135,6 +139,7 @@ def rank_main(argv: list[str]) -> None:
     (out / f"rank{args.rank}.json").write_text(json.dumps({
         "version": core.version, "samples_trained": core.samples_trained,
         "engine": engine.name, "seconds": seconds, "memory": memory.__dict__,
+        "warnings": sorted({str(w.message) for w in caught}),
         "publish_s": published.seconds, "publish_peak_bytes": published.peak_bytes}))
     if args.rank == 0:
         from safetensors.torch import save_file

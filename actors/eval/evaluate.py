@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import string
 import sys
 import time
@@ -76,6 +75,7 @@ from actors.eval.trace import TRACE_DIR, trace_name, write_trace
 from actors.eval.worker import ActionSource, given_instructions
 from rlvla3.config import Named
 from rlvla3.fingerprint import fingerprint
+from rlvla3.machine import local_ray_cpus
 from rlvla3.numerics import HOST_BLAS, check_blas
 from rlvla3.storage import Mirror, check_writable, join
 
@@ -361,7 +361,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             from actors.runtime.bootstrap import init_ray
 
             init_ray(args.address or "", field="--address",
-                     num_cpus=max(args.workers, os.cpu_count() or 1), include_dashboard=False,
+                     num_cpus=local_ray_cpus(args.workers), include_dashboard=False,
                      log_to_driver=False)
         spawn_args = dict(seed=args.seed, source=source, placements=args.placements,
                           numerics=args.numerics, blas=identity["blas"])

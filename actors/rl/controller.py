@@ -52,12 +52,19 @@ from actors.rl.failures import LOSS_GRACE_S, LearnerFailures
 from actors.rl.periodic_eval import PeriodicEval
 from actors.rl.schedule import make_schedule
 from actors.rl.step_log import StepLog
-from actors.rl.summary import batch_size_hist, memory_report, split_note
+from actors.rl.summary import (
+    batch_size_hist,
+    learner_group,
+    learner_line,
+    memory_report,
+    split_note,
+)
 from actors.rl.topology import Topology, build_topology
 from actors.runtime.bootstrap import NAMESPACE, init_ray
 from envs import check_training_split, dilate_env, env_spec
 from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
 from rlvla3.config import require, to_dict
+from rlvla3.machine import local_ray_cpus, usable_cpus
 from rlvla3.pacing import group_rounds, inherent_lag
 from rlvla3.plan.cluster import actor_specs, check_placement, place
 from rlvla3.plan.memory import MemoryPlan, choose_strategy, estimate, model_facts
@@ -92,15 +99,16 @@ def ensure_ray(cfg: RunConfig, log_to_driver: bool = True) -> float:
     ``log_to_driver=False`` keeps the actors' output off this process's stdout (JSON output).
 
     A local Ray gets at least as many logical CPUs as the roles ask for (env workers mostly
-    wait on simulators), but the learners are checked against the physical cores."""
-    physical = float(os.cpu_count() or 1)
+    wait on simulators), but the learners are checked against the cores this process may use
+    (``rlvla3.machine.usable_cpus``)."""
+    physical = float(usable_cpus())
     if not ray.is_initialized():
         if not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
             check_resources(cfg, physical, learners_only=True)
         need = (cfg.learner.num_learners * cfg.learner.num_cpus
                 + cfg.rollout.num_servers * cfg.rollout.num_cpus
                 + cfg.env_workers.num_workers * cfg.env_workers.num_cpus)
-        cpus = cfg.ray.num_cpus or max(int(physical), int(need + 0.999))
+        cpus = cfg.ray.num_cpus or local_ray_cpus(need)
         # local-only arguments are dropped when joining a cluster; an error there is one line
         init_ray(cfg.ray.address, num_cpus=cpus, resources=local_resources(cfg),
                  namespace=NAMESPACE, log_to_driver=log_to_driver, configure_logging=False)
@@ -241,6 +249,7 @@ class Controller:
         self.log(f"rlvla3 rl: mode={self.cfg.pipeline.mode} strategies={self.strategies} "
                   f"env={self.cfg.env.name} policy={self.cfg.policy.name} "
                   f"run_dir={self.files.uri}")
+        self.log(learner_line(self.cfg))
         self.log(self.budget.line(self.counters))
         self._warn_staleness_bound()
         self.budget.begin(self.counters)
@@ -495,7 +504,8 @@ class Controller:
             **split_note(self.cfg),
             "evals": self.evals,
             "nodes": topo.nodes(),
-            "learner_group": {"ranks": len(self.learners), "rebuilds": topo.group.rebuilds},
+            "learner_group": learner_group(self.cfg, len(self.learners),
+                                           (s.engine for s in snap.learners), topo.group.rebuilds),
             "objective": self.steps.summary(),
             "stop": self._stop_summary(killed),
             "weights_moved": None if killed or not self.cfg.init_from else round(ray.get(

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from rlvla3.config import ConfigError, Named
-from rlvla3.gpu_costs import REAL, GpuCosts, resolve_costs
+from rlvla3.gpu_costs import CUSTOM, REAL, GpuCosts, check_plannable, resolve_costs
 from rlvla3.plan.gpu import EnvTiming, Plan, PlanRequest, make_plan, plan_overrides
 from rlvla3.run_config import RunConfig
 
@@ -60,6 +60,7 @@ def parse_costs(name: str, items: Sequence[str]) -> GpuCosts:
     costs = resolve_costs(Named(name, options), "cost_model")
     if costs is None:
         raise ConfigError("cost_model.name", "the 'real' cost model has no figures to plan from")
+    check_plannable(costs, "--cost")
     return costs
 
 
@@ -72,11 +73,16 @@ def plan_run(cfg: RunConfig, gpus: int, sim_cpus: int, cost_model: str = "",
     """``rl --plan``: the plan for ``cfg``'s env and cost model (``cost_model`` overrides it)
     and the overrides that apply it: one actor per GPU with ``num_gpus: 1`` on a real cluster,
     or actors standing for ``granularity`` GPUs each when the run simulates its costs."""
+    if cost_model == CUSTOM:
+        raise ConfigError("--plan-cost-model", "names a calibration; custom figures go in "
+                                               "learner.cost_model's options (then leave "
+                                               "--plan-cost-model out)")
     choice = Named(cost_model) if cost_model else cfg.learner.cost_model
     costs = resolve_costs(choice, "--plan-cost-model" if cost_model else "learner.cost_model")
     if costs is None:
         raise ConfigError("--plan-cost-model", "a run with real GPU costs needs a cost model to "
                                                "plan from (e.g. --plan-cost-model pi05_h200)")
+    check_plannable(costs, "learner.cost_model.options")
     workers = cfg.env_workers.slots_per_worker
     plan = make(costs, timing_of(cfg.env), gpus, sim_cpus,
                 global_batch=cfg.learner.global_batch, granularity=granularity,

@@ -51,11 +51,12 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
         import psutil
         import torch
 
-        physical = float(os.cpu_count() or 1)
+        from rlvla3.machine import local_ray_cpus
+
         need = (cfg.learner.num_learners * cfg.learner.num_cpus
                 + cfg.rollout.num_servers * cfg.rollout.num_cpus
                 + cfg.env_workers.num_workers * cfg.env_workers.num_cpus)
-        cpus = cfg.ray.num_cpus or max(int(physical), int(need + 0.999))
+        cpus = cfg.ray.num_cpus or local_ray_cpus(need)  # as ``ensure_ray`` starts it
         nodes = [local_node(cfg, psutil.virtual_memory().total / 2**20, cpus,
                             torch.cuda.device_count())]
     if placement is None:

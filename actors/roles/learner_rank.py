@@ -14,7 +14,9 @@ backlog that paces the env slots). On GPU clusters the same weights may travel b
 broadcast instead (``open_weight_channel``).
 
 Checkpoints: under DDP rank 0 writes the whole model and optimizer state; under FSDP every rank
-copies its shard at one agreed version and writes it in parallel (``save``).
+copies its shard at one agreed version and writes it in parallel (``save``). Either holds what
+the next step depends on besides: the proximal copy and the core's ``LearnerState`` (the
+advantage normaliser's moments), so a resumed run steps as the saving run would have.
 
 Two ways to drive it, chosen by the training strategy:
 - ``run()``: pull from the queue and train until ``stop()`` (asynchronous training). Each pull
@@ -55,12 +57,10 @@ from rlvla3.checkpoint import (
     CheckpointMeta,
     SavedCheckpoint,
     listed_files,
-    load_rng_state,
     locate_checkpoint,
     row_source,
     save_run_checkpoint,
     save_sharded_run_checkpoint,
-    snapshot,
 )
 from rlvla3.config import Named
 from rlvla3.engine import group
@@ -68,7 +68,7 @@ from rlvla3.engine.group import Ranks, free_port
 from rlvla3.gpu_costs import TrainingCost
 from rlvla3.gpu_sim import SimulatedEngine
 from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, rl_engine
-from rlvla3.learner_step import StepStats
+from rlvla3.learner_step import LearnerState, StepStats
 from rlvla3.policies import build_policy
 from rlvla3.role_stats import LearnerStats
 from rlvla3.run_config import LearnerConfig
@@ -181,7 +181,7 @@ class Learner:
         if self.core is not None and self.core.engine.ranks.world == self.world_size:
             return True  # a lone rank: made at construction
         ranks = group.join(self.cfg.backend, master_addr, master_port, self.rank,
-                           self.world_size, self.device)
+                           self.world_size, self.device, host_state=self.cfg.offload)
         self._make_core(ranks)
         self._report_buffered()
         return True
@@ -209,15 +209,8 @@ class Learner:
     def restore(self, path: str) -> int:
         """Load weights, optimizer state and version from a checkpoint (either format, any
         rank count); returns the version. Every rank calls it."""
-        from rlvla3.checkpoint import read_meta
-
-        meta = read_meta(path)
-        source = row_source(path, optimizer=True)
-        rng = load_rng_state(path)
         with self._stepping:
-            self.core.load(source, meta.version, optimizer=True)
-            if rng is not None:
-                torch.set_rng_state(rng)
+            meta = self.core.restore(path)
         self._publish_weights()
         return meta.version
 
@@ -396,9 +389,9 @@ class Learner:
         with self._saving:  # one save at a time: the next copies into this one's buffers
             start = time.perf_counter()
             if self.core.engine.sharded:
-                version, tensors = self._agreed_snapshot()
+                version, tensors, state = self._agreed_snapshot()
                 meta = CheckpointMeta(self.policy_choice, self.spec, version, counters,
-                                      list(samplers or []))
+                                      list(samplers or []), state.as_json())
                 paused = time.perf_counter()
                 path = save_sharded_run_checkpoint(
                     run_dir, tensors, meta, self.core.engine.ranks,
@@ -406,19 +399,19 @@ class Learner:
                     pinned=pinned or ())
             else:
                 with self._stepping:
-                    meta = CheckpointMeta(self.policy_choice, self.spec, self.core.version,
-                                          counters, list(samplers or []))
-                    weights, optimizer, rng = snapshot(self.policy, self.core.optimizer,
-                                                       self._snapshot)
+                    copy = self.core.copy_whole(self._snapshot)
+                meta = CheckpointMeta(self.policy_choice, self.spec, copy.version, counters,
+                                      list(samplers or []), copy.state.as_json())
                 paused = time.perf_counter()
-                path = save_run_checkpoint(run_dir, weights, meta, optimizer, rng=rng,
-                                           pinned=pinned or ())
-                self._snapshot = (weights, optimizer)
+                path = save_run_checkpoint(run_dir, copy.weights, meta, copy.optimizer,
+                                           rng=copy.rng, pinned=pinned or (),
+                                           shadow=copy.shadow)
+                self._snapshot = (copy.weights, copy.optimizer)
             written = time.perf_counter() - paused
         size = sum(f["size"] for f in listed_files(path).values())
         return SavedCheckpoint(path, meta.version, paused - start, written, size)
 
-    def _agreed_snapshot(self) -> tuple[int, dict[str, torch.Tensor]]:
+    def _agreed_snapshot(self) -> tuple[int, dict[str, torch.Tensor], LearnerState]:
         """This rank's checkpoint tensors at a version every rank copies at: taken by the
         training loop at the next step agreement where every rank wants one, or here when
         no loop runs (the ranks then stand at one version)."""

@@ -38,6 +38,7 @@ import ray
 
 from actors.runtime.quiet import install_log_filter, plain_when_redirected
 from rlvla3.config import ConfigError
+from rlvla3.machine import usable_cpus
 
 NAMESPACE = "rlvla3"
 """The Ray namespace of every named actor of this project (roles, run status)."""
@@ -86,6 +87,10 @@ def init_ray(address: str = "", field: str = "ray.address", **kwargs) -> None:
     where = "joined the Ray cluster" if address else "started a local Ray cluster"
     gcs = (getattr(context, "address_info", None) or {}).get("gcs_address", address)
     line = f"Ray: {where} at {gcs}"
+    cpus = ray.cluster_resources().get("CPU", 0.0)
+    line += f", {cpus:g} CPUs"
+    if not address and cpus > usable_cpus():  # sized by what the roles ask (``local_ray_cpus``)
+        line += f" on the {usable_cpus()} cores this process may use (the roles share them)"
     if getattr(context, "dashboard_url", None):
         line += f", dashboard http://{context.dashboard_url}"
         port = context.dashboard_url.rpartition(":")[2]

@@ -83,6 +83,8 @@ class SFTConfig:
     def validate(self) -> None:
         require(self.num_learners >= 1, "num_learners", "must be >= 1")
         self.engine().validate()
+        require(not self.offload or (self.strategy == "fsdp" and self.num_learners > 1),
+                "offload", "host offload is FSDP's: it needs strategy fsdp and num_learners >= 2")
         require(self.grad_accum >= 1, "grad_accum", "must be >= 1")
         require(self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self.lr > 0, "lr", "must be > 0")

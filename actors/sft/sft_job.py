@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from datalake.format import DatasetError, resolve_filesystem
 from datalake.pipeline import ACTION_KEY, STATE_KEY, Lake
 from rlvla3.checkpoint import check_init_from, check_resume, locate_checkpoint, read_meta
 from rlvla3.config import ConfigError, Named, build, to_dict
+from rlvla3.machine import local_ray_cpus, usable_cpus
 from rlvla3.run_config import adopt_init_policy
 from rlvla3.storage import Mirror, Storage, check_writable, join
 from rlvla3.types import EnvSpec
@@ -138,7 +138,7 @@ def verify_data(lake: Lake, max_skip_fraction: float) -> None:
     from datalake.verify import verify_dataset
 
     live = [m for m in lake.metas if m is not None]
-    reports = [verify_dataset(m, tolerance_s=lake.config.tolerance_s, workers=os.cpu_count() or 1)
+    reports = [verify_dataset(m, tolerance_s=lake.config.tolerance_s, workers=usable_cpus())
                for m in live]
     problems = [p for r in reports for p in r.problems]
     lost = sum(r.affected_frames for r in reports)
@@ -224,7 +224,7 @@ def connect(cfg: SFTConfig) -> None:
 
         # With the dashboard when it is installed (``init_ray``): Ray Train's placement-group
         # cleaner asks the state API it serves whether the train controller lives.
-        init_ray(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), configure_logging=False)
+        init_ray(num_cpus=local_ray_cpus(need), configure_logging=False)
     have = ray.cluster_resources().get("CPU", 0.0)
     if need > have:
         raise ConfigError(

@@ -72,7 +72,8 @@ def join_group(cfg: SFTConfig, rank: int, world: int) -> group.Ranks:
 
     where = (ray.util.get_node_ip_address(), group.free_port()) if rank == 0 else None
     addr, port = broadcast_from_rank_zero(where)
-    return group.join("nccl" if cfg.use_gpu else "gloo", addr, port, rank, world, device)
+    return group.join("nccl" if cfg.use_gpu else "gloo", addr, port, rank, world, device,
+                      host_state=cfg.offload)
 
 
 def save(cfg: SFTConfig, engine: TrainingEngine, spec: EnvSpec, counters: dict) -> str | None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from datalake import bench
 from datalake.video import CODECS
 from rlvla3.cli_options import add_image_size, deprecated_alias
+from rlvla3.machine import usable_cpus
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,9 +33,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shuffle-buffer", type=int, default=128, help="samples, both loaders")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--decoders", type=int, default=2, help="lake decoder actors")
-    p.add_argument("--cpus", type=int, default=os.cpu_count() or 2,
+    p.add_argument("--cpus", type=int, default=usable_cpus(),
                    help="CPUs of the local Ray started here")
-    p.add_argument("--loader-workers", type=int, default=os.cpu_count() or 2,
+    p.add_argument("--loader-workers", type=int, default=usable_cpus(),
                    help="DataLoader worker processes (default: the machine's cores)")
     p.add_argument("--prefetch", type=int, default=2, help="DataLoader prefetch_factor")
     p.add_argument("--dir", default="", help="where the dataset is generated (reused if present)")

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from rlvla3.machine import usable_cpus
+
 
 def _log(message: str) -> None:
     print(f"[bench env isaaclab] {message}", file=sys.stderr, flush=True)
@@ -117,7 +119,7 @@ def run(args: Any) -> dict[str, Any]:
     report: dict[str, Any] = {
         "sim": "isaaclab", "task": args.task, "device": args.device,
         "image_size": [args.image_size[0]] * 2, "chunk_len": args.chunk_len,
-        "cpus": os.cpu_count(), "load_average_at_start": round(os.getloadavg()[0], 2),
+        "cpus": usable_cpus(), "load_average_at_start": round(os.getloadavg()[0], 2),
         "environment": (info or {}).get("versions", {}),
         "baseline": "one process of the same simulator with one sub-env (num_envs 1)",
         "runs": [],

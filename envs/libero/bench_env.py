@@ -36,6 +36,7 @@ import numpy as np
 
 from envs.libero.env import SUITE_NUM_TASKS, make_libero_env
 from rlvla3.cli_options import add_image_size, deprecated_alias
+from rlvla3.machine import usable_cpus
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -267,7 +268,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         "task_ids": args.task_ids,
         "image_size": [image, image],
         "cameras": ["agentview", "wrist"],
-        "cpus": os.cpu_count(),
+        "cpus": usable_cpus(),
         "load_average_at_start": round(os.getloadavg()[0], 2),
         "latency": {},
     }
@@ -304,7 +305,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         raw = samples["fast_render"]
         payload = {
             "description": (
-                f"LIBERO {args.suite} measured on {os.cpu_count()} CPU cores (load average "
+                f"LIBERO {args.suite} measured on {usable_cpus()} CPU cores (load average "
                 f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; MuJoCo EGL on Mesa "
                 f"llvmpipe, fast_render on, agentview + wrist at {image}x{image}, one "
                 "env process): step_ms holds the latency of one low-level env step per suite task "

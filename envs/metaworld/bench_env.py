@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from envs.metaworld.env import make_metaworld_env
+from rlvla3.machine import usable_cpus
 
 
 def _log(message: str) -> None:
@@ -134,7 +135,7 @@ def run(args: Any) -> dict[str, Any]:
     report: dict[str, Any] = {
         "sim": "metaworld", "suite": args.suite, "task_ids": list(args.task_ids),
         "image_size": [args.image_size[0]] * 2, "chunk_len": args.chunk_len,
-        "cpus": os.cpu_count(), "load_average_at_start": round(os.getloadavg()[0], 2),
+        "cpus": usable_cpus(), "load_average_at_start": round(os.getloadavg()[0], 2),
         "shadows": False,
         "baseline": "one env process without cameras (procs 1, cameras false)",
         "latency": {}, "throughput": [],

@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from rlvla3.engine.config import EngineConfig
 from rlvla3.engine.group import Ranks
-from rlvla3.engine.sharded import RowSource, local_rows
+from rlvla3.engine.sharded import SHADOW, RowSource, local_rows
 from rlvla3.engine.strategies import Sharded, make_strategy
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -199,9 +199,13 @@ class TrainingEngine:
     @torch.no_grad()
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         """Copies of this rank's part of the checkpoint: ``model/<name>`` for parameters and
-        buffers, ``optim/<name>/<key>`` for the optimizer state (taken between two steps;
-        written while training goes on)."""
+        buffers, ``optim/<name>/<key>`` for the optimizer state, ``shadow/<name>`` for the
+        frozen copy where one is kept (taken between two steps; written while training goes
+        on)."""
         out = {f"model/{k}": v.detach().clone() for k, v in self.policy.state_dict().items()}
+        if self.shadow is not None:
+            out.update({f"{SHADOW}/{k}": v.detach().clone()
+                        for k, v in self.shadow.state_dict().items()})
         names = {id(p): n for n, p in self.policy.named_parameters()}
         for param, state in self.optimizer.state.items():
             for key, value in state.items():
@@ -220,13 +224,18 @@ class TrainingEngine:
         return {"param_groups": self.param_groups(), "param_order": self.parameter_names()}
 
     @torch.no_grad()
-    def restore(self, source: RowSource, optimizer: bool = True) -> None:
-        """Load this rank's rows of the weights (and optimizer state) from a checkpoint of
-        any rank count and either format."""
+    def restore(self, source: RowSource, optimizer: bool = True) -> bool:
+        """Load this rank's rows of the weights (and optimizer state, and the frozen copy
+        where the checkpoint holds one) from a checkpoint of any rank count and either format.
+        Returns whether the frozen copy was restored (else the caller refreshes it)."""
         for name, tensor in self.policy.state_dict().items():
             self._load_rows(tensor, source, f"model/{name}")
         if not optimizer:
-            return
+            return False
+        shadow = self.shadow if source.keys(f"{SHADOW}/") else None
+        if shadow is not None:
+            for name, tensor in shadow.state_dict().items():
+                self._load_rows(tensor, source, f"{SHADOW}/{name}")
         names = self.parameter_names()
         source.bind_optimizer(names)
         params = dict(self.policy.named_parameters())
@@ -249,6 +258,7 @@ class TrainingEngine:
             for group, saved in zip(self.optimizer.param_groups, source.param_groups,
                                     strict=False):
                 group.update({k: v for k, v in saved.items() if k != "params"})
+        return shadow is not None
 
     def _load_rows(self, tensor: torch.Tensor, source: RowSource, key: str) -> None:
         if key not in source.shapes:

@@ -31,11 +31,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def pick_backend(backend: str, device: torch.device) -> str:
-    """``auto``: NCCL between GPUs, gloo otherwise."""
+def pick_backend(backend: str, device: torch.device, host_state: bool = False) -> str:
+    """``auto``: NCCL between GPUs, gloo otherwise. ``host_state`` (FSDP's offload: shards,
+    gradients and the optimizer step in host memory): NCCL for the GPU's collectives and gloo
+    for the host's (the clip's gradient norm, gathering the weights), which NCCL cannot run."""
     if backend == "auto":
-        return "nccl" if device.type == "cuda" else "gloo"
-    return backend
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    return "cpu:gloo,cuda:nccl" if host_state and backend == "nccl" else backend
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class Ranks:
         """Sum a small float64 vector over the ranks (identity for one rank)."""
         if not self.distributed:
             return values
-        on = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        on = self.device if dist.get_backend() == "nccl" else torch.device("cpu")  # or gloo's
         tensor = torch.as_tensor(values, dtype=torch.float64, device=on)
         dist.all_reduce(tensor)
         return tensor.cpu().numpy()
@@ -76,17 +78,20 @@ class Ranks:
 
 
 def join(backend: str, master_addr: str, master_port: int, rank: int, world: int,
-         device: torch.device, init_method: str | None = None) -> Ranks:
+         device: torch.device, init_method: str | None = None, host_state: bool = False
+         ) -> Ranks:
     """Join the group of ``world`` ranks at ``master_addr:master_port`` (rank 0's; or at
     ``init_method``, e.g. a shared ``file://``), or none for one rank; returns this process's
     ``Ranks``, with a gloo side group for the coordination of sharded checkpoints (it runs
-    beside training's collectives, from another thread)."""
+    beside training's collectives, from another thread). ``host_state``: the ranks keep
+    their training state in host memory (``pick_backend``)."""
     if world == 1:
         return Ranks(rank, world, device)
     if not dist.is_initialized():
         if init_method is None:
             os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
-        dist.init_process_group(pick_backend(backend, device), init_method=init_method,
+        dist.init_process_group(pick_backend(backend, device, host_state),
+                                init_method=init_method,
                                 rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
     side = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))

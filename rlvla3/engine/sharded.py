@@ -9,8 +9,9 @@ Layout inside one checkpoint directory (``rlvla3.checkpoint``'s protocol is kept
     meta.json                                ``format: sharded``, the world size, each key's
                                              global shape, the optimizer's param groups
 
-Keys are ``model/<name>`` (parameters and buffers) and ``optim/<name>/<state>`` (the optimizer
-state of parameter ``<name>``: Adam's ``exp_avg``, ``exp_avg_sq``, ``step``). A tensor sharded
+Keys are ``model/<name>`` (parameters and buffers), ``optim/<name>/<state>`` (the optimizer
+state of parameter ``<name>``: Adam's ``exp_avg``, ``exp_avg_sq``, ``step``) and, for an RL
+learner with a proximal copy, ``shadow/<name>`` (that copy's parameters and buffers). A tensor sharded
 on dim 0 (an FSDP2 DTensor) is stored as the rows its rank holds, with their offset in the
 safetensors header; anything else is stored once, by rank 0. Nothing is pickled: safetensors
 and JSON only.
@@ -46,6 +47,10 @@ from rlvla3.storage import file_sha256
 
 FORMAT = "sharded"
 SHARDS = "shards"
+SHADOW = "shadow"
+"""The key prefix of an RL learner's proximal copy of the policy (``shadow/<name>``)."""
+SHADOW_FILE = "shadow.safetensors"
+"""The file of that copy in a whole checkpoint."""
 
 
 def shard_name(rank: int, world: int) -> str:
@@ -134,15 +139,24 @@ class RowSource:
                             (path, start, rows[0] if rows else 0))
                         self.shapes[key] = tuple(shapes[key])
         else:
-            from safetensors.torch import load_file
-
-            self._whole = {f"model/{k}": v for k, v in
-                           load_file(str(self.local / "policy.safetensors")).items()}
+            self._whole = self._whole_tensors(meta.get("files") or {})
             self.shapes = {k: tuple(v.shape) for k, v in self._whole.items()}
         self._optimizer_by_index = None if self.sharded else optimizer
         if self._optimizer_by_index is not None:
             self.param_groups = [{k: v for k, v in g.items() if k != "params"}
                                  for g in self._optimizer_by_index["param_groups"]]
+
+    def _whole_tensors(self, listed: Mapping[str, object]) -> dict[str, torch.Tensor]:
+        """A whole checkpoint's weights (``model/``) and its proximal copy where ``listed``
+        (``shadow/``)."""
+        from safetensors.torch import load_file
+
+        out = {f"model/{k}": v for k, v in load_file(str(self.local / "policy.safetensors"))
+               .items()}
+        if SHADOW_FILE in listed:
+            out.update({f"{SHADOW}/{k}": v for k, v in
+                        load_file(str(self.local / SHADOW_FILE)).items()})
+        return out
 
     def bind_optimizer(self, names_in_order: list[str]) -> None:
         """A whole checkpoint's optimizer state (``optim/``), where one was given, under

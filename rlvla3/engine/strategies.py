@@ -15,7 +15,9 @@ Role: the parts of training that differ by strategy, behind one small interface
   parameters, gradients and optimizer state are DTensors sharded on dim 0 (1/N each);
   gradients are reduce-scattered on the last micro-batch only
   (``set_requires_gradient_sync``); bf16 compute with float32 reduction when the config asks;
-  optional host offload.
+  optional host offload. Every method FSDP hooks returns tensors that own their storage
+  (``_owned``): FSDP hangs a block's pre-backward hook (its all-gather before backward) on
+  the outputs, and an in-place op on a view of one would drop it.
 
 Invariants: every rank builds the same seeded module before wrapping (DDP broadcasts rank
 0's, FSDP shards the identical copy); the trained module's parameters are what the optimizer
@@ -26,6 +28,8 @@ method through ``call`` is a collective under FSDP (every rank calls it, in the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -114,6 +118,34 @@ class Replicated(Strategy):
         return contextlib.nullcontext() if last else self._ddp.no_sync()
 
 
+def _owned(output: Any) -> Any:
+    """``output`` with each grad-requiring view replaced by a copy that owns its storage
+    (through tuples, lists, dicts and dataclasses, as FSDP walks an output)."""
+    if isinstance(output, torch.Tensor):
+        return output.clone() if output.requires_grad and output._base is not None else output
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
+        return dataclasses.replace(output, **{f.name: _owned(getattr(output, f.name))
+                                              for f in dataclasses.fields(output) if f.init})
+    if isinstance(output, dict):
+        return {k: _owned(v) for k, v in output.items()}
+    if isinstance(output, (list, tuple)) and not hasattr(output, "_fields"):
+        return type(output)(_owned(v) for v in output)
+    return output
+
+
+def _own_outputs(module: nn.Module, names: Sequence[str]) -> None:
+    """Make ``module``'s methods ``names`` return owned tensors (``_owned``); done before FSDP
+    hooks them, so the hooks see the copies."""
+    for name in names:
+        method = getattr(module, name)
+
+        @functools.wraps(method)
+        def owned(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            return _owned(_method(*args, **kwargs))
+
+        setattr(module, name, owned)
+
+
 class Sharded(Strategy):
     """FSDP2: weights, gradients and optimizer state sharded on dim 0 over all ranks."""
 
@@ -140,14 +172,19 @@ class Sharded(Strategy):
             "reshard_after_forward": True,
             "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
             if dtype is not None else MixedPrecisionPolicy(),
-            "offload_policy": CPUOffloadPolicy() if self.cfg.offload else OffloadPolicy(),
+            # pinned host memory needs an accelerator; a CPU group runs the same offload path
+            "offload_policy": CPUOffloadPolicy(pin_memory=self.ranks.device.type == "cuda")
+            if self.cfg.offload else OffloadPolicy(),
         }
+        entry_points = ("evaluate", "act", "sft_loss")  # the Policy protocol's
         for block, block_methods in shard_units(policy):
+            _own_outputs(block, ("forward", *block_methods))
             fully_shard(block, **options)
             for name in block_methods:
                 register_fsdp_forward_method(block, name)
+        _own_outputs(policy, ("forward", *entry_points))
         self._root = fully_shard(policy, **options)  # ``policy``, now an FSDPModule
-        for name in ("evaluate", "act", "sft_loss"):  # the Policy protocol's entry points
+        for name in entry_points:
             register_fsdp_forward_method(policy, name)
 
     @contextlib.contextmanager

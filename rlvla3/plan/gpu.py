@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import cast
 
 from rlvla3.config import require
-from rlvla3.gpu_costs import GpuCosts
+from rlvla3.gpu_costs import GpuCosts, check_plannable
 from rlvla3.pacing import inherent_lag, planned_max_staleness, planned_pace_lag
 from rlvla3.plan.lane_sim import SlotTiming, simulate_lane
 
@@ -427,6 +427,7 @@ def make_plan(costs: GpuCosts, env: EnvTiming, req: PlanRequest) -> Plan:
     """Search the splits (module docstring) and size batching and pacing for the best."""
     req.validate()
     env.validate()
+    check_plannable(costs, "cost_model.options")
     g = req.granularity
     options = [plan_split(costs, env, req, learner, req.gpus - learner)
                for learner in range(g, req.gpus, g)]

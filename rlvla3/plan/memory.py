@@ -26,7 +26,9 @@ Ray 2.60, Debian 12; ``tests/plan/test_cluster_memory.py`` checks the sum agains
   micro-batch twice (saved in the forward pass, their gradients in the backward pass), the
   buffered samples of one local batch, and the training runtime (autograd, optimizer first
   step: ``TRAINING_RUNTIME_MB``); rank 0 also copies the weights for every new version
-  (object-store weight sync);
+  (object-store weight sync); under FSDP with ``learner.offload`` a GPU rank's shards,
+  gradients and Adam state are host memory, its GPU holding the units it gathers and the
+  activations;
 - a rollout server: its process, the parameters, and one full batch (``b_max``) at its peak: for
   the VLA the prefix's keys and values plus one layer's intermediates per sample
   (``vla_inference_bytes``), for other policies a training sample's activations (an upper
@@ -420,12 +422,15 @@ def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFa
 
     strategy = learner_strategy(cfg)
 
+    sharded = strategy == "fsdp" and lc.num_learners > 1
+    offloaded = sharded and lc.offload  # the shards and the optimizer step in host memory
+
     def learner(rank: int) -> Component:
         # weights, gradients, Adam's two moments: whole under DDP, 1/N under FSDP, which also
         # gathers a unit or two at a time (in bf16 under mixed precision on a GPU)
         states = engine_bytes(model.params, strategy, lc.num_learners) / MB
         gathered = 0.0
-        if strategy == "fsdp" and lc.num_learners > 1:
+        if sharded:
             dtype = cfg.learner.engine().param_dtype(_device(lc))
             gathered = model.gathered_params * (2 if dtype is not None else 4) / MB
         work = 2 * acts_mb * lc.micro_batch + TRAINING_RUNTIME_MB
@@ -435,13 +440,16 @@ def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFa
         copy = publish_mb(cfg, model) if rank == 0 and lc.weight_sync == "object_store" else 0.0
         shard = "" if strategy != "fsdp" else f" / {lc.num_learners} ranks (FSDP)"
         detail = (f"{model.param_mb:,.1f} MB parameters x 4 (weights, gradients, Adam){shard}"
+                  + (" in host memory (offload)" if offloaded else "")
                   + (f", {gathered:,.1f} MB gathered" if gathered else "")
                   + f", activations 2 x {lc.micro_batch} x {acts_mb:,.2f} MB")
-        states += gathered
         if lc.num_gpus > 0:
-            gpu = states + 2 * acts_mb * lc.micro_batch + CUDA_CONTEXT_MB
+            host = states if offloaded else 0.0
+            gpu = (states - host) + gathered + 2 * acts_mb * lc.micro_batch + CUDA_CONTEXT_MB
             return Component("learner", f"learner rank {rank}", 1,
-                             CUDA_PROCESS_MB + buffers + copy, gpu, min(lc.num_gpus, 1.0), detail)
+                             CUDA_PROCESS_MB + buffers + copy + host, gpu,
+                             min(lc.num_gpus, 1.0), detail)
+        states += gathered
         return Component("learner", f"learner rank {rank}", 1,
                          LEARNER_PROCESS_MB + states + work + buffers + copy, detail=detail)
 
@@ -548,20 +556,26 @@ def choose_strategy(cfg: RunConfig, spec: EnvSpec, placement: Placement,
     as_ddp = replace(cfg, learner=replace(lc, strategy="ddp"))
     if lc.num_learners == 1 or lc.num_gpus == 0:
         return as_ddp, None
+    as_fsdp = replace(cfg, learner=replace(lc, strategy="fsdp"))
+    if lc.offload:  # host offload is FSDP's: asked for, it decides
+        return as_fsdp, "learner.strategy auto with learner.offload: the learners shard (fsdp)"
     ddp = learner_gpu_mb(estimate(as_ddp, spec, placement, model))
     if ddp is None or ddp[0] <= ddp[1]:
         return as_ddp, None
-    as_fsdp = replace(cfg, learner=replace(lc, strategy="fsdp"))
     fsdp = learner_gpu_mb(estimate(as_fsdp, spec, placement, model))
     if fsdp is not None and fsdp[0] <= fsdp[1]:
         return as_fsdp, (f"learner.strategy auto: DDP needs {ddp[0] / 1024:,.1f} GB per learner "
                          f"GPU of {ddp[1] / 1024:,.1f}; FSDP over {lc.num_learners} ranks needs "
                          f"{fsdp[0] / 1024:,.1f}: the learners shard (fsdp)")
     need = fsdp[0] if fsdp else float("nan")
+    offloaded = learner_gpu_mb(estimate(replace(cfg, learner=replace(
+        lc, strategy="fsdp", offload=True)), spec, placement, model))
+    way_out = (f"learner.offload=true: {offloaded[0] / 1024:,.1f} GB" if offloaded
+               and offloaded[0] <= offloaded[1] else "a smaller learner.micro_batch")
     raise ConfigError("learner.strategy", (
         f"the learners fit neither way: DDP needs {ddp[0] / 1024:,.1f} GB per GPU and FSDP over "
         f"{lc.num_learners} ranks {need / 1024:,.1f} GB, a GPU holds {ddp[1] / 1024:,.1f} GB "
-        "(more learner GPUs, GPUs with more memory, or learner.offload=true)"))
+        f"(more learner GPUs, GPUs with more memory, or {way_out})"))
 
 
 def local_node(cfg: RunConfig, memory_mb: float, cpus: float, gpus: int = 0) -> NodeInfo:

@@ -157,3 +157,62 @@ def test_the_proximal_copy_is_refreshed_every_window_steps_and_only_then():
         seen.append((version, core.proximal.synced_at, same))
     assert seen == [(1, 0, False), (2, 0, False), (3, 3, True), (4, 3, False), (5, 3, False),
                     (6, 6, True), (7, 6, False)]
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["whole", "sharded"])
+def test_a_resumed_ppo_learner_steps_as_the_uninterrupted_one(tmp_path, sharded):
+    """A PPO step depends on more than weights, Adam and the version: the advantage
+    normaliser's running moments, the proximal copy (window 2: at version 3 it holds version
+    2's parameters) and the learning rate ``target_kl`` adapts. A learner restored
+    from a checkpoint at version 3 (whole, as rank 0 of DDP writes it, or sharded, as FSDP
+    ranks do: the same ``LearnerCore`` copies the learner actor saves) takes the next two
+    steps exactly as the learner that saved it."""
+    from rlvla3.checkpoint import CheckpointMeta, save_run_checkpoint, save_sharded_run_checkpoint
+    from rlvla3.config import Named
+    from rlvla3.engine.group import Ranks
+    from rlvla3.rl_samples import Samples, prepare_samples
+
+    algo = AlgoConfig("ppo", proximal_window=2, advantage_ema=0.9, target_kl=1e-4)
+    data = Samples.concat([prepare_samples(item, algo)
+                           for item in episodes(collect_segments(make_policy(1), 60))])
+    batch = 16
+    assert len(data) >= 5 * batch
+
+    def train(core, steps):
+        for step in steps:
+            core.buffer.add(data.select(np.arange(step * batch, (step + 1) * batch)))
+            core.run_available(until_version=step + 1)
+
+    def learner(seed):
+        return LearnerCore(make_policy(seed), algo, batch, 8, 1e-3, BatchStart())
+
+    straight = learner(2)
+    train(straight, range(3))
+    state = straight.state()
+    assert state.normalizer.average is not None and state.proximal_synced_at == 2
+    assert straight.engine.lr != 1e-3  # target_kl moved it
+    choice = Named("small", {"channels": 8, "hidden": 32})
+    meta = CheckpointMeta(choice, straight.policy.spec, straight.version,
+                          learner=state.as_json())
+    run = tmp_path / "run"
+    if sharded:
+        straight.take_snapshot()
+        version, tensors, state = straight.pop_snapshot()
+        save_sharded_run_checkpoint(run, tensors, replace(meta, learner=state.as_json()),
+                                    Ranks(), straight.engine.optimizer_meta(),
+                                    torch.get_rng_state())
+    else:
+        copy = straight.copy_whole()
+        save_run_checkpoint(run, copy.weights, replace(meta, learner=copy.state.as_json()),
+                            copy.optimizer, rng=copy.rng, shadow=copy.shadow)
+    train(straight, range(3, 5))
+
+    resumed = learner(7)  # other initial weights: everything must come from the checkpoint
+    assert resumed.restore(str(run)).version == 3
+    assert resumed.state() == state
+    train(resumed, range(3, 5))
+    assert resumed.version == straight.version == 5
+    assert resumed.engine.lr == straight.engine.lr
+    for (name, a), b in zip(straight.policy.state_dict().items(),
+                            resumed.policy.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-7, msg=name)

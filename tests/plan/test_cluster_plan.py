@@ -168,3 +168,45 @@ def test_print_plan_cli():
     assert data["memory"]["model"]["activations"].startswith("formula")
     gpu = [c for n in data["memory"]["nodes"] for c in n["components"] if c["gpu_mb"]]
     assert {c["role"] for c in gpu} == {"learner", "rollout"}
+
+
+def test_offload_is_counted_and_recommended_only_where_it_fits():
+    """pi0.5 on 2 learner GPUs of 80 GB at micro-batch 8 fits neither DDP (117 GB a GPU) nor
+    FSDP (94 GB): the refusal names learner.offload with what it would need, and with offload
+    the pre-flight counts the shards and Adam as host memory (the GPU keeps what it gathers
+    and the activations) and the plan fits as FSDP. At micro-batch 16 offload would not fit
+    either: the refusal does not recommend it, and asked for, it is refused by its figures."""
+    from rlvla3.plan.memory import choose_strategy, learner_gpu_mb
+
+    base = [*PI05, "learner.num_learners=2"]
+
+    def preflight(*extra: str):
+        cfg = load_run_config("libero_spatial", overrides=[*base, *extra])
+        spec = env_spec(cfg.env)
+        nodes = nodes_from_cluster_config(yaml.safe_load((REPO / "cluster.yaml").read_text()),
+                                          cfg)
+        placement = place(cfg, nodes)
+        facts = model_facts(cfg.policy, spec)
+        chosen, note = choose_strategy(cfg, spec, placement, facts)
+        return chosen, note, estimate(chosen, spec, placement, facts)
+
+    with pytest.raises(ConfigError) as err:
+        preflight("learner.micro_batch=8")
+    assert err.value.field == "learner.strategy"
+    assert "fit neither way" in str(err.value) and "or learner.offload=true: 68.7 GB)" in str(
+        err.value)
+    chosen, note, plan = preflight("learner.micro_batch=8", "learner.offload=true")
+    assert chosen.learner.strategy == "fsdp" and "learner.offload" in note
+    plan.check()  # fits
+    gpu, have = learner_gpu_mb(plan)
+    assert gpu / 1024 == pytest.approx(68.7, abs=0.05) and gpu <= have
+    learner = next(c for p in plan.nodes for c in p.components if c.name == "learner rank 1")
+    assert learner.host_mb > 12_808 * 4 / 2  # its half of weights, gradients, Adam: host
+
+    with pytest.raises(ConfigError) as err:
+        preflight("learner.micro_batch=16")
+    assert "offload" not in str(err.value) and "smaller learner.micro_batch" in str(err.value)
+    _, _, plan = preflight("learner.micro_batch=16", "learner.offload=true")
+    with pytest.raises(ConfigError) as err:
+        plan.check()
+    assert "in host memory (offload)" in str(err.value) and "offload=true" not in str(err.value)

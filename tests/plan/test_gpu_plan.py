@@ -199,6 +199,64 @@ def test_rl_plan_applies_the_plan_and_user_overrides_win(capsys):
     assert "env.name" in capsys.readouterr().err
 
 
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_a_cost_model_of_zeros_is_refused_naming_the_missing_figures(capsys):
+    """``custom`` without figures (or a stage zeroed) would make a GPU stage free: once a
+    ZeroDivisionError, now one line naming the figures, from ``plan``, ``rl --plan`` and the
+    core alike."""
+    from commands.plan import main as plan
+    from commands.rl import main as rl
+
+    assert plan(["--cost-model", "custom", "--gpus", "4", "--sim-cpus", "16"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("rlvla3 plan: config field '--cost'")
+    assert "infer_per_call_ms or infer_per_sample_ms and train_per_sample_ms or " \
+           "train_per_step_ms > 0" in line
+    assert plan(["--cost-model", "pi05_h200", "--cost", "infer_per_call_ms=0", "--cost",
+                 "infer_per_sample_ms=0", "--gpus", "4", "--sim-cpus", "16"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "infer_per_call_ms or infer_per_sample_ms > 0" in line and "train_per" not in line
+
+    base = ["--plan", "--plan-gpus", "4", "--plan-sim-cpus", "16",
+            "--set", "env.name=latency_replay", "--print-config"]
+    assert rl([*base, "--plan-cost-model", "custom"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "'--plan-cost-model'" in line and "learner.cost_model's options" in line
+    assert rl([*base, "--set", "learner.cost_model={name: custom, options: "
+               "{train_per_sample_ms: 5}}"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "'learner.cost_model.options'" in line and "infer_per_call_ms or" in line
+
+    with pytest.raises(ConfigError, match="train_per_sample_ms or train_per_step_ms") as err:
+        make_plan(replace(H200, train_per_sample_ms=0.0, train_per_step_ms=0.0), LIBERO,
+                  PlanRequest(gpus=4, sim_cpus=16))
+    assert err.value.field == "cost_model.options"
+
+
+def test_groot_at_its_real_size_plans_from_its_estimated_costs():
+    """GR00T-N1.5's calibration: its weights are the real model's parameter count in bf16, it
+    acts cheaper per sample than the pi0.5-shape VLA measured (1.77 against 2.85 TFLOP) and
+    trains cheaper (frozen backbone), and a plan of 16 GPUs comes out of it."""
+    from pathlib import Path
+
+    groot, vla = CALIBRATIONS["groot_n15_h100_eager"], CALIBRATIONS["pi05_h200_eager"]
+    keys = json.loads((Path(__file__).parents[1] / "data" / "groot_n15_keys.json").read_text())
+    assert groot.model_gb == pytest.approx(keys["parameters"] * 2 / 1e9, rel=0.01)
+    assert groot.infer_per_sample_ms == pytest.approx(
+        vla.infer_per_sample_ms * 1.77 / 2.85, rel=0.05)
+    assert groot.train_per_sample_ms < vla.train_per_sample_ms
+    assert groot.inference_ms(1) == pytest.approx(85.0, abs=1.0)  # N1.7's eager figure
+    assert "estimate" in groot.source
+    plan = make_plan(groot, LIBERO, PlanRequest(gpus=16, sim_cpus=256, global_batch=128,
+                                                simulate_rollout=False))
+    assert plan.best.learner_gpus + plan.best.rollout_gpus == 16
+
+
 def test_slot_overhead_lengthens_each_slots_decision():
     """The runtime's own time per decision (``slot_overhead_ms``) adds to the slot's env time:
     with inference and training far from binding, decisions/s is slots / (E + o + response)."""

@@ -217,6 +217,7 @@ def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluste
         controller.shutdown()
     summary = summary_of(result)
     assert summary["learner_group"]["ranks"] == 1
+    assert summary["learner_group"]["strategy"] == "single"  # what one rank runs
     assert summary["stopped_by"] == "stop requested"
     assert [r["ranks_after"] for r in summary["learner_group"]["rebuilds"]] == [2, 1]
     assert summary["policy_version"] >= resumed + 3

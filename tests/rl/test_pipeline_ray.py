@@ -10,6 +10,7 @@ import time
 import pytest
 import ray
 from ray import cloudpickle
+from safetensors.torch import load_file
 from tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
@@ -144,9 +145,11 @@ def test_init_from_starts_with_the_checkpoint_weights(ray_cluster, tmp_path):
         version, start = ray.get(topo.learners[0].checksum.remote())
         served = ray.get([s.checksum.remote() for s in topo.servers])
         proximal_at_start = ray.get(topo.learners[0].__ray_call__.remote(proximal_copy))
-        # a restore (what a restarted learner does) refreshes the proximal copy too
+        # a restore (what a restarted learner does) takes the checkpoint's proximal copy too
         restored = ray.get(topo.learners[0].restore.remote(str(tmp_path / "first")))
         proximal_restored = ray.get(topo.learners[0].__ray_call__.remote(proximal_copy))
+        saved_shadow = load_file(str(resolve_checkpoint(tmp_path / "first") /
+                                     "shadow.safetensors"))
     finally:
         controller.shutdown()
     assert start == pytest.approx(expected, rel=1e-9)
@@ -154,8 +157,11 @@ def test_init_from_starts_with_the_checkpoint_weights(ray_cluster, tmp_path):
     # the decoupled objective's proximal policy is the checkpoint's, not the initialisation
     assert proximal_at_start == (0, pytest.approx(expected, rel=1e-9),
                                  pytest.approx(expected, rel=1e-9))
-    assert restored > 0 and proximal_restored[0] == restored
-    assert proximal_restored[1] == pytest.approx(proximal_restored[2], rel=1e-12)
+    assert restored > 0
+    assert proximal_restored[0] == read_meta(tmp_path / "first").learner["proximal_synced_at"]
+    assert proximal_restored[1] == pytest.approx(
+        sum(float(v.double().sum()) for k, v in saved_shadow.items()
+            if v.is_floating_point() and k in dict(policy.named_parameters())), rel=1e-9)
     # the servers act with the checkpoint's weights from the first decision, at version 0 too
     # (not with their own initialisation until the learner's first step)
     assert [v for v, _ in served] == [0] * len(served)
