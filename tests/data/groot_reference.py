@@ -3,7 +3,7 @@
 Run in the scratch environment that ``groot_reference_env.sh`` (beside this file) builds (the
 export round trip's middle line runs in rlvla3's environment)::
 
-    /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --seed 0 --out tests/data/groot_tiny
+    /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --seed 0 --out /work/scratch/groot_seed0
     python -m rlvla3.parity.groot tests/data/groot_tiny --export-to /tmp/groot_rt
     /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --export /tmp/groot_rt/lerobot \\
         --fixture tests/data/groot_tiny --out /tmp/groot_rt
