@@ -7,7 +7,8 @@ its flags and ``--set``: ``commands.sft``). ``run(cfg)`` is ``prepare``, ``conne
 Checks (``prepare`` and ``connect``, before any actor starts): the config, that every dataset
 path exists and at least one dataset opens, that its files open (the quick check of
 ``datalake inspect``: more frames in unreadable files than ``lake.max_skip_fraction`` stops
-here), the env (with its optional extra) and the policy, an ``--init-from`` checkpoint (same
+here), the env (with its optional extra), that every dataset is of the env's robot (state and
+action sizes, cameras: ``check_robot``), the policy, an ``--init-from`` checkpoint (same
 policy, env, weight names and shapes), that the run directory can be written (a missing
 bucket), the cluster's CPUs and GPUs, and with ``--verify-data`` the data itself
 (``datalake.verify``). Each raises the user's error (``ConfigError``, ``DatasetError``,
@@ -37,7 +38,7 @@ import yaml
 
 from actors.sft.sft_config import SFTConfig
 from actors.sft.sft_worker import train_loop
-from datalake.format import DatasetError, resolve_filesystem
+from datalake.format import DatasetError, camera_name, open_dataset, resolve_filesystem
 from datalake.pipeline import ACTION_KEY, STATE_KEY, Lake
 from rlvla3.checkpoint import check_init_from, check_resume, locate_checkpoint, read_meta
 from rlvla3.config import ConfigError, Named, build, to_dict
@@ -177,6 +178,29 @@ def check_files(lake: Lake, max_skip_fraction: float) -> None:
             f"file(s), the first: {problems[0]} (all of them: rlvla3 datalake inspect PATH)")
 
 
+def check_robot(lake: Lake, spec: EnvSpec, env: str) -> None:
+    """With an env the policy is built for the env's robot: every dataset must be of it (its
+    state and action sizes, each camera the env has), or a ``DatasetError`` names the first
+    that is not. Another robot's data would otherwise train a checkpoint of the env's name with
+    its own sizes, which fails (or acts wrongly) only once it meets the env. Datasets the lake
+    skipped are read again for this (those it could not open stay its counted skips)."""
+    for uri, meta in zip(lake.config.datasets, lake.metas, strict=True):
+        if meta is None:
+            try:
+                meta = open_dataset(uri)
+            except DatasetError:
+                continue
+        state, action = meta.feature_shape(STATE_KEY)[0], meta.feature_shape(ACTION_KEY)[0]
+        cameras = [camera_name(k) for k in meta.camera_keys]
+        if (state, action) != (spec.state_dim, spec.action_dim) or not set(spec.cameras) <= set(
+                cameras):
+            raise DatasetError(
+                f"dataset {uri} is not of the robot of env '{env}': state {state}, action {action}, "
+                f"cameras {', '.join(cameras) or 'none'}; the env has state {spec.state_dim}, "
+                f"action {spec.action_dim}, cameras {', '.join(spec.cameras)} (env.name and "
+                "the preset choose the robot)")
+
+
 def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
     """Everything that can fail on user input, before Ray starts: the datasets exist and open,
     their files open (``check_files``), the env (and its optional extra) and the policy
@@ -194,6 +218,7 @@ def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
         )
         cfg = dataclasses.replace(cfg, lake=lake_cfg)
         lake = Lake(lake_cfg)
+        check_robot(lake, spec, cfg.env.name)
     if cfg.init_from:  # the checkpoint's stats, not the datasets': the weights were fit to them
         cfg = build(SFTConfig, adopt_init_policy(to_dict(cfg)))
     cfg = with_dataset_stats(cfg, lake)

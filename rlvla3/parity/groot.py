@@ -14,14 +14,16 @@ fixture's policy with every weight moved by a seeded amount as an rlvla3 checkpo
 ``rlvla3 export`` writes it as a LeRobot groot directory, which ``tests/data/groot_reference.py
 --export`` loads with LeRobot's ``GrootPolicy.from_pretrained`` and its processors, runs on the
 fixture's observations and noises, and stores LeRobot's actions and the digest of the weights
-it loaded in ``FIXTURE/export_reference.safetensors``; ``compare_export`` checks that a fresh
-export has that digest and that rlvla3's actions equal LeRobot's.
+it loaded in ``OUT/export_reference.safetensors`` (the committed one is
+``FIXTURE/export_reference.safetensors``); ``compare_export`` checks that a fresh export has that
+digest and that rlvla3's actions equal LeRobot's.
 
 ``python -m rlvla3.parity.groot [FIXTURE]`` prints the table as JSON (default
 ``tests/data/groot_tiny``, or ``RLVLA3_GROOT_FIXTURE``), the export rows included when the
 fixture has its export reference; exit status 1 when a stage is above ``TOLERANCE``.
 ``--export-to DIR`` writes the round trip's checkpoint (``DIR/checkpoint``) and export
-(``DIR/lerobot``) and prints the digest.
+(``DIR/lerobot``) and prints the digest; ``--export-reference FILE`` compares with a reference
+the script just wrote instead of the committed one.
 """
 
 from __future__ import annotations
@@ -201,14 +203,14 @@ def export_round_trip(fixture: Path, out: Path) -> tuple[Path, Path]:
 
 
 @torch.no_grad()
-def compare_export(fixture: Path, out: Path) -> list[Stage]:
+def compare_export(fixture: Path, out: Path, reference: Path | None = None) -> list[Stage]:
     """rlvla3's actions from the round trip's checkpoint, and from its export loaded back by
-    rlvla3, against LeRobot's on the export (``EXPORT_REFERENCE``), from the fixture's
-    noises."""
+    rlvla3, against LeRobot's on the export (``reference``, default the fixture's
+    ``EXPORT_REFERENCE``), from the fixture's noises."""
     from rlvla3.checkpoint import load_policy
     from rlvla3.policies.groot import build_groot_policy
 
-    digest, ref = read_export_reference(fixture)
+    digest, ref = read_export_reference(reference or fixture / EXPORT_REFERENCE)
     ckpt, exported = export_round_trip(fixture, out)
     check_digest(exported, digest, "tests/data/groot_reference.py --export")
     meta, t = load_fixture(fixture)

@@ -212,11 +212,12 @@ def export_round_trip(fixture: Path, out: Path) -> tuple[Path, Path]:
     return ckpt, run_export(ckpt, out / "lerobot")
 
 
-def read_export_reference(fixture: Path) -> tuple[str, dict[str, torch.Tensor]]:
-    """(the digest of the weights LeRobot loaded, LeRobot's actions) of ``EXPORT_REFERENCE``."""
+def read_export_reference(file: Path) -> tuple[str, dict[str, torch.Tensor]]:
+    """(the digest of the weights LeRobot loaded, LeRobot's actions) of an export reference
+    (a fixture's ``EXPORT_REFERENCE``, or one the reference script just wrote)."""
     from safetensors import safe_open
 
-    with safe_open(str(fixture / EXPORT_REFERENCE), "pt") as f:
+    with safe_open(str(file), "pt") as f:
         return f.metadata()["weights_sha256"], {k: f.get_tensor(k) for k in f.keys()}
 
 
@@ -242,13 +243,14 @@ def export_stages(ref: dict[str, torch.Tensor], policies: dict, actions, untrain
 
 
 @torch.no_grad()
-def compare_export(fixture: Path, out: Path) -> list[Stage]:
+def compare_export(fixture: Path, out: Path, reference: Path | None = None) -> list[Stage]:
     """rlvla3's actions from the round trip's checkpoint, and from its export loaded back by
-    rlvla3, against LeRobot's on the export (``EXPORT_REFERENCE``)."""
+    rlvla3, against LeRobot's on the export (``reference``, default the fixture's
+    ``EXPORT_REFERENCE``)."""
     from rlvla3.checkpoint import load_policy
     from rlvla3.policies.vla import build_vla_policy
 
-    digest, ref = read_export_reference(fixture)
+    digest, ref = read_export_reference(reference or fixture / EXPORT_REFERENCE)
     ckpt, exported = export_round_trip(fixture, out)
     check_digest(exported, digest, "tests/data/check_pi05_export.py")
     meta, t = load_fixture(fixture)
@@ -278,6 +280,9 @@ def run_cli(argv: list[str] | None, prog: str, description: str, model) -> int:
     p.add_argument("fixture", nargs="?", type=Path, default=None)
     p.add_argument("--export-to", type=Path, default=None,
                    help="write the export round trip's checkpoint and LeRobot directory here")
+    p.add_argument("--export-reference", type=Path, default=None,
+                   help="compare the export round trip with this LeRobot reference instead of "
+                   f"the fixture's {EXPORT_REFERENCE} (what the reference script just wrote)")
     args = p.parse_args(argv)
     path = args.fixture or model.fixture_path()
     if args.export_to:
@@ -287,11 +292,14 @@ def run_cli(argv: list[str] | None, prog: str, description: str, model) -> int:
         return 0
     meta, _ = model.load_fixture(path)
     stages = model.compare(path)
-    if (path / EXPORT_REFERENCE).is_file():
+    reference = args.export_reference or path / EXPORT_REFERENCE
+    if reference.is_file():
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:
-            stages += model.compare_export(path, Path(tmp))
+            stages += model.compare_export(path, Path(tmp), reference)
+    elif args.export_reference:
+        p.error(f"no export reference at {reference}")
     checked = [s for s in stages if "must differ" not in s.name]
     worst = max(s.max_abs_diff for s in checked)
     print(json.dumps({"fixture": str(path), "seed": meta["seed"], "reference": meta["versions"],

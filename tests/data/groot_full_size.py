@@ -1,7 +1,7 @@
 """Write the key set, shapes and parameter count of LeRobot 0.5.1's full-size GR00T-N1.5 (run by
 hand in the scratch environment of ``groot_reference_env.sh``, never in CI)::
 
-    /work/scratch/groot-ref/bin/python tests/data/groot_full_size.py --out tests/data/groot_n15_keys.json
+    /work/scratch/groot-ref/bin/python tests/data/groot_full_size.py --out /tmp/groot_n15_keys.json
 
 LeRobot builds ``GR00TN15`` from two config files it fetches from the Hub: the model's
 ``config.json`` (``nvidia/GR00T-N1.5-3B``: ``backbone_cfg``, ``action_head_cfg``) and the Eagle

@@ -3,10 +3,11 @@
 Run in the scratch environment that ``groot_reference_env.sh`` (beside this file) builds (the
 export round trip's middle line runs in rlvla3's environment)::
 
-    /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --seed 0 --out tests/data/groot_tiny
+    /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --seed 0 --out /work/scratch/groot_seed0
     python -m rlvla3.parity.groot tests/data/groot_tiny --export-to /tmp/groot_rt
     /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --export /tmp/groot_rt/lerobot \\
-        --fixture tests/data/groot_tiny
+        --fixture tests/data/groot_tiny --out /tmp/groot_rt
+    python -m rlvla3.parity.groot --export-reference /tmp/groot_rt/export_reference.safetensors
 
 The reference is LeRobot's ``GrootPolicy`` (``GR00TN15``: the vendored Eagle 2.5 backbone,
 ``FlowmatchingActionHead`` with its DiT) at a tiny size, every weight random, run offline:
@@ -38,15 +39,18 @@ self-attention, the state encoding, at each of the 4 Euler steps the chain's inp
 encoding, every DiT block's output and the velocity, the actions (normalised and in env units),
 and the training loss on a fixed batch with fixed tau and noise.
 
-``--export DIR --fixture FIXTURE`` is LeRobot's side of the export round trip: DIR is an
-``rlvla3 export`` of the fixture's round-trip checkpoint (``python -m rlvla3.parity.groot
+``--export DIR --fixture FIXTURE --out OUT`` is LeRobot's side of the export round trip: DIR
+is an ``rlvla3 export`` of the fixture's round-trip checkpoint (``python -m rlvla3.parity.groot
 FIXTURE --export-to OUT`` writes it to ``OUT/lerobot``). LeRobot loads it as a user does
-(``GrootPolicy.from_pretrained`` with the export's Eagle assets in ``HF_LEROBOT_HOME``, its
-``base_model_path``, or the fixture's Isaac directory when that path is not on this machine;
-``make_pre_post_processors(pretrained_path=DIR)``), the script checks that LeRobot's weights
-are the export's key for key, runs the fixture's observations from the fixture's noises, and
-writes LeRobot's actions with the digest of the weights it loaded to
-``FIXTURE/export_reference.safetensors``.
+(docs/groot.md): a fresh ``HF_LEROBOT_HOME`` holding only the export's ``eagle/``, no network,
+the working directory elsewhere, ``GrootPolicy.from_pretrained(DIR)`` with nothing overridden
+(its base model is what the export's ``config.json`` names: the export's own ``base/``) and
+``make_pre_post_processors(pretrained_path=DIR)``. The script checks that LeRobot's weights are
+the export's key for key, runs the fixture's observations from the fixture's noises, and writes
+LeRobot's actions with the digest of the weights it loaded to
+``OUT/export_reference.safetensors``; ``python -m rlvla3.parity.groot --export-reference FILE``
+compares rlvla3 with it. The committed ``FIXTURE/export_reference.safetensors`` changes only
+when that file is copied there.
 """
 
 from __future__ import annotations
@@ -211,8 +215,19 @@ def setup_home(home: Path, linear: bool = False) -> Path:
     cache = home / ASSETS_REPO
     if not (cache / "config.json").is_file():
         write_eagle_assets(cache, linear)
+    patch_lerobot()
     import importlib.util
 
+    spec = importlib.util.find_spec("lerobot.policies.groot")
+    vendor = Path(spec.submodule_search_locations[0]) / "eagle2_hg_model"
+    for f in vendor.glob("*.py"):
+        shutil.copy(f, cache / f.name)
+    return cache
+
+
+def patch_lerobot() -> None:
+    """What LeRobot 0.5.1 needs to run beside torch 2.13 and transformers 5.3 at all (the
+    environment's, not a checkpoint's)."""
     import torch
 
     # transformers 5 builds a pretrained model on the meta device, where the action head's
@@ -231,12 +246,6 @@ def setup_home(home: Path, linear: bool = False) -> Path:
 
         groot_n1.GR00TN15.__init__ = patched
         groot_n1.GR00TN15._post_init_patched = True
-
-    spec = importlib.util.find_spec("lerobot.policies.groot")
-    vendor = Path(spec.submodule_search_locations[0]) / "eagle2_hg_model"
-    for f in vendor.glob("*.py"):
-        shutil.copy(f, cache / f.name)
-    return cache
 
 
 def randomise(module, seed: int) -> None:
@@ -529,26 +538,30 @@ def make_fixture(seed: int, out: Path, linear: bool = False) -> None:
                                       if p.is_file())}))
 
 
-def check_export(export: Path, fixture: Path) -> None:
+def check_export(export: Path, fixture: Path, out: Path) -> None:
     """LeRobot loads ``export`` (an ``rlvla3 export`` of the fixture's round-trip checkpoint) as
-    a user does and acts on the fixture's observations from the fixture's noises."""
+    a user does (docs/groot.md): a fresh ``HF_LEROBOT_HOME`` holding only the export's
+    ``eagle/`` at ``lerobot/eagle2hg-processor-groot-n1p5``, no network, the working directory
+    outside the repository, ``GrootPolicy.from_pretrained(export)`` with nothing overridden
+    (the base model is whatever the export's ``config.json`` names) and
+    ``make_pre_post_processors(pretrained_path=export)``; it acts on the fixture's observations
+    from the fixture's noises. Writes ``out/export_reference.safetensors`` (LeRobot's actions,
+    the digest of the weights it loaded); the committed reference is replaced only by copying
+    that file into the fixture."""
     import torch
     from safetensors.torch import load_file, save_file
 
+    export, fixture, out = export.resolve(), fixture.resolve(), out.resolve()
     home = Path(tempfile.mkdtemp(prefix="groot_home_"))
-    cache = setup_home(home)
-    for f in (export / "eagle").iterdir():  # the processor assets the export carries
-        shutil.copy(f, cache / f.name)
-    from lerobot.configs.policies import PreTrainedConfig
+    os.environ["HF_LEROBOT_HOME"] = str(home)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    shutil.copytree(export / "eagle", home / ASSETS_REPO)  # the guide's one copy
+    os.chdir(home)
+    patch_lerobot()
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.policies.groot.modeling_groot import GrootPolicy
 
-    config = PreTrainedConfig.from_pretrained(export)
-    if not Path(config.base_model_path).is_dir():
-        # The fixture's LeRobot directory records where it was made; its base is beside it.
-        config.base_model_path = str(fixture / "isaac")
-    config.device = "cpu"
-    policy = GrootPolicy.from_pretrained(export, config=config)
+    policy = GrootPolicy.from_pretrained(export)
     policy.eval()
     loaded = {f"_groot_model.{k}" if not k.startswith("_groot_model.") else k: v
               for k, v in policy.state_dict().items()}
@@ -564,32 +577,37 @@ def check_export(export: Path, fixture: Path) -> None:
     t = load_file(str(fixture / "parity.safetensors"))
     obs = {"frames": {k: t[f"frames.{k}"].numpy() for k in meta["cameras"]},
            "state": t["state"].numpy(), "tasks": meta["instructions"]}
-    out = {}
+    actions = {}
     for kind in ("sampled", "deterministic"):
         rows = [run_one(policy, pre, post, lerobot_batch(obs, [i]), t[f"noise.{kind}"][i:i + 1])
                 for i in range(len(obs["tasks"]))]
-        out[f"actions.{kind}"] = torch.cat([r["actions"] for r in rows]).contiguous()
+        actions[f"actions.{kind}"] = torch.cat([r["actions"] for r in rows]).contiguous()
     from importlib.metadata import version
 
     info = {"weights_sha256": digest(export / "model.safetensors"),
-            "loaded_keys": str(len(exported)), "base_model_path": config.base_model_path,
-            **{p: version(p) for p in ("lerobot", "torch", "transformers")}}
-    save_file(out, str(fixture / "export_reference.safetensors"), metadata=info)
+            "loaded_keys": str(len(exported)), "base_model_path": policy.config.base_model_path,
+            "device": str(policy.config.device),
+            **{p: version(p) for p in ("lerobot", "torch", "transformers", "draccus")}}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(actions, str(out / "export_reference.safetensors"), metadata=info)
     shutil.rmtree(home, ignore_errors=True)
-    print(json.dumps({**info, "out": str(fixture / "export_reference.safetensors")}))
+    print(json.dumps({**info, "out": str(out / "export_reference.safetensors")}))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, help="the fixture directory to write, or with --export "
+                   "the directory export_reference.safetensors is written to")
     p.add_argument("--export", type=Path, help="an rlvla3 export of the fixture to check")
     p.add_argument("--fixture", type=Path, help="the fixture the export was made from")
     p.add_argument("--linear-connector", action="store_true",
                    help="N1.5's connector: no pixel shuffle, one linear (16 tokens a tile)")
     args = p.parse_args(argv)
     if args.export:
-        check_export(args.export, args.fixture)
+        if not (args.fixture and args.out):
+            p.error("--export needs --fixture and --out")
+        check_export(args.export, args.fixture, args.out)
     else:
         make_fixture(args.seed, args.out, args.linear_connector)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import torch
 from actors.sft import sft_config, sft_job
 from commands.datalake import main as datalake_main
 from datalake import synthetic
+from datalake.format import DatasetError
 from datalake.writer import WriterConfig, write_dataset
 from rlvla3.checkpoint import (
     CheckpointMeta,
@@ -341,3 +343,46 @@ def test_record_writes_successful_expert_episodes(ray_cluster, tmp_path):
     rel, start, _ = meta.episodes[0].videos["observation.images.top"]
     img = DecoderCache().frame(meta.fs, meta.path(rel), start, None)
     np.testing.assert_array_equal(img, obs.images["top"])
+
+
+def _groot_libero(dataset: Path, run_dir: Path) -> list[str]:
+    return ["--preset", "groot_libero", "--config", "tests/data/groot_sft_cpu.yaml",
+            "--dataset", str(dataset), "--run-dir", str(run_dir), "--max-steps", "2"]
+
+
+@pytest.mark.parametrize("robot, named", [
+    ({"state_dim": 4, "action_dim": 4, "cameras": ("corner", "wrist")}, "state 4, action 4"),
+    ({"cameras": ("image", "wrist_image")}, "cameras image, wrist_image"),
+], ids=["metaworld_sawyer", "other_camera_names"])
+def test_a_dataset_of_another_robot_is_refused_before_training(tmp_path, robot, named):
+    from commands.sft import config_from_args, parser
+
+    write_dataset(tmp_path / "d", synthetic.episodes(2, 10, 12, size=(16, 16), **robot),
+                  WriterConfig())
+    args = parser().parse_args(_groot_libero(tmp_path / "d", tmp_path / "run"))
+    with pytest.raises(DatasetError, match="is not of the robot of env 'libero'") as info:
+        sft_job.prepare(config_from_args(args))
+    assert named in str(info.value)
+    assert "the env has state 8, action 7, cameras agentview, wrist" in str(info.value)
+
+
+def test_another_robot_among_several_datasets_is_refused_in_one_line(tmp_path, capsys,
+                                                                     monkeypatch):
+    import commands.sft
+
+    def no_ray(cfg):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr(commands.sft, "connect", no_ray)
+
+    write_dataset(tmp_path / "libero", synthetic.episodes(2, 10, 12, size=(16, 16)),
+                  WriterConfig())
+    write_dataset(tmp_path / "sawyer", synthetic.episodes(
+        2, 10, 12, size=(16, 16), state_dim=4, action_dim=4, cameras=("corner", "wrist")),
+        WriterConfig())
+    argv = [*_groot_libero(tmp_path / "libero", tmp_path / "run"), "--dataset",
+            str(tmp_path / "sawyer")]
+    assert commands.sft.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"dataset {tmp_path / 'sawyer'} is not of the robot" in err[0], err
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -30,16 +30,24 @@ from rlvla3.types import EnvSpec
 __all__ = ["GrootConfig", "build_groot_policy"]
 
 
-def _lerobot_defaults(ckpt, spec: EnvSpec, path: str) -> dict[str, Any]:
+def _lerobot_defaults(ckpt, spec: EnvSpec, options: Mapping[str, Any],
+                      path: str) -> dict[str, Any]:
+    """The min/max a LeRobot directory normalises with, for the kinds ``options`` leave unset;
+    a kind the directory has none for is refused (LeRobot would act on raw values or on its
+    defaults, which rlvla3 does not guess)."""
     out: dict[str, Any] = {}
     for kind, key in (("state", "observation.state"), ("action", "action")):
-        stats = ckpt.stats.get(key, {})
-        if "min" in stats and "max" in stats:
-            dim = spec.state_dim if kind == "state" else spec.action_dim
-            if len(stats["min"]) != dim:
-                raise ConfigError(f"{path}.checkpoint", f"the checkpoint's {key} statistics "
-                                  f"have {len(stats['min'])} dimensions, the env's {kind} {dim}")
-            out[f"{kind}_min"], out[f"{kind}_max"] = stats["min"], stats["max"]
+        if options.get(f"{kind}_min") or options.get(f"{kind}_max"):
+            continue
+        if key in ckpt.missing_stats:
+            raise ConfigError(f"{path}.checkpoint", f"{ckpt.path}: {ckpt.missing_stats[key]}; "
+                              f"set {path}.{kind}_min and {kind}_max to load it")
+        stats = ckpt.stats[key]
+        dim = spec.state_dim if kind == "state" else spec.action_dim
+        if len(stats["min"]) != dim:
+            raise ConfigError(f"{path}.checkpoint", f"the checkpoint's {key} statistics "
+                              f"have {len(stats['min'])} dimensions, the env's {kind} {dim}")
+        out[f"{kind}_min"], out[f"{kind}_max"] = stats["min"], stats["max"]
     return out
 
 
@@ -58,8 +66,13 @@ def build_groot_policy(spec: EnvSpec, options: Mapping[str, Any] | None = None,
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}.checkpoint", str(exc)) from None
         if ckpt.layout == "lerobot":
-            options = {**_lerobot_defaults(ckpt, spec, path), **options}
+            options = {**_lerobot_defaults(ckpt, spec, options, path), **options}
     cfg = build(GrootConfig, options, path)
+    for kind, dim in (("state", spec.state_dim), ("action", spec.action_dim)):
+        if len(getattr(cfg, f"{kind}_min")) not in (0, dim):
+            raise ConfigError(f"{path}.{kind}_min", f"has {len(getattr(cfg, f'{kind}_min'))} "
+                              f"values, the env's {kind} {dim} dimensions (statistics of "
+                              "another robot's data?)")
     if not cfg.tokenizer:
         raise ConfigError(f"{path}.tokenizer", "GR00T reads Eagle's prompt: give the Eagle "
                           "processor assets directory (vocab.json, merges.txt, "

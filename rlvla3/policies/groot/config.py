@@ -179,7 +179,9 @@ class GrootConfig:
     """Env camera -> LeRobot image feature (default ``observation.images.<camera>``). Images
     reach the model in the sorted order of these feature names, as LeRobot orders them."""
     state_min: tuple[float, ...] = ()
-    """Per-dimension minimum of the state (min-max normalisation to [-1, 1]; empty: -1)."""
+    """Per-dimension minimum of the state (min-max normalisation to [-1, 1]; empty: -1, and
+    max 1: the identity, as LeRobot acts from a directory saved without statistics). A LeRobot
+    ``checkpoint`` fills the four from its processor files, and is refused when it has none."""
     state_max: tuple[float, ...] = ()
     action_min: tuple[float, ...] = ()
     action_max: tuple[float, ...] = ()

@@ -19,31 +19,46 @@ export directory (written by ``rlvla3.policies.export.write_policy_dir``)::
     eagle/                  the Eagle processor assets the policy ran with (tokenizer, chat
                             template, the Eagle ``config.json`` that sizes the backbone): what
                             LeRobot reads from ``HF_LEROBOT_HOME/<tokenizer_assets_repo>``
+                            (``lerobot/eagle2hg-processor-groot-n1p5``); the user copies them
+                            there (docs/groot.md), LeRobot never looks beside the directory
+    base/                   (not at N1.5's sizes) the Isaac-GR00T checkpoint LeRobot builds the
+                            policy on: ``config.json`` (``GR00TN15Config`` written from the
+                            policy's sizes) + ``model.safetensors`` (the policy's weights, keyed
+                            ``backbone.*`` / ``action_head.*``)
     rlvla3_export.json      source, version, shapes, cameras, base model, what was left out
 
 LeRobot builds a fine-tuned groot policy by loading ``base_model_path`` (an Isaac-GR00T
-directory: its ``config.json`` sizes the action head) and then this directory's weights over
-it, strictly. The base is the policy's own: a LeRobot checkpoint's ``base_model_path``, an
-Isaac-GR00T directory itself, or ``nvidia/GR00T-N1.5-3B`` for the full-size preset built from
-no checkpoint; a policy with none of these is refused. The RL value head is left out (listed).
+checkpoint: its ``config.json`` sizes the action head) and then this directory's weights over
+it, strictly, so the base gives the architecture and nothing else. At N1.5's published sizes
+(``PRESETS["groot_n15"]``) the base is ``nvidia/GR00T-N1.5-3B``, which LeRobot resolves from the
+Hub or its Hugging Face cache as for any LeRobot groot checkpoint; at any other size the export
+writes its own ``base/`` and names it by its absolute path (moved, the directory needs
+``base_model_path`` set to the new place). The path a source checkpoint recorded (a LeRobot
+directory's ``base_model_path``, perhaps of another machine) is never copied. A policy built
+from no checkpoint at other sizes is refused, as are the other policies LeRobot could not
+rebuild (every reason listed, nothing written). The RL value head is left out (listed).
 
-Invariants: the weights LeRobot loads are the policy's, key for key; LeRobot's
-``GrootPolicy.from_pretrained`` + ``make_pre_post_processors(pretrained_path=...)`` act as the
-policy does from the same noise (``tests/data/groot_reference.py --export``, checked by
-``tests/policies/test_model_groot_export.py``).
+Invariants: the weights LeRobot loads are the policy's, key for key; no file LeRobot reads names
+a path outside the export (or ``base_model_path`` a Hub id); LeRobot's
+``GrootPolicy.from_pretrained(DIR)`` + ``make_pre_post_processors(pretrained_path=DIR)``, with
+``eagle/`` in ``HF_LEROBOT_HOME``, act as the policy does from the same noise
+(``tests/data/groot_reference.py --export``, checked by ``tests/policies/test_model_export.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any, cast
 
 import torch
+from safetensors.torch import save_file
 
 from rlvla3.policies.export import ExportError, write_policy_dir
-from rlvla3.policies.groot.config import EMBODIMENT_TAGS
-from rlvla3.policies.groot.loader import LEROBOT_PREFIX, read_checkpoint
+from rlvla3.policies.groot.config import EMBODIMENT_TAGS, PRESETS, GrootConfig, GrootShapes
+from rlvla3.policies.groot.head import NOISE_S
+from rlvla3.policies.groot.loader import LEROBOT_PREFIX
 from rlvla3.policies.groot.policy import GrootPolicy
 from rlvla3.policies.vla.lerobot import ACTION, POSTPROCESSOR, PREPROCESSOR, STATE
 
@@ -54,6 +69,12 @@ TOKENIZER_ASSETS_REPO = "lerobot/eagle2hg-processor-groot-n1p5"
 SIGLIP_HEAD = "backbone.eagle_model.vision_model.vision_model.head."
 LM_HEAD = "backbone.eagle_model.language_model.lm_head.weight"
 EMBED_TOKENS = "backbone.eagle_model.language_model.model.embed_tokens.weight"
+BASE_DIR = "base"
+EAGLE_ASSETS = ("vocab.json", "merges.txt", "added_tokens.json", "chat_template.json",
+                "special_tokens_map.json", "config.json", "generation_config.json",
+                "preprocessor_config.json", "processor_config.json", "tokenizer_config.json")
+"""The Eagle processor files LeRobot 0.5.1 needs in ``HF_LEROBOT_HOME/<tokenizer_assets_repo>``
+(``ensure_eagle_cache_ready`` downloads any that is missing)."""
 
 
 def unused_weights(s) -> dict[str, tuple[int, ...]]:
@@ -79,30 +100,68 @@ def lerobot_weights(net: torch.nn.Module) -> tuple[dict[str, torch.Tensor], list
     return {LEROBOT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}, left_out
 
 
+def isaac_config(s: GrootShapes, cfg: GrootConfig) -> dict[str, Any]:
+    """The ``GR00TN15Config`` (Isaac-GR00T's ``config.json``) of a GR00T at sizes ``s`` with
+    ``cfg``'s tune flags: what ``shapes_from_configs`` reads back as ``s``; at N1.5's sizes it
+    is ``nvidia/GR00T-N1.5-3B``'s published config."""
+    vl = s.vl_width
+    blocks = {"dropout": s.dropout, "final_dropout": True, "positional_embeddings": None}
+    return {
+        "model_type": "gr00t_n1_5", "architectures": ["GR00TN15"],
+        "action_horizon": s.horizon, "action_dim": s.max_action_dim,
+        "compute_dtype": "float32", "hidden_size": vl,
+        "backbone_cfg": {"tune_llm": cfg.tune_llm, "tune_visual": cfg.tune_visual,
+                         "select_layer": s.llm_layers, "reproject_vision": False,
+                         "use_flash_attention": False, "load_bf16": False,
+                         "project_to_dim": s.project_to_dim or None},
+        "action_head_cfg": {
+            "action_dim": s.max_action_dim, "action_horizon": s.horizon, "add_pos_embed": True,
+            "backbone_embedding_dim": vl, "hidden_size": s.hidden,
+            "input_embedding_dim": s.embed_dim, "max_action_dim": s.max_action_dim,
+            "max_state_dim": s.max_state_dim, "max_num_embodiments": s.embodiments,
+            "model_dtype": "float32", "noise_beta_alpha": 1.5, "noise_beta_beta": 1.0,
+            "noise_s": NOISE_S, "num_inference_timesteps": s.steps,
+            "num_target_vision_tokens": s.future_tokens, "num_timestep_buckets": s.buckets,
+            "max_seq_len": s.max_seq_len, "tune_diffusion_model": cfg.tune_diffusion_model,
+            "tune_projector": cfg.tune_projector, "use_vlln": True,
+            "vl_self_attention_cfg": {"attention_head_dim": s.vl_head_dim,
+                                      "num_attention_heads": s.vl_heads,
+                                      "num_layers": s.vl_layers, **blocks},
+            "diffusion_model_cfg": {"attention_head_dim": s.dit_head_dim,
+                                    "num_attention_heads": s.dit_heads,
+                                    "num_layers": s.dit_layers, "output_dim": s.hidden,
+                                    **blocks, "interleave_self_attention": True,
+                                    "norm_type": "ada_norm", "cross_attention_dim": vl},
+        },
+    }
+
+
 def base_model(policy: GrootPolicy) -> str | None:
-    """The Isaac-GR00T base LeRobot builds this policy on (None: it has none)."""
-    cfg = policy.cfg
-    if not cfg.checkpoint:
-        return N15_HUB if cfg.preset == "groot_n15" and not cfg.shapes else None
-    ckpt = read_checkpoint(cfg.checkpoint)
-    if ckpt.layout == "lerobot":
-        return ckpt.lerobot_config.get("base_model_path") or None
-    directory = ckpt.path if ckpt.path.is_dir() else ckpt.path.parent
-    return str(directory.resolve()) if (directory / "config.json").is_file() else None
+    """What LeRobot builds this policy on: ``nvidia/GR00T-N1.5-3B`` at N1.5's sizes, ``base``
+    (the export writes ``base/``) for a policy from a checkpoint at other sizes, None for one
+    built from no checkpoint at other sizes."""
+    if policy.shapes == PRESETS["groot_n15"]:
+        return N15_HUB
+    return BASE_DIR if policy.cfg.checkpoint else None
 
 
 def export_problems(policy: GrootPolicy, base: str | None) -> list[str]:
     """Why LeRobot's groot would not act as ``policy`` does (empty: it would)."""
     cfg, s = policy.cfg, policy.shapes
+    eagle = Path(cfg.tokenizer)
+    absent = [name for name in EAGLE_ASSETS if not (eagle / name).is_file()]
     checks = (
         (cfg.embodiment_id in EMBODIMENT_TAGS.values(), f"policy.options.embodiment_id "
          f"{cfg.embodiment_id} has no LeRobot embodiment tag (LeRobot's: "
          + ", ".join(f"{k}={v}" for k, v in EMBODIMENT_TAGS.items()) + ")"),
         (base is not None, "policy.options.checkpoint names no base model: LeRobot builds GR00T "
-         "on an Isaac-GR00T directory (config.json + weights); start from a LeRobot groot "
-         "directory or an Isaac-GR00T directory"),
+         "on an Isaac-GR00T checkpoint, which the export writes from the checkpoint the policy "
+         "was made from (at N1.5's sizes: nvidia/GR00T-N1.5-3B); start from a LeRobot groot "
+         "directory or an Isaac-GR00T checkpoint"),
         (policy.steps == s.steps, f"policy.options.denoise_steps {policy.steps} differs from "
          f"the checkpoint's num_inference_timesteps {s.steps}, which LeRobot uses"),
+        (not absent, f"policy.options.tokenizer {eagle} lacks {', '.join(absent)}, which "
+         f"LeRobot reads from HF_LEROBOT_HOME/{TOKENIZER_ASSETS_REPO} (and downloads if absent)"),
     )
     return [message for ok, message in checks if not ok]
 
@@ -167,14 +226,27 @@ def _stats(policy: GrootPolicy) -> dict[str, torch.Tensor]:
             f"{ACTION}.min": n.action_min, f"{ACTION}.max": n.action_max}
 
 
+def write_base(directory: Path, policy: GrootPolicy, weights: dict[str, torch.Tensor]) -> None:
+    """``directory`` as an Isaac-GR00T checkpoint of ``policy``: ``config.json`` from its sizes
+    and ``model.safetensors``, the LeRobot ``weights`` without their prefix."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(
+        json.dumps(isaac_config(policy.shapes, policy.cfg), indent=2) + "\n")
+    save_file({k[len(LEROBOT_PREFIX):]: v for k, v in weights.items()},
+              str(directory / "model.safetensors"))
+
+
 def export_lerobot(policy: GrootPolicy, out: Path, source: dict[str, Any]) -> dict[str, Any]:
     """Write ``policy`` as a LeRobot groot directory in ``out``; returns the manifest."""
     base = base_model(policy)
     problems = export_problems(policy, base)
     if problems:
         raise ExportError("cannot export as a LeRobot groot policy:\n  " + "\n  ".join(problems))
-    base = cast(str, base)  # export_problems names a missing base
     weights, left_out = lerobot_weights(policy.net)
+    if base == BASE_DIR:
+        write_base(out / BASE_DIR, policy, weights)
+        base = str((out / BASE_DIR).resolve())
+    base = cast(str, base)  # export_problems names a missing base
     stats = {k: v.clone() for k, v in _stats(policy).items()}
     inputs = _features(policy)
     manifest = {
@@ -183,11 +255,12 @@ def export_lerobot(policy: GrootPolicy, out: Path, source: dict[str, Any]) -> di
         "shapes": dataclasses.asdict(policy.shapes), "full_size": policy.cfg.preset == "groot_n15",
         "left_out": left_out, "filled": sorted(unused_weights(policy.shapes)),
         "tokenizer": str(policy.cfg.tokenizer),
+        "eagle_assets": f"copy eagle/ to $HF_LEROBOT_HOME/{TOKENIZER_ASSETS_REPO}",
     }
     return write_policy_dir(out, weights, _config(policy, inputs, base), _pipelines(policy),
                             {PACK_FILE: stats, UNPACK_FILE: stats},
                             {"eagle": Path(policy.cfg.tokenizer)}, manifest)
 
 
-__all__ = ["base_model", "export_lerobot", "export_problems", "lerobot_weights",
-           "unused_weights"]
+__all__ = ["base_model", "export_lerobot", "export_problems", "isaac_config", "lerobot_weights",
+           "unused_weights", "write_base"]

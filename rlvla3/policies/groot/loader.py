@@ -1,19 +1,27 @@
 """GR00T-N1.5 checkpoints in: a LeRobot ``groot`` directory or an Isaac-GR00T checkpoint.
 
-Input: a path. A LeRobot directory holds ``config.json`` (``"type": "groot"``, its features,
-``chunk_size``, ``base_model_path``...), ``model.safetensors`` keyed ``_groot_model.backbone...``
-/ ``_groot_model.action_head...`` and the processor files, whose ``groot_pack_inputs`` step
-names a ``.safetensors`` of statistics (``observation.state.min``, ``action.max``...). An
+Input: a path. A LeRobot directory holds ``config.json`` (``GrootConfig``'s fields: its
+features, ``chunk_size``, ``base_model_path``...; ``"type": "groot"`` when draccus wrote it),
+``model.safetensors`` keyed ``_groot_model.backbone...`` / ``_groot_model.action_head...`` and the
+processor files, whose ``groot_pack_inputs`` and ``groot_action_unpack_unnormalize`` steps name
+``.safetensors`` files of statistics (``observation.state.min``, ``action.max``...). An
 Isaac-GR00T checkpoint is a directory with ``config.json`` (``GR00TN15Config``:
 ``backbone_cfg``, ``action_head_cfg``) and ``model.safetensors`` keyed ``backbone...`` /
 ``action_head...``, or such a ``.safetensors`` file alone. Any float dtype loads (converted).
 Output: ``read_checkpoint`` -> a ``GrootCheckpoint`` (its sizes, statistics, features);
 ``load_weights`` copies the weights into a ``GrootNetwork``.
 
-Invariants: every network parameter but the RL value head comes from the file and every file
-key lands in a parameter, except the keys GR00T never uses (SigLIP's pooling head, the LM head);
-a missing, unexpected or misshapen key is a ``CheckpointLayoutError`` that names each one, and
-nothing is loaded. Nothing is downloaded.
+Invariants: a directory's layout is decided by what it holds (``layout_of``: the config's
+``type`` / ``model_type`` and fields, the processor files, the weights' key prefix), never by
+one field alone, and evidence of both layouts, or of neither, is refused; a directory without
+``config.json`` is refused (a weights file is given by its own path). A LeRobot directory's
+statistics are those LeRobot 0.5.1 acts with: the state's from the preprocessor's pack step,
+the actions' from the postprocessor's unpack step (``GrootCheckpoint.missing_stats`` says why
+one is absent, and the policy builder refuses it unless the options give it). Every network
+parameter but the RL value head comes from the file and every file key lands in a parameter,
+except the keys GR00T never uses (SigLIP's pooling head, the LM head); a missing, unexpected or
+misshapen key is a ``CheckpointLayoutError`` that names each one, and nothing is loaded.
+Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -25,19 +33,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from rlvla3.policies.groot.network import GrootNetwork
+from rlvla3.policies.vla.lerobot import ACTION, POSTPROCESSOR, PREPROCESSOR, STATE
 from rlvla3.policies.vla.loader import CheckpointLayoutError, refuse_mismatch
 
 LEROBOT_PREFIX = "_groot_model."
 UNUSED_KEYS = (r"backbone\.eagle_model\.vision_model\.vision_model\.head\..*",
                r"backbone\.eagle_model\.language_model\.lm_head\.weight")
 FRESH_PREFIXES = ("value_head.",)
+ISAAC_PREFIXES = ("backbone.", "action_head.")
 PACK_STEP = "groot_pack_inputs_v3"
 UNPACK_STEP = "groot_action_unpack_unnormalize_v1"
 
-__all__ = ["CheckpointLayoutError", "GrootCheckpoint", "load_weights", "read_checkpoint"]
+__all__ = ["CheckpointLayoutError", "GrootCheckpoint", "layout_of", "lerobot_stats",
+           "load_weights", "read_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -47,9 +59,14 @@ class GrootCheckpoint:
     layout: str
     """``lerobot`` or ``isaac``."""
     groot_config: dict[str, Any]
-    """``GR00TN15Config`` fields (empty when only a weights file was given)."""
+    """``GR00TN15Config`` fields (empty when only a weights file was given, or when a LeRobot
+    directory's ``base_model_path`` is not a local directory)."""
     lerobot_config: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    """``observation.state`` / ``action`` -> ``min`` / ``max``: what LeRobot normalises with."""
+    missing_stats: dict[str, str] = field(default_factory=dict)
+    """``observation.state`` / ``action`` -> why a LeRobot directory gives no min/max for it
+    (LeRobot would then act on raw values or on its defaults)."""
 
     @property
     def image_keys(self) -> tuple[str, ...]:
@@ -68,18 +85,106 @@ def _json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _step_stats(directory: Path, pipeline: str, step_name: str) -> dict:
+def _weight_keys(path: Path) -> list[str]:
+    """The tensor names of a safetensors file (its header only; [] when unreadable, which
+    ``load_weights`` reports)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return list(f.keys())
+    except Exception:  # safetensors raises its own error types for a corrupt header
+        return []
+
+
+def layout_of(directory: Path, cfg: dict[str, Any]) -> str:
+    """``lerobot`` or ``isaac``, from everything the directory holds: a LeRobot directory has
+    ``type: groot`` (absent when draccus did not write it) or GrootConfig's fields, processor
+    files and ``_groot_model.`` keys; an Isaac-GR00T one ``model_type: gr00t_n1_5``,
+    ``backbone_cfg`` / ``action_head_cfg`` and bare ``backbone.`` / ``action_head.`` keys."""
+    kind = cfg.get("type")
+    if kind not in (None, "groot") or cfg.get("model_type") not in (None, "gr00t_n1_5"):
+        raise ValueError(f"{directory}/config.json is a {kind or cfg.get('model_type')!r} "
+                         "model, not GR00T-N1.5 (LeRobot 'groot' or Isaac-GR00T 'gr00t_n1_5')")
+    keys = _weight_keys(directory / "model.safetensors")
+    lerobot = [why for ok, why in (
+        (kind == "groot", "config.json type 'groot'"),
+        ("base_model_path" in cfg or "input_features" in cfg,
+         "config.json with LeRobot's GrootConfig fields"),
+        (any((directory / n).is_file() for n in (PREPROCESSOR, POSTPROCESSOR)),
+         f"{PREPROCESSOR} / {POSTPROCESSOR}"),
+        (bool(keys) and all(k.startswith(LEROBOT_PREFIX) for k in keys),
+         f"weights keyed {LEROBOT_PREFIX}*")) if ok]
+    isaac = [why for ok, why in (
+        (cfg.get("model_type") == "gr00t_n1_5", "config.json model_type 'gr00t_n1_5'"),
+        ("backbone_cfg" in cfg or "action_head_cfg" in cfg,
+         "config.json with backbone_cfg / action_head_cfg"),
+        (bool(keys) and all(k.startswith(ISAAC_PREFIXES) for k in keys),
+         "weights keyed backbone.* / action_head.*")) if ok]
+    if lerobot and not isaac:
+        return "lerobot"
+    if isaac and not lerobot:
+        return "isaac"
+    found = "; ".join(f"{name}: {', '.join(why)}" for name, why in
+                      (("LeRobot groot", lerobot), ("Isaac-GR00T", isaac)) if why)
+    raise ValueError(f"{directory} is neither a LeRobot groot directory nor an Isaac-GR00T "
+                     f"checkpoint as a whole ({found or 'no mark of either'})")
+
+
+def _step(directory: Path, pipeline: str, step_name: str) -> tuple[dict, dict] | str:
+    """(the step's config, its statistics ``feature -> stat -> values``) of ``step_name`` in
+    ``pipeline``, or why there is none."""
     file = directory / pipeline
     if not file.is_file():
-        return {}
+        return f"no {pipeline}"
     for step in _json(file).get("steps", []):
-        if step.get("registry_name") == step_name and step.get("state_file"):
-            out: dict[str, dict[str, list[float]]] = {}
-            for key, tensor in load_file(str(directory / step["state_file"])).items():
-                feature, stat = key.rsplit(".", 1)
-                out.setdefault(feature, {})[stat] = [float(v) for v in tensor.float().flatten()]
-            return out
-    return {}
+        if step.get("registry_name") == step_name:
+            stats: dict[str, dict[str, list[float]]] = {}
+            if step.get("state_file"):
+                for key, tensor in load_file(str(directory / step["state_file"])).items():
+                    feature, stat = key.rsplit(".", 1)
+                    stats.setdefault(feature, {})[stat] = [float(v) for v in
+                                                           tensor.float().flatten()]
+            return step.get("config") or {}, stats
+    return f"{pipeline} has no {step_name} step"
+
+
+def lerobot_stats(directory: Path) -> tuple[dict[str, dict[str, list[float]]], dict[str, str]]:
+    """(statistics, why one is missing) of a LeRobot groot directory, as LeRobot 0.5.1 acts:
+    its preprocessor's pack step min-max normalises the state (and the training targets) by
+    ``observation.state`` (``action``) min/max, or leaves a feature it has no statistics for
+    raw; its postprocessor's unpack step maps the model's actions back by ``action`` min/max,
+    returns them raw when the step holds no statistics, and takes min 0, max 1 when it holds
+    statistics but none for ``action``. Those defaults are not guessed here: a feature without
+    its min/max is named in the second mapping."""
+    pre = _step(directory, PREPROCESSOR, PACK_STEP)
+    post = _step(directory, POSTPROCESSOR, UNPACK_STEP)
+    stats: dict[str, dict[str, list[float]]] = {}
+    missing: dict[str, str] = {}
+
+    def take(feature: str, found: tuple[dict, dict] | str, where: str, default: str) -> None:
+        if isinstance(found, str):
+            missing[feature] = found
+            return
+        config, held = found
+        values = held.get(feature, {})
+        if config.get("normalize_min_max") is False:
+            missing[feature] = f"{where} does not normalise (normalize_min_max false)"
+        elif "min" in values and "max" in values:
+            stats[feature] = {"min": values["min"], "max": values["max"]}
+        else:
+            missing[feature] = f"{where} holds no {feature} min/max (LeRobot 0.5.1 would {default})"
+
+    take(STATE, pre, f"{PREPROCESSOR}'s {PACK_STEP} step", "feed the raw state")
+    take(ACTION, post, f"{POSTPROCESSOR}'s {UNPACK_STEP} step",
+         "unnormalise actions by min 0, max 1" if not isinstance(post, str) and post[1]
+         else "return the model's actions unnormalised")
+    if ACTION in stats and not isinstance(pre, str):
+        trained = pre[1].get(ACTION, {})
+        if {"min", "max"} <= set(trained) and (trained["min"], trained["max"]) != (
+                stats[ACTION]["min"], stats[ACTION]["max"]):
+            del stats[ACTION]
+            missing[ACTION] = (f"the action min/max of {PREPROCESSOR} (training targets) and "
+                               f"{POSTPROCESSOR} (acting) differ; rlvla3 uses one range")
+    return stats, missing
 
 
 def read_checkpoint(path: str | Path) -> GrootCheckpoint:
@@ -90,18 +195,19 @@ def read_checkpoint(path: str | Path) -> GrootCheckpoint:
     if not (p / "model.safetensors").is_file():
         raise FileNotFoundError(f"no GR00T checkpoint at {p}: no model.safetensors "
                                 "(nothing is downloaded)")
-    cfg = _json(p / "config.json") if (p / "config.json").is_file() else {}
-    if cfg.get("type") == "groot":
-        stats = _step_stats(p, "policy_preprocessor.json", PACK_STEP)
-        for k, v in _step_stats(p, "policy_postprocessor.json", UNPACK_STEP).items():
-            stats.setdefault(k, v)
-        base = Path(str(cfg.get("base_model_path", "")))
-        groot = _json(base / "config.json") if (base / "config.json").is_file() else {}
-        return GrootCheckpoint(p, p / "model.safetensors", "lerobot", groot, cfg, stats)
-    if cfg and cfg.get("model_type") not in (None, "gr00t_n1_5"):
-        raise ValueError(f"{p}/config.json is a {cfg.get('model_type') or cfg.get('type')!r} "
-                         "model, not GR00T-N1.5 (LeRobot 'groot' or Isaac-GR00T 'gr00t_n1_5')")
-    return GrootCheckpoint(p, p / "model.safetensors", "isaac", cfg)
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no config.json in {p}: a GR00T checkpoint directory holds its config (LeRobot's "
+            "GrootConfig or Isaac-GR00T's GR00TN15Config), which sizes the model; give a bare "
+            "weights file by its own path (.../model.safetensors) to load it at the preset's sizes")
+    cfg = _json(p / "config.json")
+    if layout_of(p, cfg) == "isaac":
+        return GrootCheckpoint(p, p / "model.safetensors", "isaac", cfg)
+    stats, missing = lerobot_stats(p)
+    base = str(cfg.get("base_model_path") or "")
+    groot = _json(Path(base) / "config.json") if base and (Path(base) / "config.json"
+                                                           ).is_file() else {}
+    return GrootCheckpoint(p, p / "model.safetensors", "lerobot", groot, cfg, stats, missing)
 
 
 def read_state(path: Path) -> dict[str, torch.Tensor]:

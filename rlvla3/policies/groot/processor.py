@@ -168,7 +168,15 @@ def normalise_pixels(frames: torch.Tensor) -> torch.Tensor:
 
 
 class MinMax:
-    """Min-max normalisation of state and actions to [-1, 1] (0 where min == max)."""
+    """Min-max normalisation of state and actions to [-1, 1] (0 where min == max).
+
+    Without statistics (an empty ``state_min`` ... ``action_max``) min is -1 and max 1: the
+    identity, which is what LeRobot 0.5.1 does with a groot directory saved without them (its
+    pack and unpack steps then hold none: state, targets and actions pass raw). A LeRobot
+    postprocessor built afresh with no dataset statistics differs: it holds an empty mapping
+    and unnormalises actions by its default min 0, max 1 while its preprocessor leaves the
+    targets raw. rlvla3 never writes that case (an export writes the min/max it acts with)
+    and refuses to read it (``loader.lerobot_stats``)."""
 
     def __init__(self, state_dim: int, action_dim: int, stats: Mapping[str, Sequence[float]]):
         def vec(key: str, dim: int, default: float) -> torch.Tensor:
