@@ -20,7 +20,7 @@ digest and that rlvla3's actions equal LeRobot's.
 
 ``python -m rlvla3.parity.groot [FIXTURE]`` prints the table as JSON (default
 ``tests/data/groot_tiny``, or ``RLVLA3_GROOT_FIXTURE``), the export rows included when the
-fixture has its export reference; exit status 1 when a stage is above ``TOLERANCE``.
+fixture has its export reference; exit status 1 when a stage is above ``TOLERANCE`` (scaled, ``Stage.error``).
 ``--export-to DIR`` writes the round trip's checkpoint (``DIR/checkpoint``) and export
 (``DIR/lerobot``) and prints the digest; ``--export-reference FILE`` compares with a reference
 the script just wrote instead of the committed one.
@@ -102,7 +102,8 @@ def fixture_obs(meta: dict, t: dict[str, torch.Tensor], rows: list[int] | None =
 
 
 def _worst(name: str, stages: list[Stage]) -> Stage:
-    return Stage(name, max(s.max_abs_diff for s in stages), sum(s.elements for s in stages))
+    worst = max(stages, key=lambda s: s.error)
+    return Stage(name, worst.max_abs_diff, sum(s.elements for s in stages), worst.scale)
 
 
 @torch.no_grad()
@@ -163,7 +164,7 @@ def compare(path: Path) -> list[Stage]:
             stages += [_worst(f"DiT block {j} ({'cross' if j % 2 == 0 else 'self'}-attention), "
                               f"{steps} steps", dit[j]) for j in range(blocks)]
             stages += [Stage(f"velocity, step {k} (t = {k}/{steps})", s.max_abs_diff,
-                             s.elements) for k, s in enumerate(vel)]
+                             s.elements, s.scale) for k, s in enumerate(vel)]
         else:
             stages.append(_worst(f"velocity, {steps} steps (deterministic)", vel))
     policy.seed_sampling(meta["sampling_seed"])

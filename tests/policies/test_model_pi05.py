@@ -51,7 +51,7 @@ def test_every_stage_and_the_actions_match_lerobot_within_1e5():
                    "prefix hidden", "keys layer 1", "velocity, 10 steps (sampled)",
                    "actions (sampled)", "actions (deterministic)"):
         assert needed in names
-    bad = [(s.name, s.max_abs_diff) for s in stages if not s.max_abs_diff <= parity.TOLERANCE]
+    bad = [(s.name, s.max_abs_diff, s.scale) for s in stages if not s.error <= parity.TOLERANCE]
     assert not bad, bad
     assert all(s.elements > 0 for s in stages)
 
