@@ -122,6 +122,35 @@ def test_slot_threads_step_the_server_together():
     assert batch.server.pid is None
 
 
+def test_a_slot_held_past_the_gather_window_is_not_continued_on_a_reset_scene():
+    """Slot 1's actions come later than the gather window: slot 0's rounds step the simulator
+    without it, its sub-env's clock runs out and the task resets it by itself. Slot 1's next
+    step must end its episode truncated with the reason, on the last observation it saw, not
+    continue on the reset scene; rounds after the first no longer wait for it."""
+    batch = _server(n=2)  # chunks of 3 steps, episodes of 6
+    slots = slots_over(batch, gather_timeout_s=0.5)
+    try:
+        slots[0].reset(0, 0)
+        before = slots[1].reset(1, 10)
+        first = slots[0].step(_chunk(0.1))  # waits for slot 1, then runs without it
+        t0 = time.monotonic()
+        second = slots[0].step(_chunk(0.1))
+        alone = time.monotonic() - t0
+        assert not first.fault and second.truncated and not second.fault  # its own time limit
+        late = slots[1].step(_chunk(0.1))
+        assert late.truncated and not late.terminated and late.steps == 0
+        assert "gather_timeout_s" in late.fault
+        assert late.obs.state.tolist() == before.state.tolist()  # its last good observation
+        assert late.obs.instruction == "reach the goal again"
+        assert alone < 0.5  # slot 1 is out of its episode: nobody waits for it any more
+        again = slots[1].reset(1, 20)  # a new episode on the slot steps normally
+        assert again.state[0] == pytest.approx(0.2)
+        assert slots[1].step(_chunk(0.1)).steps == 3
+    finally:
+        for slot in slots:
+            slot.close()
+
+
 @pytest.mark.parametrize("how", ["sigkill", "exit"])
 def test_a_dead_server_truncates_the_round_and_is_replaced(how):
     batch = _server(n=2)
