@@ -198,6 +198,58 @@ def test_a_hung_server_is_killed_after_the_step_timeout():
         batch.close()
 
 
+def _servers_running() -> list[int]:
+    """Isaac Lab server processes this test process started that still run."""
+    import psutil
+
+    return [p.pid for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+            and "envs.isaaclab.server" in " ".join(p.cmdline())]
+
+
+def test_a_replacement_that_hangs_at_start_is_killed_and_named_within_its_bound(tmp_path):
+    """The server dies and its replacement hangs while it builds: the round ends at once with
+    the public fault (no wait for the replacement), the next reset tries fresh servers for at
+    most ``restart_timeout_s`` each and then raises ``EnvProcessError`` naming the hang, with
+    no hung process left; once starts work again, a reset brings a server back."""
+    hang = tmp_path / "hang"
+    batch = _server(n=2, restart_timeout_s=10.0, reset_retries=1,
+                    gym={"hang_at_start_if": str(hang)})
+    try:
+        batch.reset(0, 0, 0)
+        batch.reset(1, 0, 0)
+        hang.touch()
+        os.kill(batch.server.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        results = batch.step({0: _chunk(0.1), 1: _chunk(0.1)})
+        assert time.monotonic() - t0 < 5.0  # the replacement is not waited for here
+        assert all(r.truncated and "died" in r.fault for r in results.values())
+        t0 = time.monotonic()
+        with pytest.raises(EnvProcessError,
+                           match=r"reset failed 2 times: .*start of a replacement hung for "
+                                 r"more than 10 s"):
+            batch.reset(0, 0, 0)
+        assert time.monotonic() - t0 < 40  # two tries of 10 s, plus killing them
+        assert batch.server.pid is None and _servers_running() == []
+        hang.unlink()
+        assert batch.reset(0, 0, 5).state[0] == pytest.approx(0.05)
+        assert batch.step({0: _chunk(0.1)})[0].steps == 3
+        assert batch.step({1: _chunk(0.1)})[1].fault  # its episode was on a lost server
+    finally:
+        batch.close()
+    assert _servers_running() == []
+
+
+def test_a_first_server_that_hangs_at_start_is_one_public_error_and_killed(tmp_path):
+    hang = tmp_path / "hang"
+    hang.touch()
+    cfg = ServerConfig(task=STANDIN, python=sys.executable, start_timeout_s=2.0,
+                       gym={"hang_at_start_if": str(hang)})
+    with pytest.raises(EnvProcessError, match="failed to start: .*start hung for more than 2 s"):
+        IsaacLabServer(cfg)
+    assert _servers_running() == []
+
+
 def test_an_exception_in_a_step_is_a_fault_without_a_restart():
     batch = _server(n=1)
     try:
