@@ -44,8 +44,9 @@ Invariants:
 - Decision accounting: ``put_decisions = queued + held + got + dropped_stale + expired +
   uniform``; segments put after ``close()`` are counted in ``discarded_at_stop``.
 - ``set_version`` follows the learner, also backwards after a learner restored an older
-  checkpoint (``restored=True``), so the staleness filter never rejects everything after a
-  rollback.
+  checkpoint (``restored=True``, or a newer lineage: ``WeightsMessage.lineage``), so the
+  staleness filter never rejects everything after a rollback; a late report of an older
+  lineage is ignored, so it cannot undo one.
 - ``may_admit`` is O(1) (running totals of the queued and buffered decisions, the tickets per
   key), so a waiting admission costs one cheap check per event.
 """
@@ -116,6 +117,8 @@ class QueueCore:
         self._queued = 0
         """Decisions in ``_items`` (a running total)."""
         self.version = 0
+        self.lineage = 0
+        """The lineage of ``version`` (``WeightsMessage.lineage``)."""
         self.counts: dict[str, Any] = {
             "put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
             "dropped_stale": 0, "dropped_stale_decisions": 0, "dropped_stale_items": 0,
@@ -410,10 +413,15 @@ class QueueCore:
         """The learners have stopped: what is put from now on is discarded at stop."""
         self.closed = True
 
-    def set_version(self, version: int, restored: bool = False) -> None:
-        """The learner's current policy version (for the staleness filter and expiry); a
-        restored learner may move it backwards."""
-        self.version = version if restored else max(self.version, version)
+    def set_version(self, version: int, restored: bool = False, lineage: int = 0) -> None:
+        """The learner's current policy version (for the staleness filter and expiry) in
+        ``lineage``; a restored learner, or a newer lineage, may move it backwards; a report
+        of an older lineage (sent before a rollback, arriving after it) is ignored."""
+        if lineage < self.lineage:
+            return
+        rollback = restored or lineage > self.lineage
+        self.lineage = lineage
+        self.version = version if rollback else max(self.version, version)
         if self.group_size > 1:
             self._expire_held()
 

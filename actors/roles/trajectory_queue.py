@@ -160,9 +160,10 @@ class TrajectoryQueue:
         self.core.close()
         await self._notify(self.admission, self.space, self.arrival)
 
-    async def set_version(self, version: int, restored: bool = False) -> None:
+    async def set_version(self, version: int, restored: bool = False,
+                          lineage: int = 0) -> None:
         """The learner's current policy version (``QueueCore.set_version``)."""
-        self.core.set_version(version, restored)
+        self.core.set_version(version, restored, lineage)
         await self._notify(self.admission)
 
     def depth(self) -> int:

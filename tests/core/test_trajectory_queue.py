@@ -77,6 +77,25 @@ def test_queue_follows_a_restored_learner_backwards():
     assert _refs(got) == [["fresh after the rollback"]] and stats.dropped_stale == 0
 
 
+def test_a_late_version_report_from_before_a_rollback_does_not_undo_it():
+    """The learner at version 20 dies; its restarted incarnation (a new lineage) reports the
+    checkpoint's version 12; the dead one's last report (21) arrives after that. The queue
+    stays on the restored lineage, so the restored learner's episodes are not judged stale
+    against the dead one's versions."""
+    async def scenario():
+        queue = _queue(capacity=8, max_staleness=2)
+        await queue.set_version(20)
+        await queue.set_version(12, restored=True, lineage=5)
+        await queue.set_version(21)  # late, from before the rollback
+        await queue.put(_info(13), ["fresh after the rollback"])
+        await queue.set_version(14, lineage=5)
+        return await queue.get(max_items=4, timeout_s=1.0), queue.stats()
+
+    got, stats = asyncio.run(scenario())
+    assert _refs(got) == [["fresh after the rollback"]] and stats.dropped_stale == 0
+    assert stats.version == 14
+
+
 def test_grpo_groups_are_released_whole_and_short_groups_complete():
     """Members of a group arrive interleaved with other groups; a group leaves the queue as
     one item once whole; a member lost to a fault shortens its group instead of blocking it."""
