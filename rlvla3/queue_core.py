@@ -9,11 +9,19 @@ Inputs: admissions asked per episode (worker, incarnation, ``EpisodeKey``), ship
 version and buffered decisions. Outputs: admission tickets, queue items taken in arrival order
 (one episode, or one whole GRPO group of episodes of one key), and counters.
 
+GRPO group instances: a group is one instance of a key, not the key. An admission joins the
+open instance of its worker incarnation and key (the sampler hands a key's ``group_size``
+copies to one worker's next slots), or opens one; an instance admits ``group_size`` episodes,
+fewer when its incarnation is replaced or retired or admissions close. Its ticket names the
+instance, so a member shipped, dropped, cancelled or released is counted in its own group and
+never in a later group of the same key. Without tickets (lockstep rollout) episodes join the
+open ticketless instance of their key as they are shipped or dropped.
+
 Pacing (asynchronous rollout): an episode is admitted by ``rlvla3.pacing.Pacing`` against the
 backlog (queued here plus buffered in the learners) and the episodes in flight, estimated with
 the mean length of recent episodes; a GRPO group is admitted rather than an episode: once a
-member of a group is running or held, its other members are admitted at once (holding them back
-only ages the members already done, until the group expires). GRPO episodes held for their
+member of a group instance is admitted, its other members are admitted at once (holding them
+back only ages the members already done, until the group expires). GRPO episodes held for their
 group do not count as in flight, so pacing cannot deadlock.
 
 Admission tickets belong to one incarnation of an env worker. A restarted worker announces its
@@ -26,17 +34,19 @@ Invariants:
 - Staleness is judged per item by its oldest decision with ``rlvla3.pacing.StalenessBound``, the
   rule the learners apply: ``take`` drops, and counts, stale items whole (a GRPO group is never
   split), and a held group whose oldest decision is stale expires, counted.
-- GRPO: an episode waits in ``held`` until its group has ``group_size`` members, minus members
+- GRPO: an episode waits until its group instance has every member it expects, minus members
   that can never arrive (a simulator fault, a lost env worker: ``drop``/``reset_worker``), and
-  leaves as one item that keeps the group's boundaries: two groups of one key are never pooled.
+  leaves as one item that keeps the group's boundaries: two groups of one key are never pooled,
+  and what one of them lost never counts in another.
   With ``skip_uniform`` a complete group whose members all have the same return (every
   advantage 0) is skipped, counted, instead of queued.
 - Items leave in arrival order; none is returned twice.
 - Decision accounting: ``put_decisions = queued + held + got + dropped_stale + expired +
   uniform``; segments put after ``close()`` are counted in ``discarded_at_stop``.
 - ``set_version`` follows the learner, also backwards after a learner restored an older
-  checkpoint (``restored=True``), so the staleness filter never rejects everything after a
-  rollback.
+  checkpoint (``restored=True``, or a newer lineage: ``WeightsMessage.lineage``), so the
+  staleness filter never rejects everything after a rollback; a late report of an older
+  lineage is ignored, so it cannot undo one.
 - ``may_admit`` is O(1) (running totals of the queued and buffered decisions, the tickets per
   key), so a waiting admission costs one cheap check per event.
 """
@@ -44,7 +54,7 @@ Invariants:
 from __future__ import annotations
 
 import itertools
-from collections import Counter, defaultdict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,11 +80,24 @@ def _uniform(members: Item) -> bool:
 
 @dataclass
 class _Group:
-    """GRPO episodes of one key waiting for the rest of their group."""
+    """One GRPO group instance: its episodes shipped so far and what became of the others."""
 
+    key: EpisodeKey
+    size: int
+    """Members it expects: ``group_size``, or the episodes it admitted once closed early."""
+    owner: tuple[int, str] | None
+    """The (worker, incarnation) whose admissions it takes; None: ticketless."""
+    joined: int = 0
+    """Episodes admitted into it (ticketless: shipped or dropped)."""
     members: Item = field(default_factory=list)
     missing: int = 0
     """Members that will never arrive (dropped by a fault or lost with a worker)."""
+    expired: bool = False
+    """Its members went stale: later ones are counted expired as they arrive."""
+
+    def resolved(self) -> bool:
+        """Every member it expects has arrived or will never arrive."""
+        return len(self.members) + self.missing >= self.size
 
 
 class QueueCore:
@@ -94,6 +117,8 @@ class QueueCore:
         self._queued = 0
         """Decisions in ``_items`` (a running total)."""
         self.version = 0
+        self.lineage = 0
+        """The lineage of ``version`` (``WeightsMessage.lineage``)."""
         self.counts: dict[str, Any] = {
             "put": 0, "put_decisions": 0, "got": 0, "got_decisions": 0,
             "dropped_stale": 0, "dropped_stale_decisions": 0, "dropped_stale_items": 0,
@@ -111,11 +136,13 @@ class QueueCore:
         self._retired: set[str] = set()
         self.staleness: dict[int, int] = {}
         """Per episode taken: learner version minus its oldest decision's version."""
-        self._held: dict[EpisodeKey, _Group] = defaultdict(_Group)
-        self._credits: dict[EpisodeKey, int] = defaultdict(int)
-        self._tickets: dict[int, tuple[int, str, EpisodeKey]] = {}
-        self._ticket_keys: Counter[EpisodeKey] = Counter()
-        """Admitted, unfinished episodes per key (GRPO: a group under way)."""
+        self._groups: dict[int, _Group] = {}
+        """GRPO group instances not yet resolved, by id."""
+        self._open: dict[tuple[str | None, EpisodeKey], int] = {}
+        """(incarnation, or None without tickets; key) -> the instance still taking members."""
+        self._group_ids = itertools.count()
+        self._tickets: dict[int, tuple[int, str, EpisodeKey, int | None]] = {}
+        """Ticket -> (worker, incarnation, key, its GRPO group instance)."""
         self._serial = itertools.count()
         self._learner_buffered: dict[int, int] = {}
         self._buffered = 0
@@ -139,16 +166,18 @@ class QueueCore:
         running now is trained."""
         return self.pacing.expected_lag(self.backlog(), len(self._tickets), self.mean_decisions())
 
-    def may_admit(self, key: EpisodeKey | None = None) -> bool:
+    def may_admit(self, key: EpisodeKey | None = None, incarnation: str = "") -> bool:
         """Within the pacing (``Pacing.admits``), closing, or (GRPO) a member of a group that
-        has started: its first members age while it waits, and expire if it waits too long."""
-        return (self.closed or self._group_started(key)
+        ``incarnation`` has started: its first members age while it waits, and expire if it
+        waits too long."""
+        return (self.closed or self._group_started(key, incarnation)
                 or self.pacing.admits(self.backlog(), len(self._tickets), self.mean_decisions()))
 
-    def _group_started(self, key: EpisodeKey | None) -> bool:
+    def _group_started(self, key: EpisodeKey | None, incarnation: str) -> bool:
         if self.group_size == 1 or key is None:
             return False
-        return key in self._held or key in self._ticket_keys
+        gid = self._open.get((incarnation, key))
+        return gid is not None and not self._groups[gid].expired
 
     def live(self, worker_id: int, incarnation: str) -> bool:
         """Whether ``incarnation`` is ``worker_id``'s live one (the first one seen is) and
@@ -166,34 +195,68 @@ class QueueCore:
             self.counts["refused_admissions"] += 1
             return None
         ticket = next(self._serial)
-        self._tickets[ticket] = (worker_id, incarnation, key)
-        self._ticket_keys[key] += 1
+        gid = self._join(key, (worker_id, incarnation)) if self.group_size > 1 else None
+        self._tickets[ticket] = (worker_id, incarnation, key, gid)
         self.counts["admitted"] += 1
         self.counts["admit_wait_s"] += waited_s
         return ticket
 
     def close_admissions(self) -> None:
-        """No new episode starts from now on; episodes already admitted run to their end."""
+        """No new episode starts from now on; episodes already admitted run to their end (a
+        GRPO group under way leaves with the members it admitted)."""
         self._admitting = False
+        self._close(lambda owner: True)
 
-    def _pop_ticket(self, ticket: int | None) -> tuple[int, str, EpisodeKey] | None:
-        held = self._tickets.pop(ticket, None) if ticket is not None else None
-        if held is not None:
-            self._ticket_keys[held[2]] -= 1
-            if not self._ticket_keys[held[2]]:
-                del self._ticket_keys[held[2]]
-        return held
+    def _join(self, key: EpisodeKey, owner: tuple[int, str] | None) -> int:
+        """The GRPO group instance a new episode of ``key`` belongs to (``owner``'s open one,
+        or a new one); an instance that has all its members joined takes no more."""
+        slot = (owner[1] if owner is not None else None, key)
+        gid = self._open.get(slot)
+        if gid is None:
+            gid = next(self._group_ids)
+            self._groups[gid] = _Group(key, self.group_size, owner)
+            self._open[slot] = gid
+        group = self._groups[gid]
+        group.joined += 1
+        if group.joined >= self.group_size:
+            del self._open[slot]
+        return gid
+
+    def _close(self, which: Callable[[tuple[int, str]], bool]) -> None:
+        """The open ticketed instances of the owners ``which`` picks admit no more: each
+        expects only the episodes it admitted."""
+        for slot, gid in list(self._open.items()):
+            owner = self._groups[gid].owner
+            if owner is not None and which(owner):
+                del self._open[slot]
+                self._groups[gid].size = self._groups[gid].joined
+                self._settle(gid)
+
+    def _pop_ticket(self, ticket: int | None) -> tuple[int, str, EpisodeKey, int | None] | None:
+        return self._tickets.pop(ticket, None) if ticket is not None else None
+
+    def _group_of(self, key: EpisodeKey, ticket: int | None) -> int | None:
+        """The GRPO group instance of an episode leaving now: its ticket's (popped), or the
+        open ticketless one of its key; None when its ticket was already released (it was
+        counted missing then) or without groups."""
+        if ticket is not None:
+            held = self._pop_ticket(ticket)
+            return held[3] if held is not None else None
+        return self._join(key, None) if self.group_size > 1 else None
 
     def drop(self, key: EpisodeKey, decisions: int, ticket: int | None) -> None:
         """An admitted or running episode that will never be shipped (simulator fault)."""
         self.counts["dropped_by_producer"] += 1
         self._recent_lengths.append(decisions)
-        self._pop_ticket(ticket)
-        self._missing(key)
+        gid = self._group_of(key, ticket)
+        if gid is not None:
+            self._missing(gid)
 
     def cancel(self, ticket: int) -> None:
         """An admitted episode that never started (the rollout is stopping)."""
-        self._pop_ticket(ticket)
+        held = self._pop_ticket(ticket)
+        if held is not None and held[3] is not None:
+            self._missing(held[3])
 
     def reset_worker(self, worker_id: int, incarnation: str) -> int:
         """A restarted env worker announces its ``incarnation``: its predecessors' admitted
@@ -213,21 +276,19 @@ class QueueCore:
         return self._release(lambda w, inc: inc == incarnation)
 
     def _release(self, which: Callable[[int, str], bool]) -> int:
-        lost = [t for t, (w, inc, _) in self._tickets.items() if which(w, inc)]
-        keys = [held[2] for held in map(self._pop_ticket, lost) if held is not None]
-        self.counts["released_tickets"] += len(keys)
-        for key in keys:
-            self._missing(key)
-        return len(keys)
+        self._close(lambda owner: which(*owner))
+        lost = [t for t, (w, inc, _, _) in self._tickets.items() if which(w, inc)]
+        groups = [held[3] for held in map(self._pop_ticket, lost) if held is not None]
+        self.counts["released_tickets"] += len(groups)
+        for gid in groups:
+            if gid is not None:
+                self._missing(gid)
+        return len(groups)
 
-    def _missing(self, key: EpisodeKey) -> None:
-        """A member of ``key``'s group will never arrive."""
-        if self.group_size > 1:
-            if key in self._held:
-                self._held[key].missing += 1
-                self._release_if_complete(key)
-            else:
-                self._credits[key] += 1
+    def _missing(self, gid: int) -> None:
+        """A member of group instance ``gid`` will never arrive."""
+        self._groups[gid].missing += 1
+        self._settle(gid)
 
     def learner_buffered(self, rank: int, decisions: int) -> None:
         """A learner rank reports the decisions it holds but has not trained yet."""
@@ -235,18 +296,21 @@ class QueueCore:
         self._learner_buffered[rank] = decisions
 
     # ---- put / take ------------------------------------------------------------------------
-    def finished(self, info: SegmentInfo, ticket: int | None) -> None:
-        """An admitted episode finished and is being shipped: its admission is free."""
-        self._pop_ticket(ticket)
+    def finished(self, info: SegmentInfo, ticket: int | None) -> int | None:
+        """An admitted episode finished and is being shipped: its admission is free. Returns
+        its GRPO group instance, for ``put``."""
         self._recent_lengths.append(info.decisions)
+        return self._group_of(info.key, ticket)
 
     def has_space(self) -> bool:
         """Whether a ``put`` may go ahead now (room, or closed: it is then discarded)."""
         return len(self._items) < self.cfg.capacity or self.closed
 
-    def put(self, info: SegmentInfo, refs: list[Any], waited_s: float) -> int:
-        """Queue one segment (with a GRPO group, hold it until the group is complete); after
-        ``close`` count it as discarded at stop instead. Returns the depth."""
+    def put(self, info: SegmentInfo, refs: list[Any], waited_s: float,
+            group_id: int | None = None) -> int:
+        """Queue one segment (with GRPO, hold it until its group instance ``group_id``, from
+        ``finished``, is complete); after ``close`` count it as discarded at stop instead.
+        Returns the depth."""
         if self.closed:  # the run is stopping and no learner will take it
             self.counts["discarded_at_stop"] += 1
             self.counts["discarded_decisions"] += info.decisions
@@ -255,11 +319,13 @@ class QueueCore:
         self.counts["put_decisions"] += info.decisions
         self.counts["producer_wait_s"] += waited_s
         if self.group_size > 1:
-            group = self._held[info.key]
-            if not group.members and self._credits.get(info.key):
-                group.missing, self._credits[info.key] = self._credits.pop(info.key), 0
-            group.members.append((info, refs))
-            self._release_if_complete(info.key)
+            gid = group_id if group_id is not None else self._join(info.key, None)
+            group = self._groups[gid]
+            if group.expired:
+                self._discard_members("expired", [(info, refs)])
+            else:
+                group.members.append((info, refs))
+            self._settle(gid)
             self._expire_held()
         else:
             self._push_item([(info, refs)])
@@ -275,28 +341,39 @@ class QueueCore:
         self._queued -= sum(info.decisions for info, _ in item)
         return item
 
-    def _release_if_complete(self, key: EpisodeKey) -> None:
-        group = self._held[key]
-        if len(group.members) + group.missing >= self.group_size and group.members:
-            del self._held[key]
-            if self.skip_uniform and _uniform(group.members):
-                self._discard_group("uniform", group)
-                return
-            self._push_item(list(group.members))
-        elif not group.members and group.missing >= self.group_size:
-            del self._held[key]
+    def _settle(self, gid: int) -> None:
+        """Queue group instance ``gid`` whole once every member it expects is accounted for
+        (or skip it, counted, when uniform); a group with no member shipped just ends."""
+        group = self._groups[gid]
+        if not group.resolved():
+            return
+        del self._groups[gid]
+        if group.expired or not group.members:
+            return
+        if self.skip_uniform and _uniform(group.members):
+            self._discard_group("uniform", group.members)
+            return
+        self._push_item(list(group.members))
 
     def _expire_held(self) -> None:
-        """Held groups that can no longer be trained fresh: drop and count them."""
-        for key in [k for k, g in self._held.items() if g.members and self._stale(g.members)]:
-            self._discard_group("expired", self._held.pop(key))
+        """Held groups that can no longer be trained fresh: drop and count them; members
+        still to come of such a group are counted expired as they arrive."""
+        for gid in [g for g, group in self._groups.items()
+                    if group.members and self._stale(group.members)]:
+            group = self._groups[gid]
+            self._discard_group("expired", group.members)
+            group.members, group.expired = [], True
+            self._settle(gid)
 
-    def _discard_group(self, why: str, group: _Group) -> None:
+    def _discard_group(self, why: str, members: Item) -> None:
         """Count a GRPO group that leaves without being queued (``expired`` or ``uniform``)."""
         self.counts[f"{why}_groups"] += 1
-        self.counts[why] += len(group.members)
-        self.counts[f"{why}_decisions"] += sum(i.decisions for i, _ in group.members)
-        self.metrics.inc("episodes_dropped", len(group.members))
+        self._discard_members(why, members)
+
+    def _discard_members(self, why: str, members: Item) -> None:
+        self.counts[why] += len(members)
+        self.counts[f"{why}_decisions"] += sum(i.decisions for i, _ in members)
+        self.metrics.inc("episodes_dropped", len(members))
 
     def _stale(self, item: Item) -> bool:
         return self.bound.stale(min(info.min_version for info, _ in item), self.version)
@@ -336,10 +413,15 @@ class QueueCore:
         """The learners have stopped: what is put from now on is discarded at stop."""
         self.closed = True
 
-    def set_version(self, version: int, restored: bool = False) -> None:
-        """The learner's current policy version (for the staleness filter and expiry); a
-        restored learner may move it backwards."""
-        self.version = version if restored else max(self.version, version)
+    def set_version(self, version: int, restored: bool = False, lineage: int = 0) -> None:
+        """The learner's current policy version (for the staleness filter and expiry) in
+        ``lineage``; a restored learner, or a newer lineage, may move it backwards; a report
+        of an older lineage (sent before a rollback, arriving after it) is ignored."""
+        if lineage < self.lineage:
+            return
+        rollback = restored or lineage > self.lineage
+        self.lineage = lineage
+        self.version = version if rollback else max(self.version, version)
         if self.group_size > 1:
             self._expire_held()
 
@@ -351,12 +433,12 @@ class QueueCore:
         return self._queued
 
     def held_decisions(self) -> int:
-        return sum(i.decisions for g in self._held.values() for i, _ in g.members)
+        return sum(i.decisions for g in self._groups.values() for i, _ in g.members)
 
     def stats(self) -> QueueStats:
         return QueueStats(**self.counts, depth=len(self._items), version=self.version,
                           queued_decisions=self.queued_decisions(),
-                          held_episodes=sum(len(g.members) for g in self._held.values()),
+                          held_episodes=sum(len(g.members) for g in self._groups.values()),
                           held_decisions=self.held_decisions(),
                           in_flight_episodes=len(self._tickets),
                           backlog_decisions=self.backlog(),

@@ -16,7 +16,10 @@ Invariants:
 - Weights change only in ``swap_pending``, called between batches of a lane (the batcher's
   ``between_batches``, or under the lane's lock before a lockstep part); a batch is always
   computed by one version, and each chunk carries that version. A lane applies offered weights
-  once they are ``weights_every`` versions ahead of its own (or forced: a rollback).
+  once they are ``weights_every`` versions ahead of its own, or forced, or of a newer lineage
+  (``WeightsMessage.lineage``: a rollback); weights of an older lineage than the lane holds or
+  was offered are ignored, forced or not, so a late offer from before a rollback never undoes
+  it.
 - A lane's batches and weight swaps run one at a time in the lane's own thread, so the event
   loop keeps taking requests (and their timestamps stay true) while a lane computes.
 - A service given ``catch_up`` (a restarted server) loads the weights it returns, on every
@@ -53,6 +56,8 @@ class RolloutCore:
         self.policy = policy
         self.deterministic = deterministic
         self.version = 0
+        self.lineage = 0
+        """The lineage of the weights held (``WeightsMessage.lineage``)."""
         self._pending: WeightsMessage | None = None
         self._forced = False
         self._offers = threading.Lock()
@@ -61,31 +66,38 @@ class RolloutCore:
         self.swaps = 0
 
     def offer_weights(self, message: WeightsMessage, force: bool = False) -> None:
-        """Keep ``message`` to be applied at the next batch boundary (newest wins). ``force``
-        accepts an older version too: a learner restored from a checkpoint rolls back."""
+        """Keep ``message`` to be applied at the next batch boundary (the newest lineage, then
+        the newest version, wins). ``force`` accepts an older version of the lineage too;
+        a newer lineage is a rollback and applies whatever its version; an older one is
+        ignored."""
         with self._offers:
-            if force or (message.version > self.version and (
-                self._pending is None or message.version > self._pending.version
-            )):
+            held = (self.lineage, self.version)
+            pending = self._pending
+            newest = max(held, (pending.lineage, pending.version)) if pending else held
+            if message.lineage < newest[0]:
+                return  # from before a rollback
+            if force or (message.lineage, message.version) > newest:
                 self._pending = message
                 self._forced = force
 
     def swap_pending(self, min_lead: int = 1) -> bool:
-        """Apply offered weights if they are at least ``min_lead`` versions ahead (or were
-        forced); call only between batches."""
+        """Apply offered weights if they are at least ``min_lead`` versions ahead, forced or of
+        a newer lineage; call only between batches."""
         with self._offers:
             pending = self._pending
-            if pending is None or (not self._forced
+            if pending is None or (not self._forced and pending.lineage == self.lineage
                                    and pending.version - self.version < min_lead):
                 return False
             self._pending, self._forced = None, False
-        self.load(pending.tensors, pending.version)
+        self.load(pending.tensors, pending.version, pending.lineage)
         return True
 
-    def load(self, tensors: Mapping[str, np.ndarray | torch.Tensor], version: int) -> None:
+    def load(self, tensors: Mapping[str, np.ndarray | torch.Tensor], version: int,
+             lineage: int = 0) -> None:
         self.policy.load_state_dict({k: v if isinstance(v, torch.Tensor) else
                                      torch.tensor(np.asarray(v)) for k, v in tensors.items()})
         self.version = version
+        self.lineage = lineage
         self.swaps += 1
 
     def act_batch(self, observations: Sequence[Observation]) -> list[ActionChunk]:

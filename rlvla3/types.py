@@ -263,3 +263,7 @@ class WeightsMessage:
     tensors: Mapping[str, np.ndarray] = field(default_factory=dict)
     """Parameter name -> array (CPU path: travels through the object store). Empty when the
     weights travel by collective broadcast instead."""
+    lineage: int = 0
+    """The line of versions it belongs to: 0 for the run's first learner; a learner that
+    restores an older version (a rollback) publishes under a new, larger lineage. A receiver
+    ignores weights of a lineage older than its own, so no late message undoes a rollback."""

@@ -5,7 +5,9 @@ run in this project's interpreter without Isaac Lab: ``N`` points on a line; an 
 component moves a point; reaching ``goal`` terminates (success); ``max_steps`` steps truncate;
 finished sub-envs reset themselves, as Isaac Lab's do. A layout ``k`` starts the point at
 ``k / 100``. The second action component of sub-env 0 makes the server misbehave on purpose:
-7 exits the process, 8 hangs, 9 raises.
+7 exits the process, 8 hangs, 9 raises; the option ``hang_at_start_if`` (a path) makes a
+server hang while it builds the task whenever that file exists (a replacement that never
+comes up).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ GOAL = 3.0
 
 class LineTask:
     def __init__(self, options: dict[str, Any]):
+        hang = options.get("hang_at_start_if")
+        if hang and os.path.exists(hang):
+            time.sleep(3600)
         n = int(options["num_envs"])
         self.num_envs = n
         self.device = "cpu"

@@ -239,7 +239,7 @@ class Controller:
         ref = ray.put(message)
         ray.get([s.load_weights_now.remote(ref) for s in topo.servers])
         self._wait_for_env_workers()
-        ray.get(topo.queue.set_version.remote(message.version, True))
+        ray.get(topo.queue.set_version.remote(message.version, True, message.lineage))
 
     # ---- running -------------------------------------------------------------------------
     def run(self) -> dict:

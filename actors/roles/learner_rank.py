@@ -136,6 +136,11 @@ class Learner:
         self._restart = bool(run_dir) and was_restarted()
         """Ray restarted this actor after a crash: it continues from the last checkpoint once
         its core exists."""
+        self.lineage = time.time_ns() if self._restart else 0
+        """What its weights are published under (``WeightsMessage.lineage``): a restarted
+        learner rolls back to its checkpoint, a new lineage. Wall-clock ns, so a later restart
+        has a larger one on any node whose clock is right to within the seconds a restart
+        takes."""
         if world_size == 1:
             self._make_core(Ranks(0, 1, self.device))
 
@@ -236,7 +241,8 @@ class Learner:
         if self.rank != 0:
             return
         self._message = WeightsMessage(self.core.version, {
-            k: v.numpy() if v.dtype != torch.bfloat16 else v for k, v in weights.items()})
+            k: v.numpy() if v.dtype != torch.bfloat16 else v for k, v in weights.items()},
+            self.lineage)
         if not announce:
             return
         if self._channel is not None:
@@ -246,7 +252,7 @@ class Learner:
             ref = ray.put(self._message)
             for server in self.servers:
                 server.update_weights.remote(ref, force)
-        self.queue.set_version.remote(self.core.version, force)
+        self.queue.set_version.remote(self.core.version, force, self.lineage)
 
     def open_weight_channel(self, host: str, port: int, world_size: int, backend: str) -> str:
         """Join the weight broadcast group as its sender (rank 0)."""

@@ -10,7 +10,8 @@ only on simulated GPUs, where each lane is its policy copy wrapped by
 
 Invariant: weights offered by the learner (``update_weights``) are applied only between batches
 of a lane, so every action of a batch carries one version. A lane applies offered weights once
-they are ``rollout.weights_every`` versions ahead of its own (or forced).
+they are ``rollout.weights_every`` versions ahead of its own (or forced, or of a newer lineage:
+a rollback, which no late offer of the older lineage undoes).
 
 Sampling noise: every lane draws action noise from its own stream (``sampling_seed`` of the
 run seed, the server id, the lane and, after a restart, the new incarnation), so no two lanes,
@@ -109,7 +110,9 @@ class RolloutServer:
     async def open_weight_channel(self, host: str, port: int, rank: int, world_size: int,
                                   backend: str) -> int:
         """Join learner 0's weight broadcast group; a thread then receives every version and
-        offers it (applied between batches, like object-store weights)."""
+        offers it (applied between batches, like object-store weights). The group is opened
+        once, with the run's first learner (lineage 0): a restarted learner publishes through
+        the object store, under its own lineage."""
         import threading
 
         from rlvla3.weight_sync import WeightBroadcaster

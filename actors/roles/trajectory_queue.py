@@ -80,8 +80,8 @@ class TrajectoryQueue:
         core, cond = self.core, self.admission
         start = time.monotonic()
         async with cond:
-            await cond.wait_for(lambda: core.may_admit(key) or not core.live(worker_id,
-                                                                             incarnation))
+            await cond.wait_for(lambda: core.may_admit(key, incarnation)
+                                or not core.live(worker_id, incarnation))
             return core.admit(worker_id, incarnation, key, time.monotonic() - start)
 
     async def close_admissions(self) -> None:
@@ -130,10 +130,10 @@ class TrajectoryQueue:
         core = self.core
         start = time.monotonic()
         async with self.space:
-            core.finished(info, ticket)
+            group_id = core.finished(info, ticket)
             self.admission.notify_all()  # a finished episode frees its admission
             await self.space.wait_for(core.has_space)
-            depth = core.put(info, refs, time.monotonic() - start)
+            depth = core.put(info, refs, time.monotonic() - start, group_id)
             if not core.closed:
                 self.admission.notify_all()  # a GRPO group has started: its members may start
                 self.arrival.notify_all()
@@ -160,9 +160,10 @@ class TrajectoryQueue:
         self.core.close()
         await self._notify(self.admission, self.space, self.arrival)
 
-    async def set_version(self, version: int, restored: bool = False) -> None:
+    async def set_version(self, version: int, restored: bool = False,
+                          lineage: int = 0) -> None:
         """The learner's current policy version (``QueueCore.set_version``)."""
-        self.core.set_version(version, restored)
+        self.core.set_version(version, restored, lineage)
         await self._notify(self.admission)
 
     def depth(self) -> int:

@@ -8,7 +8,9 @@ and reads and writes the shared arrays of ``envs.isaaclab.wire.Layout``:
 - ``reset(ids, variants, layouts)``: sub-env ``ids[j]`` starts an episode of task variant
   ``variants[j]`` from initial layout ``layouts[j]``; its observation is written.
 - ``step(ids)``: the ``[chunk_len, N, A]`` actions the worker wrote run ``chunk_len`` batched
-  steps. Sub-envs not in ``ids`` receive the hold action (zeros). For each sub-env in ``ids``:
+  steps. Sub-envs not in ``ids`` receive the hold action (zeros); their episode clocks run and
+  the task may reset them, so a slot in an episode that sits a step out does not continue it
+  (``envs.isaaclab.slots``). For each sub-env in ``ids``:
   reward summed only while its episode lasts, ``steps`` counted, the first termination or
   time-out ends it (the task then resets that sub-env by itself; it is held for the rest of the
   chunk and its next episode starts with an explicit ``reset``), ``success`` from the task's

@@ -9,14 +9,20 @@ its ``ready`` spec, creates the shared-memory segment the spec sizes
 JSON line each way; the arrays stay in the segment.
 
 Invariants (as ``envs.process_env.ProcessEnv`` keeps them for one env):
-- A command returns within ``step_timeout_s`` (``start_timeout_s`` while the server builds
-  its task). A server that dies, or stays silent past the timeout, is killed with its process
-  group and a fresh one started: ``restarts`` counts them, ``faults`` says why, and
+- A command returns within ``step_timeout_s``. A server that dies, or stays silent past the
+  timeout, is killed with its process group and a fresh one started at once, which builds its
+  task while the caller goes on: ``restarts`` counts them, ``faults`` says why, and
   ``generation`` increases, so the slots of the lost server know their episodes are gone.
+- The first server must be ready within ``start_timeout_s`` (Warp compiles its kernels then),
+  a replacement within ``restart_timeout_s`` (they are compiled), waited for by the next
+  command that needs it. A server that fails to come up in time, dies or fails to build is
+  killed (no process outlives its fault); the constructor then raises ``EnvProcessError``.
 - ``step`` raises ``ServerFault`` on a fault (the caller truncates the episodes of that
-  round); a Python exception inside the server's step is a fault too, without a restart.
-- ``reset`` retries a crashed or hung server up to ``reset_retries`` times on fresh servers;
-  an exception raised by the task's own reset is re-raised (``EnvProcessError``), not retried.
+  round), and only that; it never waits for a replacement; a Python exception inside the
+  server's step is a fault too, without a restart.
+- ``reset`` retries a crashed, hung or unstarted server up to ``reset_retries`` times on fresh
+  servers, then raises ``EnvProcessError`` naming the fault; an exception raised by the task's
+  own reset is re-raised (``EnvProcessError``), not retried.
 - The segment belongs to this side: it is unlinked when the server is replaced or closed.
 """
 
@@ -63,6 +69,8 @@ class ServerConfig:
     """``state_key``, ``camera_keys``, ``success_term``, ``instruction`` of a Gym task."""
     step_timeout_s: float = 120.0
     start_timeout_s: float = 1200.0
+    restart_timeout_s: float = 90.0
+    """A replacement server's start (its kernels compiled: about 20 s here)."""
     reset_retries: int = 2
 
     def message(self) -> dict[str, Any]:
@@ -78,7 +86,7 @@ class ServerFault(RuntimeError):
 
 
 class _Fault(Exception):
-    """The server died or hung; ``str`` says which."""
+    """The server died, hung or failed to come up; ``str`` says which."""
 
 
 def _source_dir() -> str:
@@ -128,8 +136,14 @@ class IsaacLabServer:
         self._buffer = b""
         self._shm: shared_memory.SharedMemory | None = None
         self.layout: Layout | None = None
+        """The segment's arrays while a server is up and attached; None otherwise."""
         self.spec: ServerSpec | None = None
-        self._start()
+        self._start_timeout = cfg.start_timeout_s
+        self._launch()
+        try:
+            self._ready()
+        except _Fault as fault:
+            raise EnvProcessError(f"Isaac Lab server failed to start: {fault}") from None
 
     @property
     def pid(self) -> int | None:
@@ -137,7 +151,8 @@ class IsaacLabServer:
         return self._proc.pid if self._proc is not None else None
 
     # -- process ---------------------------------------------------------------------------
-    def _start(self) -> None:
+    def _launch(self) -> None:
+        """Start a server process; it builds its task while the caller goes on."""
         python, extra_env = _interpreter(self.cfg)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
         path = os.pathsep.join(filter(None, [_source_dir(), os.environ.get("PYTHONPATH", "")]))
@@ -146,16 +161,28 @@ class IsaacLabServer:
         self._buffer = b""
         self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       env=env, start_new_session=True)
-        answer = self._receive(self.cfg.start_timeout_s, "start")
-        if "ready" not in answer:
+
+    def _ready(self) -> None:
+        """Wait for the launched server's spec, then create its segment and attach it. A
+        server that dies, hangs or fails to build is killed (``_Fault``)."""
+        if self.layout is not None:
+            return
+        if self._proc is None:
+            raise _Fault("Isaac Lab server is not running")
+        try:
+            what = "start" if self.spec is None else "start of a replacement"
+            answer = self._receive(self._start_timeout, what)
+            if "ready" not in answer:
+                raise _Fault(_last_line(answer))
+            spec = ServerSpec.from_json(answer["ready"])
+            self._check(spec)
+            self.spec = spec
+            self._shm = shared_memory.SharedMemory(create=True, size=Layout(spec).nbytes)
+            self.layout = Layout(spec, self._shm.buf)
+            self._command({"cmd": "attach", "shm": self._shm.name}, self.cfg.step_timeout_s)
+        except BaseException:
             self._kill()
-            raise EnvProcessError(f"Isaac Lab server failed to start: {_last_line(answer)}")
-        spec = ServerSpec.from_json(answer["ready"])
-        self._check(spec)
-        self.spec = spec
-        self._shm = shared_memory.SharedMemory(create=True, size=Layout(spec).nbytes)
-        self.layout = Layout(spec, self._shm.buf)
-        self._command({"cmd": "attach", "shm": self._shm.name}, self.cfg.step_timeout_s)
+            raise
 
     def _check(self, spec: ServerSpec) -> None:
         want = self.expect
@@ -163,7 +190,6 @@ class IsaacLabServer:
             return
         got = (spec.state_dim, spec.action_dim, spec.instructions)
         if got != (want.state_dim, want.action_dim, want.instructions):
-            self._kill()
             raise EnvProcessError(f"the Isaac Lab server's task {self.cfg.task!r} has state "
                                   f"{got[0]}, action {got[1]}, instructions {got[2]}; "
                                   f"envs.isaaclab.catalog says {want}")
@@ -192,12 +218,18 @@ class IsaacLabServer:
                     stream.close()
         self._release_segment()
 
-    def _restart(self, why: str) -> None:
+    def _lose(self, why: str) -> None:
+        """Kill the server: the episodes on it are gone (a new ``generation``)."""
         self._kill()
-        self.restarts += 1
         self.generation += 1
         self.faults.append(why)
-        self._start()
+
+    def _restart(self, why: str) -> None:
+        """Kill the server and launch a replacement (waited for by the next command)."""
+        self._lose(why)
+        self.restarts += 1
+        self._start_timeout = self.cfg.restart_timeout_s
+        self._launch()
 
     # -- messages --------------------------------------------------------------------------
     def _receive(self, timeout: float, what: str) -> dict[str, Any]:
@@ -208,7 +240,7 @@ class IsaacLabServer:
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise _Fault(f"Isaac Lab server: {what} hung for more than {timeout:.0f} s")
+                raise _Fault(f"Isaac Lab server: {what} hung for more than {timeout:g} s")
             ready, _, _ = select.select([fd], [], [], min(left, 1.0))
             if ready:
                 chunk = os.read(fd, 1 << 16)
@@ -238,10 +270,11 @@ class IsaacLabServer:
                    "variants": [int(v) for v in variants], "layouts": [int(k) for k in layouts]}
         for attempt in range(self.cfg.reset_retries + 1):
             try:
+                self._ready()
                 answer = self._command(message, self.cfg.step_timeout_s)
             except _Fault as fault:
                 if attempt == self.cfg.reset_retries:
-                    self._kill()
+                    self._lose(str(fault))
                     raise EnvProcessError(f"reset failed {attempt + 1} times: {fault}") from None
                 self._restart(str(fault))
                 continue
@@ -250,7 +283,11 @@ class IsaacLabServer:
             return
 
     def step(self, ids: Sequence[int]) -> None:
-        """Step the sub-envs ``ids`` on the actions already in ``layout["actions"]``."""
+        """Step the sub-envs ``ids`` on the actions already in ``layout["actions"]`` (of a
+        server that is up: the slots of a replaced one are truncated without a step)."""
+        if self.layout is None:
+            raise ServerFault("Isaac Lab server is not up (the next reset waits for its "
+                              "replacement)")
         try:
             answer = self._command({"cmd": "step", "ids": [int(i) for i in ids]},
                                    self.cfg.step_timeout_s)
@@ -264,6 +301,7 @@ class IsaacLabServer:
 
     def describe(self) -> dict[str, Any]:
         try:
+            self._ready()
             answer = self._command({"cmd": "describe"}, self.cfg.step_timeout_s)
         except _Fault as fault:
             self._restart(str(fault))
@@ -272,7 +310,8 @@ class IsaacLabServer:
 
     def close(self) -> None:
         proc = self._proc
-        if proc is not None and proc.poll() is None and proc.stdin is not None:
+        if (self.layout is not None and proc is not None and proc.poll() is None
+                and proc.stdin is not None):
             try:
                 proc.stdin.write(encode({"cmd": "close"}))
                 proc.stdin.flush()

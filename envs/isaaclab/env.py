@@ -83,6 +83,10 @@ class IsaacLabConfig:
     step_timeout_s: float = 120.0
     start_timeout_s: float = 1200.0
     """A first start compiles Warp's kernels (about 90 s alone here, minutes when loaded)."""
+    restart_timeout_s: float = 90.0
+    """A replacement server's start (kernels compiled: about 20 s here). A reset waits for it
+    up to ``1 + reset_retries`` (3) times on fresh servers, within the env worker's
+    ``step_timeout_s`` (300 s), then stops with the fault named."""
 
     def validate(self) -> None:
         require(self.num_envs >= 1, "num_envs", "must be >= 1")
@@ -171,7 +175,8 @@ def server_config(cfg: IsaacLabConfig, seed: int) -> Any:
                         cameras=cfg.camera_names, image_size=tuple(cfg.image_size),
                         max_steps=cfg.max_steps, chunk_len=cfg.chunk_len, kit=cfg.kit,
                         python=cfg.python, seed=seed, gym=gym,
-                        step_timeout_s=cfg.step_timeout_s, start_timeout_s=cfg.start_timeout_s)
+                        step_timeout_s=cfg.step_timeout_s, start_timeout_s=cfg.start_timeout_s,
+                        restart_timeout_s=cfg.restart_timeout_s)
 
 
 def open_server_slots(cfg: IsaacLabConfig, seed: int = 0) -> Any:

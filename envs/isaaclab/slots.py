@@ -9,10 +9,15 @@ Isaac Lab server steps all of its ``num_envs`` sub-envs at once. Sub-env ``i`` i
   that asked into the segment, steps the server once and reads each slot's ``StepResult``.
   A server fault truncates every episode of the round (``StepResult.fault``, the last good
   observation); after a restart, a slot whose episode began on the lost server is truncated
-  too on its next step (its sub-env is gone), never continued on a fresh scene.
+  too on its next step (its sub-env is gone), never continued on a fresh scene. A slot in an
+  episode that sits out a step (its chunk came after the gather window) is truncated the same
+  way on its next step: the simulator stepped its sub-env with the hold action, its episode
+  clock ran and the task may have reset it by itself, so nothing after its last observation is
+  its own.
 - ``LockstepSlots``: lets slot threads share one ``ServerSlots``. A ``step`` blocks until every
-  slot in an episode has submitted its chunk (or ``gather_timeout_s`` passed; missing slots then
-  hold), so the simulator is stepped once per round for all.
+  slot in an episode has submitted its chunk (or ``gather_timeout_s`` passed; the round then
+  runs without the missing slots, whose episodes end as above, and later rounds no longer wait
+  for them), so the simulator is stepped once per round for all.
 - ``IsaacLabSlot`` (the ``Env``): one slot's view.
 
 Observations are copied out of the segment for the slot that asked (an image is a few KB);
@@ -44,6 +49,10 @@ class ServerSlots:
         self._born: dict[int, int] = {}
         """Slot -> the server generation its episode started on."""
         self._last: dict[int, Observation] = {}
+        self.live: set[int] = set()
+        """Slots in an episode: reset, not ended, not held."""
+        self._held: set[int] = set()
+        """Slots whose sub-env was stepped without their action during their episode."""
 
     def _observation(self, slot: int) -> Observation:
         layout = self.server.layout
@@ -59,18 +68,48 @@ class ServerSlots:
         self._task[slot] = task_id
         self._born[slot] = self.server.generation
         self._last[slot] = self._observation(slot)
+        self.live.add(slot)
+        self._held.discard(slot)
         return self._last[slot]
+
+    def leave(self, slot: int) -> None:
+        """The slot's env is closed: it is in no episode any more."""
+        self.live.discard(slot)
 
     def _fault(self, slot: int, why: str) -> StepResult:
         return StepResult(self._last[slot], 0.0, False, True, False, 0, fault=why)
 
     def step(self, chunks: Mapping[int, np.ndarray]) -> dict[int, StepResult]:
-        """Execute an action chunk on each slot in ``chunks``; the others hold."""
-        out = {s: self._fault(s, "Isaac Lab server restarted during the episode")
-               for s in chunks if self._born.get(s) != self.server.generation}
+        """Execute an action chunk on each slot in ``chunks``; the others hold (and a slot in
+        an episode among them is truncated on its next step, see the module docstring)."""
+        out = self._lost(chunks)
         slots = sorted(s for s in chunks if s not in out)
-        if not slots:
-            return out
+        if slots:
+            self._held |= self.live - set(slots)
+            out.update(self._step(slots, chunks))
+        for s, result in out.items():
+            if result.terminated or result.truncated:
+                self.live.discard(s)
+                self._held.discard(s)
+        self.live -= self._held
+        return out
+
+    def _lost(self, chunks: Mapping[int, np.ndarray]) -> dict[int, StepResult]:
+        """Fault results for the slots in ``chunks`` whose episode cannot go on."""
+        out = {}
+        for s in chunks:
+            if self._born.get(s) != self.server.generation:
+                out[s] = self._fault(s, "Isaac Lab server restarted during the episode")
+            elif s in self._held:
+                out[s] = self._fault(s, "held past the gather window (env.options."
+                                        "gather_timeout_s): the simulator stepped its sub-env "
+                                        "without its action, the episode cannot go on")
+        return out
+
+    def _step(self, slots: list[int], chunks: Mapping[int, np.ndarray]
+              ) -> dict[int, StepResult]:
+        """One batched server step for ``slots``."""
+        out: dict[int, StepResult] = {}
         actions = self.server.layout["actions"]
         actions[:] = 0.0
         for s in slots:
@@ -79,7 +118,7 @@ class ServerSlots:
         try:
             self.server.step(slots)
         except ServerFault as fault:
-            return {**out, **{s: self._fault(s, str(fault)) for s in slots}}
+            return {s: self._fault(s, str(fault)) for s in slots}
         layout = self.server.layout
         for s in slots:
             flags = layout["flags"][s]
@@ -105,7 +144,6 @@ class LockstepSlots:
         self.batch = batch
         self.timeout = gather_timeout_s
         self.cond = threading.Condition()
-        self.active: set[int] = set()
         self.pending: dict[int, np.ndarray] = {}
         self.results: dict[int, StepResult] = {}
         self.attached = 0
@@ -113,7 +151,6 @@ class LockstepSlots:
 
     def reset(self, slot: int, task_id: int, init_state_id: int) -> Observation:
         with self.cond:
-            self.active.add(slot)
             obs = self.batch.reset(slot, task_id, init_state_id)
             self.cond.notify_all()
             return obs
@@ -123,7 +160,7 @@ class LockstepSlots:
             self.pending[slot] = chunk
             self.cond.notify_all()
             self.cond.wait_for(
-                lambda: slot in self.results or self.active <= set(self.pending),
+                lambda: slot in self.results or self.batch.live <= set(self.pending),
                 timeout=self.timeout,
             )
             if slot not in self.results:  # this thread runs the round for everyone waiting
@@ -131,10 +168,7 @@ class LockstepSlots:
                 self.pending.clear()
                 self.results.update(self.batch.step(round_))
                 self.cond.notify_all()
-            result = self.results.pop(slot)
-            if result.terminated or result.truncated:
-                self.active.discard(slot)
-            return result
+            return self.results.pop(slot)
 
 
 class IsaacLabSlot:
@@ -165,7 +199,7 @@ class IsaacLabSlot:
 
     def close(self) -> None:
         with self.lockstep.cond:
-            self.lockstep.active.discard(self.slot)
+            self.lockstep.batch.leave(self.slot)
             self.lockstep.closed += 1
             last = self.lockstep.closed == self.lockstep.attached
         if last:

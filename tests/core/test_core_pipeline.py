@@ -452,6 +452,36 @@ def test_weights_swap_only_between_batches():
     assert spec.chunk_len == chunks[0].actions.shape[0]
 
 
+def test_a_rollback_is_a_lineage_no_late_offer_undoes():
+    """A lane at version 20 is rolled back to a restored learner's version 12 (a new lineage).
+    Offers the old learner sent before it died arrive late, before and after the swap: none of
+    them replaces the rollback, and the restored learner's next versions (13, 14, ... below
+    the old 20) are applied as usual."""
+    policy = make_policy(0)
+    weights = {k: v.detach().numpy() for k, v in policy.state_dict().items()}
+    core = RolloutCore(policy)
+    core.offer_weights(WeightsMessage(20, weights))
+    assert core.swap_pending() and core.version == 20
+    restored = 7_000  # the restored learner's lineage (later than the run's first, 0)
+    core.offer_weights(WeightsMessage(12, weights, lineage=restored), force=True)
+    core.offer_weights(WeightsMessage(21, weights))  # late, from before the rollback
+    assert core.swap_pending() and (core.version, core.lineage) == (12, restored)
+    core.offer_weights(WeightsMessage(22, weights))  # later still
+    core.offer_weights(WeightsMessage(23, weights), force=True)
+    assert not core.swap_pending() and core.version == 12
+    core.offer_weights(WeightsMessage(13, weights, lineage=restored))
+    assert core.swap_pending() and core.version == 13
+    core.offer_weights(WeightsMessage(14, weights, lineage=restored))
+    core.offer_weights(WeightsMessage(15, weights, lineage=restored))
+    assert not core.swap_pending(min_lead=3) and core.version == 13  # weights_every holds
+    # a second rollback offered before the first was applied: versions of its own lineage
+    # follow it even though they are below the version the lane still holds
+    core.offer_weights(WeightsMessage(9, weights, lineage=restored + 1), force=True)
+    core.offer_weights(WeightsMessage(10, weights, lineage=restored + 1))
+    core.offer_weights(WeightsMessage(16, weights, lineage=restored))
+    assert core.swap_pending(min_lead=3) and (core.version, core.lineage) == (10, restored + 1)
+
+
 def test_weight_broadcaster_delivers_exact_tensors():
     """The collective weight path (gloo on CPU; NCCL on GPUs runs the same code)."""
     import socket

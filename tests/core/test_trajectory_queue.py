@@ -77,6 +77,25 @@ def test_queue_follows_a_restored_learner_backwards():
     assert _refs(got) == [["fresh after the rollback"]] and stats.dropped_stale == 0
 
 
+def test_a_late_version_report_from_before_a_rollback_does_not_undo_it():
+    """The learner at version 20 dies; its restarted incarnation (a new lineage) reports the
+    checkpoint's version 12; the dead one's last report (21) arrives after that. The queue
+    stays on the restored lineage, so the restored learner's episodes are not judged stale
+    against the dead one's versions."""
+    async def scenario():
+        queue = _queue(capacity=8, max_staleness=2)
+        await queue.set_version(20)
+        await queue.set_version(12, restored=True, lineage=5)
+        await queue.set_version(21)  # late, from before the rollback
+        await queue.put(_info(13), ["fresh after the rollback"])
+        await queue.set_version(14, lineage=5)
+        return await queue.get(max_items=4, timeout_s=1.0), queue.stats()
+
+    got, stats = asyncio.run(scenario())
+    assert _refs(got) == [["fresh after the rollback"]] and stats.dropped_stale == 0
+    assert stats.version == 14
+
+
 def test_grpo_groups_are_released_whole_and_short_groups_complete():
     """Members of a group arrive interleaved with other groups; a group leaves the queue as
     one item once whole; a member lost to a fault shortens its group instead of blocking it."""
@@ -103,6 +122,42 @@ def test_grpo_groups_are_released_whole_and_short_groups_complete():
     assert _refs(first) == [["a0", "a1", "a2"]]
     assert _refs(second) == [["b0", "b1"]]
     assert _refs(third) == [["c0", "c1"]]
+    assert stats.held_episodes == 0 and stats.expired == 0
+
+
+def test_a_group_cut_short_never_shortens_the_next_group_of_its_key():
+    """Members lost from one GRPO group (its worker replaced mid-group; faults before any
+    member shipped) belong to that group alone: the next group of the same (task, state)
+    leaves whole, not as a one-episode group with its other members left waiting to expire.
+    A group whose worker was replaced after one member shipped leaves with that member."""
+    k, j = EpisodeKey(5, 5), EpisodeKey(6, 6)
+
+    async def scenario():
+        queue = _queue(capacity=8, max_staleness=4, group_size=4)
+        for _ in range(3):  # three of a group of k are running when worker 0 is replaced
+            await queue.admit(0, k, "w0-a")
+        assert await queue.reset_worker(0, "w0-b") == 3
+        tickets = [await queue.admit(1, k, "w1") for _ in range(4)]  # the next group of k
+        for i, ticket in enumerate(tickets):
+            await queue.put(_info(0, k), [f"k{i}"], ticket)
+        whole = await queue.get(max_items=8, timeout_s=1.0)
+        for _ in range(4):  # lockstep rollout (no tickets): a group lost to faults entirely
+            await queue.drop(k, decisions=2)
+        for i in range(4):
+            await queue.put(_info(0, k), [f"n{i}"])
+        ticketless = await queue.get(max_items=8, timeout_s=1.0)
+        shipped = await queue.admit(0, j, "w0-b")
+        for _ in range(3):
+            await queue.admit(0, j, "w0-b")
+        await queue.put(_info(0, j), ["j0"], shipped)
+        await queue.reset_worker(0, "w0-c")
+        short = await queue.get(max_items=8, timeout_s=1.0)
+        return whole, ticketless, short, queue.stats()
+
+    whole, ticketless, short, stats = asyncio.run(scenario())
+    assert _refs(whole) == [["k0", "k1", "k2", "k3"]]
+    assert _refs(ticketless) == [["n0", "n1", "n2", "n3"]]
+    assert _refs(short) == [["j0"]]
     assert stats.held_episodes == 0 and stats.expired == 0
 
 
@@ -373,7 +428,8 @@ def test_an_event_costs_each_waiting_admission_one_cheap_check():
         queue = _queue(capacity=10**6, max_staleness=10**6, pace_lag=4.0, pace_backlog=0,
                        group_size=8, global_batch=256, initial_decisions=40)
         queue.core._items, queue.core._tickets = CountingDeque(), CountingDict()
-        tickets = [await queue.admit(w, EpisodeKey(0, 0), "i") for w in range(128)]
+        # 128 episodes in flight (16 groups of one key), admitted past the pacing
+        tickets = [queue.core.admit(w // 8, "i", EpisodeKey(0, w // 8), 0.0) for w in range(128)]
         waiting = [asyncio.create_task(queue.admit(200 + w, EpisodeKey(1 + w, 9), "i"))
                    for w in range(128)]
         await asyncio.sleep(0.05)

@@ -122,6 +122,35 @@ def test_slot_threads_step_the_server_together():
     assert batch.server.pid is None
 
 
+def test_a_slot_held_past_the_gather_window_is_not_continued_on_a_reset_scene():
+    """Slot 1's actions come later than the gather window: slot 0's rounds step the simulator
+    without it, its sub-env's clock runs out and the task resets it by itself. Slot 1's next
+    step must end its episode truncated with the reason, on the last observation it saw, not
+    continue on the reset scene; rounds after the first no longer wait for it."""
+    batch = _server(n=2)  # chunks of 3 steps, episodes of 6
+    slots = slots_over(batch, gather_timeout_s=0.5)
+    try:
+        slots[0].reset(0, 0)
+        before = slots[1].reset(1, 10)
+        first = slots[0].step(_chunk(0.1))  # waits for slot 1, then runs without it
+        t0 = time.monotonic()
+        second = slots[0].step(_chunk(0.1))
+        alone = time.monotonic() - t0
+        assert not first.fault and second.truncated and not second.fault  # its own time limit
+        late = slots[1].step(_chunk(0.1))
+        assert late.truncated and not late.terminated and late.steps == 0
+        assert "gather_timeout_s" in late.fault
+        assert late.obs.state.tolist() == before.state.tolist()  # its last good observation
+        assert late.obs.instruction == "reach the goal again"
+        assert alone < 0.5  # slot 1 is out of its episode: nobody waits for it any more
+        again = slots[1].reset(1, 20)  # a new episode on the slot steps normally
+        assert again.state[0] == pytest.approx(0.2)
+        assert slots[1].step(_chunk(0.1)).steps == 3
+    finally:
+        for slot in slots:
+            slot.close()
+
+
 @pytest.mark.parametrize("how", ["sigkill", "exit"])
 def test_a_dead_server_truncates_the_round_and_is_replaced(how):
     batch = _server(n=2)
@@ -167,6 +196,58 @@ def test_a_hung_server_is_killed_after_the_step_timeout():
         assert time.monotonic() - t0 < 60 and batch.server.restarts == 1
     finally:
         batch.close()
+
+
+def _servers_running() -> list[int]:
+    """Isaac Lab server processes this test process started that still run."""
+    import psutil
+
+    return [p.pid for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+            and "envs.isaaclab.server" in " ".join(p.cmdline())]
+
+
+def test_a_replacement_that_hangs_at_start_is_killed_and_named_within_its_bound(tmp_path):
+    """The server dies and its replacement hangs while it builds: the round ends at once with
+    the public fault (no wait for the replacement), the next reset tries fresh servers for at
+    most ``restart_timeout_s`` each and then raises ``EnvProcessError`` naming the hang, with
+    no hung process left; once starts work again, a reset brings a server back."""
+    hang = tmp_path / "hang"
+    batch = _server(n=2, restart_timeout_s=10.0, reset_retries=1,
+                    gym={"hang_at_start_if": str(hang)})
+    try:
+        batch.reset(0, 0, 0)
+        batch.reset(1, 0, 0)
+        hang.touch()
+        os.kill(batch.server.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        results = batch.step({0: _chunk(0.1), 1: _chunk(0.1)})
+        assert time.monotonic() - t0 < 5.0  # the replacement is not waited for here
+        assert all(r.truncated and "died" in r.fault for r in results.values())
+        t0 = time.monotonic()
+        with pytest.raises(EnvProcessError,
+                           match=r"reset failed 2 times: .*start of a replacement hung for "
+                                 r"more than 10 s"):
+            batch.reset(0, 0, 0)
+        assert time.monotonic() - t0 < 40  # two tries of 10 s, plus killing them
+        assert batch.server.pid is None and _servers_running() == []
+        hang.unlink()
+        assert batch.reset(0, 0, 5).state[0] == pytest.approx(0.05)
+        assert batch.step({0: _chunk(0.1)})[0].steps == 3
+        assert batch.step({1: _chunk(0.1)})[1].fault  # its episode was on a lost server
+    finally:
+        batch.close()
+    assert _servers_running() == []
+
+
+def test_a_first_server_that_hangs_at_start_is_one_public_error_and_killed(tmp_path):
+    hang = tmp_path / "hang"
+    hang.touch()
+    cfg = ServerConfig(task=STANDIN, python=sys.executable, start_timeout_s=2.0,
+                       gym={"hang_at_start_if": str(hang)})
+    with pytest.raises(EnvProcessError, match="failed to start: .*start hung for more than 2 s"):
+        IsaacLabServer(cfg)
+    assert _servers_running() == []
 
 
 def test_an_exception_in_a_step_is_a_fault_without_a_restart():
