@@ -44,7 +44,8 @@ def episode_pair(text: str) -> tuple[int, int]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvla3 eval", description=__doc__.split("\n")[0])
     p.add_argument("--suite", default="libero_spatial", choices=suite_names(),
-                   help="a LIBERO suite or a MetaWorld benchmark (mt10, ml10, mt50)")
+                   help="a LIBERO suite, a MetaWorld benchmark (mt10, ml10, mt50) or an "
+                   "Isaac Lab task (isaaclab_reach: its held-out layouts)")
     p.add_argument("--task-ids", type=int, nargs="+", help="suite task ids (default: all)")
     p.add_argument("--episodes-per-task", type=int, default=50,
                    help="initial states 0..N-1 of each task (default: all 50)")

@@ -49,6 +49,12 @@ class SmallPolicyConfig:
     """Initial inverse temperature of the spatial softmax (learned per channel)."""
     init_log_std: float = -0.5
     min_log_std: float = -3.0
+    normalize_state: bool = False
+    """Standardise the state vector with running moments of the states the learner trains on
+    (buffers, so they travel with the weights to the rollout servers and into checkpoints).
+    A state in raw units (metres, radians) varies over a range far from 1, which a small
+    network learns from slowly; the moments stop moving after ``normalize_until`` states."""
+    normalize_until: int = 100_000
 
     def validate(self) -> None:
         for name in ("channels", "hidden", "vocab", "embed", "max_words"):
@@ -112,6 +118,10 @@ class SmallPolicy(nn.Module):
         self.value_head = nn.Sequential(nn.Linear(feat, cfg.hidden), nn.Tanh(),
                                         nn.Linear(cfg.hidden, 1))
         self.log_std = nn.Parameter(torch.full((self.out_dim,), cfg.init_log_std))
+        if cfg.normalize_state:
+            self.register_buffer("state_mean", torch.zeros(spec.state_dim))
+            self.register_buffer("state_var", torch.ones(spec.state_dim))
+            self.register_buffer("state_count", torch.zeros(()))
         last = cast(nn.Linear, self.mean_head[-1])
         nn.init.zeros_(last.bias)
         last.weight.data.mul_(0.1)
@@ -139,9 +149,28 @@ class SmallPolicy(nn.Module):
             keypoints = self.encoder(img.float() / 255.0, text)
             mask = torch.from_numpy(np.asarray(obs.image_mask[cam], dtype=np.float32)).to(dev)[:, None]
             parts.append(keypoints * mask)
-        parts.append(torch.from_numpy(np.asarray(obs.state, dtype=np.float32)).to(dev))
+        parts.append(self._state(torch.from_numpy(np.asarray(obs.state, dtype=np.float32)).to(dev)))
         parts.append(text)
         return torch.cat(parts, dim=-1)
+
+    def _state(self, state: torch.Tensor) -> torch.Tensor:
+        """The state as the network sees it: standardised with the running moments, which a
+        training forward (gradients on) first updates with its batch (Chan et al.'s parallel
+        update of mean and variance)."""
+        if not self.cfg.normalize_state:
+            return state
+        if torch.is_grad_enabled() and float(self.state_count) < self.cfg.normalize_until:
+            with torch.no_grad():
+                n, count = float(len(state)), float(self.state_count)
+                mean, var = state.mean(0), state.var(0, unbiased=False)
+                total = count + n
+                delta = mean - self.state_mean
+                self.state_mean.add_(delta * n / total)
+                self.state_var.copy_((self.state_var * count + var * n
+                                      + delta.pow(2) * count * n / total) / total)
+                self.state_count.fill_(total)
+        z = (state - self.state_mean) / (self.state_var + 1e-4).sqrt()
+        return z.clamp(-5.0, 5.0)
 
     def _dist(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean = self.mean_head(self.trunk(feats))
