@@ -413,3 +413,33 @@ def test_reach_privileged_states_let_an_oracle_succeed_for_a_sparse_reward():
     finally:
         for slot in slots:
             slot.close()
+
+
+@pytest.mark.slow
+@needs_isaaclab
+def test_eval_judges_a_committed_reach_policy_on_held_out_layouts_and_rechecks(tmp_path):
+    """``eval --suite isaaclab_reach`` on the committed reach checkpoint: the test split's
+    layouts (never trained on), episode records with Wilson intervals, the suite's identity, and
+    ``--recheck`` replaying a sample of its episodes to the same outcomes."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "eval"
+    run = subprocess.run([sys.executable, "-m", "rlvla3", "eval", "--suite", "isaaclab_reach",
+                          "--checkpoint", "results/isaaclab/reach_rl4", "--task-ids", "0", "2",
+                          "--episodes-per-task", "2", "--workers", "1", "--videos", "0",
+                          "--output-dir", str(out), "--json"],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads((out / "results.json").read_text())
+    records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and {r["task"] for r in records} == {0, 2}
+    assert summary["complete"] and summary["episodes"] == 4 and not summary["training_overlap"]
+    assert json.loads((out / "eval.json").read_text())["identity"]["suite"] == "isaaclab_reach"
+    low, high = summary["ci95"]
+    assert 0.0 <= low <= summary["success_rate"] <= high <= 1.0
+    recheck = subprocess.run([sys.executable, "-m", "rlvla3", "eval", "--recheck", str(out),
+                              "--sample", "2", "--workers", "1"],
+                             capture_output=True, text=True, timeout=900)
+    assert recheck.returncode == 0, recheck.stderr[-2000:]
