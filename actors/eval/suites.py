@@ -176,6 +176,34 @@ def suite_names() -> list[str]:
     return sorted(SUITE_NUM_TASKS) + sorted(BENCHMARK_TASKS) + sorted(IsaacLabSuite.tasks)
 
 
+def trained_suite(checkpoint: str) -> tuple[str, str] | None:
+    """``(simulator, suite)`` a checkpoint's run trained on (its saved config's env), or None
+    when the run saved no config or trained on an env no suite evaluates (the toys)."""
+    from rlvla3.checkpoint import saved_run
+
+    try:
+        env = saved_run(checkpoint)[1].get("env") or {}
+    except (OSError, ValueError):
+        return None
+    name, options = env.get("name"), env.get("options") or {}
+    if name == "libero":
+        return name, str(options.get("suite", "libero_spatial"))
+    if name == "metaworld":
+        return name, str(options.get("benchmark", "mt10"))
+    if name == "isaaclab":
+        task = str(options.get("task", "reach"))
+        return name, next((s for s, t in IsaacLabSuite.tasks.items() if t == task), "")
+    return None
+
+
+def simulator_of(suite: str) -> str:
+    from envs.metaworld.tasks import BENCHMARK_TASKS
+
+    if suite in IsaacLabSuite.tasks:
+        return "isaaclab"
+    return "metaworld" if suite in BENCHMARK_TASKS else "libero"
+
+
 def suite_of(name: str) -> LiberoSuite | MetaWorldSuite | IsaacLabSuite:
     from envs.metaworld.tasks import BENCHMARK_TASKS
 

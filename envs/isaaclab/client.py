@@ -107,10 +107,17 @@ def _source_dir() -> str:
 
 
 def _last_line(answer: Mapping[str, Any]) -> str:
-    """The last line of an error answer; the whole traceback goes to stderr."""
+    """The last line of an error answer; the whole traceback goes to a file named on stderr."""
+    import tempfile
+
     text = str(answer.get("error", "")).strip()
-    print(f"[isaaclab server] {text}", file=sys.stderr, flush=True)
-    return text.splitlines()[-1] if text else "no error text"
+    if not text:
+        return "no error text"
+    with tempfile.NamedTemporaryFile("w", prefix="isaaclab-server-", suffix=".txt",
+                                     delete=False) as log:
+        log.write(text + "\n")
+    print(f"[isaaclab server] its traceback: {log.name}", file=sys.stderr, flush=True)
+    return text.splitlines()[-1]
 
 
 def _interpreter(cfg: ServerConfig) -> tuple[str, dict[str, str]]:

@@ -262,11 +262,17 @@ def test_an_exception_in_a_step_is_a_fault_without_a_restart():
         batch.close()
 
 
-def test_a_task_that_fails_to_build_is_one_error_not_a_hang():
+def test_a_task_that_fails_to_build_is_one_error_not_a_hang(capsys):
+    """One line names the fault; the server's traceback is kept in a file the stderr names,
+    not poured onto the console."""
     cfg = ServerConfig(task="tests.isaaclab_standin:NO_SUCH_TASK", python=sys.executable,
                        start_timeout_s=60)
     with pytest.raises(EnvProcessError, match="failed to start.*NO_SUCH_TASK"):
         IsaacLabServer(cfg)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    kept = err.split("its traceback: ")[1].split()[0]
+    assert "Traceback" in open(kept).read()
 
 
 def test_config_spec_split_and_errors():
