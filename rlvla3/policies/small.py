@@ -55,6 +55,11 @@ class SmallPolicyConfig:
     A state in raw units (metres, radians) varies over a range far from 1, which a small
     network learns from slowly; the moments stop moving after ``normalize_until`` states."""
     normalize_until: int = 100_000
+    film_trunk: bool = False
+    """Condition the trunk's hidden units on the instruction multiplicatively (FiLM: a scale and
+    a shift per unit from the instruction's embedding, starting at identity), as the vision
+    encoder is. Choosing among objects by an instruction is a product of the instruction and
+    the scene; a trunk that only sees the embedding concatenated learns it slowly."""
 
     def validate(self) -> None:
         for name in ("channels", "hidden", "vocab", "embed", "max_words"):
@@ -113,6 +118,10 @@ class SmallPolicy(nn.Module):
         self.encoder = _Encoder(cfg.channels, cfg.embed, spec.image_size, cfg.keypoint_temperature)
         feat = 2 * cfg.channels * len(spec.cameras) + spec.state_dim + cfg.embed
         self.trunk = nn.Sequential(nn.Linear(feat, cfg.hidden), nn.Tanh())
+        if cfg.film_trunk:
+            self.trunk_film = nn.Linear(cfg.embed, 2 * cfg.hidden)
+            nn.init.zeros_(self.trunk_film.weight)
+            nn.init.zeros_(self.trunk_film.bias)
         self.mean_head = nn.Sequential(nn.Linear(cfg.hidden, cfg.hidden), nn.Tanh(),
                                        nn.Linear(cfg.hidden, self.out_dim))
         self.value_head = nn.Sequential(nn.Linear(feat, cfg.hidden), nn.Tanh(),
@@ -173,7 +182,11 @@ class SmallPolicy(nn.Module):
         return z.clamp(-5.0, 5.0)
 
     def _dist(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean = self.mean_head(self.trunk(feats))
+        hidden = self.trunk(feats)
+        if self.cfg.film_trunk:
+            gamma, beta = self.trunk_film(feats[:, -self.cfg.embed:]).chunk(2, dim=-1)
+            hidden = hidden * (1 + gamma) + beta
+        mean = self.mean_head(hidden)
         log_std = self.log_std.clamp(min=self.cfg.min_log_std).expand_as(mean)
         return mean, log_std
 

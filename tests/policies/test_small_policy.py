@@ -68,3 +68,17 @@ def test_the_moments_travel_with_the_weights_and_an_unnormalised_policy_has_none
                                   policy.act(obs, deterministic=True).actions)
     assert {"state_mean", "state_var", "state_count"} <= set(policy.state_dict())
     assert not {"state_mean", "state_var", "state_count"} & set(_small().state_dict())
+
+
+def test_the_trunk_film_starts_as_the_identity_and_learns_from_the_instruction():
+    """``film_trunk``: with the weights of a policy without it, the same actions at the start;
+    a policy-gradient step moves the FiLM's weights (the instruction reaches the trunk)."""
+    plain, film = _small(), _small(film_trunk=True)
+    film.load_state_dict(plain.state_dict(), strict=False)
+    obs = _batch(8, 0)
+    np.testing.assert_array_equal(film.act(obs, deterministic=True).actions,
+                                  plain.act(obs, deterministic=True).actions)
+    out = film.act(obs)
+    ev = film.evaluate(obs, torch.as_tensor(out.actions), torch.as_tensor(out.latents))
+    (-ev.log_prob * torch.linspace(-1, 1, len(obs))).sum().backward()
+    assert film.trunk_film.weight.grad.abs().sum() > 0
