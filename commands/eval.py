@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from actors.eval.evaluate import compare, incomplete_line, init_ids, run, stderr_console
 from actors.eval.recheck import recheck, recheck_line, recheck_status
 from actors.eval.rounds import EvalSetupError
-from actors.eval.suites import suite_names, suite_of
+from actors.eval.suites import simulator_of, suite_names, suite_of, trained_suite
 from actors.eval.worker import LANGUAGE_MODES
 from rlvla3.cli_options import add_image_size
 from rlvla3.config import ConfigError
@@ -43,8 +43,10 @@ def episode_pair(text: str) -> tuple[int, int]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvla3 eval", description=__doc__.split("\n")[0])
-    p.add_argument("--suite", default="libero_spatial", choices=suite_names(),
-                   help="a LIBERO suite or a MetaWorld benchmark (mt10, ml10, mt50)")
+    p.add_argument("--suite", choices=suite_names(),
+                   help="a LIBERO suite, a MetaWorld benchmark (mt10, ml10, mt50) or an "
+                   "Isaac Lab task (isaaclab_reach: its held-out layouts); default: the one the "
+                   "checkpoint's run trained on, else libero_spatial")
     p.add_argument("--task-ids", type=int, nargs="+", help="suite task ids (default: all)")
     p.add_argument("--episodes-per-task", type=int, default=50,
                    help="initial states 0..N-1 of each task (default: all 50)")
@@ -111,6 +113,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def choose_suite(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The suite a checkpoint is evaluated on: the one its run trained on unless ``--suite``
+    names one; a suite of another simulator than the checkpoint's is refused in one line."""
+    trained = [t for c in ([args.checkpoint] if args.checkpoint else args.compare or [])
+               if (t := trained_suite(c)) is not None]
+    if args.suite is None:
+        args.suite = trained[0][1] if trained and trained[0][1] else "libero_spatial"
+    for simulator, suite in trained:
+        if simulator != simulator_of(args.suite):
+            p.error(f"--suite {args.suite} runs on {simulator_of(args.suite)}, but the checkpoint "
+                    f"was trained on {simulator}" + (f": evaluate it with --suite {suite}"
+                                                     if suite else ""))
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The arguments, with the checks argparse cannot make option by option (an error is
     argparse's: usage and exit status 2)."""
@@ -124,6 +140,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             p.error("--sample must be >= 1")
     elif not (args.checkpoint or args.policy or args.compare):
         p.error("one of --checkpoint, --policy, --compare or --recheck is required")
+    if not args.recheck:
+        choose_suite(p, args)
     if args.episodes and (args.task_ids or args.init_ids):
         p.error("--episodes names the episodes: drop --task-ids and --init-ids")
     if args.episodes:

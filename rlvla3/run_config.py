@@ -408,6 +408,9 @@ class RunConfig:
     init_from: str = ""
     """Start from the policy weights of this checkpoint or run directory (e.g. an SFT run);
     the policy section must describe the same model. Optimizer and version start fresh."""
+    needs_init_from: bool = False
+    """The policy is only worth training from a fine-tuned checkpoint (a preset of RL after SFT
+    sets it): a run without ``init_from`` is refused before anything starts."""
     time_dilation: float = 1.0
     """Multiplies every simulated cost (the rollout and learner ``cost_model`` and the
     latency-replay env's latencies) so that this machine's own work stays small against the
@@ -416,6 +419,9 @@ class RunConfig:
 
     def validate(self) -> None:
         require(self.total_env_steps >= 1, "total_env_steps", "must be >= 1")
+        require(bool(self.init_from) or not self.needs_init_from, "init_from",
+                "this config starts RL from a fine-tuned checkpoint (needs_init_from): give one "
+                "with --set init_from=RUN_DIR (an SFT run or checkpoint directory)")
         require(self.max_minutes >= 0, "max_minutes", "must be >= 0")
         require(0 <= self.target_success <= 1, "target_success",
                 f"must be a success rate in [0, 1] (0: off), got {self.target_success}")

@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else protocol_jobs(len(tasks), ids))
     finished = output.done()
     todo = [(t, k) for t, k in jobs if (tasks[t], k) not in finished]
-    record = set(jobs[: args.videos])
+    record = set(jobs[: args.videos]) if options.get("cameras", True) else set()  # nothing to film
     settings = {
         "suite": args.suite,
         "placements": args.placements,

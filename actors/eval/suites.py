@@ -1,4 +1,5 @@
-"""What ``rlvla3 eval --suite NAME`` evaluates: a LIBERO suite or a MetaWorld benchmark.
+"""What ``rlvla3 eval --suite NAME`` evaluates: a LIBERO suite, a MetaWorld benchmark or an
+Isaac Lab task.
 
 Role: the evaluation protocol (``actors.eval.evaluate``, ``actors.eval.rounds``) is the same for
 every benchmark: tasks x initial states, the benchmark's own evaluation states by default
@@ -13,7 +14,7 @@ provenance is checked against the evaluated states.
   states per task (the test split), fresh states of the training split per
   ``--placement-seed``; ``--no-fast-render`` renders with MetaWorld's shadows.
 
-Identity keys are the same for both (``actors.eval.output_dir.IDENTITY_KEYS``), so resumes,
+Identity keys are the same for all (``actors.eval.output_dir.IDENTITY_KEYS``), so resumes,
 rechecks and ``--compare`` work unchanged.
 """
 
@@ -110,14 +111,102 @@ class MetaWorldSuite:
         return training_overlap(args.checkpoint) if args.placements == "bundled" else []
 
 
+class IsaacLabSuite:
+    """An Isaac Lab task of ours with a success term (``isaaclab_reach``): task ``k`` is its
+    variant ``k`` (the reach's colours), the test split's layouts are the evaluation states;
+    a checkpoint's own task options (its state mode, its episode limit) come from its run."""
+
+    env_name = "isaaclab"
+    tasks = {"isaaclab_reach": "reach"}
+
+    def __init__(self, name: str):
+        from envs.isaaclab.catalog import TASKS
+        from envs.isaaclab.env import IsaacLabConfig
+
+        self.name = name
+        self.task = self.tasks[name]
+        self.num_tasks = len(TASKS[self.task].instructions)
+        self.eval_states = IsaacLabConfig().test_states
+        self.fresh_states = IsaacLabConfig().train_states
+
+    def options(self, args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
+        from envs.isaaclab.env import trained_options
+
+        trained = trained_options(args.checkpoint) if args.checkpoint else {}
+        if trained.get("task", self.task) != self.task:
+            from rlvla3.config import ConfigError
+
+            raise ConfigError("--suite", f"the checkpoint learnt Isaac Lab task "
+                              f"{trained['task']!r}, not {self.task!r}")
+        options: dict[str, Any] = {
+            **trained, "task": self.task, "num_envs": 1, "task_ids": list(tasks),
+            "image_size": list(args.image_size),
+            "split": "test" if args.placements == "bundled" else "train"}
+        if args.max_steps:
+            options["max_steps"] = args.max_steps
+        return options
+
+    def identity(self, options: dict[str, Any]) -> dict[str, Any]:
+        from envs.isaaclab.env import TEST_OFFSET, IsaacLabConfig
+
+        cfg = build(IsaacLabConfig, options, "--options")
+        offset = TEST_OFFSET if cfg.split == "test" else 0
+        return {"placement_seed": 0, "cameras": list(cfg.camera_names),
+                "image_size": list(cfg.image_size), "chunk_len": cfg.chunk_len,
+                "max_steps": cfg.max_steps or cfg.shape.max_steps, "fast_render": True,
+                "scenes": f"isaaclab-{cfg.task}-layouts-from-{offset}",
+                "task_options": dict(cfg.task_options)}
+
+    def instructions(self) -> tuple[str, ...]:
+        from envs.isaaclab.catalog import TASKS
+
+        return TASKS[self.task].instructions
+
+    def training_overlap(self, args: argparse.Namespace, tasks: Sequence[int],
+                         ids: Sequence[int]) -> list[str]:
+        from envs.isaaclab.env import training_overlap
+
+        return training_overlap(args.checkpoint) if args.placements == "bundled" else []
+
+
 def suite_names() -> list[str]:
     from envs.libero.env import SUITE_NUM_TASKS
     from envs.metaworld.tasks import BENCHMARK_TASKS
 
-    return sorted(SUITE_NUM_TASKS) + sorted(BENCHMARK_TASKS)
+    return sorted(SUITE_NUM_TASKS) + sorted(BENCHMARK_TASKS) + sorted(IsaacLabSuite.tasks)
 
 
-def suite_of(name: str) -> LiberoSuite | MetaWorldSuite:
+def trained_suite(checkpoint: str) -> tuple[str, str] | None:
+    """``(simulator, suite)`` a checkpoint's run trained on (its saved config's env), or None
+    when the run saved no config or trained on an env no suite evaluates (the toys)."""
+    from rlvla3.checkpoint import saved_run
+
+    try:
+        env = saved_run(checkpoint)[1].get("env") or {}
+    except (OSError, ValueError):
+        return None
+    name, options = env.get("name"), env.get("options") or {}
+    if name == "libero":
+        return name, str(options.get("suite", "libero_spatial"))
+    if name == "metaworld":
+        return name, str(options.get("benchmark", "mt10"))
+    if name == "isaaclab":
+        task = str(options.get("task", "reach"))
+        return name, next((s for s, t in IsaacLabSuite.tasks.items() if t == task), "")
+    return None
+
+
+def simulator_of(suite: str) -> str:
     from envs.metaworld.tasks import BENCHMARK_TASKS
 
+    if suite in IsaacLabSuite.tasks:
+        return "isaaclab"
+    return "metaworld" if suite in BENCHMARK_TASKS else "libero"
+
+
+def suite_of(name: str) -> LiberoSuite | MetaWorldSuite | IsaacLabSuite:
+    from envs.metaworld.tasks import BENCHMARK_TASKS
+
+    if name in IsaacLabSuite.tasks:
+        return IsaacLabSuite(name)
     return MetaWorldSuite(name) if name in BENCHMARK_TASKS else LiberoSuite(name)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from envs.libero import bench_env as libero_bench
 
@@ -50,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         report = run(args)
     else:
         from envs.isaaclab.bench_isaaclab import run
+        from envs.process_env import EnvProcessError
 
-        report = run(args)
+        try:
+            report = run(args)
+        except EnvProcessError as err:  # e.g. a task name Isaac Lab does not know
+            print(f"rlvla3 bench env: --task {args.task}: {err}", file=sys.stderr)
+            return 2
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
     return 0

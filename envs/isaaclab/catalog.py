@@ -9,6 +9,7 @@ silently.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 REACH_COLOURS: tuple[tuple[str, tuple[float, float, float]], ...] = (
@@ -37,8 +38,27 @@ class TaskShape:
     """One per task variant."""
 
 
+REACH_STATES: dict[str, int] = {"proprio": 10, "cubes": 19, "target": 13}
+"""Reach state modes and their lengths: ``proprio`` the TCP position and the arm's joints (what
+a real robot knows); ``cubes`` adds every cube's centre (privileged: the policy still has to
+pick the one the instruction names); ``target`` adds the target cube's centre (privileged, the
+instruction no longer needed). The privileged modes exist to diagnose learning from pixels."""
+
+REACH_OPTIONS = {"state", "max_move", "progress_scale", "success_bonus"}
+"""The reach's ``task_options`` (``envs.isaaclab.env.IsaacLabConfig``)."""
+
+
 TASKS: dict[str, TaskShape] = {
     "reach": TaskShape(10, 3, ("front", "wrist"), 40,
                        tuple(reach_instruction(k) for k in range(len(REACH_COLOURS)))),
     "cartpole": TaskShape(4, 1, (), 300, ("balance the pole",)),
 }
+
+
+def task_shape(task: str, task_options: dict) -> TaskShape:
+    """The shape of one of our tasks under its ``task_options`` (the reach's state mode)."""
+    shape = TASKS[task]
+    if task == "reach":
+        mode = task_options.get("state", "proprio")
+        return dataclasses.replace(shape, state_dim=REACH_STATES[mode])
+    return shape

@@ -65,6 +65,8 @@ class ServerConfig:
     python: str = ""
     """The interpreter to run the server with; empty: the managed environment's."""
     seed: int = 0
+    task_options: Mapping[str, Any] = field(default_factory=dict)
+    """Options of one of our tasks (``envs.isaaclab.env.IsaacLabConfig.task_options``)."""
     gym: Mapping[str, Any] = field(default_factory=dict)
     """``state_key``, ``camera_keys``, ``success_term``, ``instruction`` of a Gym task."""
     step_timeout_s: float = 120.0
@@ -76,7 +78,8 @@ class ServerConfig:
     def message(self) -> dict[str, Any]:
         options = {"num_envs": self.num_envs, "device": self.device,
                    "cameras": list(self.cameras), "image_size": list(self.image_size),
-                   "max_steps": self.max_steps, **dict(self.gym)}
+                   "max_steps": self.max_steps, "task_options": dict(self.task_options),
+                   **dict(self.gym)}
         return {"task": self.task, "options": options, "chunk_len": self.chunk_len,
                 "kit": self.kit, "seed": self.seed}
 
@@ -104,10 +107,17 @@ def _source_dir() -> str:
 
 
 def _last_line(answer: Mapping[str, Any]) -> str:
-    """The last line of an error answer; the whole traceback goes to stderr."""
+    """The last line of an error answer; the whole traceback goes to a file named on stderr."""
+    import tempfile
+
     text = str(answer.get("error", "")).strip()
-    print(f"[isaaclab server] {text}", file=sys.stderr, flush=True)
-    return text.splitlines()[-1] if text else "no error text"
+    if not text:
+        return "no error text"
+    with tempfile.NamedTemporaryFile("w", prefix="isaaclab-server-", suffix=".txt",
+                                     delete=False) as log:
+        log.write(text + "\n")
+    print(f"[isaaclab server] its traceback: {log.name}", file=sys.stderr, flush=True)
+    return text.splitlines()[-1]
 
 
 def _interpreter(cfg: ServerConfig) -> tuple[str, dict[str, str]]:

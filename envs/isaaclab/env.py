@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from envs.isaaclab.catalog import TASKS, TaskShape
+from envs.isaaclab.catalog import REACH_OPTIONS, REACH_STATES, TASKS, TaskShape, task_shape
 from rlvla3.config import build, require
 from rlvla3.types import EnvSpec
 
@@ -45,6 +45,8 @@ class IsaacLabConfig:
     """Which Isaac Lab task, how many sub-envs, which runtime and where its data comes from."""
 
     task: str = "reach"
+    task_ids: tuple[int, ...] = ()
+    """Task variants this env serves (env task ``i`` is variant ``task_ids[i]``); empty: all."""
     num_envs: int = 4
     """Sub-envs of one server (slots of a worker share servers of this size)."""
     device: str = "cpu"
@@ -79,6 +81,15 @@ class IsaacLabConfig:
     """Gym tasks only: termination term that means success."""
     instruction: str = ""
     """Gym tasks only: the task's instruction."""
+    task_options: Mapping[str, Any] = field(default_factory=dict)
+    """Options of one of our tasks; ``reach``: ``state`` (``proprio``, or the privileged
+    ``cubes`` / ``target`` of ``catalog.REACH_STATES``), ``max_move`` (m of tool motion per
+    env step at action 1), ``progress_scale`` (reward per metre of distance to the target
+    gained), ``success_bonus``."""
+    reward: Literal["shaped", "sparse"] = "shaped"
+    """``shaped``: the task's own reward (the reach's progress term plus its success bonus);
+    ``sparse``: 1 on the step that succeeds, else 0. Success is the reported metric either
+    way."""
     gather_timeout_s: float = 5.0
     step_timeout_s: float = 120.0
     start_timeout_s: float = 1200.0
@@ -100,6 +111,29 @@ class IsaacLabConfig:
         require(self.train_states <= TEST_OFFSET, "train_states", f"must be <= {TEST_OFFSET}")
         require(self.gather_timeout_s > 0, "gather_timeout_s", "must be > 0")
         shape = TASKS.get(self.task)
+        known = REACH_OPTIONS if self.task == "reach" else set()
+        unknown_options = sorted(set(self.task_options) - known)
+        require(not unknown_options, "task_options",
+                f"task {self.task!r} takes {sorted(known) or 'no options'}, not {unknown_options}")
+        variants = len(shape.instructions) if shape is not None else 1
+        for i, t in enumerate(self.task_ids):
+            require(0 <= t < variants, f"task_ids[{i}]",
+                    f"task {self.task!r} has variants 0..{variants - 1}, got {t}")
+        require(len(set(self.task_ids)) == len(self.task_ids), "task_ids", "has duplicates")
+        if self.task == "reach":
+            mode = self.task_options.get("state", "proprio")
+            require(mode in REACH_STATES, "task_options.state",
+                    f"must be one of {sorted(REACH_STATES)}, got {mode!r}")
+            for name in ("max_move", "progress_scale", "success_bonus"):
+                value = self.task_options.get(name, 1.0)
+                require(isinstance(value, (int, float)) and value >= 0, f"task_options.{name}",
+                        f"must be a number >= 0, got {value!r}")
+            require(self.task_options.get("max_move", 1.0) > 0, "task_options.max_move",
+                    "must be > 0")
+        require(self.reward in ("shaped", "sparse"), "reward",
+                f"must be shaped or sparse, got {self.reward!r}")
+        require(self.reward == "shaped" or self.task == "reach", "reward",
+                f"sparse is implemented for reach; task {self.task!r} has its own reward only")
         if shape is not None:
             unknown = [c for c in self.cameras or () if c not in shape.cameras]
             require(not unknown, "cameras",
@@ -117,13 +151,21 @@ class IsaacLabConfig:
     def shape(self) -> TaskShape:
         """The task's shapes (ours from the catalog, a Gym task's from the options)."""
         if self.task in TASKS:
-            return TASKS[self.task]
+            return task_shape(self.task, dict(self.task_options))
         return TaskShape(self.state_dim, self.action_dim, tuple(self.camera_keys),
                          self.max_decisions * self.chunk_len, (self.instruction,))
 
     @property
     def camera_names(self) -> tuple[str, ...]:
         return self.shape.cameras if self.cameras is None else tuple(self.cameras)
+
+    def variant(self, task_id: int) -> int:
+        """The task variant env task ``task_id`` names."""
+        if not self.task_ids:
+            return task_id
+        if not 0 <= task_id < len(self.task_ids):
+            raise IndexError(f"task_id {task_id} out of range 0..{len(self.task_ids) - 1}")
+        return self.task_ids[task_id]
 
     def layout(self, init_state_id: int) -> int:
         """The task layout an initial state id names in this split."""
@@ -145,6 +187,35 @@ def check_split(env: Any, train_init_ids: Any = (), field: str = "env.options.sp
                           "env.options.allow_eval_overlap: true")
 
 
+def training_overlap(checkpoint: str, _seen: set[str] | None = None) -> list[str]:
+    """Why a checkpoint's training touched the test layouts (empty: it did not, as far as its
+    run directory and its ``init_from`` chain record)."""
+    from rlvla3.checkpoint import saved_run
+
+    seen = _seen if _seen is not None else set()
+    run, config = saved_run(checkpoint)
+    if run in seen:
+        return []
+    seen.add(run)
+    reasons: list[str] = []
+    env = config.get("env") or {}
+    if env.get("name") == "isaaclab" and (env.get("options") or {}).get("split") == "test":
+        reasons.append(f"RL run {run} trained on the test layouts")
+    if config.get("init_from"):
+        reasons += training_overlap(config["init_from"], seen)
+    return reasons
+
+
+def trained_options(checkpoint: str) -> dict[str, Any]:
+    """The env options of the run a checkpoint comes from that shape what its policy sees
+    (``task``, ``task_options``, ``max_steps``), so an evaluation runs the task it learnt."""
+    from rlvla3.checkpoint import saved_run
+
+    env = saved_run(checkpoint)[1].get("env") or {}
+    options = env.get("options") or {} if env.get("name") == "isaaclab" else {}
+    return {k: options[k] for k in ("task", "task_options", "max_steps") if k in options}
+
+
 def spec_of(cfg: IsaacLabConfig) -> EnvSpec:
     shape = cfg.shape
     steps = cfg.max_steps or shape.max_steps
@@ -155,7 +226,7 @@ def spec_of(cfg: IsaacLabConfig) -> EnvSpec:
         action_dim=shape.action_dim,
         chunk_len=cfg.chunk_len,
         max_decisions=cfg.max_decisions or math.ceil(steps / cfg.chunk_len),
-        num_tasks=len(shape.instructions),
+        num_tasks=len(cfg.task_ids) or len(shape.instructions),
         num_init_states=cfg.train_states if cfg.split == "train" else cfg.test_states,
     )
 
@@ -171,7 +242,11 @@ def server_config(cfg: IsaacLabConfig, seed: int) -> Any:
     gym = {} if cfg.task in TASKS else {
         "state_key": cfg.state_key, "camera_keys": dict(cfg.camera_keys),
         "success_term": cfg.success_term, "instruction": cfg.instruction}
+    task_options = dict(cfg.task_options)
+    if cfg.reward == "sparse":
+        task_options.update(progress_scale=0.0, success_bonus=1.0)
     return ServerConfig(task=cfg.task, num_envs=cfg.num_envs, device=cfg.device,
+                        task_options=task_options,
                         cameras=cfg.camera_names, image_size=tuple(cfg.image_size),
                         max_steps=cfg.max_steps, chunk_len=cfg.chunk_len, kit=cfg.kit,
                         python=cfg.python, seed=seed, gym=gym,
@@ -184,9 +259,9 @@ def open_server_slots(cfg: IsaacLabConfig, seed: int = 0) -> Any:
     from envs.isaaclab.client import IsaacLabServer
     from envs.isaaclab.slots import ServerSlots
 
-    expect = TASKS.get(cfg.task)
+    expect = cfg.shape if cfg.task in TASKS else None
     server = IsaacLabServer(server_config(cfg, seed), expect=expect)
-    return ServerSlots(server, spec_of(cfg), cfg.layout)
+    return ServerSlots(server, spec_of(cfg), cfg.layout, cfg.variant)
 
 
 _SHARED: dict[tuple, Any] = {}

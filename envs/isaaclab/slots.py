@@ -39,11 +39,14 @@ from rlvla3.types import EnvSpec, Observation, StepResult
 class ServerSlots:
     """Slot-indexed access to one ``IsaacLabServer``; see the module docstring."""
 
-    def __init__(self, server: IsaacLabServer, spec: EnvSpec, layout_of: Callable[[int], int]):
-        """``layout_of``: initial state id -> the task's layout id (the split)."""
+    def __init__(self, server: IsaacLabServer, spec: EnvSpec, layout_of: Callable[[int], int],
+                 variant_of: Callable[[int], int] = int):
+        """``layout_of``: initial state id -> the task's layout id (the split); ``variant_of``:
+        env task id -> the task's variant."""
         self.server = server
         self.spec = spec
         self.layout_of = layout_of
+        self.variant_of = variant_of
         self.n = server.spec.num_envs
         self._task: dict[int, int] = {}
         self._born: dict[int, int] = {}
@@ -61,11 +64,12 @@ class ServerSlots:
                            instruction=self.server.spec.instructions[self._task[slot]])
 
     def reset(self, slot: int, task_id: int, init_state_id: int) -> Observation:
-        if not 0 <= task_id < len(self.server.spec.instructions):
+        variant = self.variant_of(task_id)
+        if not 0 <= variant < len(self.server.spec.instructions):
             raise IndexError(f"task_id {task_id} out of range "
                              f"0..{len(self.server.spec.instructions) - 1}")
-        self.server.reset([slot], [task_id], [self.layout_of(init_state_id)])
-        self._task[slot] = task_id
+        self.server.reset([slot], [variant], [self.layout_of(init_state_id)])
+        self._task[slot] = variant
         self._born[slot] = self.server.generation
         self._last[slot] = self._observation(slot)
         self.live.add(slot)

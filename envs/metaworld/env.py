@@ -12,7 +12,11 @@ env's own ``success`` flag.
 - ``step(chunk)``: the ``[chunk_len, 4]`` actions (hand x, y, z moves and the gripper, in
   ``[-1, 1]``) run one by one; the first one after which ``info["success"]`` holds ends the
   episode (terminated, success, reward 1); ``max_steps`` low-level steps truncate it.
-  Reward: sparse, 1 on success (MetaWorld's shaped reward is in ``info``, unused).
+  Reward (``reward``): ``sparse``, 1 on success; or ``shaped``, MetaWorld's own reward
+  (``info``'s, 0..10 per step) divided by 10 per executed step, and on success the steps left
+  to ``max_steps`` credited at the maximum, 1 each: success is an absorbing state at the best
+  reward, so succeeding sooner never returns less than going on. Success is the reported
+  metric either way.
 - observations: ``corner`` (a third-person camera; MetaWorld's ``corner``) and ``wrist``
   (``gripperPOV``) images, rotated upright (MuJoCo renders these cameras upside down), rendered
   once per chunk after its last step; state ``[hand x, y, z, gripper opening]`` (the first 4
@@ -54,6 +58,8 @@ CAMERAS: dict[str, str] = {"corner": "corner", "wrist": "gripperPOV", "corner2":
 """Observation camera name -> MetaWorld camera name."""
 STATE_DIM = 4
 ACTION_DIM = 4
+MAX_STEP_REWARD = 10.0
+"""MetaWorld's per-step reward lies in ``[0, 10]`` (10 once a task is solved)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,8 @@ class MetaWorldConfig:
     max_steps: int = 200
     """Episode limit in low-level steps (MetaWorld's own is 500; its scripted expert needs
     under 200 on every MT10 task)."""
+    reward: Literal["sparse", "shaped"] = "sparse"
+    """``sparse``: 1 on success; ``shaped``: MetaWorld's reward (see the module docstring)."""
     split: Literal["train", "test"] = "train"
     """``train``: fresh states per (state_seed, task, id); ``test``: the benchmark's own 50."""
     train_states: int = 10_000
@@ -96,6 +104,8 @@ class MetaWorldConfig:
         require(1 <= self.max_steps <= 500, "max_steps", "must be in 1..500 (MetaWorld's limit)")
         require(self.train_states >= 1, "train_states", "must be >= 1")
         require(self.cached_envs >= 1, "cached_envs", "must be >= 1")
+        require(self.reward in ("sparse", "shaped"), "reward",
+                f"must be sparse or shaped, got {self.reward!r}")
 
     @property
     def tasks(self) -> tuple[str, ...]:
@@ -206,11 +216,12 @@ class MetaWorldEnv:
         if self._done:
             raise RuntimeError("step() after the episode ended; call reset() first")
         actions = np.asarray(actions, dtype=np.float64).reshape(-1, ACTION_DIM)
-        success, steps = False, 0
+        success, steps, shaped = False, 0, 0.0
         for action in actions:
-            self.raw_obs, _, _, _, info = self._env.step(np.clip(action, -1.0, 1.0))
+            self.raw_obs, reward, _, _, info = self._env.step(np.clip(action, -1.0, 1.0))
             steps += 1
             self._t += 1
+            shaped += float(reward) / MAX_STEP_REWARD
             if info["success"]:
                 success = True
                 break
@@ -219,7 +230,11 @@ class MetaWorldEnv:
         truncated = not success and self._t >= self.cfg.max_steps
         self._done = success or truncated
         self._last_obs = self._observation()
-        return StepResult(self._last_obs, float(success), success, truncated, success, steps)
+        if self.cfg.reward == "shaped":
+            reward = shaped + (self.cfg.max_steps - self._t if success else 0)
+        else:
+            reward = float(success)
+        return StepResult(self._last_obs, reward, success, truncated, success, steps)
 
     def _renderer(self) -> Any:
         import mujoco

@@ -49,6 +49,17 @@ class SmallPolicyConfig:
     """Initial inverse temperature of the spatial softmax (learned per channel)."""
     init_log_std: float = -0.5
     min_log_std: float = -3.0
+    normalize_state: bool = False
+    """Standardise the state vector with running moments of the states the learner trains on
+    (buffers, so they travel with the weights to the rollout servers and into checkpoints).
+    A state in raw units (metres, radians) varies over a range far from 1, which a small
+    network learns from slowly; the moments stop moving after ``normalize_until`` states."""
+    normalize_until: int = 100_000
+    film_trunk: bool = False
+    """Condition the trunk's hidden units on the instruction multiplicatively (FiLM: a scale and
+    a shift per unit from the instruction's embedding, starting at identity), as the vision
+    encoder is. Choosing among objects by an instruction is a product of the instruction and
+    the scene; a trunk that only sees the embedding concatenated learns it slowly."""
 
     def validate(self) -> None:
         for name in ("channels", "hidden", "vocab", "embed", "max_words"):
@@ -107,11 +118,19 @@ class SmallPolicy(nn.Module):
         self.encoder = _Encoder(cfg.channels, cfg.embed, spec.image_size, cfg.keypoint_temperature)
         feat = 2 * cfg.channels * len(spec.cameras) + spec.state_dim + cfg.embed
         self.trunk = nn.Sequential(nn.Linear(feat, cfg.hidden), nn.Tanh())
+        if cfg.film_trunk:
+            self.trunk_film = nn.Linear(cfg.embed, 2 * cfg.hidden)
+            nn.init.zeros_(self.trunk_film.weight)
+            nn.init.zeros_(self.trunk_film.bias)
         self.mean_head = nn.Sequential(nn.Linear(cfg.hidden, cfg.hidden), nn.Tanh(),
                                        nn.Linear(cfg.hidden, self.out_dim))
         self.value_head = nn.Sequential(nn.Linear(feat, cfg.hidden), nn.Tanh(),
                                         nn.Linear(cfg.hidden, 1))
         self.log_std = nn.Parameter(torch.full((self.out_dim,), cfg.init_log_std))
+        if cfg.normalize_state:
+            self.register_buffer("state_mean", torch.zeros(spec.state_dim))
+            self.register_buffer("state_var", torch.ones(spec.state_dim))
+            self.register_buffer("state_count", torch.zeros(()))
         last = cast(nn.Linear, self.mean_head[-1])
         nn.init.zeros_(last.bias)
         last.weight.data.mul_(0.1)
@@ -139,12 +158,35 @@ class SmallPolicy(nn.Module):
             keypoints = self.encoder(img.float() / 255.0, text)
             mask = torch.from_numpy(np.asarray(obs.image_mask[cam], dtype=np.float32)).to(dev)[:, None]
             parts.append(keypoints * mask)
-        parts.append(torch.from_numpy(np.asarray(obs.state, dtype=np.float32)).to(dev))
+        parts.append(self._state(torch.from_numpy(np.asarray(obs.state, dtype=np.float32)).to(dev)))
         parts.append(text)
         return torch.cat(parts, dim=-1)
 
+    def _state(self, state: torch.Tensor) -> torch.Tensor:
+        """The state as the network sees it: standardised with the running moments, which a
+        training forward (gradients on) first updates with its batch (Chan et al.'s parallel
+        update of mean and variance)."""
+        if not self.cfg.normalize_state:
+            return state
+        if torch.is_grad_enabled() and float(self.state_count) < self.cfg.normalize_until:
+            with torch.no_grad():
+                n, count = float(len(state)), float(self.state_count)
+                mean, var = state.mean(0), state.var(0, unbiased=False)
+                total = count + n
+                delta = mean - self.state_mean
+                self.state_mean.add_(delta * n / total)
+                self.state_var.copy_((self.state_var * count + var * n
+                                      + delta.pow(2) * count * n / total) / total)
+                self.state_count.fill_(total)
+        z = (state - self.state_mean) / (self.state_var + 1e-4).sqrt()
+        return z.clamp(-5.0, 5.0)
+
     def _dist(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean = self.mean_head(self.trunk(feats))
+        hidden = self.trunk(feats)
+        if self.cfg.film_trunk:
+            gamma, beta = self.trunk_film(feats[:, -self.cfg.embed:]).chunk(2, dim=-1)
+            hidden = hidden * (1 + gamma) + beta
+        mean = self.mean_head(hidden)
         log_std = self.log_std.clamp(min=self.cfg.min_log_std).expand_as(mean)
         return mean, log_std
 

@@ -86,6 +86,18 @@ def test_unknown_preset_and_env_and_policy():
     assert err.value.field == "env.options.image_size"
 
 
+def test_a_preset_of_rl_after_sft_starts_from_its_committed_checkpoint_or_refuses():
+    """``metaworld_mt10`` ships its SFT checkpoint as ``init_from``; without one it is refused
+    in one line naming the field, not run for thousands of steps in which every group fails."""
+    cfg = load_run_config("metaworld_mt10")
+    assert cfg.needs_init_from and cfg.init_from == "results/metaworld_mt10/mw_sft"
+    assert cfg.policy.options["image_size"]  # the checkpoint's options were adopted
+    with pytest.raises(ConfigError) as err:
+        load_run_config("metaworld_mt10", overrides=["init_from="])
+    assert err.value.field == "init_from" and "--set init_from=RUN_DIR" in str(err.value)
+    assert not load_run_config("smoke").needs_init_from
+
+
 def test_more_learners_than_cpus_is_rejected():
     cfg = load_run_config("smoke", overrides=["learner.num_learners=3", "learner.global_batch=96"])
     with pytest.raises(ConfigError) as err:

@@ -23,11 +23,11 @@ from envs import check_training_split, eval_env, missing_extra, require_extra
 from envs.isaaclab import setup
 from envs.isaaclab.batched import BatchedSlots, spec_of
 from envs.isaaclab.client import IsaacLabServer, ServerConfig
-from envs.isaaclab.env import IsaacLabConfig, isaaclab_spec, make_isaaclab_env
+from envs.isaaclab.env import IsaacLabConfig, isaaclab_spec, make_isaaclab_env, server_config
 from envs.isaaclab.slots import ServerSlots, slots_over
 from envs.isaaclab.wire import Layout
 from envs.process_env import EnvProcessError
-from rlvla3.config import ConfigError, Named
+from rlvla3.config import ConfigError, Named, build
 from rlvla3.types import EnvSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,11 +262,17 @@ def test_an_exception_in_a_step_is_a_fault_without_a_restart():
         batch.close()
 
 
-def test_a_task_that_fails_to_build_is_one_error_not_a_hang():
+def test_a_task_that_fails_to_build_is_one_error_not_a_hang(capsys):
+    """One line names the fault; the server's traceback is kept in a file the stderr names,
+    not poured onto the console."""
     cfg = ServerConfig(task="tests.isaaclab_standin:NO_SUCH_TASK", python=sys.executable,
                        start_timeout_s=60)
     with pytest.raises(EnvProcessError, match="failed to start.*NO_SUCH_TASK"):
         IsaacLabServer(cfg)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    kept = err.split("its traceback: ")[1].split()[0]
+    assert "Traceback" in open(kept).read()
 
 
 def test_config_spec_split_and_errors():
@@ -290,6 +296,28 @@ def test_config_spec_split_and_errors():
     assert eval_env(train).options["split"] == "test"
     with pytest.raises(ConfigError, match="env.options.split"):
         check_training_split(eval_env(train))
+
+
+def test_reach_task_options_shape_the_state_and_reach_the_server():
+    assert isaaclab_spec({"task": "reach", "task_options": {"state": "cubes"}}).state_dim == 19
+    assert isaaclab_spec({"task": "reach", "task_options": {"state": "target"}}).state_dim == 13
+    spec = isaaclab_spec({"task": "reach", "task_ids": [2, 0], "cameras": []})
+    assert spec.num_tasks == 2 and spec.cameras == ()
+    cfg = build(IsaacLabConfig, {"task": "reach", "task_ids": [2, 0], "reward": "sparse",
+                                 "task_options": {"state": "cubes", "max_move": 0.05}},
+                "env.options")
+    assert (cfg.variant(0), cfg.variant(1)) == (2, 0)
+    sent = server_config(cfg, 0).message()["options"]["task_options"]
+    assert sent == {"state": "cubes", "max_move": 0.05, "progress_scale": 0.0,
+                    "success_bonus": 1.0}  # sparse: the success alone
+    for options, field in (({"task_options": {"stat": "cubes"}}, "task_options"),
+                           ({"task_options": {"state": "pixels"}}, "task_options.state"),
+                           ({"task_options": {"max_move": 0}}, "task_options.max_move"),
+                           ({"reward": "dense"}, "reward"), ({"task_ids": [3]}, "task_ids")):
+        with pytest.raises(ConfigError, match=f"env.options.{field}"):
+            isaaclab_spec({"task": "reach", **options})
+    with pytest.raises(ConfigError, match="env.options.reward"):
+        isaaclab_spec({"task": "cartpole", "reward": "sparse"})
 
 
 def test_without_the_isaaclab_environment_the_error_says_how_to_build_it(monkeypatch, tmp_path):
@@ -363,3 +391,61 @@ def test_isaaclab_stock_cartpole_runs_kitless_on_a_local_usd():
         assert result.steps == 10 and not result.fault and result.reward != 0.0
     finally:
         slot.close()
+
+
+@pytest.mark.slow
+@needs_isaaclab
+def test_reach_privileged_states_let_an_oracle_succeed_for_a_sparse_reward():
+    """The privileged state modes hold what they promise (the target is the named colour's
+    cube), and a controller that reads them solves the reach: the task is solvable as built,
+    and the sparse reward pays exactly the success."""
+    slots = [make_isaaclab_env({"task": "reach", "num_envs": 1, "chunk_len": 4, "cameras": [],
+                                "reward": "sparse", "task_options": {"state": state}}, seed=0)
+             for state in ("target", "cubes")]
+    try:
+        target, cubes = slots[0].reset(1, 5), slots[1].reset(1, 5)
+        assert target.instruction == cubes.instruction == "reach the green cube"
+        assert np.allclose(target.state[10:13], cubes.state[10:19].reshape(3, 3)[1], atol=1e-5)
+        obs, rewards = target, []
+        for _ in range(10):
+            move = np.clip((obs.state[10:13] - obs.state[:3]) / 0.03, -1, 1)
+            result = slots[0].step(np.tile(move, (4, 1)).astype(np.float32))
+            rewards.append(result.reward)
+            obs = result.obs
+            if result.terminated or result.truncated:
+                break
+        assert result.success and result.terminated and rewards[-1] == 1.0
+        assert rewards[:-1] == [0.0] * (len(rewards) - 1)
+    finally:
+        for slot in slots:
+            slot.close()
+
+
+@pytest.mark.slow
+@needs_isaaclab
+def test_eval_judges_a_committed_reach_policy_on_held_out_layouts_and_rechecks(tmp_path):
+    """``eval --suite isaaclab_reach`` on the committed reach checkpoint: the test split's
+    layouts (never trained on), episode records with Wilson intervals, the suite's identity, and
+    ``--recheck`` replaying a sample of its episodes to the same outcomes."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "eval"
+    run = subprocess.run([sys.executable, "-m", "rlvla3", "eval", "--suite", "isaaclab_reach",
+                          "--checkpoint", "results/isaaclab/reach_rl4", "--task-ids", "0", "2",
+                          "--episodes-per-task", "2", "--workers", "1", "--videos", "0",
+                          "--output-dir", str(out), "--json"],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads((out / "results.json").read_text())
+    records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and {r["task"] for r in records} == {0, 2}
+    assert summary["complete"] and summary["episodes"] == 4 and not summary["training_overlap"]
+    assert json.loads((out / "eval.json").read_text())["identity"]["suite"] == "isaaclab_reach"
+    low, high = summary["ci95"]
+    assert 0.0 <= low <= summary["success_rate"] <= high <= 1.0
+    recheck = subprocess.run([sys.executable, "-m", "rlvla3", "eval", "--recheck", str(out),
+                              "--sample", "2", "--workers", "1"],
+                             capture_output=True, text=True, timeout=900)
+    assert recheck.returncode == 0, recheck.stderr[-2000:]

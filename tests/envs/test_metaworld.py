@@ -113,3 +113,39 @@ def test_training_on_test_states_is_found_through_sft_and_rl_configs(tmp_path):
     assert "demos was recorded on the test split" in reasons[1]
     (sft / "config.yaml").write_text(yaml.safe_dump({"lake": {"datasets": []}}))
     assert training_overlap(str(tmp_path / "sft")) == []
+
+
+@needs_metaworld
+def test_the_shaped_reward_is_metaworlds_own_and_success_stays_the_best_return():
+    """``reward: shaped``: each chunk returns MetaWorld's reward / 10 per executed step; the
+    chunk that succeeds also credits the steps left at the maximum, so the expert's shaped
+    return exceeds what its own steps could collect without succeeding, and the sparse reward
+    of the same actions is 1 at the end alone."""
+    from envs.metaworld.expert import scripted_policy
+
+    returns = {}
+    for reward in ("sparse", "shaped"):
+        env = MetaWorldEnv(MetaWorldConfig(task_ids=(2,), image_size=(16, 16), process=False,
+                                           split="test", reward=reward, max_steps=200))
+        try:
+            env.reset(0, 3)
+            policy, rewards = scripted_policy(env.task_name), []
+            while True:
+                action = np.clip(np.asarray(policy.get_action(env.raw_obs)), -1, 1)
+                result = env.step(np.repeat(action[None], 2, axis=0))
+                rewards.append((result.reward, result.steps))
+                if result.terminated or result.truncated:
+                    break
+            assert result.success
+            returns[reward] = rewards
+        finally:
+            env.close()
+    sparse, shaped = returns["sparse"], returns["shaped"]
+    assert [r for r, _ in sparse] == [0.0] * (len(sparse) - 1) + [1.0]
+    steps = sum(n for _, n in shaped)
+    assert all(0.0 <= r <= n for r, n in shaped[:-1])  # MetaWorld's 0..10 a step, over 10
+    assert any(0.0 < r < n for r, n in shaped[:-1])  # ... and it is graded, not a flag
+    assert shaped[-1][0] >= 200 - steps  # the remaining steps credited at 1 each
+    assert sum(r for r, _ in shaped) > steps  # more than its steps could earn unsolved
+    with pytest.raises(ConfigError, match="reward"):
+        MetaWorldConfig(reward="dense").validate()

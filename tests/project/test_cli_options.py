@@ -149,3 +149,18 @@ def test_sft_resume_continues_the_saved_config(tmp_path):
         _sft(["--resume", str(tmp_path)])
     with pytest.raises(ConfigError, match="drop --preset"):
         _sft(["--resume", str(tmp_path / "sft10"), "--preset", "default"])
+
+
+def test_eval_takes_the_suite_a_checkpoint_trained_on_and_refuses_another_simulators(capsys):
+    """The committed Isaac Lab and MetaWorld checkpoints: without ``--suite`` each is judged on
+    its own simulator's suite; a suite of another simulator is one line naming the right one
+    (it was ``unknown camera 'front'`` from inside LIBERO's config)."""
+    from commands.eval import parse_args
+
+    assert parse_args(["--checkpoint", "results/isaaclab/reach_rl4"]).suite == "isaaclab_reach"
+    assert parse_args(["--checkpoint", "results/metaworld_mt10/mw_sft"]).suite == "mt10"
+    assert parse_args(["--policy", "random"]).suite == "libero_spatial"
+    with pytest.raises(SystemExit) as err:
+        parse_args(["--checkpoint", "results/isaaclab/reach_rl4", "--suite", "libero_spatial"])
+    assert err.value.code == 2
+    assert "trained on isaaclab: evaluate it with --suite isaaclab_reach" in capsys.readouterr().err

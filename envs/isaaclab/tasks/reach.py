@@ -23,7 +23,8 @@ split of initial states rests on that). Termination term ``reached``: the TCP wi
 decrease of the distance to the target, plus ``success_bonus`` on the step that reaches it.
 
 Observations: ``policy``: TCP position relative to the robot base (3) and joint positions
-(7), float32; ``front`` and ``wrist``: uint8 ``[N, H, W, 3]`` images (rendered when read).
+(7), float32, and with ``state: cubes`` every cube's centre (9), with ``state: target`` the
+target's (3) (privileged states, for diagnosis); ``front`` and ``wrist``: uint8 ``[N, H, W, 3]`` images (rendered when read).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
 from isaaclab_newton.renderers import NewtonWarpRendererCfg
 from isaaclab_newton.sim.schemas import NewtonArticulationCfg
 
-from envs.isaaclab.catalog import REACH_COLOURS, TASKS, reach_instruction
+from envs.isaaclab.catalog import REACH_COLOURS, REACH_STATES, TASKS, reach_instruction
 from envs.isaaclab.tasks import TaskDefinition
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -163,12 +164,18 @@ class ReachEnvCfg(DirectRLEnvCfg):
     success_bonus = 1.0
     cameras: tuple[str, ...] = ("front", "wrist")
     image_size: tuple[int, int] = (64, 64)
+    state = "proprio"
+    """What the state vector holds (``catalog.REACH_STATES``)."""
 
 
 def make_cfg(num_envs: int, device: str, cameras: Sequence[str], image_size: Sequence[int],
-             max_steps: int = 0) -> ReachEnvCfg:
-    """The env config; ``max_steps`` env steps per episode (0: ``DEFAULT_STEPS``)."""
+             max_steps: int = 0, task_options: dict | None = None) -> ReachEnvCfg:
+    """The env config; ``max_steps`` env steps per episode (0: ``DEFAULT_STEPS``);
+    ``task_options`` override ``state``, ``max_move``, ``progress_scale``, ``success_bonus``."""
     cfg = ReachEnvCfg()
+    for name, value in (task_options or {}).items():
+        setattr(cfg, name, type(getattr(cfg, name))(value))
+    cfg.observation_space = REACH_STATES[cfg.state]
     cfg.sim.device = device
     cfg.scene.num_envs = num_envs
     cfg.episode_length_s = (max_steps or DEFAULT_STEPS) * cfg.sim.dt * cfg.decimation
@@ -272,7 +279,12 @@ class ReachEnv(DirectRLEnv):
 
     def _get_observations(self) -> dict:
         q = self.robot.data.joint_pos.torch[:, self.arm_ids]
-        return {"policy": torch.cat([self.tcp(), q], dim=-1)}
+        parts = [self.tcp(), q]
+        if self.cfg.state == "cubes":
+            parts.append(self.cube_pos.flatten(1))
+        elif self.cfg.state == "target":
+            parts.append(self.target)
+        return {"policy": torch.cat(parts, dim=-1)}
 
     def images(self) -> dict[str, torch.Tensor]:
         """The cameras' images of the current state (rendered now: cameras update lazily, so
@@ -363,7 +375,7 @@ class ReachTask:
         self.num_envs = self.env.num_envs
         self.device = self.env.device
         self.action_dim = 3
-        self.state_dim = 10
+        self.state_dim = REACH_STATES[cfg.state]
         self.cameras = {name: cfg.image_size for name in cfg.cameras}
         self.max_episode_steps = int(self.env.max_episode_length)
         self.instructions = tuple(reach_instruction(k) for k in range(len(COLOURS)))
@@ -391,7 +403,7 @@ class ReachTask:
 
 def _configure(options: dict) -> ReachEnvCfg:
     return make_cfg(options["num_envs"], options["device"], options["cameras"],
-                    options["image_size"], options["max_steps"])
+                    options["image_size"], options["max_steps"], options.get("task_options"))
 
 
 DEFINITION = TaskDefinition(_configure, ReachTask)
