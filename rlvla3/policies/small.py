@@ -108,6 +108,10 @@ class _Encoder(nn.Module):
 class SmallPolicy(nn.Module):
     """Gaussian action-chunk policy with FiLM-conditioned keypoint vision and a value head."""
 
+    state_mean: torch.Tensor
+    state_var: torch.Tensor
+    state_count: torch.Tensor
+
     def __init__(self, spec: EnvSpec, cfg: SmallPolicyConfig):
         super().__init__()
         self.spec = spec
