@@ -70,9 +70,10 @@ class Rule:
 
     def describe(self) -> str:
         """The rule in words (what ``rlvla3 bench band check`` prints with its verdict)."""
-        return (f"a curve is inside when its {self.z:g}-sigma Wilson interval meets the hull of "
-                f"the reference seeds' intervals at >= {self.min_inside:g} of the band's grid "
-                f"points and at its final row, and it reaches {self.level_fraction:g} x the "
+        return (f"a curve is inside when its Wilson interval (z = {self.z:.3g}) meets the hull "
+                f"of the reference seeds' intervals at >= {self.min_inside:g} of the band's grid "
+                "points from its first row on, and at its final row, and it reaches "
+                f"{self.level_fraction:g} x the "
                 "reference seeds' median final success (judged by the same intervals) no later "
                 "than the slowest reference seed and no earlier than the fastest")
 
@@ -333,13 +334,18 @@ def check_curve(band: Band, curve: Curve, rule: Rule) -> dict[str, Any]:
     the band's level, judged under ``rule``; ``inside`` when at least ``rule.min_inside`` of
     the points are inside and so are the final success and the env steps to the level.
     ``left_band``: the first grid point outside (``side``: below, above, or missing where the
-    curve ends before it), None when none is."""
+    curve ends before it), None when none is. Points before the curve's first row with an
+    episode are not judged (``side`` unmeasured): when a run logs its first row is timing."""
     points = [{"env_steps": x, **_judge(band.readings(x), curve.at(x), rule.z)}
               for x in band.grid]
-    fraction = sum(p["inside"] for p in points) / len(points)
+    for point in points:
+        if curve.env_steps and point["env_steps"] < curve.env_steps[0]:
+            point.update(inside=None, side="unmeasured")
+    judged = [p for p in points if p["inside"] is not None]
+    fraction = sum(p["inside"] for p in judged) / len(judged) if judged else 0.0
     final = _judge([_final(c) for c in band.curves.values()], curve.final, rule.z)
     reach = _judge_reach(band, curve, rule)
-    left = next((p for p in points if not p["inside"]), None)
+    left = next((p for p in judged if not p["inside"]), None)
     return {"inside": fraction >= rule.min_inside and final["inside"] and reach["inside"],
             "points_inside": round(fraction, 4),
             "left_band": None if left is None else {

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import subprocess
@@ -49,7 +50,9 @@ from actors.bench.bands import (
     run_config_data,
     write_band,
 )
+from envs import OPTIONS as ENV_OPTIONS
 from rlvla3.config import ConfigError, build, to_dict
+from rlvla3.policies import OPTIONS as POLICY_OPTIONS
 from rlvla3.run_config import RunConfig, load_run_config, upgrade
 from rlvla3.storage import Storage
 
@@ -115,8 +118,17 @@ def say(message: str) -> None:
 
 
 def config_data(cfg: RunConfig) -> dict[str, Any]:
-    """What a band records of a run config: all of it but the fields that name a run."""
-    return run_config_data(to_dict(cfg))
+    """What a band records of a run config: all of it but the fields that name a run, with
+    the env's and the policy's options built into their dataclasses (a default spelled out
+    in ``--set`` and one left out are the same config)."""
+    data = run_config_data(to_dict(cfg))
+    for section, table in (("env", ENV_OPTIONS), ("policy", POLICY_OPTIONS)):
+        choice = getattr(cfg, section)
+        module, name = table[choice.name].split(":")
+        options = build(getattr(importlib.import_module(module), name), choice.options,
+                        f"{section}.options")
+        data[section] = {**data[section], "options": to_dict(options)}
+    return data
 
 
 def read_run(run_dir: str) -> SeedRun:
@@ -182,6 +194,13 @@ def console_to(path: Path) -> Iterator[None]:
             os.close(old)
 
 
+def _stopped_by(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("stopped_by")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _last_line(path: Path) -> str:
     lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
     return lines[-1].strip() if lines else "(no output)"
@@ -215,6 +234,9 @@ def run_seeds(preset: str, overrides: Sequence[str], seeds: Sequence[int], work_
         if status:
             raise RunFailed(f"seed {seed}: rlvla3 rl exited {status}: {_last_line(log)} "
                             f"(console: {log})")
+        stopped_by = _stopped_by(run_dir)
+        if stopped_by in ("SIGINT", "SIGTERM"):  # its curve ends early: no seed of a band
+            raise RunFailed(f"seed {seed}: the run was stopped by {stopped_by} (console: {log})")
         run = read_run(str(run_dir))
         final = run.curve.final
         say(f"seed {seed}: done in {time.monotonic() - start:.0f} s, "

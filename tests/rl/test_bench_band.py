@@ -65,7 +65,12 @@ def test_a_curve_like_the_references_is_inside_and_one_clearly_below_is_not():
     # a run that stopped early is missing from the rest of the grid
     short = Curve(tuple(STEPS[:3]), tuple(_rising(0.0)[:3]), (200,) * 3)
     verdict = check_curve(band, short, Rule())
-    assert not verdict["inside"] and any(p["side"] == "missing" for p in verdict["points"])
+    assert not verdict["inside"] and verdict["left_band"]["side"] == "missing"
+    # one that logged its first row after the band's first point is judged from that row on
+    late = Curve(tuple(STEPS[2:]), tuple(_rising(0.0)[2:]), (200,) * 8)
+    verdict = check_curve(band, late, Rule())
+    assert verdict["inside"] and verdict["left_band"] is None, verdict
+    assert [p["side"] for p in verdict["points"][:2]] == ["unmeasured"] * 2
 
 
 def test_few_episodes_make_the_band_wide():
@@ -140,7 +145,9 @@ def _cli(capfd, argv: list[str]) -> tuple[int, str, list[str]]:
 
 def test_from_runs_make_and_check_and_bad_input_in_one_line(tmp_path, capfd):
     rising = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.8]
-    runs = [_fake_run(tmp_path, s, [min(1.0, y + 0.02 * s) for y in rising]) for s in (0, 1, 2)]
+    # a default spelled out in --set (seed 2's chunk_len) is the same config as one left out
+    runs = [_fake_run(tmp_path, s, [min(1.0, y + 0.02 * s) for y in rising],
+                      ["env.options.chunk_len=2"] if s == 2 else []) for s in (0, 1, 2)]
     band = str(tmp_path / "bands" / "smoke.json")
     status, out, err = _cli(capfd, ["make", "--preset", "smoke", "--from-runs", *runs,
                                     "--band", band])
@@ -198,6 +205,7 @@ def test_a_band_whose_preset_now_resolves_otherwise_is_refused_before_any_run(tm
 
 
 TINY = ["--set", "total_env_steps=2500", "--set", "log_every_s=0.5",
+        "--set", "env_workers.num_workers=1",
         "--set", "checkpoint_every=0", "--set", "env.options.image_size=16",
         "--set", "policy.options.channels=8", "--set", "policy.options.hidden=32"]
 
@@ -216,7 +224,7 @@ def test_make_then_check_the_smoke_preset_for_real(tmp_path):
         assert (tmp_path / "ref" / f"seed{seed}" / "metrics.jsonl").is_file()
         assert (tmp_path / "ref" / f"seed{seed}.log").is_file()
     stored = read_band(band)
-    assert stored.meta.preset == "smoke" and len(stored.meta.overrides) == 6
+    assert stored.meta.preset == "smoke" and len(stored.meta.overrides) == 7
     assert stored.meta.config["total_env_steps"] == 2500 and stored.meta.revision
     # check exits 1 when the curve is outside: run_rlvla3 asserts 0, so run it here
     root = Path(__file__).resolve().parents[2]
