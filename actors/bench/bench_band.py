@@ -277,6 +277,11 @@ def make(opts: MakeOptions, run_rl: RunRl) -> dict[str, Any]:
     """Run (or read) the reference seeds and write the band; returns the JSON result."""
     _refuse_seed_overrides(opts.overrides)
     opts.rule.validate()
+    if opts.points < 2:
+        raise BandError(f"--points: a band needs at least 2, got {opts.points}")
+    if not opts.from_runs and len(opts.seeds) < 2:
+        raise BandError(f"--seeds: a band needs at least 2 reference seeds, got "
+                        f"{list(opts.seeds)}")
     expected = config_data(load_run_config(opts.preset, None, [*opts.overrides]))
     if opts.from_runs:
         runs = _read_runs(opts.from_runs, expected,
@@ -311,8 +316,10 @@ def _refuse_reference_seeds(band: Band, seeds: Sequence[int]) -> None:
 
 def _verdict(band: Band, run: SeedRun) -> dict[str, Any]:
     verdict = check_curve(band, run.curve, band.rule)
-    verdict.pop("points")
-    return {"run": run.run_dir, **verdict}
+    points = verdict.pop("points")
+    return {"run": run.run_dir, **verdict,
+            "outside": [{"env_steps": p["env_steps"], "side": p["side"]} for p in points
+                        if p["inside"] is False]}
 
 
 def check(opts: CheckOptions, run_rl: RunRl) -> dict[str, Any]:

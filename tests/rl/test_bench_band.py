@@ -164,6 +164,9 @@ def test_from_runs_make_and_check_and_bad_input_in_one_line(tmp_path, capfd):
     assert status == 1 and not verdict["inside"]
     assert verdict["seeds"]["3"]["inside"] and not verdict["seeds"]["4"]["inside"]
     assert verdict["seeds"]["4"]["left_band"]["side"] == "below"
+    assert verdict["seeds"]["4"]["outside"][0] == {
+        k: verdict["seeds"]["4"]["left_band"][k] for k in ("env_steps", "side")}
+    assert verdict["seeds"]["3"]["outside"] == []
     assert err[-1].startswith("bench band: seed 4: outside the band; first left it at ")
     status, out, _ = _cli(capfd, ["check", "--band", band, "--from-runs", good])
     assert status == 0 and json.loads(out)["inside"]
@@ -185,6 +188,8 @@ def test_from_runs_make_and_check_and_bad_input_in_one_line(tmp_path, capfd):
         (["make", "--preset", "default", "--from-runs", *runs[:2], "--band", band],
          "ran another config than --preset default"),
         (["make", "--preset", "smoke", "--set", "seed=3", "--band", band], "--set seed=..."),
+        (["make", "--preset", "smoke", "--seeds", "0", "--band", band],
+         "--seeds: a band needs at least 2 reference seeds"),
     ]:
         status, out, err = _cli(capfd, argv)
         assert (status, out, len(err)) == (2, "", 1), (argv, err)
