@@ -12,7 +12,8 @@ its reference curves, and everything else in it (grid, finals, level) is recompu
 when it is read and must agree, and its ``digest`` (sha256 of the rest of the file) must match,
 so an edited or truncated file is refused, not trusted; a band records the resolved run config
 of its runs (without the fields that only name or place a run, ``RUN_FIELDS``) and its
-fingerprint, which a new curve's config must equal.
+fingerprint; a new curve's config must agree with it on every field both have
+(``config_differences``).
 
 Example::
 
@@ -225,10 +226,12 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(band: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
-    """``"field: BAND != OTHER"`` for every dotted field where two run configs differ."""
+    """``"field: BAND != OTHER"`` for every dotted field of both run configs where they differ.
+    A field only one of them has (added to the config, or removed, since the band was made)
+    is not a difference: the band cannot say what its runs had there."""
     a, b = _flatten(dict(band)), _flatten(dict(other))
-    return [f"{key}: {a.get(key, '<missing>')!r} != {b.get(key, '<missing>')!r}"
-            for key in sorted(set(a) | set(b)) if a.get(key, None) != b.get(key, None)]
+    return [f"{key}: {a[key]!r} != {b[key]!r}" for key in sorted(set(a) & set(b))
+            if a[key] != b[key]]
 
 
 @dataclass(frozen=True)

@@ -212,8 +212,8 @@ def run_seeds(preset: str, overrides: Sequence[str], seeds: Sequence[int], work_
     built (and, with ``expected``, compared with it) before the first run starts."""
     for seed in seeds:
         cfg = load_run_config(preset, None, [*overrides, f"seed={seed}"])
-        if expected is not None and config_data(cfg) != expected:
-            diff = config_differences(expected, config_data(cfg))
+        diff = [] if expected is None else config_differences(expected, config_data(cfg))
+        if diff:
             raise BandError(f"--preset {preset} with the band's overrides now resolves to "
                             f"another config than the band's ({'; '.join(diff[:3])}): make "
                             "the band again")
@@ -257,8 +257,8 @@ def _read_runs(dirs: Sequence[str], expected: Mapping[str, Any], what: str,
             raise BandError(f"--from-runs: {seen[run.seed]} and {run.run_dir} both ran seed "
                             f"{run.seed}")
         seen[run.seed] = run.run_dir
-        if run.config != expected:
-            diff = config_differences(expected, run.config)
+        diff = config_differences(expected, run.config)
+        if diff:
             raise BandError(f"--from-runs: {run.run_dir} ran another config than {what} "
                             f"({'; '.join(diff[:3])})")
     if reference is not None:
