@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
     make.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="A.B=VALUE", help="override one field of the runs (repeatable; "
                                                 "not seed)")
-    make.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], metavar="SEED")
+    make.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], metavar="SEED",
+                      help="reference seeds, one run each (at least 2)")
     make.add_argument("--band", metavar="FILE",
                       help="the band file to write (default: results/bands/<preset>.json)")
     make.add_argument("--points", type=int, default=20,
