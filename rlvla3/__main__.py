@@ -57,6 +57,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                "parameters after N steps, bytes per rank against the pre-flight"),
     "storage": ("commands.bench.storage",
                 "checkpoint save/restore on a run's storage vs a local disk"),
+    "band": ("commands.bench.band", "a preset's reference band of success vs env steps over "
+                                    "seeds; check new seeds' curves against it"),
 }
 
 

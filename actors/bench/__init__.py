@@ -2,7 +2,9 @@
 options and output, are ``commands.bench``).
 
 Modules:
+    bands           reference bands of success against env steps: the rule and the band file
     bench_async     the RL-VLA3 ablation: pipeline modes, throughput on this machine
+    bench_band      a preset's band over seeds (``make``), new seeds against it (``check``)
     bench_batcher   adaptive batching against a grid of fixed B_max / T_max settings
     bench_engine    DDP and FSDP2 learner groups (one process a rank, no Ray) against one
                     rank: parameters after N steps, bytes held per rank
