@@ -121,6 +121,14 @@ class AlgoConfig:
     only groups with a signal (the dynamic sampling of DAPO, Yu et al. 2025, used for VLAs by
     SimpleVLA-RL). With a 0/1 success reward and success rate p, a share p^G + (1-p)^G of
     groups of G is uniform: 70% of groups of 4 at p = 0.09."""
+    redraw_rounds: int = 0
+    """GRPO dynamic sampling: a complete group whose episodes all have the same return is held
+    and its key (task, initial state) run again, ``group_size`` more episodes a round, until the
+    group has mixed returns or ``redraw_rounds`` extra rounds were drawn; a group that became
+    mixed is trained whole, its first uniform members included (they get the advantage their
+    return now earns). A group still uniform after the last round leaves as without it (skipped
+    with ``skip_uniform_groups``). 0: off. Needs the async rollout (its admissions hand a
+    redraw to the group's env worker)."""
     update_epochs: int = 1
     """Optimizer steps taken on each batch (PPO's epochs): after the step on a freshly arrived
     batch the learner steps ``update_epochs - 1`` more times on the same micro-batches, with the
@@ -159,6 +167,10 @@ class AlgoConfig:
             "group_size",
             f"GRPO needs groups of at least 2 episodes, got {self.group_size}",
         )
+        require(self.redraw_rounds >= 0, "redraw_rounds",
+                f"must be >= 0 (0: no dynamic sampling), got {self.redraw_rounds}")
+        require(self.redraw_rounds == 0 or self.name == "grpo", "redraw_rounds",
+                f"dynamic sampling re-draws GRPO groups: it needs name grpo, got {self.name!r}")
         require(self.update_epochs >= 1, "update_epochs", f"must be >= 1, got {self.update_epochs}")
         require(self.target_kl is None or (math.isfinite(self.target_kl) and self.target_kl > 0),
                 "target_kl", f"must be > 0 (or null: a fixed learning rate), got {self.target_kl}")

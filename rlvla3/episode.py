@@ -73,6 +73,11 @@ class TaskSampler:
         self._copies = [key] * (self.repeat - 1)
         return key
 
+    def put_back(self, key: EpisodeKey) -> None:
+        """A key ``next`` gave that was not run (its slot ran a GRPO group's redraw instead):
+        it is the next one handed out, so no group loses a member."""
+        self._copies.append(key)
+
     def _new_key(self, task: int | None) -> EpisodeKey:
         """A new key on a task chosen by credit: the caller's own task while it is at most
         ``lead`` keys ahead of its shares (no simulator rebuild), else the task owed most."""

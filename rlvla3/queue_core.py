@@ -17,6 +17,14 @@ instance, so a member shipped, dropped, cancelled or released is counted in its 
 never in a later group of the same key. Without tickets (lockstep rollout) episodes join the
 open ticketless instance of their key as they are shipped or dropped.
 
+Dynamic sampling (``redraw_rounds`` > 0, asynchronous rollout): a complete group instance whose
+members all have the same return is held instead of leaving, and draws another round: it
+expects ``group_size`` more members, and the next admissions of its owner incarnation join it
+and run its key, whatever key they asked for (``ticket_key`` names the key a ticket runs). It
+leaves once its members have mixed returns, all of them together, or when ``redraw_rounds``
+extra rounds were drawn, its owner stopped admitting (replaced, retired, admissions closed) or
+it expired, then as a group without dynamic sampling would.
+
 Pacing (asynchronous rollout): an episode is admitted by ``rlvla3.pacing.Pacing`` against the
 backlog (queued here plus buffered in the learners) and the episodes in flight, estimated with
 the mean length of recent episodes; a GRPO group is admitted rather than an episode: once a
@@ -42,7 +50,11 @@ Invariants:
   advantage 0) is skipped, counted, instead of queued.
 - Items leave in arrival order; none is returned twice.
 - Decision accounting: ``put_decisions = queued + held + got + dropped_stale + expired +
-  uniform``; segments put after ``close()`` are counted in ``discarded_at_stop``.
+  uniform``; segments put after ``close()`` are counted in ``discarded_at_stop``. Dynamic
+  sampling adds no place: ``redrawn_decisions`` (shipped by extra rounds) are part of
+  ``put_decisions``, a group held for a redraw is ``held``; of the groups that drew a round,
+  ``rescued_groups`` left mixed (queued whole, ``rescued_decisions``) and
+  ``redraw_skipped_groups`` left uniform and skipped (within ``uniform_groups``).
 - ``set_version`` follows the learner, also backwards after a learner restored an older
   checkpoint (``restored=True``, or a newer lineage: ``WeightsMessage.lineage``), so the
   staleness filter never rejects everything after a rollback; a late report of an older
@@ -94,6 +106,8 @@ class _Group:
     """Members that will never arrive (dropped by a fault or lost with a worker)."""
     expired: bool = False
     """Its members went stale: later ones are counted expired as they arrive."""
+    rounds: int = 0
+    """Extra rounds it drew (dynamic sampling): members shipped since are redrawn ones."""
 
     def resolved(self) -> bool:
         """Every member it expects has arrived or will never arrive."""
@@ -105,11 +119,12 @@ class QueueCore:
 
     def __init__(self, cfg: QueueConfig, metrics: Metrics, group_size: int = 1,
                  global_batch: int = 1, initial_decisions: float = 1.0,
-                 skip_uniform: bool = False, update_epochs: int = 1):
+                 skip_uniform: bool = False, update_epochs: int = 1, redraw_rounds: int = 0):
         self.cfg = cfg
         self.metrics = metrics
         self.group_size = group_size
         self.skip_uniform = skip_uniform
+        self.redraw_rounds = redraw_rounds if group_size > 1 else 0
         self.pacing = Pacing(cfg.pace_target, cfg.pace_backlog, global_batch, update_epochs,
                              group_size)
         self.bound = StalenessBound(cfg.max_staleness)
@@ -124,6 +139,8 @@ class QueueCore:
             "dropped_stale": 0, "dropped_stale_decisions": 0, "dropped_stale_items": 0,
             "expired": 0, "expired_decisions": 0, "expired_groups": 0,
             "uniform": 0, "uniform_decisions": 0, "uniform_groups": 0,
+            "redraws": 0, "redrawn": 0, "redrawn_decisions": 0, "rescued_groups": 0,
+            "rescued_decisions": 0, "redraw_skipped_groups": 0,
             "discarded_at_stop": 0, "discarded_decisions": 0,
             "producer_wait_s": 0.0, "admit_wait_s": 0.0, "admitted": 0,
             "dropped_by_producer": 0, "refused_admissions": 0,
@@ -140,6 +157,9 @@ class QueueCore:
         """GRPO group instances not yet resolved, by id."""
         self._open: dict[tuple[str | None, EpisodeKey], int] = {}
         """(incarnation, or None without tickets; key) -> the instance still taking members."""
+        self._drawing: dict[str, deque[int]] = {}
+        """Incarnation -> its uniform group instances drawing a round with members still to
+        admit, oldest first (dynamic sampling)."""
         self._group_ids = itertools.count()
         self._tickets: dict[int, tuple[int, str, EpisodeKey, int | None]] = {}
         """Ticket -> (worker, incarnation, key, its GRPO group instance)."""
@@ -168,9 +188,10 @@ class QueueCore:
 
     def may_admit(self, key: EpisodeKey | None = None, incarnation: str = "") -> bool:
         """Within the pacing (``Pacing.admits``), closing, or (GRPO) a member of a group that
-        ``incarnation`` has started: its first members age while it waits, and expire if it
-        waits too long."""
+        ``incarnation`` has started or draws again: its first members age while it waits, and
+        expire if it waits too long."""
         return (self.closed or self._group_started(key, incarnation)
+                or incarnation in self._drawing
                 or self.pacing.admits(self.backlog(), len(self._tickets), self.mean_decisions()))
 
     def _group_started(self, key: EpisodeKey | None, incarnation: str) -> bool:
@@ -190,16 +211,41 @@ class QueueCore:
               waited_s: float) -> int | None:
         """A new episode of ``key`` starts (asked after ``may_admit`` or ``live`` changed):
         its ticket, or None (counted) when this incarnation is not live; ``waited_s``: how
-        long the admission waited (counted for admitted episodes)."""
+        long the admission waited (counted for admitted episodes). While a group instance of
+        this incarnation draws a round, the episode joins it and runs its key instead
+        (``ticket_key``)."""
         if not self.live(worker_id, incarnation):
             self.counts["refused_admissions"] += 1
             return None
         ticket = next(self._serial)
-        gid = self._join(key, (worker_id, incarnation)) if self.group_size > 1 else None
+        gid = self._redraw_member(incarnation)
+        if gid is not None:
+            key = self._groups[gid].key
+        elif self.group_size > 1:
+            gid = self._join(key, (worker_id, incarnation))
         self._tickets[ticket] = (worker_id, incarnation, key, gid)
         self.counts["admitted"] += 1
         self.counts["admit_wait_s"] += waited_s
         return ticket
+
+    def ticket_key(self, ticket: int) -> EpisodeKey:
+        """The key the episode of an admission still running must run."""
+        return self._tickets[ticket][2]
+
+    def _redraw_member(self, incarnation: str) -> int | None:
+        """The group instance drawing a round that a new episode of ``incarnation`` joins (the
+        oldest), or None."""
+        waiting = self._drawing.get(incarnation)
+        if waiting is None:
+            return None
+        gid = waiting[0]
+        group = self._groups[gid]
+        group.joined += 1
+        if group.joined >= group.size:
+            waiting.popleft()
+            if not waiting:
+                del self._drawing[incarnation]
+        return gid
 
     def close_admissions(self) -> None:
         """No new episode starts from now on; episodes already admitted run to their end (a
@@ -223,14 +269,30 @@ class QueueCore:
         return gid
 
     def _close(self, which: Callable[[tuple[int, str]], bool]) -> None:
-        """The open ticketed instances of the owners ``which`` picks admit no more: each
-        expects only the episodes it admitted."""
+        """The open ticketed instances of the owners ``which`` picks admit no more, nor draw
+        again: each expects only the episodes it admitted."""
         for slot, gid in list(self._open.items()):
             owner = self._groups[gid].owner
             if owner is not None and which(owner):
                 del self._open[slot]
                 self._groups[gid].size = self._groups[gid].joined
                 self._settle(gid)
+        for gid in [g for waiting in self._drawing.values() for g in waiting]:
+            owner = self._groups[gid].owner
+            if owner is not None and which(owner):
+                self._stop_drawing(gid)
+                self._settle(gid)
+
+    def _stop_drawing(self, gid: int) -> None:
+        """Group instance ``gid`` admits no more members of the round it draws (if any)."""
+        group = self._groups[gid]
+        incarnation = group.owner[1] if group.owner is not None else ""
+        waiting = self._drawing.get(incarnation)
+        if waiting is not None and gid in waiting:
+            waiting.remove(gid)
+            if not waiting:
+                del self._drawing[incarnation]
+            group.size = group.joined
 
     def _pop_ticket(self, ticket: int | None) -> tuple[int, str, EpisodeKey, int | None] | None:
         return self._tickets.pop(ticket, None) if ticket is not None else None
@@ -321,6 +383,9 @@ class QueueCore:
         if self.group_size > 1:
             gid = group_id if group_id is not None else self._join(info.key, None)
             group = self._groups[gid]
+            if group.rounds:
+                self.counts["redrawn"] += 1
+                self.counts["redrawn_decisions"] += info.decisions
             if group.expired:
                 self._discard_members("expired", [(info, refs)])
             else:
@@ -343,17 +408,43 @@ class QueueCore:
 
     def _settle(self, gid: int) -> None:
         """Queue group instance ``gid`` whole once every member it expects is accounted for
-        (or skip it, counted, when uniform); a group with no member shipped just ends."""
+        (or, when uniform, draw another round, or skip it, counted); a group with no member
+        shipped just ends."""
         group = self._groups[gid]
         if not group.resolved():
             return
-        del self._groups[gid]
         if group.expired or not group.members:
+            del self._groups[gid]
             return
-        if self.skip_uniform and _uniform(group.members):
+        uniform = _uniform(group.members)
+        if uniform and self._redraw(gid):
+            return
+        del self._groups[gid]
+        if uniform and self.skip_uniform:
+            self.counts["redraw_skipped_groups"] += group.rounds > 0
             self._discard_group("uniform", group.members)
             return
+        if group.rounds and not uniform:
+            self.counts["rescued_groups"] += 1
+            self.counts["rescued_decisions"] += sum(i.decisions for i, _ in group.members)
         self._push_item(list(group.members))
+
+    def _redraw(self, gid: int) -> bool:
+        """Start another round of resolved uniform group instance ``gid`` (dynamic sampling),
+        if it has rounds left and its owner admits: it expects ``group_size`` more members,
+        the next admissions of its owner's incarnation."""
+        group = self._groups[gid]
+        if group.rounds >= self.redraw_rounds or group.owner is None:
+            return False
+        worker, incarnation = group.owner
+        if not self._admitting or incarnation in self._retired or \
+                self._current.get(worker) != incarnation:
+            return False
+        group.rounds += 1
+        group.size = group.joined + self.group_size
+        self._drawing.setdefault(incarnation, deque()).append(gid)
+        self.counts["redraws"] += 1
+        return True
 
     def _expire_held(self) -> None:
         """Held groups that can no longer be trained fresh: drop and count them; members
@@ -363,6 +454,7 @@ class QueueCore:
             group = self._groups[gid]
             self._discard_group("expired", group.members)
             group.members, group.expired = [], True
+            self._stop_drawing(gid)
             self._settle(gid)
 
     def _discard_group(self, why: str, members: Item) -> None:

@@ -253,6 +253,16 @@ class QueueStats:
     """Episodes of complete GRPO groups skipped as uniform (``algo.skip_uniform_groups``) ..."""
     uniform_decisions: int = 0
     uniform_groups: int = 0
+    redraws: int = 0
+    """Extra rounds drawn for uniform GRPO groups (dynamic sampling, ``algo.redraw_rounds``) ..."""
+    redrawn: int = 0
+    """... the episodes they shipped (within ``put``) ..."""
+    redrawn_decisions: int = 0
+    rescued_groups: int = 0
+    """... the groups that drew a round and left mixed, queued whole ..."""
+    rescued_decisions: int = 0
+    redraw_skipped_groups: int = 0
+    """... and those still uniform after their rounds, skipped (within ``uniform_groups``)."""
     discarded_at_stop: int = 0
     """Episodes put after the learners stopped ..."""
     discarded_decisions: int = 0

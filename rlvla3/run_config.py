@@ -445,6 +445,10 @@ class RunConfig:
         if self.algo.name == "grpo":
             require(self.algo.group_size >= 2, "algo.group_size", "GRPO needs groups of >= 2")
         strategies = self.pipeline.strategies()
+        require(not self.algo.redraw_rounds or strategies.rollout == "async",
+                "algo.redraw_rounds", f"dynamic sampling needs the async rollout (its "
+                f"admissions hand a redraw to the group's env worker), got rollout "
+                f"{strategies.rollout!r}: use pipeline.mode full or rollout_async")
         if strategies.rollout == "pipelined":
             require(self.env_workers.num_workers >= 2, "env_workers.num_workers",
                     "the pipelined rollout strategy needs at least 2 env workers (two groups)")

@@ -179,6 +179,18 @@ class EpisodeKey:
 
 
 @dataclass(frozen=True, slots=True)
+class Admission:
+    """The trajectory queue's answer to an env slot asking to start an episode."""
+
+    ticket: int
+    """The admission, named again when the episode is shipped, dropped or cancelled."""
+    key: EpisodeKey
+    """The episode to run: the key asked for, or a GRPO group's key drawn again (dynamic
+    sampling, ``algo.redraw_rounds``); the slot then gives the key it asked for back to its
+    sampler."""
+
+
+@dataclass(frozen=True, slots=True)
 class TrajectorySegment:
     """One episode of one env slot, as produced by the behaviour policy.
 

@@ -12,6 +12,9 @@ Figures a user judges a run by (all in the row and the summary):
   (what a run's speed is worth: a produced step that is discarded taught nothing);
 - ``discarded_decision_fraction``: decisions discarded for staleness (learners, queue, expired
   GRPO groups) over decisions produced;
+- GRPO's data: ``skipped_decisions`` (in uniform groups, ``algo.skip_uniform_groups``),
+  ``redrawn_decisions`` (produced by dynamic sampling's extra rounds, ``algo.redraw_rounds``)
+  and ``trained_decision_share``: trained decisions over decisions produced;
 - ``staleness_p50/p90/max``: learner version minus behaviour version of trained decisions;
 - ``success_rate`` over the env workers' recent episodes (``success_window`` of them), and
   ``success_by_task``: the same per env task id;
@@ -39,7 +42,7 @@ from rlvla3.confidence import tally
 from rlvla3.role_stats import EnvWorkerStats, LearnerStats, QueueStats, Snapshot
 
 RUN_COUNTERS = ("env_steps", "episodes", "trained_env_steps", "decisions", "trained_decisions",
-                "discarded_decisions")
+                "discarded_decisions", "skipped_decisions", "redrawn_decisions")
 """Row figures that count the whole run: a resumed leg adds its own to the checkpoint's."""
 
 
@@ -135,7 +138,9 @@ def progress_row(snap: Snapshot, elapsed: float, base: Mapping[str, float],
     staleness = staleness_hist(learners)
     leg = {"env_steps": env_steps, "episodes": episodes, "trained_env_steps": trained_steps,
            "decisions": produced, "trained_decisions": sum(lr.samples_trained for lr in learners),
-           "discarded_decisions": discarded_decisions(learners, queue)}
+           "discarded_decisions": discarded_decisions(learners, queue),
+           "skipped_decisions": queue.uniform_decisions,
+           "redrawn_decisions": queue.redrawn_decisions}
     run = {k: base.get(k, 0) + v for k, v in leg.items()}
     elapsed = max(elapsed, 1e-9)
     return {
@@ -168,6 +173,10 @@ def progress_row(snap: Snapshot, elapsed: float, base: Mapping[str, float],
         "in_flight_episodes": queue.in_flight_episodes,
         "dropped_stale": queue.dropped_stale,
         "uniform_groups_skipped": queue.uniform_groups,
+        "skipped_decisions": run["skipped_decisions"],
+        "redrawn_decisions": run["redrawn_decisions"],
+        "trained_decision_share": (run["trained_decisions"] / run["decisions"]
+                                   if run["decisions"] else 0.0),
         "groups": {  # queue items (an episode, or a GRPO group) and what became of them
             "received": sum(lr.received_groups for lr in learners),
             "short": sum(lr.short_groups for lr in learners),
@@ -175,7 +184,10 @@ def progress_row(snap: Snapshot, elapsed: float, base: Mapping[str, float],
             "discarded_stale": sum(lr.discarded_groups for lr in learners)
             + queue.dropped_stale_items,
             "expired": queue.expired_groups,
-            "uniform_skipped": queue.uniform_groups},
+            "uniform_skipped": queue.uniform_groups,
+            "redraws": queue.redraws,  # dynamic sampling: extra rounds drawn, and the groups
+            "rescued": queue.rescued_groups,  # that left mixed or still uniform after them
+            "skipped_after_redraws": queue.redraw_skipped_groups},
         "dropped_faults": sum(w.dropped_faults for w in workers),
         "lost_segments": sum(lr.lost_segments for lr in learners),
         "restarts": sum(w.restarts for w in workers) + sum(

@@ -115,7 +115,11 @@ class RunMonitor:
                    f" ({row['env_slots_waiting']} restarting or waiting for a node)" if row["env_slots_waiting"]
                    else "")
                 + (f" | {row['skipped_steps']} optimizer steps skipped (non-finite gradient)"
-                   if row.get("skipped_steps") else ""))
+                   if row.get("skipped_steps") else "")
+                + (f" | decisions {row['decisions']} trained {row['trained_decisions']} "
+                   f"({row['trained_decision_share']:.0%}) skipped {row['skipped_decisions']} "
+                   f"redrawn {row['redrawn_decisions']}"
+                   if row.get("skipped_decisions") or row.get("redrawn_decisions") else ""))
 
     def close(self) -> None:
         if self._tb is not None:

@@ -278,13 +278,15 @@ class Controller:
     def _warn_staleness_bound(self) -> None:
         """Asynchronous runs: a longest episode accrues about slots x decisions / global_batch
         versions of lag while it runs, a GRPO group that many times the episodes a slot runs
-        for it; a bound below that discards the old part of long episodes and expires groups."""
+        for it (in every round dynamic sampling draws); a bound below that discards the old
+        part of long episodes and expires groups."""
         cfg = self.cfg
         if not self.schedule.concurrent:
             return
         slots = cfg.env_workers.num_workers * cfg.env_workers.slots_per_worker
         group = cfg.algo.group_size if cfg.algo.name == "grpo" else 1
-        rounds = group_rounds(group, cfg.env_workers.slots_per_worker)
+        draws = 1 + (cfg.algo.redraw_rounds if cfg.algo.name == "grpo" else 0)
+        rounds = group_rounds(group, cfg.env_workers.slots_per_worker) * draws
         inherent = inherent_lag(slots, self.spec.max_decisions, rounds, cfg.algo.update_epochs,
                                 cfg.learner.global_batch)
         if cfg.queue.max_staleness >= inherent:
@@ -292,6 +294,8 @@ class Controller:
         grouped, expire = "", ""
         if rounds > 1:
             grouped = f" x {rounds} episodes a slot runs for one GRPO group of {cfg.algo.group_size}"
+            if draws > 1:
+                grouped += f" drawn up to {draws} times (algo.redraw_rounds)"
             expire = " and GRPO groups whose first episode grows too old expire"
         epochs = f" x {cfg.algo.update_epochs} update_epochs" if cfg.algo.update_epochs > 1 else ""
         self.log(f"note: queue.max_staleness={cfg.queue.max_staleness} is below the lag a "

@@ -110,7 +110,8 @@ def trained_nothing(summary: dict, cfg: RunConfig, spec: EnvSpec) -> str:
                 f"failed or every one succeeded) and skipped (algo.skip_uniform_groups: equal "
                 f"returns leave no advantage to learn from); its last checkpoint holds the "
                 f"weights it started from: start from a policy that succeeds on some episodes "
-                f"(init_from), or raise algo.group_size")
+                f"(init_from), or raise algo.group_size or algo.redraw_rounds (now "
+                f"{cfg.algo.redraw_rounds}: more episodes of a uniform group's key)")
     longest = spec.max_decisions * spec.chunk_len
     need = f"learner.global_batch={cfg.learner.global_batch} decisions of finished episodes"
     if cfg.algo.name == "grpo":

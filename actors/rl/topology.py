@@ -180,7 +180,8 @@ def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
         num_cpus=0, max_concurrency=1000, name=names["queue"][0], namespace=NAMESPACE,
         scheduling_strategy=here,
     ).remote(queue_cfg, group_size, lc.global_batch, float(spec.max_decisions),
-             grpo and cfg.algo.skip_uniform_groups, cfg.algo.update_epochs)
+             grpo and cfg.algo.skip_uniform_groups, cfg.algo.update_epochs,
+             cfg.algo.redraw_rounds if grpo else 0)
     restart_servers = lc.weight_sync == "object_store"
     servers = [
         ray.remote(RolloutServer).options(

@@ -7,7 +7,9 @@ slots go on). Finished episodes are put into ``ray.put`` and shipped to the traj
 Two ways to drive the slots, chosen by the controller's rollout strategy:
 - ``run()``: every slot runs its own episode loop until ``stop()``; no slot waits for another
   (asynchronous rollout). Before each episode the slot asks the queue for admission (pacing:
-  it waits while the learners could not train the episode within the staleness bound).
+  it waits while the learners could not train the episode within the staleness bound); the
+  admission names the key to run, which is a uniform GRPO group's when the queue draws it
+  again (dynamic sampling: the key the slot asked with goes back to the sampler, next).
 - ``begin_episodes()`` / ``step_slots(chunks)``: the controller steps all slots of a group in
   lockstep and batches their inference itself (synchronous and pipelined rollout);
   ``continue_episodes()`` / ``step_slots(chunks, autoreset=True)`` keep every slot busy for a
@@ -208,15 +210,17 @@ class EnvWorker:
             key = self.sampler.next(self._slot_tasks[slot])
             start = time.monotonic()
             self._phases[slot] = "admit"
-            ticket = await self.queue.admit.remote(self.worker_id, key, self.incarnation)
+            admission = await self.queue.admit.remote(self.worker_id, key, self.incarnation)
             self.counts["admit_wait_s"] += time.monotonic() - start
-            if ticket is None:  # admissions closed, or this incarnation was replaced
+            if admission is None:  # admissions closed, or this incarnation was replaced
                 self._phases[slot] = "idle"
                 break
+            if admission.key != key:  # a GRPO group draws again: the slot runs its key
+                self.sampler.put_back(key)
             if self._stop:
-                await self.queue.cancel.remote(ticket)
+                await self.queue.cancel.remote(admission.ticket)
                 break
-            obs = await self._reset(slot, key, ticket)
+            obs = await self._reset(slot, admission.key, admission.ticket)
             while not self._stop:
                 start = time.monotonic()
                 self._phases[slot] = "infer"

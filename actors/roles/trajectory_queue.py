@@ -29,7 +29,7 @@ from actors.runtime.metrics import RoleMetrics
 from rlvla3.queue_core import Item, QueueCore
 from rlvla3.role_stats import QueueStats
 from rlvla3.run_config import QueueConfig
-from rlvla3.types import EpisodeKey, SegmentInfo
+from rlvla3.types import Admission, EpisodeKey, SegmentInfo
 
 
 class TrajectoryQueue:
@@ -37,9 +37,9 @@ class TrajectoryQueue:
 
     def __init__(self, cfg: QueueConfig, group_size: int = 1, global_batch: int = 1,
                  initial_decisions: float = 1.0, skip_uniform: bool = False,
-                 update_epochs: int = 1):
+                 update_epochs: int = 1, redraw_rounds: int = 0):
         self.core = QueueCore(cfg, RoleMetrics("queue", "queue-0"), group_size, global_batch,
-                              initial_decisions, skip_uniform, update_epochs)
+                              initial_decisions, skip_uniform, update_epochs, redraw_rounds)
         self._lock: asyncio.Lock | None = None
 
     def _conditions(self) -> None:
@@ -74,15 +74,19 @@ class TrajectoryQueue:
                 cond.notify_all()
 
     # ---- admission -------------------------------------------------------------------------
-    async def admit(self, worker_id: int, key: EpisodeKey, incarnation: str = "") -> int | None:
-        """Wait until a new episode of ``key`` may start; returns its ticket, or None when this
-        worker incarnation was replaced or retired, or admissions closed, meanwhile."""
+    async def admit(self, worker_id: int, key: EpisodeKey,
+                    incarnation: str = "") -> Admission | None:
+        """Wait until a new episode of ``key`` may start; returns its admission (ticket, and
+        the key to run: another one when a GRPO group of this incarnation draws again), or
+        None when this worker incarnation was replaced or retired, or admissions closed,
+        meanwhile."""
         core, cond = self.core, self.admission
         start = time.monotonic()
         async with cond:
             await cond.wait_for(lambda: core.may_admit(key, incarnation)
                                 or not core.live(worker_id, incarnation))
-            return core.admit(worker_id, incarnation, key, time.monotonic() - start)
+            ticket = core.admit(worker_id, incarnation, key, time.monotonic() - start)
+            return None if ticket is None else Admission(ticket, core.ticket_key(ticket))
 
     async def close_admissions(self) -> None:
         """No new episode starts from now on (waiting and later ``admit`` calls get None);

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from actors.observe.figures import accounting, progress_row, waiting_on
@@ -21,7 +22,8 @@ ROW_KEYS = [
     "discarded_decision_fraction", "staleness_p50", "staleness_p90", "staleness_max",
     "episode_return", "success_rate", "success_window", "success_by_task", "policy_version",
     "mean_batch_size", "mean_batch_wait_ms", "queue_depth", "expected_lag",
-    "in_flight_episodes", "dropped_stale", "uniform_groups_skipped", "groups",
+    "in_flight_episodes", "dropped_stale", "uniform_groups_skipped", "skipped_decisions",
+    "redrawn_decisions", "trained_decision_share", "groups",
     "dropped_faults", "lost_segments", "restarts", "restart_counts", "busy_env",
     "busy_rollout", "busy_learner", "learner_data_wait", "admission_wait_fraction",
     "env_slots_live", "env_slots_waiting", "actors_down", "learner_ranks", "skipped_steps",
@@ -88,6 +90,38 @@ def test_the_row_keeps_its_keys_and_the_accounting_adds_up():
     # a learner that died holding its buffer: what it took from the queue and never reported
     alone = Snapshot(workers, servers, [LearnerStats(version=5)], queue)
     assert accounting(alone, 0, 0, False, True)["unaccounted"] == 0
+
+
+def test_the_row_and_the_line_show_what_grpo_produced_trained_skipped_and_redrew():
+    """Dynamic sampling's decisions in the row (whole-run counts over a resumed leg) and on
+    the console line; a run with nothing skipped or redrawn keeps its line as it was."""
+    from actors.observe.monitor import RunMonitor
+
+    core = QueueCore(QueueConfig(capacity=8, max_staleness=8), Recorded(), group_size=2,
+                     skip_uniform=True, redraw_rounds=1)
+    key, other = EpisodeKey(0, 0), EpisodeKey(1, 0)
+    for ret in (0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0):  # rescued, then skipped after redraw
+        ticket = core.admit(0, "w0", key if ret or core.stats().put < 4 else other, 0.0)
+        info = SegmentInfo("w0/s0", core.ticket_key(ticket), 10, 20, 0, ret, ret > 0.5)
+        core.put(info, ["ref"], 0.0, core.finished(info, ticket))
+    queue = core.stats()
+    assert (queue.rescued_groups, queue.redraw_skipped_groups) == (1, 1)
+    workers = [EnvWorkerStats(incarnation="a", slots=2, decisions=80, shipped_decisions=80,
+                              recent_episodes=8)]
+    learners = [LearnerStats(samples_trained=40, received_decisions=40)]
+    snap = Snapshot(workers, [RolloutServerStats()], learners, replace(queue, got_decisions=40,
+                                                                       queued_decisions=0))
+    row = progress_row(snap, 10.0, {"decisions": 20, "trained_decisions": 20,
+                                    "skipped_decisions": 10}, {}, {"env_worker": {}})
+    assert (row["decisions"], row["trained_decisions"]) == (100, 60)
+    assert (row["skipped_decisions"], row["redrawn_decisions"]) == (50, 40)
+    assert row["trained_decision_share"] == 0.6
+    assert row["groups"]["rescued"] == 1 and row["groups"]["skipped_after_redraws"] == 1
+    assert accounting(snap, 0, 0, False, False)["unaccounted"] == 0
+    line = RunMonitor.line(None, row, 10.0)
+    assert line.endswith(" | decisions 100 trained 60 (60%) skipped 50 redrawn 40")
+    plain = {**row, "skipped_decisions": 0, "redrawn_decisions": 0}
+    assert "redrawn" not in RunMonitor.line(None, plain, 10.0)
 
 
 def test_an_actor_at_rest_holds_nothing_and_counts_what_died_with_it():

@@ -138,8 +138,8 @@ def test_a_group_cut_short_never_shortens_the_next_group_of_its_key():
             await queue.admit(0, k, "w0-a")
         assert await queue.reset_worker(0, "w0-b") == 3
         tickets = [await queue.admit(1, k, "w1") for _ in range(4)]  # the next group of k
-        for i, ticket in enumerate(tickets):
-            await queue.put(_info(0, k), [f"k{i}"], ticket)
+        for i, admission in enumerate(tickets):
+            await queue.put(_info(0, k), [f"k{i}"], admission.ticket)
         whole = await queue.get(max_items=8, timeout_s=1.0)
         for _ in range(4):  # lockstep rollout (no tickets): a group lost to faults entirely
             await queue.drop(k, decisions=2)
@@ -149,7 +149,7 @@ def test_a_group_cut_short_never_shortens_the_next_group_of_its_key():
         shipped = await queue.admit(0, j, "w0-b")
         for _ in range(3):
             await queue.admit(0, j, "w0-b")
-        await queue.put(_info(0, j), ["j0"], shipped)
+        await queue.put(_info(0, j), ["j0"], shipped.ticket)
         await queue.reset_worker(0, "w0-c")
         short = await queue.get(max_items=8, timeout_s=1.0)
         return whole, ticketless, short, queue.stats()
@@ -234,7 +234,7 @@ def test_pacing_holds_new_episodes_until_the_learners_catch_up():
         third = asyncio.create_task(queue.admit(1, EpisodeKey(0, 0)))  # (10 + 15) / 10 > 2
         await asyncio.sleep(0.05)
         assert not third.done()
-        await queue.put(_info(0, decisions=5), ["x"], t1)  # (10 + 5 + 2 * 5) / 10 = 2.5
+        await queue.put(_info(0, decisions=5), ["x"], t1.ticket)  # (10 + 5 + 2 * 5) / 10 = 2.5
         await asyncio.sleep(0.05)
         assert not third.done()
         await queue.learner_buffered(0, 0)  # trained: (5 + 2 * 5) / 10 = 1.5

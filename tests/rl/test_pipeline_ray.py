@@ -276,6 +276,36 @@ def test_grpo_with_two_learners_never_splits_a_group(ray_cluster, tmp_path):
 
 
 @pytest.mark.slow
+def test_grpo_dynamic_sampling_trains_redrawn_groups_whole(ray_cluster, tmp_path):
+    """Dynamic sampling on ColorReach with a 0/1 reward (no progress term): an untrained
+    policy (about 0.1 success with its wide initial noise) fails most pairs alike; the queue
+    draws their keys again on the same env worker, trains the groups that became mixed whole
+    (more than 2 episodes) and counts every decision."""
+    cfg = load_run_config("smoke", overrides=SMALL + [
+        "pipeline.mode=full", "total_env_steps=3000", "algo.name=grpo", "algo.group_size=2",
+        "algo.skip_uniform_groups=true", "algo.redraw_rounds=3", "env.options.progress_scale=0",
+        "env.options.num_objects=2", "env.options.success_radius=0.12",
+        "policy.options.init_log_std=0.3", "queue.max_staleness=16"])
+    controller = Controller(cfg, tmp_path / "redraw", quiet=True)
+    try:
+        summary = controller.run()
+        learners = ray.get([lr.stats.remote() for lr in controller.topology.learners])
+        queue = ray.get(controller.topology.queue.stats.remote())
+    finally:
+        controller.shutdown()
+    groups = summary["groups"]
+    assert groups["redraws"] > 0 and queue.redrawn > 0, (groups, queue)
+    assert summary["redrawn_decisions"] == queue.redrawn_decisions > 0
+    assert groups["rescued"] == queue.rescued_groups > 0, groups
+    # a rescued group reaches the learner whole: first round and redrawn members together
+    assert sum(lr.received_episodes for lr in learners) > 2 * sum(
+        lr.received_groups for lr in learners), learners
+    assert summary["skipped_decisions"] == queue.uniform_decisions
+    assert 0 < summary["trained_decision_share"] <= 1
+    assert summary["accounting"]["unaccounted"] == 0, summary["accounting"]
+
+
+@pytest.mark.slow
 def test_two_learners_stop_together_whenever_asked(ray_cluster, tmp_path):
     """Stop requests land at arbitrary points of a step, while data keeps arriving unevenly:
     both ranks always leave ``run()`` at the same version, none left in an all-reduce alone."""

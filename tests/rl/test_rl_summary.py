@@ -32,6 +32,7 @@ def test_every_grpo_group_uniform_is_named_with_its_count_not_a_budget_to_raise(
                            "steps (40 episodes finished; stopped by total_env_steps=640) were "
                            "uniform (every member failed or every one succeeded)"), line
     assert "raise total_env_steps" not in line and "init_from" in line
+    assert "algo.redraw_rounds (now 0: more episodes of a uniform group's key)" in line
     # some groups reached the learner: the budget was short; the uniform ones are counted
     summary["groups"] = {"received": 3, "uniform_skipped": 2}
     line = trained_nothing(summary, cfg, spec)
