@@ -61,8 +61,8 @@ from groot_reference import (  # noqa: E402  (the N1.5 script's shared helpers)
     fixed_randn,
     lerobot_batch,
     observations,
-    randomise,
     random_stats,
+    randomise,
 )
 
 BACKBONE_REPO = "nvidia/Cosmos-Reason2-2B"

@@ -76,11 +76,39 @@ class GrootShapes:
     """Dropout of the DiT and VL self-attention blocks (used in training only, on request)."""
     vision_eps: float = 1e-6
     rms_eps: float = 1e-6
+    version: Literal["n1.5", "n1.7"] = "n1.5"
+    """GR00T version: N1.5 (Eagle 2.5 backbone, future tokens) or N1.7 (Qwen3-VL backbone,
+    ``AlternateVLDiT``); the fields below are N1.7's only."""
+    temporal_patch: int = 2
+    """Qwen3-VL: frames per patch (a still image is repeated to fill it)."""
+    spatial_merge: int = 2
+    """Qwen3-VL: patches merged per side into one LLM token."""
+    vision_positions: int = 0
+    """Qwen3-VL: learned position table (``num_position_embeddings``, a square grid)."""
+    deepstack: tuple[int, ...] = ()
+    """Qwen3-VL: vision blocks whose merged output is added to the LLM's image rows after
+    LLM layer 0, 1, ... (``deepstack_visual_indexes``)."""
+    mrope_section: tuple[int, ...] = ()
+    """Qwen3-VL: interleaved M-RoPE frequencies for time / height / width."""
+    image_crop: int = 0
+    """N1.7's processor: centre crop (of ``image_size``) between its two resizes."""
+    attend_text_every: int = 2
+    """N1.7's DiT: cross-attention block ``i`` reads the text tokens when
+    ``i % (2 * attend_text_every) == 0``, the image tokens otherwise."""
+    state_dropout: float = 0.0
+    """N1.7: probability that a training sample's state encoding is zeroed (with ``dropout``)."""
 
     @property
     def image_tokens(self) -> int:
         side = self.image_size // self.patch
+        if self.version == "n1.7":
+            return side * side // (self.spatial_merge * self.spatial_merge)
         return side * side // 4 if self.pixel_shuffle else side * side
+
+    @property
+    def image_patches(self) -> int:
+        """N1.7: patches an image becomes (before the merger)."""
+        return (self.image_size // self.patch) ** 2
 
     @property
     def vl_width(self) -> int:
@@ -104,6 +132,24 @@ PRESETS: dict[str, GrootShapes] = {
         llm_heads=16, llm_kv_heads=8, llm_head_dim=128, llm_mlp=6144, vocab=151680,
         rope_theta=1e6, project_to_dim=0, vl_layers=4, vl_heads=32, vl_head_dim=64,
         dit_layers=16, dit_heads=32, dit_head_dim=48, hidden=1024,
+    ),
+    "groot_n17": GrootShapes(
+        image_size=256, patch=16, vision_width=1024, vision_depth=24, vision_heads=16,
+        vision_mlp=4096, pixel_shuffle=False, connector_layers=0, llm_width=2048, llm_layers=16,
+        llm_heads=16, llm_kv_heads=8, llm_head_dim=128, llm_mlp=6144, vocab=151936,
+        rope_theta=5e6, project_to_dim=0, vl_layers=4, vl_heads=32, vl_head_dim=64,
+        dit_layers=32, dit_heads=32, dit_head_dim=48, hidden=1024, max_state_dim=132,
+        max_action_dim=132, horizon=40, future_tokens=0, version="n1.7", vision_positions=2304,
+        deepstack=(5, 11, 17), mrope_section=(24, 20, 20), image_crop=230, state_dropout=0.2,
+    ),
+    "groot17_tiny": GrootShapes(
+        image_size=48, patch=8, vision_width=32, vision_depth=3, vision_heads=2, vision_mlp=64,
+        pixel_shuffle=False, connector_layers=0, llm_width=64, llm_layers=3, llm_heads=4,
+        llm_kv_heads=2, llm_head_dim=16, llm_mlp=128, vocab=414, rope_theta=5e6,
+        project_to_dim=0, vl_layers=2, vl_heads=4, vl_head_dim=16, dit_layers=4, dit_heads=2,
+        dit_head_dim=8, hidden=16, max_state_dim=16, max_action_dim=12, horizon=16,
+        future_tokens=0, max_seq_len=256, version="n1.7", vision_positions=16, deepstack=(0, 1),
+        mrope_section=(4, 2, 2), image_crop=42, state_dropout=0.2,
     ),
     "groot_tiny": GrootShapes(
         image_size=56, patch=14, vision_width=32, vision_depth=2, vision_heads=2, vision_mlp=64,
@@ -156,11 +202,61 @@ def shapes_from_configs(base: GrootShapes, groot: Mapping[str, Any] | None,
     return replace(base, **out)
 
 
+def shapes_from_n17_configs(base: GrootShapes, groot: Mapping[str, Any] | None,
+                            qwen: Mapping[str, Any] | None,
+                            processor: Mapping[str, Any] | None = None) -> GrootShapes:
+    """``base`` (an N1.7 preset) with every size an N1.7 checkpoint's ``config.json``
+    (``GR00TN17Config``), its backbone's Qwen3-VL ``config.json`` and its
+    ``processor_config.json`` state replaced by theirs."""
+    out: dict[str, Any] = {}
+    if qwen:
+        v, t = qwen.get("vision_config", {}), qwen.get("text_config", {})
+        rope = t.get("rope_scaling") or t.get("rope_parameters") or {}
+        pairs = {"patch": v.get("patch_size"), "vision_width": v.get("hidden_size"),
+                 "vision_depth": v.get("depth"), "vision_heads": v.get("num_heads"),
+                 "vision_mlp": v.get("intermediate_size"),
+                 "temporal_patch": v.get("temporal_patch_size"),
+                 "spatial_merge": v.get("spatial_merge_size"),
+                 "vision_positions": v.get("num_position_embeddings"),
+                 "deepstack": tuple(v["deepstack_visual_indexes"])
+                 if "deepstack_visual_indexes" in v else None,
+                 "llm_width": t.get("hidden_size"), "llm_heads": t.get("num_attention_heads"),
+                 "llm_kv_heads": t.get("num_key_value_heads"), "llm_head_dim": t.get("head_dim"),
+                 "llm_mlp": t.get("intermediate_size"), "vocab": t.get("vocab_size"),
+                 "rope_theta": t.get("rope_theta") or rope.get("rope_theta"),
+                 "mrope_section": tuple(rope["mrope_section"]) if "mrope_section" in rope
+                 else None, "rms_eps": t.get("rms_norm_eps")}
+        out.update({k: val for k, val in pairs.items() if val is not None})
+    if groot:
+        dit, vl = groot.get("diffusion_model_cfg", {}), groot.get("vl_self_attention_cfg", {})
+        pairs = {"llm_layers": groot.get("select_layer"),
+                 "vl_layers": vl.get("num_layers"), "vl_heads": vl.get("num_attention_heads"),
+                 "vl_head_dim": vl.get("attention_head_dim"),
+                 "dit_layers": dit.get("num_layers"), "dit_heads": dit.get("num_attention_heads"),
+                 "dit_head_dim": dit.get("attention_head_dim"), "dropout": dit.get("dropout"),
+                 "hidden": groot.get("hidden_size"), "max_state_dim": groot.get("max_state_dim"),
+                 "max_action_dim": groot.get("max_action_dim"),
+                 "horizon": groot.get("action_horizon"),
+                 "embodiments": groot.get("max_num_embodiments"),
+                 "max_seq_len": groot.get("max_seq_len"),
+                 "buckets": groot.get("num_timestep_buckets"),
+                 "steps": groot.get("num_inference_timesteps"),
+                 "attend_text_every": groot.get("attend_text_every_n_blocks"),
+                 "state_dropout": groot.get("state_dropout_prob")}
+        out.update({k: val for k, val in pairs.items() if val is not None})
+    kwargs = (processor or {}).get("processor_kwargs") or {}
+    if kwargs.get("image_target_size"):
+        out["image_size"] = int(kwargs["image_target_size"][0])
+    if kwargs.get("image_crop_size"):
+        out["image_crop"] = int(kwargs["image_crop_size"][0])
+    return replace(base, **out, version="n1.7", future_tokens=0)
+
+
 @dataclass(frozen=True)
 class GrootConfig:
     """Options of the ``groot`` policy (``policy.options`` in a run config)."""
 
-    preset: Literal["groot_n15", "groot_tiny"] = "groot_tiny"
+    preset: Literal["groot_n15", "groot_tiny", "groot_n17", "groot17_tiny"] = "groot_tiny"
     """Network sizes; ``groot_n15`` (3B parameters) is only built on a CUDA device. A
     ``checkpoint``'s config files override them."""
     checkpoint: str = ""
@@ -206,6 +302,8 @@ class GrootConfig:
     tune_visual: bool = False
     tune_projector: bool = True
     tune_diffusion_model: bool = True
+    tune_vlln: bool = True
+    """N1.7 only (LeRobot 0.6.1's flag): train ``vlln`` and the VL self-attention."""
     dropout: bool = False
     """Training forward with the checkpoint's dropout (0.2 in N1.5's DiT and VL attention), as
     LeRobot trains; acting and RL's log-probabilities never drop."""

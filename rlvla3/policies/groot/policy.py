@@ -38,6 +38,7 @@ from rlvla3.policies.groot.config import GrootConfig, GrootShapes
 from rlvla3.policies.groot.head import flow_loss, training_time
 from rlvla3.policies.groot.network import GrootNetwork, VLCache
 from rlvla3.policies.groot.processor import GrootProcessor, MinMax, PromptTokenizer
+from rlvla3.policies.groot.qwen3_vl import Qwen3VLBackbone
 from rlvla3.protocols import Evaluation
 from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput
 
@@ -45,12 +46,23 @@ from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput
 def freeze(net: GrootNetwork, cfg: GrootConfig) -> None:
     """LeRobot's ``tune_*`` flags as ``requires_grad``."""
     net.requires_grad_(True)
-    eagle, head = net.backbone.eagle_model, net.action_head
-    if not cfg.tune_llm:
-        eagle.language_model.requires_grad_(False)
-    if not cfg.tune_visual:
-        eagle.vision_model.requires_grad_(False)
-        eagle.mlp1.requires_grad_(False)
+    head = net.action_head
+    if isinstance(net.backbone, Qwen3VLBackbone):  # N1.7: the merger is part of ``visual``
+        qwen = net.backbone.model.model
+        if not cfg.tune_llm:
+            qwen.language_model.requires_grad_(False)
+        if not cfg.tune_visual:
+            qwen.visual.requires_grad_(False)
+        if not cfg.tune_vlln:
+            head.vlln.requires_grad_(False)
+            head.vl_self_attention.requires_grad_(False)
+    else:
+        eagle = net.backbone.eagle_model
+        if not cfg.tune_llm:
+            eagle.language_model.requires_grad_(False)
+        if not cfg.tune_visual:
+            eagle.vision_model.requires_grad_(False)
+            eagle.mlp1.requires_grad_(False)
     if not cfg.tune_projector:
         for m in (head.state_encoder, head.action_encoder, head.action_decoder,
                   head.position_embedding):
@@ -102,7 +114,7 @@ class GrootPolicy(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.net.action_head.future_tokens.weight.device
+        return self.net.action_head.position_embedding.weight.device
 
     @property
     def latent_shape(self) -> tuple[int, ...]:
