@@ -125,6 +125,9 @@ EMBODIMENT_TAGS: dict[str, int] = {"new_embodiment": 31, "oxe_droid": 17, "agibo
                                    "gr1": 24, "so100": 2, "unitree_g1": 3}
 """LeRobot 0.5.1's embodiment tags and the projector rows they select (``embodiment_id``)."""
 
+N17_NEW_EMBODIMENT = 10
+"""LeRobot 0.6.1's N1.7 ``new_embodiment`` row (N1.5's is 31)."""
+
 PRESETS: dict[str, GrootShapes] = {
     "groot_n15": GrootShapes(
         image_size=224, patch=14, vision_width=1152, vision_depth=27, vision_heads=16,
@@ -270,7 +273,9 @@ class GrootConfig:
     ``tokenizer_config.json``), ``chat_template.json``, ``processor_config.json``; its
     ``config.json`` gives the Eagle backbone's sizes."""
     embodiment_id: int = 31
-    """Row of the per-embodiment state/action encoders and decoder (``new_embodiment`` = 31)."""
+    """Row of the per-embodiment state/action encoders and decoder (``new_embodiment`` = 31;
+    for N1.7 presets the default is N1.7's ``new_embodiment`` = 10, or what a LeRobot 0.6.1
+    directory's pack step selects)."""
     camera_keys: Mapping[str, str] = field(default_factory=dict)
     """Env camera -> LeRobot image feature (default ``observation.images.<camera>``). Images
     reach the model in the sorted order of these feature names, as LeRobot orders them."""

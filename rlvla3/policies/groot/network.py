@@ -63,6 +63,8 @@ class GrootNetwork(nn.Module):
         """Varlen attention, set by the policy before the first forward."""
         self.dropout = 0.0
         """Dropout probability of the head's blocks in the next forwards (training only)."""
+        self.state_dropout = 0.0
+        """N1.7: probability that a sample's state encoding is zeroed (training only)."""
 
     def set_fp8(self, backend: Fp8Backend | None) -> None:
         for m in self.modules():
@@ -100,6 +102,9 @@ class GrootNetwork(nn.Module):
         normed, features = vl_features(head.vlln, head.vl_self_attention, hidden, pb.cu,
                                        pb.max_len, self.attention, pb.key_valid, self.dropout)
         state = head.state_encoder(batch.state.to(features.dtype), batch.embodiment)
+        if self.state_dropout:
+            drop = torch.rand(len(state), device=state.device) < self.state_dropout
+            state = state * (1 - drop[:, None, None].to(state.dtype))
         return VLCache(hidden, normed, features, state, batch.embodiment, batch)
 
     def value(self, cache: VLCache) -> torch.Tensor:
