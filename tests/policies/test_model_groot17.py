@@ -1,0 +1,156 @@
+"""GR00T-N1.7 against LeRobot 0.6.1 (the committed fixture, or ``RLVLA3_GROOT17_FIXTURE``): every
+stage, its LeRobot directory in (the version read from the directory; mismatched or damaged
+files refused naming what is wrong), the Qwen3-VL prompt, the tune flags, packed = padded, and
+the RL log-probabilities of its chain."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from rlvla3.config import ConfigError
+from rlvla3.parity import groot as parity15
+from rlvla3.parity import groot17 as parity
+from rlvla3.policies.groot import build_groot_policy
+from rlvla3.policies.groot.config import PRESETS
+from rlvla3.policies.groot.loader import CheckpointLayoutError, load_weights, read_checkpoint
+from rlvla3.policies.groot.qwen_processor import QwenVLTokenizer, formalize
+
+FIXTURE = parity.fixture_path()
+
+
+@pytest.fixture(scope="module")
+def fixture():
+    return parity.load_fixture(FIXTURE)
+
+
+def test_every_stage_matches_lerobot_061(fixture):
+    stages = parity.compare(FIXTURE)
+    names = [s.name for s in stages]
+    for needed in ("tokens (ids, exact)", "pixel patches (48x64 -> 48, crop 42, 48)",
+                   "vision tokens (after the merger)", "DeepStack features 1",
+                   "backbone hidden at the selected layer", "VL features after self-attention",
+                   "state encoding", "velocity, 4 steps (deterministic)",
+                   "training loss (fixed flow times and noise)", "actions (deterministic, act)"):
+        assert needed in names
+    assert sum("DiT block" in n for n in names) == PRESETS["groot17_tiny"].dit_layers
+    assert any("cross-attention to images" in n for n in names)
+    bad = [(s.name, s.max_abs_diff, s.scale) for s in stages if not s.error <= parity.TOLERANCE]
+    assert not bad, bad
+
+
+def test_the_version_is_read_from_the_directory(fixture):
+    meta, t = fixture
+    ckpt = read_checkpoint(FIXTURE / "lerobot")
+    assert (ckpt.version, ckpt.layout, ckpt.embodiment_id) == ("n1.7", "lerobot", 10)
+    assert read_checkpoint(parity15.fixture_path() / "lerobot").version == "n1.5"
+    spec = parity.fixture_spec(meta, t)
+    with pytest.raises(ConfigError, match=r"policy.options.preset.*'groot_tiny' is GR00T-N1.5 "
+                                          r"but .* is GR00T-N1.7; use 'groot17_tiny'"):
+        build_groot_policy(spec, {**parity.fixture_options(FIXTURE, meta), "preset": "groot_tiny"})
+    with pytest.raises(ConfigError, match="is GR00T-N1.7 but .* is GR00T-N1.5"):
+        build_groot_policy(spec, {**parity.fixture_options(FIXTURE, meta),
+                                  "checkpoint": str(parity15.fixture_path() / "lerobot")})
+
+
+def test_marks_of_both_versions_are_refused(tmp_path):
+    d = tmp_path / "mixed"
+    shutil.copytree(FIXTURE / "lerobot", d)
+    pre = json.loads((d / "policy_preprocessor.json").read_text())
+    for step in pre["steps"]:
+        if step["registry_name"] == "groot_n1_7_pack_inputs_v1":
+            step["registry_name"] = "groot_pack_inputs_v3"
+    (d / "policy_preprocessor.json").write_text(json.dumps(pre))
+    with pytest.raises(ValueError, match=r"mixes GR00T versions: N1\.7 \(.*Qwen3-VL backbone "
+                                         r"weights.*\) and N1\.5 \(processor steps"):
+        read_checkpoint(d)
+
+
+def test_a_damaged_file_is_refused_naming_the_key(fixture, tmp_path):
+    meta, t = fixture
+    policy = parity.fixture_policy(FIXTURE, meta, t)
+    state = load_file(str(FIXTURE / "lerobot" / "model.safetensors"))
+    gone = "_groot_model.backbone.model.model.visual.deepstack_merger_list.1.norm.weight"
+    bent = "_groot_model.action_head.action_encoder.W2.W"
+    del state[gone]
+    state[bent] = state[bent][:, :10].contiguous()
+    save_file(state, str(tmp_path / "bad.safetensors"))
+    before = policy.net.state_dict()["action_head.position_embedding.weight"].clone()
+    with pytest.raises(CheckpointLayoutError) as err:
+        load_weights(policy.net, tmp_path / "bad.safetensors")
+    assert f"missing keys (1): {gone.removeprefix('_groot_model.')}" in str(err.value)
+    assert "action_head.action_encoder.W2.W: checkpoint (32, 10, 16) vs model (32, 32, 16)" \
+        in str(err.value)
+    assert torch.equal(before, policy.net.state_dict()["action_head.position_embedding.weight"])
+
+
+def test_the_prompt_and_its_tokens(fixture):
+    meta, _ = fixture
+    tok = QwenVLTokenizer(FIXTURE / "backbone", tokens_per_image=9)
+    assert formalize("Don't DROP it, please!") == "dont drop it please"
+    text = tok.prompt(meta["instructions"][1], 2)
+    assert text == meta["prompts"][1]
+    pad = "<|image_pad|>" * 9
+    assert text == (f"<|im_start|>user\n<|vision_start|>{pad}<|vision_end|><|vision_start|>{pad}"
+                    "<|vision_end|>dont drop the robots cup<|im_end|>\n")
+    ids = tok.encode(meta["instructions"][1], 2)
+    assert ids.count(tok.image_token_id) == 18  # special tokens stay whole
+    assert tok.tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_tune_flags_freeze_what_lerobot_freezes(fixture):
+    meta, t = fixture
+    spec = parity.fixture_spec(meta, t)
+    opts = parity.fixture_options(FIXTURE, meta)
+    default = build_groot_policy(spec, opts).net  # LeRobot 0.6.1: LLM and vision frozen
+    trains = {n for n, p in default.named_parameters() if p.requires_grad}
+    assert not any(n.startswith("backbone.") for n in trains)
+    assert "action_head.vlln.weight" in trains and "action_head.model.proj_out_2.weight" in trains
+    frozen = build_groot_policy(spec, {**opts, "tune_projector": False, "tune_vlln": False,
+                                       "tune_diffusion_model": False}).net
+    assert {n for n, p in frozen.named_parameters() if p.requires_grad} == {
+        n for n, _ in frozen.named_parameters() if n.startswith("value_head.")}
+    full = build_groot_policy(spec, {**opts, "tune_llm": True, "tune_visual": True}).net
+    assert all(p.requires_grad for p in full.parameters())
+
+
+def test_rl_log_probs_of_the_chain_are_recomputed_by_evaluate(fixture):
+    meta, t = fixture
+    policy = parity.fixture_policy(FIXTURE, meta, t)
+    obs = parity.fixture_obs(meta, t)
+    out = policy.act(obs)
+    assert out.latents.shape == (3, 5, 16, 12) and out.actions.shape == (3, 16, 7)
+    ev = policy.evaluate(obs, torch.from_numpy(out.actions), torch.from_numpy(out.latents))
+    np.testing.assert_allclose(ev.log_prob.detach().numpy(), out.log_prob, rtol=1e-4, atol=1e-2)
+    np.testing.assert_allclose(ev.value.detach().numpy(), out.value, atol=1e-5)
+    ev.log_prob.sum().backward()  # the chain's log-probability reaches the DiT's weights
+    assert policy.net.action_head.model.proj_out_2.weight.grad.abs().sum() > 0
+
+
+def test_packed_batch_equals_padded_batch(fixture):
+    meta, t = fixture
+    spec = parity.fixture_spec(meta, t)
+    opts = parity.fixture_options(FIXTURE, meta)
+    packed = build_groot_policy(spec, opts)
+    padded = build_groot_policy(spec, {**opts, "padded": True})
+    obs = parity.fixture_obs(meta, t)
+    assert len(set(packed.processor.token_counts(obs))) > 1  # prompts of different lengths
+    np.testing.assert_allclose(packed.act(obs, True).actions, padded.act(obs, True).actions,
+                               atol=1e-5)
+
+
+def test_sft_loss_trains_with_state_dropout(fixture):
+    meta, t = fixture
+    policy = build_groot_policy(parity.fixture_spec(meta, t),
+                                {**parity.fixture_options(FIXTURE, meta), "dropout": True})
+    obs = parity.fixture_obs(meta, t)
+    torch.manual_seed(0)
+    loss = policy.sft_loss(obs, t["actions_env"][:, :10], torch.ones(3, 10))
+    loss.backward()
+    assert torch.isfinite(loss) and policy.net.action_head.state_encoder.layer1.W.grad is not None
+    assert policy.net.state_dropout == 0.0 and policy.net.dropout == 0.0  # training only
