@@ -154,3 +154,28 @@ def test_sft_loss_trains_with_state_dropout(fixture):
     loss.backward()
     assert torch.isfinite(loss) and policy.net.action_head.state_encoder.layer1.W.grad is not None
     assert policy.net.state_dropout == 0.0 and policy.net.dropout == 0.0  # training only
+
+
+def test_full_size_network_matches_lerobots_own_build_key_for_key():
+    """LeRobot 0.6.1's ``GR00TN17`` built on the meta device from N1.7's defaults and the
+    Cosmos-Reason2-2B config it hard-codes (``tests/data/groot17_full_size.py``): the preset
+    has those sizes, our network has its keys and shapes (its LM head, tied to the embedding,
+    is not built) and the same parameter count."""
+    from pathlib import Path
+
+    from rlvla3.policies.groot.config import shapes_from_n17_configs
+    from rlvla3.policies.groot.network import GrootNetwork
+    from rlvla3.policies.groot.policy import parameter_count
+
+    ref = json.loads((Path(__file__).resolve().parents[1] / "data" / "groot_n17_keys.json")
+                     .read_text())
+    shapes = shapes_from_n17_configs(PRESETS["groot_n17"], ref["groot_config"],
+                                     ref["qwen3_vl_config"])
+    assert shapes == PRESETS["groot_n17"]
+    with torch.device("meta"):
+        net = GrootNetwork(shapes)
+    ours = {k: list(v.shape) for k, v in net.state_dict().items()
+            if not k.startswith("value_head.")}
+    assert {**ours, "backbone.model.lm_head.weight": ref["keys"]["backbone.model.lm_head.weight"]
+            } == ref["keys"]
+    assert parameter_count(shapes) == ref["parameters"] == 3_144_016_000
