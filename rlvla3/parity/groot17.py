@@ -13,29 +13,53 @@ features, the state encoding, at each Euler step the action encoding, every DiT 
 velocity, the initial noises, the actions (normalised, in env units; sampled and
 deterministic) and the training loss at fixed flow times and noise.
 
+Export round trip (as for N1.5, ``rlvla3.parity.groot``): ``round_trip_checkpoint`` saves the
+fixture's policy with every weight moved by a seeded amount; ``rlvla3 export`` writes it as a
+LeRobot 0.6.1 groot directory, which ``tests/data/groot17_reference.py --export`` loads with
+LeRobot's ``GrootPolicy.from_pretrained`` and its processors, runs on the fixture's observations
+and noises, and stores LeRobot's actions and the digest of the weights it loaded in
+``OUT/export_reference.safetensors`` (the committed one: ``FIXTURE/export_reference.safetensors``);
+``compare_export`` checks that a fresh export has that digest and that rlvla3's actions equal
+LeRobot's.
+
 ``python -m rlvla3.parity.groot17 [FIXTURE]`` prints the table as JSON (default
-``tests/data/groot17_tiny``, or ``RLVLA3_GROOT17_FIXTURE``); exit status 1 when a stage is above
-``TOLERANCE`` (scaled, ``Stage.error``).
+``tests/data/groot17_tiny``, or ``RLVLA3_GROOT17_FIXTURE``), the export rows included when the
+fixture has its export reference; exit status 1 when a stage is above ``TOLERANCE`` (scaled,
+``Stage.error``). ``--export-to DIR`` writes the round trip's checkpoint and export;
+``--export-reference FILE`` compares with a reference the script just wrote.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from rlvla3.parity.groot import _worst, fixture_obs, fixture_spec, load_fixture
-from rlvla3.parity.vla import TOLERANCE, Stage, _diff
+from rlvla3.parity.vla import (
+    EXPORT_REFERENCE,
+    TOLERANCE,
+    Stage,
+    _diff,
+    check_digest,
+    export_stages,
+    perturbed_checkpoint,
+    read_export_reference,
+    run_cli,
+    run_export,
+)
+
+if TYPE_CHECKING:
+    from rlvla3.policies.groot.policy import GrootPolicy
 
 DEFAULT_FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "data" / "groot17_tiny"
 
-__all__ = ["TOLERANCE", "Stage", "compare", "fixture_options", "fixture_path", "fixture_policy",
-           "main"]
+__all__ = ["EXPORT_REFERENCE", "TOLERANCE", "Stage", "compare", "compare_export",
+           "export_round_trip", "fixture_options", "fixture_path", "fixture_policy", "main",
+           "round_trip_checkpoint"]
 
 
 def fixture_path() -> Path:
@@ -151,18 +175,44 @@ def compare(path: Path) -> list[Stage]:
     return stages
 
 
+def round_trip_checkpoint(fixture: Path, out: Path) -> Path:
+    """The fixture's policy, perturbed (``perturbed_checkpoint``), at ``out``."""
+    meta, t = load_fixture(fixture)
+    return perturbed_checkpoint(fixture_policy(fixture, meta, t), "groot",
+                                fixture_options(fixture, meta), out)
+
+
+def export_round_trip(fixture: Path, out: Path) -> tuple[Path, Path]:
+    """``round_trip_checkpoint`` at ``out/checkpoint``, exported to ``out/lerobot``."""
+    ckpt = round_trip_checkpoint(fixture, out / "checkpoint")
+    return ckpt, run_export(ckpt, out / "lerobot")
+
+
+@torch.no_grad()
+def compare_export(fixture: Path, out: Path, reference: Path | None = None) -> list[Stage]:
+    """rlvla3's actions from the round trip's checkpoint, and from its export loaded back by
+    rlvla3, against LeRobot 0.6.1's on the export (``reference``, default the fixture's
+    ``EXPORT_REFERENCE``), from the fixture's noises."""
+    from rlvla3.checkpoint import load_policy
+    from rlvla3.policies.groot import build_groot_policy
+
+    digest, ref = read_export_reference(reference or fixture / EXPORT_REFERENCE)
+    ckpt, exported = export_round_trip(fixture, out)
+    check_digest(exported, digest, "tests/data/groot17_reference.py --export")
+    meta, t = load_fixture(fixture)
+    obs = fixture_obs(meta, t)
+    trained = cast("GrootPolicy", load_policy(ckpt)[0])  # the fixture's round trip: GR00T
+    reloaded = build_groot_policy(trained.spec, {
+        **fixture_options(fixture, meta, exported), "tokenizer": str(exported / "backbone")})
+    untrained = torch.cat([t[f"deterministic.{i}.actions"] for i in range(len(obs))])
+    return export_stages(ref, {"checkpoint": trained, "export reloaded": reloaded},
+                         lambda policy, kind: policy.predict_chunk(obs, t[f"noise.{kind}"]),
+                         untrained)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlvla3.parity.groot17",
-                                description="rlvla3's GR00T-N1.7 against a LeRobot 0.6.1 fixture")
-    p.add_argument("fixture", nargs="?", type=Path, default=None)
-    path = p.parse_args(argv).fixture or fixture_path()
-    meta, _ = load_fixture(path)
-    stages = compare(path)
-    worst = max(s.error for s in stages)
-    print(json.dumps({"fixture": str(path), "seed": meta["seed"], "reference": meta["versions"],
-                      "tolerance": TOLERANCE, "worst_scaled_error": worst,
-                      "stages": [asdict(s) for s in stages]}, indent=1))
-    return 0 if worst <= TOLERANCE else 1
+    return run_cli(argv, "python -m rlvla3.parity.groot17",
+                   "rlvla3's GR00T-N1.7 against a LeRobot 0.6.1 fixture", sys.modules[__name__])
 
 
 if __name__ == "__main__":

@@ -3,6 +3,10 @@
 Run in the scratch environment that ``groot17_reference_env.sh`` (beside this file) builds::
 
     /work/scratch/lerobot061/bin/python tests/data/groot17_reference.py --seed 0 --out /work/scratch/groot17_seed0
+    python -m rlvla3.parity.groot17 tests/data/groot17_tiny --export-to /tmp/groot17_rt
+    /work/scratch/lerobot061/bin/python tests/data/groot17_reference.py --export /tmp/groot17_rt/lerobot \
+        --fixture tests/data/groot17_tiny --out /tmp/groot17_rt
+    python -m rlvla3.parity.groot17 --export-reference /tmp/groot17_rt/export_reference.safetensors
 
 The reference is LeRobot 0.6.1's ``GrootPolicy`` (``GR00TN17``: transformers'
 ``Qwen3VLForConditionalGeneration`` as the backbone, ``GR00TN17ActionHead`` with its
@@ -27,6 +31,10 @@ The reference is LeRobot 0.6.1's ``GrootPolicy`` (``GR00TN17``: transformers'
 - ``lerobot/`` is the LeRobot policy directory (``_groot_model.*`` keys, processors with the
   min/max statistics), saved after ``GrootPolicy`` loaded ``base/``; the script reloads it with
   ``GrootPolicy.from_pretrained`` and checks it acts the same.
+
+``--export DIR --fixture FIXTURE --out OUT`` is LeRobot's side of the export round trip
+(``check_export``): DIR is an ``rlvla3 export`` of the fixture's round-trip checkpoint
+(``python -m rlvla3.parity.groot17 FIXTURE --export-to OUT`` writes it to ``OUT/lerobot``).
 
 The committed fixture (``tests/data/groot17_tiny``, seed 0) is the output less
 ``base/model.safetensors``, which holds the same tensors as ``lerobot/model.safetensors`` without
@@ -425,12 +433,77 @@ def make_fixture(seed: int, out: Path) -> None:
                                       if p.is_file())}))
 
 
+def check_export(export: Path, fixture: Path, out: Path) -> None:
+    """LeRobot 0.6.1 loads ``export`` (an ``rlvla3 export`` of the fixture's round-trip
+    checkpoint) as a user does: a fresh, empty Hugging Face cache, no network, the working
+    directory elsewhere, ``GrootPolicy.from_pretrained(export)`` with nothing overridden (its
+    base model and backbone are what the export's files name) and
+    ``make_pre_post_processors(pretrained_path=export)``; checks that LeRobot's weights are the
+    export's key for key, acts on the fixture's observations from the fixture's noises and
+    writes LeRobot's actions with the digest of the weights it loaded to
+    ``out/export_reference.safetensors``."""
+    import torch
+
+    export, fixture, out = export.resolve(), fixture.resolve(), out.resolve()
+    cache = Path(tempfile.mkdtemp(prefix="groot17_hub_"))
+    os.environ["HF_HUB_CACHE"] = str(cache)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_LEROBOT_HOME"] = str(cache / "lerobot")
+    os.chdir(cache)
+    patch_env()
+    from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.policies.groot.modeling_groot import GrootPolicy
+    from safetensors.torch import load_file, save_file
+
+    policy = GrootPolicy.from_pretrained(export)
+    policy.eval()
+    loaded = {f"_groot_model.{k}" if not k.startswith("_groot_model.") else k: v
+              for k, v in policy.state_dict().items()}
+    exported = load_file(str(export / "model.safetensors"))
+    tied = "_groot_model.backbone.model.model.language_model.embed_tokens.weight"
+    if set(loaded) - {tied} != set(exported):
+        raise SystemExit(f"keys differ: {sorted((set(loaded) - {tied}) ^ set(exported))[:5]}")
+    for key, tensor in exported.items():
+        if not torch.equal(loaded[key], tensor):
+            raise SystemExit(f"{key} did not arrive in LeRobot's policy")
+    if not torch.equal(loaded[tied], exported["_groot_model.backbone.model.lm_head.weight"]):
+        raise SystemExit("the token embedding is not the exported (tied) LM head")
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(export))
+    meta = json.loads((fixture / "parity.json").read_text())
+    t = load_file(str(fixture / "parity.safetensors"))
+    obs = {"frames": {k: t[f"frames.{k}"].numpy() for k in meta["cameras"]},
+           "state": t["state"].numpy(), "tasks": meta["instructions"]}
+    actions = {}
+    for kind in ("sampled", "deterministic"):
+        rows = [run_one(policy, pre, post, lerobot_batch(obs, [i]), t[f"noise.{kind}"][i:i + 1])
+                for i in range(len(obs["tasks"]))]
+        actions[f"actions.{kind}"] = torch.cat([r["actions"] for r in rows]).contiguous()
+    from importlib.metadata import version
+
+    info = {"weights_sha256": digest(export / "model.safetensors"),
+            "loaded_keys": str(len(exported)), "base_model_path": policy.config.base_model_path,
+            "device": str(policy.config.device),
+            **{p: version(p) for p in ("lerobot", "torch", "transformers", "draccus")}}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(actions, str(out / "export_reference.safetensors"), metadata=info)
+    shutil.rmtree(cache, ignore_errors=True)
+    print(json.dumps({**info, "out": str(out / "export_reference.safetensors")}))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True, help="the fixture directory to write")
+    p.add_argument("--out", type=Path, required=True, help="the fixture directory to write, or "
+                   "with --export the directory export_reference.safetensors is written to")
+    p.add_argument("--export", type=Path, help="an rlvla3 export of the fixture to check")
+    p.add_argument("--fixture", type=Path, help="the fixture the export was made from")
     args = p.parse_args(argv)
-    make_fixture(args.seed, args.out)
+    if args.export:
+        if not args.fixture:
+            p.error("--export needs --fixture")
+        check_export(args.export, args.fixture, args.out)
+    else:
+        make_fixture(args.seed, args.out)
     return 0
 
 

@@ -179,3 +179,49 @@ def test_full_size_network_matches_lerobots_own_build_key_for_key():
     assert {**ours, "backbone.model.lm_head.weight": ref["keys"]["backbone.model.lm_head.weight"]
             } == ref["keys"]
     assert parameter_count(shapes) == ref["parameters"] == 3_144_016_000
+
+
+def test_export_writes_a_lerobot_061_groot_directory(tmp_path):
+    """The export's files as LeRobot 0.6.1 writes them (LeRobot acting on it:
+    ``tests/policies/test_model_export.py``)."""
+    from rlvla3.policies.groot.export17 import PACK_FILE, UNPACK_FILE
+
+    ckpt, out = parity.export_round_trip(FIXTURE, tmp_path)
+    ours = load_file(str(out / "model.safetensors"))
+    theirs = load_file(str(FIXTURE / "lerobot" / "model.safetensors"))
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+    config = json.loads((out / "config.json").read_text())
+    assert config["type"] == "groot" and config["embodiment_tag"] == "new_embodiment"
+    assert (config["chunk_size"], config["max_state_dim"], config["max_action_dim"]) == (16, 16, 12)
+    assert not config["use_bf16"] and config["base_model_path"] == str((out / "base").resolve())
+    base = json.loads((out / "base" / "config.json").read_text())
+    assert base["model_type"] == "Gr00tN1d7" and base["model_name"] == str(
+        (out / "backbone").resolve())
+    pre = json.loads((out / "policy_preprocessor.json").read_text())
+    assert [s["registry_name"] for s in pre["steps"]][2:4] == ["groot_n1_7_pack_inputs_v1",
+                                                               "groot_n1_7_vlm_encode_v1"]
+    source = load_file(str(FIXTURE / "lerobot" / PACK_FILE))
+    for name in (PACK_FILE, UNPACK_FILE):
+        stats = load_file(str(out / name))
+        for key in ("observation.state.min", "observation.state.max", "action.min",
+                    "action.max"):
+            torch.testing.assert_close(stats[key], source[key], rtol=0, atol=0)
+    back = read_checkpoint(out)
+    assert (back.version, back.embodiment_id, back.backbone_config["model_type"]) == \
+        ("n1.7", 10, "qwen3_vl")
+
+
+def test_a_policy_lerobot_061_cannot_rebuild_is_refused_with_every_reason(fixture, tmp_path):
+    from rlvla3.policies.export import ExportError
+    from rlvla3.policies.groot.export17 import export_lerobot17
+
+    meta, t = fixture
+    policy = build_groot_policy(parity.fixture_spec(meta, t), {
+        "preset": "groot17_tiny", "tokenizer": str(FIXTURE / "backbone"), "embodiment_id": 5,
+        "denoise_steps": 2})
+    with pytest.raises(ExportError) as err:
+        export_lerobot17(policy, tmp_path / "out", {})
+    text = str(err.value)
+    assert "embodiment_id 5 has no LeRobot 0.6.1 N1.7 embodiment tag" in text
+    assert "names no base model" in text and "denoise_steps 2 differs" in text
+    assert not (tmp_path / "out").exists()

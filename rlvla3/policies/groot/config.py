@@ -125,8 +125,15 @@ EMBODIMENT_TAGS: dict[str, int] = {"new_embodiment": 31, "oxe_droid": 17, "agibo
                                    "gr1": 24, "so100": 2, "unitree_g1": 3}
 """LeRobot 0.5.1's embodiment tags and the projector rows they select (``embodiment_id``)."""
 
-N17_NEW_EMBODIMENT = 10
-"""LeRobot 0.6.1's N1.7 ``new_embodiment`` row (N1.5's is 31)."""
+N17_EMBODIMENT_TAGS: dict[str, int] = {
+    "oxe_droid_relative_eef_relative_joint": 24, "xdof_relative_eef_relative_joint": 27,
+    "real_g1_relative_eef_relative_joints": 25, "real_r1_pro_sharpa_relative_eef": 26,
+    "unitree_g1_full_body_with_waist_height_nav_cmd": 25, "simpler_env_google": 0,
+    "simpler_env_widowx": 1, "libero_sim": 2, "new_embodiment": 10}
+"""LeRobot 0.6.1's N1.7 embodiment tags (``N1_7_EMBODIMENT_MAPPING``, one tag per row where
+several share one) and the projector rows they select."""
+N17_NEW_EMBODIMENT = N17_EMBODIMENT_TAGS["new_embodiment"]
+"""N1.7's ``new_embodiment`` row (N1.5's is 31)."""
 
 PRESETS: dict[str, GrootShapes] = {
     "groot_n15": GrootShapes(
