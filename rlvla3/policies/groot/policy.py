@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import cast
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ from rlvla3.policies.groot.head import flow_loss, training_time
 from rlvla3.policies.groot.network import GrootNetwork, VLCache
 from rlvla3.policies.groot.processor import GrootProcessor, MinMax, PromptTokenizer
 from rlvla3.policies.groot.qwen3_vl import Qwen3VLBackbone
-from rlvla3.policies.groot.qwen_processor import Groot17Processor, QwenVLTokenizer
+from rlvla3.policies.groot.qwen_processor import Groot17Processor, VLPromptTokenizer
 from rlvla3.protocols import Evaluation
 from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput
 
@@ -87,11 +88,12 @@ class GrootPolicy(nn.Module):
                                  clip=shapes.version == "n1.7")
         self.processor: GrootProcessor
         if shapes.version == "n1.7":
-            if not isinstance(tokenizer, QwenVLTokenizer):
+            if not hasattr(tokenizer, "tokens_per_image"):
                 raise ValueError("GR00T-N1.7 reads the Qwen3-VL prompt: its tokenizer is the "
                                  "backbone's processor assets")
-            self.processor = Groot17Processor(tokenizer, spec.cameras, cfg.camera_keys, shapes,
-                                              self.normalizer, cfg.embodiment_id)
+            self.processor = Groot17Processor(cast(VLPromptTokenizer, tokenizer), spec.cameras,
+                                              cfg.camera_keys, shapes, self.normalizer,
+                                              cfg.embodiment_id)
         else:
             tile = tokenizer.tile or shapes.image_size
             self.processor = GrootProcessor(tokenizer, spec.cameras, cfg.camera_keys, tile,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -41,6 +42,7 @@ from rlvla3.policies.groot.processor import (
     GrootProcessor,
     MinMax,
     PromptBatch,
+    PromptTokenizer,
     _read_json,
     normalise_pixels,
     qwen2_bpe,
@@ -152,10 +154,18 @@ def mrope_positions(ids: np.ndarray, image_token_id: int, per_image: int, side: 
     return out
 
 
+class VLPromptTokenizer(PromptTokenizer, Protocol):
+    """What N1.7's processor reads of a tokenizer: ``QwenVLTokenizer``, or a stand-in that
+    makes prompts of the same layout (the GPU check's); ``tokens_per_image`` is set by the
+    processor."""
+
+    tokens_per_image: int
+
+
 class Groot17Processor(GrootProcessor):
     """``GrootProcessor`` with N1.7's prompt, pixels and positions."""
 
-    def __init__(self, tokenizer: QwenVLTokenizer, cameras: Sequence[str],
+    def __init__(self, tokenizer: VLPromptTokenizer, cameras: Sequence[str],
                  camera_keys: Mapping[str, str], shapes: GrootShapes, normalizer: MinMax,
                  embodiment_id: int):
         tokenizer.tokens_per_image = shapes.image_tokens
