@@ -1,17 +1,20 @@
-"""GR00T-N1.5 (LeRobot 0.5.1's ``groot``) on packed prompts, and its policy factory.
+"""GR00T-N1.5 (LeRobot 0.5.1's ``groot``) and GR00T-N1.7 (LeRobot 0.6.1's) on packed prompts,
+and their policy factory.
 
 ``build_groot_policy(spec, options, path)`` validates ``options`` into ``GrootConfig`` (errors
 name ``path``.field), reads the Eagle processor assets (``tokenizer``: tokenizer, chat
 template, the Eagle ``config.json``) and, when ``checkpoint`` is set, the checkpoint's config
 files (their sizes win over the preset) and a LeRobot directory's statistics and features
 (defaults for ``state_min``... ``action_max``, ``camera_keys`` stays the user's), builds a
-``GrootPolicy`` for the env's shapes and loads the weights. Preset ``groot_n15`` is refused
-without a CUDA device: at 3B parameters it is never instantiated on the CPU.
+``GrootPolicy`` for the env's shapes and loads the weights. The version is the preset's and must
+be the checkpoint's (``loader.version_of``); N1.7 reads the Qwen3-VL assets and its defaults
+(embodiment row 10, or the directory's). Presets ``groot_n15`` and ``groot_n17`` are refused
+without a CUDA device: at 3B parameters they are never instantiated on the CPU.
 
 Modules: ``backbone`` (Eagle 2.5 VL backbone adapter), ``vl_attention`` (``vlln`` + VL
 self-attention), ``dit`` (the DiT), ``embodiment`` (per-embodiment projectors), ``head`` (the
 flow-matching head), ``network``, ``processor``, ``policy``, ``loader``, ``export``,
-``parity``.
+``parity``; N1.7's ``qwen3_vl`` (the Qwen3-VL backbone), ``qwen_processor`` and ``export17``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Configuration of the GR00T-N1.5 policy: the option mapping a run passes, and the shapes.
+"""Configuration of the GR00T policy (N1.5 and N1.7): the option mapping a run passes, and the
+shapes.
 
 Input: the ``policy.options`` mapping of a ``groot`` policy (validated by
 ``rlvla3.config.build`` into ``GrootConfig``) and, when a checkpoint is given, its
@@ -17,6 +18,13 @@ configuration of the parity fixture (``tests/data/groot_reference.py``; pixel sh
 2-layer connector, Eagle's other variant). ``groot_n15`` is checked against LeRobot's own
 full-size build (``tests/data/groot_n15_keys.json``: keys, shapes, parameter count). A
 checkpoint's own config files win over the preset, field by field (``shapes_from_configs``).
+N1.7 (``version``): ``groot_n17`` has GR00T-N1.7-3B's sizes (Cosmos-Reason2-2B / Qwen3-VL: vision
+24 x 1024, patch 16 at 256 px, DeepStack after blocks 5/11/17, Qwen3 of width 2048 cut after
+layer 16; ``AlternateVLDiT`` of 32 layers of 32 x 48, hidden 1,024, state and action 132,
+horizon 40), checked against LeRobot 0.6.1's meta-device build
+(``tests/data/groot_n17_keys.json``); ``groot17_tiny`` is the N1.7 fixture's size
+(``tests/data/groot17_reference.py``); ``shapes_from_n17_configs`` reads an N1.7 checkpoint's
+configs.
 """
 
 from __future__ import annotations
@@ -273,12 +281,16 @@ class GrootConfig:
     """A LeRobot ``groot`` policy directory (``config.json``, ``model.safetensors`` keyed
     ``_groot_model.*``, processor files with min/max statistics) or an Isaac-GR00T checkpoint
     (a directory with ``config.json`` + ``model.safetensors`` keyed ``backbone.eagle_model.*``,
-    ``action_head.*``, or such a ``.safetensors`` file); nothing is downloaded."""
+    ``action_head.*``, or such a ``.safetensors`` file); for N1.7 a LeRobot 0.6.1 ``groot``
+    directory or a raw N1.7 checkpoint (``model_type`` ``Gr00tN1d7``); nothing is downloaded.
+    The GR00T version is read from it and must be the preset's."""
     tokenizer: str = ""
     """The Eagle processor assets directory (what LeRobot keeps in ``HF_LEROBOT_HOME/lerobot/
     eagle2hg-processor-groot-n1p5``): ``vocab.json`` + ``merges.txt`` (+ ``added_tokens.json``,
     ``tokenizer_config.json``), ``chat_template.json``, ``processor_config.json``; its
-    ``config.json`` gives the Eagle backbone's sizes."""
+    ``config.json`` gives the Eagle backbone's sizes. N1.7: the Qwen3-VL processor assets of
+    ``nvidia/Cosmos-Reason2-2B`` (``vocab.json``, ``merges.txt``, ``tokenizer_config.json`` with
+    the chat template, ``preprocessor_config.json``, ``config.json``)."""
     embodiment_id: int = 31
     """Row of the per-embodiment state/action encoders and decoder (``new_embodiment`` = 31;
     for N1.7 presets the default is N1.7's ``new_embodiment`` = 10, or what a LeRobot 0.6.1

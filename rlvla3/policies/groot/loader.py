@@ -1,4 +1,10 @@
-"""GR00T-N1.5 checkpoints in: a LeRobot ``groot`` directory or an Isaac-GR00T checkpoint.
+"""GR00T checkpoints in: a LeRobot ``groot`` directory or an Isaac-GR00T checkpoint, N1.5
+(LeRobot 0.5.1) or N1.7 (LeRobot 0.6.1: ``groot_n1_7_pack_inputs_v1`` /
+``groot_action_unpack_unnormalize_v2`` processors, weights keyed ``_groot_model.backbone.model.
+model.*`` with the tied token embedding saved as ``backbone.model.lm_head.weight``; a raw N1.7
+checkpoint has ``model_type`` ``Gr00tN1d7``, its backbone's Qwen3-VL config at ``model_name`` and
+``processor_config.json``). ``version_of`` reads the version from every mark a directory holds
+and refuses marks of both.
 
 Input: a path. A LeRobot directory holds ``config.json`` (``GrootConfig``'s fields: its
 features, ``chunk_size``, ``base_model_path``...; ``"type": "groot"`` when draccus wrote it),
