@@ -176,6 +176,24 @@ CALIBRATIONS: dict[str, GpuCosts] = {
         source="GR00T-N1.5 on H100, estimate: FLOPs of the groot_n15 shapes at the rates the "
         "pi0.5-shape VLA measured (results/gpu_check), GR00T N1.7's published ~85 ms eager at "
         "B=1"),
+    # GR00T-N1.7 at its real size (the ``groot_n17`` shapes, 3.14B parameters as LeRobot 0.6.1
+    # builds it: tests/data/groot_n17_keys.json) on LIBERO, an ESTIMATE as for N1.5 above, the
+    # FLOPs counted from the shapes (2 x parameters x tokens per matrix): two 256 px cameras,
+    # 256 Qwen3-VL patches each (0.34 TFLOP over 24 vision blocks and the mergers), 128 merged
+    # image tokens and about 40 of text, 168 tokens through the 16 kept LLM layers (0.27), the
+    # VL self-attention (0.07) and the DiT's cross-attention keys/values (0.03), then 4 Euler
+    # steps of the 32-layer DiT over 41 tokens (state + horizon 40; 0.08 a step): 1.04 TFLOP to
+    # act. Training (LLM and vision frozen, forward only; the action head's 1.62B parameters
+    # forward + backward, one flow time): 1.16 TFLOP. At the rates the VLA measured (513 / 410
+    # TFLOP/s): 2.0 ms per sample to act, 2.8 to train; per call N1.7's published ~85 ms eager
+    # at batch 1, less the sample: 83 ms; one AdamW step: 48.7 ms for 3.36B trained parameters
+    # scaled to 1.62B: 23 ms. Weights: 3.14B in bf16, 6.3 GB.
+    "groot_n17_h100_eager": GpuCosts(
+        infer_per_call_ms=83.0, infer_per_sample_ms=2.0, infer_jitter=0.10,
+        train_per_sample_ms=2.8, train_per_step_ms=23.0, sync_fixed_ms=300.0, model_gb=6.3,
+        sync_gb_per_s=25.0,
+        source="GR00T-N1.7 on H100, estimate: FLOPs of the groot_n17 shapes at the rates the "
+        "pi0.5-shape VLA measured (results/gpu_check), N1.7's published ~85 ms eager at B=1"),
 }
 
 PLAN_FIGURES: dict[str, tuple[str, ...]] = {

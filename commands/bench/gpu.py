@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated entries to run (default: all): " + "; ".join(
                        f"{k}: {e.what}" for k, e in ENTRIES.items()))
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds for the whole check (default: 480 on a GPU, 500 dry run)")
+                   help="seconds for the whole check (default: 630 on a GPU, 500 dry run)")
     p.add_argument("--report", default=None, metavar="FILE",
                    help="also write the JSON report to this file")
     return p

@@ -7,12 +7,14 @@ strategy (eager, static, CUDA graph) at batch 1-64; every FP8 kernel candidate p
 (``fp8_linear``, which chooses one) and the FP8 training step with its loss over 50 steps
 (``fp8_training``, with that choice); packed vs padded training step with MFU and a kernel
 breakdown (``packing``); this GPU's cost model (``costs``); varlen attention (``attention``);
-the RL path (``rl``); GR00T-N1.5's cost model and packed vs padded step (``groot``). ``--dry-run`` runs exactly this code on CPU at tiny shapes (per-segment
+the RL path (``rl``); GR00T-N1.5's and N1.7's cost models and packed vs padded steps (``groot``,
+``groot17``). ``--dry-run`` runs exactly this code on CPU at tiny shapes (per-segment
 attention, emulated FP8, no capture), so CI keeps the command from rotting. Without a GPU and
 without ``--dry-run`` it prints a JSON object saying it skipped, and exits 0.
 
 Isolation and time: each entry runs in its own Python process, killed at the entry's timeout or
-when the whole budget (``--budget``, eight minutes on a GPU; a warm H200 needs about six) is
+when the whole budget (``--budget``, 630 s on a GPU; a warm H200 needed about six minutes
+before the ``groot17`` entry) is
 spent; a hang, a
 crash or a CUDA error stays in its entry, which then fails and still reports what it measured
 (entries print a complete snapshot after each step). Imports: torch, numpy and the Ray-free
@@ -150,6 +152,8 @@ SUMMARY = {
     "cost_model": ("costs", "cost_model"),
     "groot_cost_model": ("groot", "cost_model"),
     "groot_packing_speedup": ("groot", "packing", "speedup"),
+    "groot17_cost_model": ("groot17", "cost_model"),
+    "groot17_packing_speedup": ("groot17", "packing", "speedup"),
 }
 """Headline figure -> where it sits in the entries."""
 

@@ -63,7 +63,7 @@ class CheckSizes:
     """AdamW steps of ``fp8_training``'s loss comparison."""
     loss_samples: int = 8
     loss_lr: float = 1e-5
-    budget_s: float = 480.0
+    budget_s: float = 630.0
     """Seconds for the whole check; an entry gets at most what is left."""
     entry_timeout_s: float | None = None
     """Seconds every entry may take (None: each entry's own ``gpu_timeout_s``)."""

@@ -48,7 +48,7 @@ from rlvla3.compute.check_context import (
 from rlvla3.compute.check_timing import peak_gb, reset_peak, round_sig, timed
 from rlvla3.compute.cost_check import check_costs
 from rlvla3.compute.fp8_check import check_fp8_linear, check_fp8_training
-from rlvla3.compute.groot_check import check_groot
+from rlvla3.compute.groot_check import check_groot, check_groot17
 from rlvla3.compute.step_profile import matrix_tflops
 from rlvla3.model.attention import (
     BACKENDS,
@@ -240,5 +240,7 @@ ENTRIES: dict[str, CheckEntry] = {
     "rl": CheckEntry(check_rl, 60, "act / evaluate log-probability agreement, decisions/s"),
     "groot": CheckEntry(check_groot, 150, "GR00T-N1.5: a cost model of this GPU and the "
                                           "packed vs padded step"),
+    "groot17": CheckEntry(check_groot17, 150, "GR00T-N1.7: a cost model of this GPU and the "
+                                              "packed vs padded step"),
 }
 """In run order, the issue's headline figures first. A new model's entry is one more row."""

@@ -1,5 +1,7 @@
-"""The ``groot`` entry of the GPU check (``rlvla3 bench gpu``): GR00T-N1.5's figures for a
-simulated-GPU cost model, and its packed against its padded training step.
+"""The ``groot`` and ``groot17`` entries of the GPU check (``rlvla3 bench gpu``): GR00T-N1.5's
+and GR00T-N1.7's figures for a simulated-GPU cost model, and the packed against the padded
+training step (N1.7: ``groot_n17`` on a GPU, ``groot17_tiny`` in the dry run, prompts in the
+Qwen3-VL layout by ``QwenPromptShape``).
 
 Role: the ``costs`` entry calibrates the VLA; this entry measures the same figures for
 GR00T-N1.5 (``groot_n15`` on a GPU, ``groot_tiny`` in the CPU dry run), so that a cost model
@@ -61,6 +63,23 @@ class PromptShape:
         return ids + [32, 33, 34, 35, 36]  # "<|im_end|>\n<|im_start|>assistant\n"
 
 
+class QwenPromptShape:
+    """Stands in for ``QwenVLTokenizer`` (N1.7): Qwen3-VL-layout prompts of about the real
+    length (the user turn, one vision block of ``tokens_per_image`` placeholders per camera,
+    the formalised instruction at about 4 bytes a token, the turn's end)."""
+
+    def __init__(self, vocab: int):
+        self.image_token_id, self.pad_id, self.vocab_size = vocab - 1, 0, vocab
+        self.tokens_per_image, self.tile = 0, 0
+
+    def encode(self, instruction: str, images: int) -> list[int]:
+        ids = [1, 2, 3]  # "<|im_start|>user\n"
+        for _ in range(images):  # <|vision_start|> placeholders <|vision_end|>
+            ids += [10, *[self.image_token_id] * self.tokens_per_image, 11]
+        ids += [40 + b % 200 for b in instruction.lower().encode()[:: 4]]
+        return ids + [4, 5]  # "<|im_end|>\n"
+
+
 def _policies(preset: str, device: torch.device, dtype: torch.dtype):
     """The packed policy and the padded baseline with the same weights, and their spec."""
     from rlvla3.compute.synthetic_obs import libero_like_spec
@@ -74,23 +93,27 @@ def _policies(preset: str, device: torch.device, dtype: torch.dtype):
         s = shapes_for(cfg)
         spec = libero_like_spec(image_size=s.image_size, chunk_len=s.horizon)
         spec = dataclasses.replace(spec, cameras=spec.cameras[:2])
-        tokenizer = PromptShape(s.vocab, s.image_tokens, s.image_size)
+        tokenizer = QwenPromptShape(s.vocab) if s.version == "n1.7" else \
+            PromptShape(s.vocab, s.image_tokens, s.image_size)
         out.append(GrootPolicy(spec, cfg, s, tokenizer, device).to(dtype))
     out[1].load_state_dict(out[0].state_dict())
     return out[0], out[1], spec
 
 
-def check_groot(ctx) -> Iterator[dict]:
+def check_groot(ctx, version: str = "n1.5") -> Iterator[dict]:
     from rlvla3.compute.synthetic_obs import libero_like_batch
 
     dev, sz = ctx.device, ctx.sizes
-    preset = "groot_n15" if dev.type == "cuda" else "groot_tiny"
+    full, tiny = ("groot_n17", "groot17_tiny") if version == "n1.7" else ("groot_n15",
+                                                                          "groot_tiny")
+    preset = full if dev.type == "cuda" else tiny
     packed, padded, spec = _policies(preset, dev, sz.dtype)
     params = sum(p.numel() for p in packed.parameters())
     snap: dict = {"preset": preset, "parameters": params,
                   "trainable": sum(p.numel() for p in packed.parameters() if p.requires_grad),
                   "image_tokens": packed.shapes.image_tokens, "costs": {}, "packing": {}}
-    for costs in measure_costs(ctx, packed, spec, f"GR00T-N1.5 preset {preset}", packed.steps):
+    name = f"GR00T-{version.upper()} preset {preset}"
+    for costs in measure_costs(ctx, packed, spec, name, packed.steps):
         snap["costs"] = costs
         yield snap
     padded.to(dev)
@@ -132,3 +155,9 @@ def check_groot(ctx) -> Iterator[dict]:
                         and all(math.isfinite(x) for x in losses.values())
                         and pack["loss_rel_diff"] <= LOSS_TOLERANCE)
     yield snap
+
+
+def check_groot17(ctx) -> Iterator[dict]:
+    """The ``groot17`` entry: ``check_groot`` for GR00T-N1.7 (``groot_n17`` on a GPU,
+    ``groot17_tiny`` in the CPU dry run; Qwen3-VL-layout prompts)."""
+    return check_groot(ctx, "n1.7")

@@ -257,6 +257,23 @@ def test_groot_at_its_real_size_plans_from_its_estimated_costs():
     assert plan.best.learner_gpus + plan.best.rollout_gpus == 16
 
 
+def test_groot_n17_at_its_real_size_plans_from_its_estimated_costs():
+    """GR00T-N1.7's calibration: its weights are the real model's parameter count (LeRobot
+    0.6.1's meta-device build) in bf16, it acts cheaper per sample than N1.5's estimate (1.04
+    against 1.77 TFLOP) and a plan of 16 GPUs comes out of it."""
+    from pathlib import Path
+
+    n17, n15 = CALIBRATIONS["groot_n17_h100_eager"], CALIBRATIONS["groot_n15_h100_eager"]
+    keys = json.loads((Path(__file__).parents[1] / "data" / "groot_n17_keys.json").read_text())
+    assert n17.model_gb == pytest.approx(keys["parameters"] * 2 / 1e9, rel=0.01)
+    assert n17.infer_per_sample_ms < n15.infer_per_sample_ms
+    assert n17.inference_ms(1) == pytest.approx(85.0, abs=1.0)
+    assert "estimate" in n17.source
+    plan = make_plan(n17, LIBERO, PlanRequest(gpus=16, sim_cpus=256, global_batch=128,
+                                              simulate_rollout=False))
+    assert plan.best.learner_gpus + plan.best.rollout_gpus == 16
+
+
 def test_slot_overhead_lengthens_each_slots_decision():
     """The runtime's own time per decision (``slot_overhead_ms``) adds to the slot's env time:
     with inference and training far from binding, decisions/s is slots / (E + o + response)."""

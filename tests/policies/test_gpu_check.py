@@ -135,6 +135,14 @@ def test_dry_run_passes_every_entry_without_ray(image_python, tmp_path):
     assert plan_main([*groot["plan_args"].split(), "--gpus", "8", "--sim-cpus", "128",
                       "--json"]) == 0
 
+    # GR00T-N1.7's entry: the same figures at the tiny N1.7 size, Qwen3-VL-layout prompts.
+    n17 = entries["groot17"]
+    assert n17["preset"] == "groot17_tiny" and list(n17["costs"]["act_ms"]) == ["1", "2", "4"]
+    assert n17["costs"]["model"] == "GR00T-N1.7 preset groot17_tiny"
+    assert n17["packing"]["padded_stream_tokens"] > n17["packing"]["real_tokens"]
+    assert n17["packing"]["loss_rel_diff"] <= 0.1 and n17["pass"]
+    assert report["summary"]["groot17_cost_model"] == n17["cost_model"]
+
 
 def test_an_entry_past_its_time_is_killed_and_reported():
     result = bench_gpu.run_entry("attention", dry_run=True, timeout=0.5)

@@ -113,18 +113,27 @@ class Block(nn.Module):
 
 
 @dataclass
+class KeyLayout:
+    """The varlen layout from action segments (``S`` of ``L`` tokens) to the VL tokens a
+    cross-attention block reads of their sample."""
+
+    index: torch.Tensor
+    """Rows of those VL tokens in segment order (a sample's rows repeated per repeat)."""
+    cu_k: torch.Tensor
+    max_k: int
+    key_valid: torch.Tensor | None
+
+
+@dataclass
 class CrossKV:
-    """Keys/values of every VL token for each cross-attention block, and the varlen layout
-    from action segments (``S`` of ``L`` tokens) to their sample's VL tokens."""
+    """Keys/values of every VL token for each cross-attention block, and each block's
+    ``KeyLayout`` (N1.5: every block reads all of its sample's tokens; N1.7's
+    ``AlternateVLDiT``: its text tokens or its image tokens, block by block)."""
 
     keys: list[torch.Tensor]
     """Per cross block ``[T_vl, H, d]``."""
     values: list[torch.Tensor]
-    index: torch.Tensor
-    """Rows of the VL tokens in segment order (a sample's tokens repeated per repeat)."""
-    cu_k: torch.Tensor
-    max_k: int
-    key_valid: torch.Tensor | None
+    layouts: list[KeyLayout]
 
 
 def timestep_embedding(t: torch.Tensor, channels: int = 256) -> torch.Tensor:
@@ -171,14 +180,14 @@ class DiT(nn.Module):
     def cross_blocks(self) -> list[Block]:
         return [b for b in cast(Sequence[Block], self.transformer_blocks) if b.cross]
 
-    def cross_kv(self, vl: torch.Tensor, index: torch.Tensor, cu_k: torch.Tensor, max_k: int,
-                 key_valid: torch.Tensor | None) -> CrossKV:
+    def cross_kv(self, vl: torch.Tensor, layouts: list[KeyLayout]) -> CrossKV:
+        """Keys/values of ``vl`` for every cross block; ``layouts`` one per cross block."""
         keys, values = [], []
         for b in self.cross_blocks():
             a = b.attn1
             keys.append(a.to_k(vl).view(len(vl), a.heads, a.head_dim))
             values.append(a.to_v(vl).view(len(vl), a.heads, a.head_dim))
-        return CrossKV(keys, values, index, cu_k, max_k, key_valid)
+        return CrossKV(keys, values, layouts)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, kv: CrossKV,
                 attention: AttentionBackend, p: float = 0.0,
@@ -189,13 +198,14 @@ class DiT(nn.Module):
         cross = 0
         for block in self.transformer_blocks:
             if block.cross:
-                k = kv.keys[cross][kv.index]
-                v = kv.values[cross][kv.index]
+                lay = kv.layouts[cross]
+                k = kv.keys[cross][lay.index]
+                v = kv.values[cross][lay.index]
                 cross += 1
 
-                def attend(q, h, k=k, v=v):
-                    o = attention(q.reshape(s * n, *q.shape[2:]), k, v, cu_q, kv.cu_k, n,
-                                  kv.max_k, kv.key_valid)
+                def attend(q, h, k=k, v=v, lay=lay):
+                    o = attention(q.reshape(s * n, *q.shape[2:]), k, v, cu_q, lay.cu_k, n,
+                                  lay.max_k, lay.key_valid)
                     return o.reshape(s, n, -1)
 
                 x = block(x, attend, temb, p)

@@ -237,7 +237,12 @@ def write_base(directory: Path, policy: GrootPolicy, weights: dict[str, torch.Te
 
 
 def export_lerobot(policy: GrootPolicy, out: Path, source: dict[str, Any]) -> dict[str, Any]:
-    """Write ``policy`` as a LeRobot groot directory in ``out``; returns the manifest."""
+    """Write ``policy`` as a LeRobot groot directory in ``out`` (N1.7: LeRobot 0.6.1's, by
+    ``rlvla3.policies.groot.export17``); returns the manifest."""
+    if policy.shapes.version == "n1.7":
+        from rlvla3.policies.groot.export17 import export_lerobot17
+
+        return export_lerobot17(policy, out, source)
     base = base_model(policy)
     problems = export_problems(policy, base)
     if problems:

@@ -4,7 +4,8 @@ Inputs: the packed VL features (after ``vlln`` and the VL self-attention, cached
 ``CrossKV`` per observation), the state encoding of each sample, noisy action chunks
 ``x [S, H, A]`` at integer timesteps ``[S]`` and the segments' embodiment ids. Output: the
 velocity ``[S, H, A]``: the action decoder applied to the DiT's output on the last ``H``
-tokens of ``[state token, future tokens, action tokens + position embedding]``.
+tokens of ``[state token, future tokens, action tokens + position embedding]`` (N1.7 has no
+future tokens).
 
 GR00T's flow convention (the reverse of pi0's): ``x_t = (1 - t) noise + t action``, velocity
 ``action - noise``, t from 0 (noise) to 1 (action), fed to the network as
@@ -37,7 +38,7 @@ class FlowHead(nn.Module):
         self.state_encoder = CategoryMLP(c, s.max_state_dim, s.hidden, e)
         self.action_encoder = ActionEncoder(c, s.max_action_dim, e)
         self.action_decoder = CategoryMLP(c, s.hidden, s.hidden, s.max_action_dim)
-        self.future_tokens = nn.Embedding(s.future_tokens, e)
+        self.future_tokens = nn.Embedding(s.future_tokens, e) if s.future_tokens else None
         self.vlln = nn.LayerNorm(s.vl_width)
         self.vl_self_attention = SelfAttentionTransformer(s.vl_width, s.vl_heads, s.vl_head_dim,
                                                           s.vl_layers)
@@ -58,14 +59,20 @@ class FlowHead(nn.Module):
         if encodings is not None:
             encodings.append(a)
         a = a + self.position_embedding.weight[:h][None]
-        future = self.future_tokens.weight[None].expand(len(x), -1, -1)
-        tokens = torch.cat([state, future, a], dim=1)
+        if self.future_tokens is None:  # N1.7: [state token, action tokens]
+            tokens = torch.cat([state, a], dim=1)
+        else:
+            future = self.future_tokens.weight[None].expand(len(x), -1, -1)
+            tokens = torch.cat([state, future, a], dim=1)
         out = self.model(tokens, steps, kv, attention, p, record)
         return self.action_decoder(out, ids)[:, -h:]
 
 
-def training_time(u: torch.Tensor) -> torch.Tensor:
-    """GR00T's flow time from a Beta(1.5, 1) draw ``u``: ``(0.999 - u) / 0.999``."""
+def training_time(u: torch.Tensor, version: str = "n1.5") -> torch.Tensor:
+    """GR00T's flow time from a Beta(1.5, 1) draw ``u``: ``(0.999 - u) / 0.999`` (N1.5),
+    ``(1 - u) * 0.999`` (N1.7)."""
+    if version == "n1.7":
+        return (1 - u) * NOISE_S
     return (NOISE_S - u) / NOISE_S
 
 

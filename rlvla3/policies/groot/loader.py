@@ -1,4 +1,10 @@
-"""GR00T-N1.5 checkpoints in: a LeRobot ``groot`` directory or an Isaac-GR00T checkpoint.
+"""GR00T checkpoints in: a LeRobot ``groot`` directory or an Isaac-GR00T checkpoint, N1.5
+(LeRobot 0.5.1) or N1.7 (LeRobot 0.6.1: ``groot_n1_7_pack_inputs_v1`` /
+``groot_action_unpack_unnormalize_v2`` processors, weights keyed ``_groot_model.backbone.model.
+model.*`` with the tied token embedding saved as ``backbone.model.lm_head.weight``; a raw N1.7
+checkpoint has ``model_type`` ``Gr00tN1d7``, its backbone's Qwen3-VL config at ``model_name`` and
+``processor_config.json``). ``version_of`` reads the version from every mark a directory holds
+and refuses marks of both.
 
 Input: a path. A LeRobot directory holds ``config.json`` (``GrootConfig``'s fields: its
 features, ``chunk_size``, ``base_model_path``...; ``"type": "groot"`` when draccus wrote it),
@@ -42,11 +48,17 @@ from rlvla3.policies.vla.loader import CheckpointLayoutError, refuse_mismatch
 
 LEROBOT_PREFIX = "_groot_model."
 UNUSED_KEYS = (r"backbone\.eagle_model\.vision_model\.vision_model\.head\..*",
-               r"backbone\.eagle_model\.language_model\.lm_head\.weight")
+               r"backbone\.eagle_model\.language_model\.lm_head\.weight",
+               r"backbone\.model\.lm_head\.weight")
 FRESH_PREFIXES = ("value_head.",)
 ISAAC_PREFIXES = ("backbone.", "action_head.")
 PACK_STEP = "groot_pack_inputs_v3"
 UNPACK_STEP = "groot_action_unpack_unnormalize_v1"
+PACK17_STEP = "groot_n1_7_pack_inputs_v1"
+UNPACK17_STEP = "groot_action_unpack_unnormalize_v2"
+N17_MODEL_TYPE = "Gr00tN1d7"
+N17_LM_HEAD = "backbone.model.lm_head.weight"
+N17_EMBED = "backbone.model.model.language_model.embed_tokens.weight"
 
 __all__ = ["CheckpointLayoutError", "GrootCheckpoint", "layout_of", "lerobot_stats",
            "load_weights", "read_checkpoint"]
@@ -67,6 +79,15 @@ class GrootCheckpoint:
     missing_stats: dict[str, str] = field(default_factory=dict)
     """``observation.state`` / ``action`` -> why a LeRobot directory gives no min/max for it
     (LeRobot would then act on raw values or on its defaults)."""
+    version: str = "n1.5"
+    """``n1.5`` or ``n1.7``, from what the directory holds (``version_of``)."""
+    backbone_config: dict[str, Any] = field(default_factory=dict)
+    """N1.7: the Qwen3-VL ``config.json`` of the base model's ``model_name`` (when local)."""
+    processor_config: dict[str, Any] = field(default_factory=dict)
+    """N1.7: the base model's ``processor_config.json`` (image sizes)."""
+    embodiment_id: int | None = None
+    """N1.7 LeRobot directory: the row its pack step selects (``embodiment_mapping`` at
+    ``embodiment_tag``)."""
 
     @property
     def image_keys(self) -> tuple[str, ...]:
@@ -101,9 +122,11 @@ def layout_of(directory: Path, cfg: dict[str, Any]) -> str:
     files and ``_groot_model.`` keys; an Isaac-GR00T one ``model_type: gr00t_n1_5``,
     ``backbone_cfg`` / ``action_head_cfg`` and bare ``backbone.`` / ``action_head.`` keys."""
     kind = cfg.get("type")
-    if kind not in (None, "groot") or cfg.get("model_type") not in (None, "gr00t_n1_5"):
+    if kind not in (None, "groot") or cfg.get("model_type") not in (None, "gr00t_n1_5",
+                                                                     N17_MODEL_TYPE):
         raise ValueError(f"{directory}/config.json is a {kind or cfg.get('model_type')!r} "
-                         "model, not GR00T-N1.5 (LeRobot 'groot' or Isaac-GR00T 'gr00t_n1_5')")
+                         "model, not GR00T (LeRobot 'groot' or Isaac-GR00T 'gr00t_n1_5' / "
+                         f"'{N17_MODEL_TYPE}')")
     keys = _weight_keys(directory / "model.safetensors")
     lerobot = [why for ok, why in (
         (kind == "groot", "config.json type 'groot'"),
@@ -114,9 +137,10 @@ def layout_of(directory: Path, cfg: dict[str, Any]) -> str:
         (bool(keys) and all(k.startswith(LEROBOT_PREFIX) for k in keys),
          f"weights keyed {LEROBOT_PREFIX}*")) if ok]
     isaac = [why for ok, why in (
-        (cfg.get("model_type") == "gr00t_n1_5", "config.json model_type 'gr00t_n1_5'"),
-        ("backbone_cfg" in cfg or "action_head_cfg" in cfg,
-         "config.json with backbone_cfg / action_head_cfg"),
+        (cfg.get("model_type") in ("gr00t_n1_5", N17_MODEL_TYPE),
+         f"config.json model_type {cfg.get('model_type')!r}"),
+        ("backbone_cfg" in cfg or "action_head_cfg" in cfg or "diffusion_model_cfg" in cfg,
+         "config.json with backbone_cfg / action_head_cfg / diffusion_model_cfg"),
         (bool(keys) and all(k.startswith(ISAAC_PREFIXES) for k in keys),
          "weights keyed backbone.* / action_head.*")) if ok]
     if lerobot and not isaac:
@@ -127,6 +151,40 @@ def layout_of(directory: Path, cfg: dict[str, Any]) -> str:
                       (("LeRobot groot", lerobot), ("Isaac-GR00T", isaac)) if why)
     raise ValueError(f"{directory} is neither a LeRobot groot directory nor an Isaac-GR00T "
                      f"checkpoint as a whole ({found or 'no mark of either'})")
+
+
+def _step_names(directory: Path, pipeline: str) -> set[str]:
+    file = directory / pipeline
+    if not file.is_file():
+        return set()
+    return {str(step.get("registry_name")) for step in _json(file).get("steps", [])}
+
+
+def version_of(directory: Path, cfg: dict[str, Any], base: dict[str, Any]) -> str:
+    """``n1.7`` or ``n1.5`` from every mark the directory holds: the config's (or its base
+    model's) ``model_type``, the processors' step names, the weights' key layout; marks of
+    both are refused naming them."""
+    keys = [k[len(LEROBOT_PREFIX):] if k.startswith(LEROBOT_PREFIX) else k
+            for k in _weight_keys(directory / "model.safetensors")]
+    steps = _step_names(directory, PREPROCESSOR) | _step_names(directory, POSTPROCESSOR)
+    types = {cfg.get("model_type"), base.get("model_type")}
+    marks = {"n1.7": [why for ok, why in (
+        (N17_MODEL_TYPE in types, f"model_type {N17_MODEL_TYPE!r}"),
+        (bool(steps & {PACK17_STEP, UNPACK17_STEP}), f"processor steps {PACK17_STEP} / "
+                                                      f"{UNPACK17_STEP}"),
+        (any(k.startswith("backbone.model.model.") for k in keys),
+         "Qwen3-VL backbone weights (backbone.model.model.*)")) if ok],
+        "n1.5": [why for ok, why in (
+            ("gr00t_n1_5" in types, "model_type 'gr00t_n1_5'"),
+            (bool(steps & {PACK_STEP, UNPACK_STEP}), f"processor steps {PACK_STEP} / "
+                                                      f"{UNPACK_STEP}"),
+            (any(k.startswith("backbone.eagle_model.") for k in keys),
+             "Eagle backbone weights (backbone.eagle_model.*)")) if ok]}
+    found = [v for v, why in marks.items() if why]
+    if len(found) == 2:
+        raise ValueError(f"{directory} mixes GR00T versions: N1.7 ({', '.join(marks['n1.7'])}) "
+                         f"and N1.5 ({', '.join(marks['n1.5'])})")
+    return found[0] if found else "n1.5"
 
 
 def _step(directory: Path, pipeline: str, step_name: str) -> tuple[dict, dict] | str:
@@ -147,7 +205,8 @@ def _step(directory: Path, pipeline: str, step_name: str) -> tuple[dict, dict] |
     return f"{pipeline} has no {step_name} step"
 
 
-def lerobot_stats(directory: Path) -> tuple[dict[str, dict[str, list[float]]], dict[str, str]]:
+def lerobot_stats(directory: Path, version: str = "n1.5"
+                  ) -> tuple[dict[str, dict[str, list[float]]], dict[str, str]]:
     """(statistics, why one is missing) of a LeRobot groot directory, as LeRobot 0.5.1 acts:
     its preprocessor's pack step min-max normalises the state (and the training targets) by
     ``observation.state`` (``action``) min/max, or leaves a feature it has no statistics for
@@ -155,8 +214,10 @@ def lerobot_stats(directory: Path) -> tuple[dict[str, dict[str, list[float]]], d
     returns them raw when the step holds no statistics, and takes min 0, max 1 when it holds
     statistics but none for ``action``. Those defaults are not guessed here: a feature without
     its min/max is named in the second mapping."""
-    pre = _step(directory, PREPROCESSOR, PACK_STEP)
-    post = _step(directory, POSTPROCESSOR, UNPACK_STEP)
+    pack, unpack = (PACK17_STEP, UNPACK17_STEP) if version == "n1.7" else (PACK_STEP,
+                                                                           UNPACK_STEP)
+    pre = _step(directory, PREPROCESSOR, pack)
+    post = _step(directory, POSTPROCESSOR, unpack)
     stats: dict[str, dict[str, list[float]]] = {}
     missing: dict[str, str] = {}
 
@@ -173,8 +234,8 @@ def lerobot_stats(directory: Path) -> tuple[dict[str, dict[str, list[float]]], d
         else:
             missing[feature] = f"{where} holds no {feature} min/max (LeRobot 0.5.1 would {default})"
 
-    take(STATE, pre, f"{PREPROCESSOR}'s {PACK_STEP} step", "feed the raw state")
-    take(ACTION, post, f"{POSTPROCESSOR}'s {UNPACK_STEP} step",
+    take(STATE, pre, f"{PREPROCESSOR}'s {pack} step", "feed the raw state")
+    take(ACTION, post, f"{POSTPROCESSOR}'s {unpack} step",
          "unnormalise actions by min 0, max 1" if not isinstance(post, str) and post[1]
          else "return the model's actions unnormalised")
     if ACTION in stats and not isinstance(pre, str):
@@ -202,12 +263,38 @@ def read_checkpoint(path: str | Path) -> GrootCheckpoint:
             "weights file by its own path (.../model.safetensors) to load it at the preset's sizes")
     cfg = _json(p / "config.json")
     if layout_of(p, cfg) == "isaac":
-        return GrootCheckpoint(p, p / "model.safetensors", "isaac", cfg)
-    stats, missing = lerobot_stats(p)
+        version = version_of(p, cfg, {})
+        if version == "n1.5":
+            return GrootCheckpoint(p, p / "model.safetensors", "isaac", cfg)
+        backbone, processor = _n17_sidecars(p, cfg)
+        return GrootCheckpoint(p, p / "model.safetensors", "isaac", cfg, version=version,
+                               backbone_config=backbone, processor_config=processor)
     base = str(cfg.get("base_model_path") or "")
     groot = _json(Path(base) / "config.json") if base and (Path(base) / "config.json"
                                                            ).is_file() else {}
-    return GrootCheckpoint(p, p / "model.safetensors", "lerobot", groot, cfg, stats, missing)
+    version = version_of(p, cfg, groot)
+    stats, missing = lerobot_stats(p, version)
+    if version == "n1.5":
+        return GrootCheckpoint(p, p / "model.safetensors", "lerobot", groot, cfg, stats, missing)
+    pack = _step(p, PREPROCESSOR, PACK17_STEP)
+    embodiment = None
+    if not isinstance(pack, str):
+        tag = pack[0].get("embodiment_tag")
+        embodiment = (pack[0].get("embodiment_mapping") or {}).get(tag)
+    backbone, processor = _n17_sidecars(Path(base), groot)
+    return GrootCheckpoint(p, p / "model.safetensors", "lerobot", groot, cfg, stats, missing,
+                           version, backbone, processor,
+                           None if embodiment is None else int(embodiment))
+
+
+def _n17_sidecars(base: Path, groot: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An N1.7 base model's backbone config (its ``model_name``, when a local directory) and
+    ``processor_config.json`` ({} where absent)."""
+    name = Path(str(groot.get("model_name") or ""))
+    qwen = name / "config.json"
+    proc = base / "processor_config.json"
+    return (_json(qwen) if str(name) not in ("", ".") and qwen.is_file() else {},
+            _json(proc) if str(base) not in ("", ".") and proc.is_file() else {})
 
 
 def read_state(path: Path) -> dict[str, torch.Tensor]:
@@ -225,6 +312,8 @@ def load_weights(net: GrootNetwork, ckpt: GrootCheckpoint | str | Path) -> list[
     if not isinstance(ckpt, GrootCheckpoint):
         ckpt = read_checkpoint(ckpt)
     state = read_state(ckpt.weights)
+    if N17_LM_HEAD in state and N17_EMBED not in state:  # tied: saved once, as the LM head
+        state[N17_EMBED] = state.pop(N17_LM_HEAD)
     own = net.state_dict()
     expected = {k for k in own if not k.startswith(FRESH_PREFIXES)}
     missing = sorted(expected - set(state))

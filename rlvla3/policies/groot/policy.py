@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import cast
 
 import numpy as np
 import torch
@@ -38,6 +39,8 @@ from rlvla3.policies.groot.config import GrootConfig, GrootShapes
 from rlvla3.policies.groot.head import flow_loss, training_time
 from rlvla3.policies.groot.network import GrootNetwork, VLCache
 from rlvla3.policies.groot.processor import GrootProcessor, MinMax, PromptTokenizer
+from rlvla3.policies.groot.qwen3_vl import Qwen3VLBackbone
+from rlvla3.policies.groot.qwen_processor import Groot17Processor, VLPromptTokenizer
 from rlvla3.protocols import Evaluation
 from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput
 
@@ -45,12 +48,23 @@ from rlvla3.types import EnvSpec, ObsBatch, PolicyOutput
 def freeze(net: GrootNetwork, cfg: GrootConfig) -> None:
     """LeRobot's ``tune_*`` flags as ``requires_grad``."""
     net.requires_grad_(True)
-    eagle, head = net.backbone.eagle_model, net.action_head
-    if not cfg.tune_llm:
-        eagle.language_model.requires_grad_(False)
-    if not cfg.tune_visual:
-        eagle.vision_model.requires_grad_(False)
-        eagle.mlp1.requires_grad_(False)
+    head = net.action_head
+    if isinstance(net.backbone, Qwen3VLBackbone):  # N1.7: the merger is part of ``visual``
+        qwen = net.backbone.model.model
+        if not cfg.tune_llm:
+            qwen.language_model.requires_grad_(False)
+        if not cfg.tune_visual:
+            qwen.visual.requires_grad_(False)
+        if not cfg.tune_vlln:
+            head.vlln.requires_grad_(False)
+            head.vl_self_attention.requires_grad_(False)
+    else:
+        eagle = net.backbone.eagle_model
+        if not cfg.tune_llm:
+            eagle.language_model.requires_grad_(False)
+        if not cfg.tune_visual:
+            eagle.vision_model.requires_grad_(False)
+            eagle.mlp1.requires_grad_(False)
     if not cfg.tune_projector:
         for m in (head.state_encoder, head.action_encoder, head.action_decoder,
                   head.position_embedding):
@@ -70,10 +84,21 @@ class GrootPolicy(nn.Module):
                              f"horizon of {shapes.horizon}")
         stats = {k: getattr(cfg, k) for k in ("state_min", "state_max", "action_min",
                                                "action_max")}
-        self.normalizer = MinMax(spec.state_dim, spec.action_dim, stats)
-        tile = tokenizer.tile or shapes.image_size
-        self.processor = GrootProcessor(tokenizer, spec.cameras, cfg.camera_keys, tile,
-                                        shapes.max_state_dim, self.normalizer, cfg.embodiment_id)
+        self.normalizer = MinMax(spec.state_dim, spec.action_dim, stats,
+                                 clip=shapes.version == "n1.7")
+        self.processor: GrootProcessor
+        if shapes.version == "n1.7":
+            if not hasattr(tokenizer, "tokens_per_image"):
+                raise ValueError("GR00T-N1.7 reads the Qwen3-VL prompt: its tokenizer is the "
+                                 "backbone's processor assets")
+            self.processor = Groot17Processor(cast(VLPromptTokenizer, tokenizer), spec.cameras,
+                                              cfg.camera_keys, shapes, self.normalizer,
+                                              cfg.embodiment_id)
+        else:
+            tile = tokenizer.tile or shapes.image_size
+            self.processor = GrootProcessor(tokenizer, spec.cameras, cfg.camera_keys, tile,
+                                            shapes.max_state_dim, self.normalizer,
+                                            cfg.embodiment_id)
         with torch.random.fork_rng(devices=[]), device:
             torch.manual_seed(cfg.seed)
             self.net = GrootNetwork(shapes)
@@ -102,7 +127,7 @@ class GrootPolicy(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.net.action_head.future_tokens.weight.device
+        return self.net.action_head.position_embedding.weight.device
 
     @property
     def latent_shape(self) -> tuple[int, ...]:
@@ -210,23 +235,27 @@ class GrootPolicy(nn.Module):
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum of masked squared errors, masked elements) of GR00T's flow matching on
         ``actions [n, T, action_dim]`` (env units; padded to the horizon by repeating the last
-        step and to 32 dims with zeros, the padding dims masked, as LeRobot's processor does),
+        step (N1.5) or with masked zeros (N1.7), and to ``max_action_dim`` with zeros, the
+        padding dims masked, as LeRobot's processors do),
         ``noise [n, horizon, 32]`` and Beta(1.5, 1) draws ``u [n]``."""
         a = self.normalizer.to_model(torch.as_tensor(actions, dtype=torch.float32,
                                                      device=self.device))
         n, steps, dims = a.shape
         h = self.shapes.horizon
-        if steps < h:
+        mask = torch.zeros((n, h, self.width), device=self.device)
+        mask[:, :steps, :dims] = 1.0
+        if steps < h and self.shapes.version == "n1.7":  # zeros, masked out
+            a = F.pad(a, (0, 0, 0, h - steps))
+        elif steps < h:  # N1.5: the last step repeated, trained on
             a = torch.cat([a, a[:, -1:].expand(n, h - steps, dims)], 1)
+            mask[:, steps:, :dims] = 1.0
         a = F.pad(a, (0, self.width - dims))
-        mask = torch.zeros_like(a)
-        mask[..., :dims] = 1.0
         if action_mask is not None:
             m = torch.as_tensor(action_mask, device=self.device, dtype=a.dtype)
             if m.dim() == 2 and m.shape[1] < h:
                 m = torch.cat([m, m[:, -1:].expand(n, h - m.shape[1])], 1)
             mask = mask * (m[..., None] if m.dim() == 2 else F.pad(m, (0, self.width - dims)))
-        t = training_time(u.to(self.device, torch.float32))
+        t = training_time(u.to(self.device, torch.float32), self.shapes.version)
         t3 = t[:, None, None]
         noise = noise.to(self.device, torch.float32)
         x_t = (1 - t3) * noise + t3 * a
@@ -250,10 +279,11 @@ class GrootPolicy(nn.Module):
     @contextlib.contextmanager
     def _dropout(self, p: float):
         self.net.dropout = p
+        self.net.state_dropout = self.shapes.state_dropout if p else 0.0
         try:
             yield
         finally:
-            self.net.dropout = 0.0
+            self.net.dropout = self.net.state_dropout = 0.0
 
 
 def parameter_count(shapes: GrootShapes) -> int:

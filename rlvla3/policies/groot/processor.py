@@ -71,47 +71,57 @@ class PromptTokenizer(Protocol):
         ...
 
 
+def qwen2_bpe(d: Path, what: str):
+    """Qwen2's byte-level BPE (NFC, Qwen2's split pattern) from ``vocab.json`` +
+    ``merges.txt`` with the added tokens of ``tokenizer_config.json`` (or
+    ``added_tokens.json``), special tokens kept whole; and ``tokenizer_config.json``."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+
+    for name in ("vocab.json", "merges.txt"):
+        if not (d / name).is_file():
+            raise FileNotFoundError(f"no {name} in {d} ({what}; nothing is downloaded)")
+    vocab = _read_json(d / "vocab.json")
+    merges = [cast(tuple[str, str], tuple(line.split(" ")))  # a pair per line
+              for line in (d / "merges.txt").read_text().splitlines()
+              if line and not line.startswith("#version")]
+    tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False,
+                        byte_fallback=False, continuing_subword_prefix="",
+                        end_of_word_suffix=""))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    config = _read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json"
+                                                          ).is_file() else {}
+    added = config.get("added_tokens_decoder") or {}
+    if not added and (d / "added_tokens.json").is_file():
+        added = {str(i): {"content": t, "special": True}
+                 for t, i in _read_json(d / "added_tokens.json").items()}
+    for index, entry in sorted(added.items(), key=lambda kv: int(kv[0])):
+        token = AddedToken(entry["content"], single_word=entry.get("single_word", False),
+                           lstrip=entry.get("lstrip", False),
+                           rstrip=entry.get("rstrip", False),
+                           normalized=entry.get("normalized", not entry.get("special")),
+                           special=entry.get("special", True))
+        if tok.token_to_id(entry["content"]) is None:
+            if tok.get_vocab_size(with_added_tokens=True) != int(index):
+                raise ValueError(f"{d}: added token {entry['content']!r} has id {index}, "
+                                 f"the vocabulary has {tok.get_vocab_size(True)} entries")
+            tok.add_special_tokens([token]) if token.special else tok.add_tokens([token])
+    return tok, config
+
+
 class EagleTokenizer:
     """The Eagle prompt and its token ids, from a processor assets directory."""
 
     def __init__(self, directory: str | Path):
-        from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
-        from tokenizers.models import BPE
-
         d = Path(directory)
-        for name in ("vocab.json", "merges.txt", "chat_template.json"):
-            if not (d / name).is_file():
-                raise FileNotFoundError(f"no {name} in {d} (the Eagle processor assets "
-                                        "directory; nothing is downloaded)")
-        vocab = _read_json(d / "vocab.json")
-        merges = [cast(tuple[str, str], tuple(line.split(" ")))  # a pair per line
-                  for line in (d / "merges.txt").read_text().splitlines()
-                  if line and not line.startswith("#version")]
-        tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False,
-                            byte_fallback=False, continuing_subword_prefix="",
-                            end_of_word_suffix=""))
-        tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        tok.decoder = decoders.ByteLevel()
-        config = _read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json"
-                                                              ).is_file() else {}
-        added = config.get("added_tokens_decoder") or {}
-        if not added and (d / "added_tokens.json").is_file():
-            added = {str(i): {"content": t, "special": True}
-                     for t, i in _read_json(d / "added_tokens.json").items()}
-        for index, entry in sorted(added.items(), key=lambda kv: int(kv[0])):
-            token = AddedToken(entry["content"], single_word=entry.get("single_word", False),
-                               lstrip=entry.get("lstrip", False),
-                               rstrip=entry.get("rstrip", False),
-                               normalized=entry.get("normalized", not entry.get("special")),
-                               special=entry.get("special", True))
-            if tok.token_to_id(entry["content"]) is None:
-                if tok.get_vocab_size(with_added_tokens=True) != int(index):
-                    raise ValueError(f"{d}: added token {entry['content']!r} has id {index}, "
-                                     f"the vocabulary has {tok.get_vocab_size(True)} entries")
-                tok.add_special_tokens([token]) if token.special else tok.add_tokens([token])
+        if not (d / "chat_template.json").is_file():
+            raise FileNotFoundError(f"no chat_template.json in {d} (the Eagle processor assets "
+                                    "directory; nothing is downloaded)")
+        tok, config = qwen2_bpe(d, "the Eagle processor assets directory")
         self.tokenizer, self.path = tok, d
         self.template = _read_json(d / "chat_template.json")["chat_template"]
         proc = _read_json(d / "processor_config.json") if (d / "processor_config.json"
@@ -178,7 +188,12 @@ class MinMax:
     targets raw. rlvla3 never writes that case (an export writes the min/max it acts with)
     and refuses to read it (``loader.lerobot_stats``)."""
 
-    def __init__(self, state_dim: int, action_dim: int, stats: Mapping[str, Sequence[float]]):
+    def __init__(self, state_dim: int, action_dim: int, stats: Mapping[str, Sequence[float]],
+                 clip: bool = False):
+        self.clip = clip
+        """N1.7 (LeRobot 0.6.1's ``clip_outliers`` / ``clip_normalized_action``): normalised
+        state and targets clipped to [-1, 1], and the model's actions before unnormalising."""
+
         def vec(key: str, dim: int, default: float) -> torch.Tensor:
             v = stats.get(key) or [default] * dim
             return torch.tensor(list(v), dtype=torch.float32)
@@ -188,13 +203,13 @@ class MinMax:
         self.action_min = vec("action_min", action_dim, -1)
         self.action_max = vec("action_max", action_dim, 1)
 
-    @staticmethod
-    def _norm(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         lo, hi = lo.to(x), hi.to(x)
         denom = hi - lo
         mask = denom != 0
         mapped = 2 * (x - lo) / torch.where(mask, denom, torch.ones_like(denom)) - 1
-        return torch.where(mask, mapped, torch.zeros_like(mapped))
+        out = torch.where(mask, mapped, torch.zeros_like(mapped))
+        return out.clamp(-1.0, 1.0) if self.clip else out
 
     def state(self, x: torch.Tensor) -> torch.Tensor:
         return self._norm(x, self.state_min, self.state_max)
@@ -204,6 +219,8 @@ class MinMax:
 
     def to_env(self, y: torch.Tensor) -> torch.Tensor:
         y = y.cpu()
+        if self.clip:
+            y = y.clamp(-1.0, 1.0)
         denom = self.action_max - self.action_min
         mask = denom != 0
         inv = (y + 1.0) * 0.5 * torch.where(mask, denom, torch.ones_like(denom)) + self.action_min
@@ -229,6 +246,8 @@ class PromptBatch:
     lengths: np.ndarray
     """int64 ``[n]`` real tokens per sample."""
     sample_of_token: torch.Tensor
+    mrope: torch.Tensor | None = None
+    """int64 ``[3, T]`` N1.7's M-RoPE positions (time, height, width; from 0 per sample)."""
 
 
 @dataclass(frozen=True)
