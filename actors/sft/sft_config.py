@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from datalake.pipeline import LakeConfig
+from rlvla3.checkpoint.storage import check_no_secret
 from rlvla3.cli_options import DEPRECATED
 from rlvla3.config import Named, require
 from rlvla3.engine.config import EngineConfig
-from rlvla3.storage import check_no_secret
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class SFTConfig:
     """When set, the policy is built for this env's spec (so eval and RL can use it directly)
     and the lake's cameras, image size and chunk length follow the spec."""
     run_dir: str = "runs/sft"
-    """A local path or a storage URI (``s3://bucket/runs/sft``, ``rlvla3.storage``): checkpoints,
+    """A local path or a storage URI (``s3://bucket/runs/sft``, ``rlvla3.checkpoint.storage``): checkpoints,
     ``config.yaml``, ``metrics.jsonl`` and Ray Train's own files (``ray/``) go there
     (``rlvla3 sft``: ``--run-dir``, default ``runs/sft-<timestamp>``; ``--resume`` continues the
     run in it)."""

@@ -13,12 +13,12 @@ import torch
 
 from envs import env_spec, make_env
 from rlvla3.algos import AlgoConfig
-from rlvla3.batcher import BatcherConfig, DynamicBatcher
 from rlvla3.config import ConfigError, Named, build
-from rlvla3.episode import TaskSampler
-from rlvla3.learner import BatchStart, LearnerCore, StreamingStart
+from rlvla3.episode.tasks import TaskSampler
+from rlvla3.learner.core import BatchStart, LearnerCore, StreamingStart
 from rlvla3.policies import build_policy
-from rlvla3.rollout import RolloutCore, collect_episodes
+from rlvla3.rollout.batcher import BatcherConfig, DynamicBatcher
+from rlvla3.rollout.core import RolloutCore, collect_episodes
 from rlvla3.run_config import RunConfig, check_resources, load_run_config
 from rlvla3.types import WeightsMessage
 
@@ -234,7 +234,7 @@ def test_a_step_with_a_non_finite_gradient_leaves_the_weights_and_is_counted():
 
 
 def test_kl_learning_rate_moves_outside_its_band_within_its_bounds():
-    from rlvla3.kl_control import KlLearningRate
+    from rlvla3.learner.kl_control import KlLearningRate
 
     optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
     control = KlLearningRate(optimizer, 1e-3, target=0.1, factor=2.0, min_scale=0.25,
@@ -338,7 +338,7 @@ def test_target_kl_measures_the_whole_window():
     assert stats[-1].update_kl == pytest.approx(kl[2], rel=1e-5)  # after the third update
     assert abs(kl[2] - kl[1]) > 1e-3 * kl[2] > 0  # not what two steps had moved
 def test_advantage_normaliser_uses_whole_batches_of_all_ranks():
-    from rlvla3.learner_step import AdvantageNormalizer
+    from rlvla3.learner.step import AdvantageNormalizer
 
     other_rank = np.array([2.0, 2.0 * 3.0, 2.0 * 9.0])  # two samples of 3.0 on another rank
     norm = AdvantageNormalizer(True, reduce=lambda m: m + other_rank)
@@ -397,7 +397,7 @@ def test_learning_signal_improves_the_objective():
     policy = make_policy(1)
     core = LearnerCore(policy, AlgoConfig("ppo"), 32, 32, 3e-3, BatchStart())
     core.add_groups(episodes(segments))
-    from rlvla3.rl_samples import prepare_samples
+    from rlvla3.learner.samples import prepare_samples
 
     samples = prepare_samples(segments, AlgoConfig("ppo"))
     before = core.loss(core.with_proximal(samples))[0].item()
@@ -535,9 +535,9 @@ def test_group_buffer_takes_micro_batches_without_copying_the_rest_of_an_item():
     in (cutting the remainder off each time copied it again at every micro-batch, images
     included: quadratic in the group's length). Rows still leave in order, none twice, and
     peeks, staleness and put-backs see the remainder."""
-    from rlvla3.group_buffer import GroupBuffer
-    from rlvla3.pacing import StalenessBound
-    from rlvla3.rl_samples import Samples, prepare_samples
+    from rlvla3.learner.group_buffer import GroupBuffer
+    from rlvla3.learner.samples import Samples, prepare_samples
+    from rlvla3.queue.pacing import StalenessBound
 
     segments = collect_segments(make_policy(1), 12)
     group = prepare_samples(segments, AlgoConfig("ppo"))

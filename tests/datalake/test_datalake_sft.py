@@ -17,7 +17,7 @@ from commands.datalake import main as datalake_main
 from datalake import synthetic
 from datalake.format import DatasetError
 from datalake.writer import WriterConfig, write_dataset
-from rlvla3.checkpoint import (
+from rlvla3.checkpoint.files import (
     CheckpointMeta,
     listed_files,
     load_optimizer_state,

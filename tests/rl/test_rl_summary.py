@@ -69,7 +69,7 @@ def test_an_fsdp_run_that_left_its_weights_unmoved_says_both_and_exits_1(tmp_pat
     the console says the learners shard (and FSDP warns of no view it hooks), ``summary.json``
     records fsdp over 2 ranks, and the run ends with the line that its weights did not move,
     exit status 1."""
-    from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
+    from rlvla3.checkpoint.files import CheckpointMeta, save_checkpoint
     from rlvla3.policies import build_policy
 
     overrides = [*TINY_RUN, "total_env_steps=600", "learner.num_learners=2",
