@@ -257,12 +257,13 @@ class LearnerConfig:
     micro_batch: int = 64
     """Samples per forward/backward on one learner."""
     lr: float = 3e-4
-    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
+    sharding: Literal["auto", "ddp", "fsdp"] = "auto"
     """``ddp``: every rank holds the whole model, its gradients and Adam state; ``fsdp``:
     FSDP2 shards them over the ranks (1/N each) and checkpoints are sharded (every rank writes
     its shard). ``auto``: DDP where the learner GPUs hold the whole model, else FSDP where the
     shards fit, decided by the memory pre-flight before any actor starts
-    (``rlvla3.plan.memory.choose_strategy``; one rank or CPUs: ``ddp``)."""
+    (``rlvla3.plan.memory.choose_sharding``; one rank or CPUs: ``ddp``; was
+    ``learner.strategy``)."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip before each optimizer step (was ``algo.max_grad_norm``)."""
     mixed_precision: Literal["auto", "off", "bf16"] = "auto"
@@ -321,14 +322,14 @@ class LearnerConfig:
         require(self.lr > 0, "lr", "must be > 0")
         require(self.backend in ("auto", "gloo", "nccl"), "backend", "must be auto, gloo or nccl")
         require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
-        require(not self.offload or (self.strategy != "ddp" and self.num_learners > 1),
-                "offload", "host offload is FSDP's: it needs strategy fsdp (or auto) and "
+        require(not self.offload or (self.sharding != "ddp" and self.num_learners > 1),
+                "offload", "host offload is FSDP's: it needs sharding fsdp (or auto) and "
                 "num_learners >= 2 (one rank trains the plain module)")
         self.engine().validate()
 
     def engine(self) -> EngineConfig:
         """The engine's share of this section."""
-        return EngineConfig(self.strategy, self.max_grad_norm, self.mixed_precision,
+        return EngineConfig(self.sharding, self.max_grad_norm, self.mixed_precision,
                             self.offload)
 
 
@@ -480,7 +481,8 @@ def load_run_config(preset: str | None = "default", config_file: str | None = No
                                                                    overrides))))
 
 
-RENAMED = {("algo", "max_grad_norm"): ("learner", "max_grad_norm")}
+RENAMED = {("algo", "max_grad_norm"): ("learner", "max_grad_norm"),
+           ("learner", "strategy"): ("learner", "sharding")}
 """Old spellings of fields, read with one warning line (``docs/changes.md``)."""
 
 

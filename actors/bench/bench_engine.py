@@ -108,7 +108,7 @@ def rank_main(argv: list[str]) -> None:
     if args.algo == "sft":
         sft_main(args, policy, data, ranks, shares)
         return
-    engine_cfg = EngineConfig(strategy=args.strategy, offload=args.offload == "true")
+    engine_cfg = EngineConfig(sharding=args.strategy, offload=args.offload == "true")
     engine = rl_engine(policy, algo, 3e-3, engine_cfg, ranks)
     core = LearnerCore(policy, algo, shares[args.rank], args.micro_batch, 3e-3, BatchStart(),
                        engine=engine)
@@ -159,7 +159,7 @@ def sft_main(args: argparse.Namespace, policy, data, ranks, shares: list[int]) -
 
     if len(set(shares)) > 1 or shares[0] % args.micro_batch:
         raise SystemExit("--algo sft: the global batch must split into equal micro-batches")
-    engine = TrainingEngine(policy, EngineConfig(strategy=args.strategy), ranks, "sft_loss",
+    engine = TrainingEngine(policy, EngineConfig(sharding=args.strategy), ranks, "sft_loss",
                             lambda params: torch.optim.AdamW(params, lr=3e-3))
     micro = shares[0] // args.micro_batch
     start = time.perf_counter()

@@ -67,7 +67,7 @@ from rlvla3.checkpoint.storage import Mirror, basename, check_reach, join
 from rlvla3.config import require, to_dict
 from rlvla3.machine import local_ray_cpus, usable_cpus
 from rlvla3.plan.cluster import actor_specs, check_placement, place
-from rlvla3.plan.memory import MemoryPlan, choose_strategy, estimate, model_facts
+from rlvla3.plan.memory import MemoryPlan, choose_sharding, estimate, model_facts
 from rlvla3.policies import build_policy
 from rlvla3.queue.pacing import group_rounds, inherent_lag
 from rlvla3.role_stats import Snapshot
@@ -166,7 +166,7 @@ class Controller:
     def build(self) -> Topology:
         ensure_ray(self.cfg)
         self.check_storage()
-        self.memory_plan = self._preflight()  # resolves learner.strategy: auto
+        self.memory_plan = self._preflight()  # resolves learner.sharding: auto
         cfg = self.cfg
         self.topology = build_topology(cfg, self.spec, self.files.uri, basename(self.files.uri),
                                        self.schedule.concurrent)
@@ -196,7 +196,7 @@ class Controller:
                                     can_add_nodes=bool(placement.waiting) and can_add_nodes()):
             self.log(f"placement: {line} (the autoscaler may add it)")
         facts = model_facts(self.cfg.policy, self.spec)
-        self.cfg, note = choose_strategy(self.cfg, self.spec, placement, facts)
+        self.cfg, note = choose_sharding(self.cfg, self.spec, placement, facts)
         if note:
             self.log(note)
         plan = estimate(self.cfg, self.spec, placement, facts)

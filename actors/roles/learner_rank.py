@@ -1,7 +1,7 @@
 """Learner actor: one rank of the learner group, a thin shell around ``rlvla3.learner.core``.
 
 The rank's core (``LearnerCore``) trains through a ``TrainingEngine`` (``rlvla3.engine``: one
-rank, DDP, or FSDP2 as ``learner.strategy`` says) on the process group the engine's ``group``
+rank, DDP, or FSDP2 as ``learner.sharding`` says) on the process group the engine's ``group``
 module joins. This actor names, calls and restarts: it pulls queue items, drives the core's
 loop, publishes weights, answers the controller, and never writes the core's state.
 
@@ -175,7 +175,7 @@ class Learner:
     def init_group(self, master_addr: str, master_port: int, rank: int | None = None,
                    world_size: int | None = None) -> bool:
         """Join the process group and build this rank's engine on it (DDP or FSDP2 as
-        ``learner.strategy`` says; the plain module for one rank). ``rank``/``world_size``:
+        ``learner.sharding`` says; the plain module for one rank). ``rank``/``world_size``:
         this rank's place in a rebuilt group (a fresh process: every rank of a rebuilt group
         was restarted); each rank then takes its share of the global batch."""
         if rank is not None and world_size is not None:

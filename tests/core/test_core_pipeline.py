@@ -71,6 +71,29 @@ def test_no_shipped_preset_is_written_in_an_old_spelling(capsys):
     assert "'algo.max_grad_norm' is spelled 'learner.max_grad_norm'" in capsys.readouterr().err
 
 
+def test_the_learners_sharding_has_one_name_and_the_old_one_reads_with_a_warning(capsys):
+    """``learner.sharding`` (``rl``) and ``sharding`` (``sft``) say how the learners hold the
+    model; the old ``strategy`` spellings build the same config with one warning line, and
+    the new spelling, given beside an old one, wins."""
+    from actors.sft.sft_config import SFTConfig
+    from actors.sft.sft_config import upgrade as upgrade_sft
+
+    cfg = load_run_config("smoke", overrides=["learner.strategy=fsdp"])
+    assert cfg.learner.sharding == "fsdp" and cfg.learner.engine().sharding == "fsdp"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "'learner.strategy' is spelled 'learner.sharding'" in err
+    both = load_run_config("smoke", overrides=["learner.strategy=fsdp", "learner.sharding=ddp"])
+    assert both.learner.sharding == "ddp"
+    sft = build(SFTConfig, upgrade_sft({"lake": {"datasets": ["d"]}, "strategy": "fsdp",
+                                           "num_learners": 2}))
+    assert sft.sharding == "fsdp" and sft.engine().sharding == "fsdp"
+    assert "'strategy' is spelled 'sharding'" in capsys.readouterr().err
+    with pytest.raises(ConfigError) as bad:
+        load_run_config("smoke", overrides=["learner.sharding=zero3"])
+    assert bad.value.field == "learner.sharding"
+
+
 def test_unknown_preset_and_env_and_policy():
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         load_run_config("nope")
