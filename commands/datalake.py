@@ -32,8 +32,8 @@ import pyarrow.fs as pafs
 from datalake.video import CODECS
 from envs.libero.env import SUITE_NUM_TASKS
 from envs.metaworld.tasks import BENCHMARK_TASKS
+from rlvla3.checkpoint.storage import check_writable
 from rlvla3.cli_options import add_image_size, add_output_dir, require_output_dir
-from rlvla3.storage import check_writable
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -154,7 +154,7 @@ def _record(args: argparse.Namespace) -> int:
     try:  # user errors: one line, exit status 2, before Ray starts
         require_extra(Named(env.name))
         if args.policy:
-            from rlvla3.checkpoint import read_meta
+            from rlvla3.checkpoint.files import read_meta
 
             if env.name != "libero":
                 raise ConfigError("--policy", "a policy-driven recording needs LIBERO's expert")

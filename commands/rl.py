@@ -17,7 +17,7 @@ and the memory pre-flight) before any actor starts; an error is one line on stde
 the field, and the job exits with status 2 (so does a cluster that does not answer at
 ``ray.address``). On a cluster of more than one node, a run whose storage is a local path is refused
 that way (``storage.root``): use a URI every node reaches, or declare a shared mount with
-``storage.shared=true`` (``rlvla3.storage``).
+``storage.shared=true`` (``rlvla3.checkpoint.storage``).
 
 SIGTERM (``ray job stop``, a scheduler's preemption) or Ctrl-C ends the run as its budget would:
 the current step finishes, a checkpoint and ``summary.json`` are written (``stopped_by`` names
@@ -43,10 +43,10 @@ import yaml
 
 from actors.rl.summary import trained_nothing
 from actors.runtime.jsonout import json_text, stdout_to_stderr
+from rlvla3.checkpoint.storage import Storage, check_writable, join
 from rlvla3.cli_options import add_run_dir, refuse_a_used_run_dir
 from rlvla3.config import ConfigError, build, preset_names
 from rlvla3.run_config import RunConfig, load_run_config, upgrade
-from rlvla3.storage import Storage, check_writable, join
 
 PRESETS = "rlvla3.presets"
 """The package whose YAML files are the ``--preset`` choices of ``rlvla3 rl``."""
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
             require_extra(cfg.env)
         if args.resume:
-            from rlvla3.checkpoint import check_resume
+            from rlvla3.checkpoint.files import check_resume
 
             check_resume(run_dir)  # its optimizer and RNG state: here, not after Ray started
         else:

@@ -31,6 +31,7 @@ from actors.sft.sft_config import SFTConfig, upgrade
 from actors.sft.sft_job import connect, prepare, train
 from datalake.format import DatasetError
 from datalake.pipeline import LakeError
+from rlvla3.checkpoint.storage import Storage
 from rlvla3.cli_options import add_run_dir, deprecated_alias, refuse_a_used_run_dir
 from rlvla3.config import (
     ConfigError,
@@ -41,7 +42,6 @@ from rlvla3.config import (
     preset_names,
     to_dict,
 )
-from rlvla3.storage import Storage
 
 PRESETS = "rlvla3.presets.sft"
 """The package whose YAML files are the ``--preset`` choices of ``rlvla3 sft``."""

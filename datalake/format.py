@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from rlvla3.storage import resolve_filesystem
+from rlvla3.checkpoint.storage import resolve_filesystem
 
 CODEBASE_VERSION = "v3.0"
 INFO_PATH = "meta/info.json"

@@ -284,7 +284,7 @@ def libero_recorder(
 
     def driver(obs: Observation) -> np.ndarray:
         if "policy" not in driver_cache:
-            from rlvla3.checkpoint import load_policy
+            from rlvla3.checkpoint.files import load_policy
 
             driver_cache["policy"], _ = load_policy(policy)
         return driver_cache["policy"].act(ObsBatch.stack([obs]), deterministic=True).actions[0]

@@ -69,7 +69,7 @@ class AlgoConfig:
     """Weight of the entropy bonus."""
     normalize_advantages: bool = True
     """Standardise PPO advantages with statistics of recent optimizer batches (all micro-batches
-    and ranks; see ``rlvla3.learner_step.AdvantageNormalizer``). GRPO advantages are standardised
+    and ranks; see ``rlvla3.learner.step.AdvantageNormalizer``). GRPO advantages are standardised
     within their group already and are left as they are."""
     advantage_ema: float = 0.9
     """PPO advantage standardisation: the mean and standard deviation come from an exponential
@@ -136,7 +136,7 @@ class AlgoConfig:
     move from the policy the batch was scored by. Every step is a version: staleness and pacing
     count ``update_epochs`` versions per batch (scale ``queue.max_staleness`` with it)."""
     target_kl: float | None = None
-    """Adaptive learning rate (``rlvla3.kl_control``): the KL per decision, in nats, that a
+    """Adaptive learning rate (``rlvla3.learner.kl_control``): the KL per decision, in nats, that a
     trust region (a proximal window, or one step without one) should move the policy, measured
     after the region's last update between its start and the updated parameters. When a region
     closes with more than twice this, ``learner.lr`` is divided by ``kl_lr_factor``; with less

@@ -104,8 +104,8 @@ def add_run_dir(parser: argparse.ArgumentParser, default: str) -> None:
 def refuse_a_used_run_dir(run_dir: str) -> None:
     """A new run never starts in a directory holding another run's checkpoints: its saves would
     mix with theirs (and ``latest`` names the newest version there, which may be theirs)."""
+    from rlvla3.checkpoint.storage import Storage
     from rlvla3.config import ConfigError
-    from rlvla3.storage import Storage
 
     if Storage(run_dir).is_file("checkpoints/latest"):
         raise ConfigError("--run-dir", f"{run_dir} already holds a run's checkpoints: continue it "

@@ -9,7 +9,7 @@ and ``learner.cost_model`` (with ``learner.ranks_per_actor`` GPUs per learner ac
 scaled by ``time_dilation``; ``real`` wraps nothing.
 
 Inputs: the real core or engine, the cost figures, the run's dilation. Outputs: the same
-interface as the wrapped object (``rlvla3.rollout.Acting`` / the engine's), plus the clocks'
+interface as the wrapped object (``rlvla3.rollout.core.Acting`` / the engine's), plus the clocks'
 ``ClockStats`` for the role's stats.
 
 Invariants:
@@ -43,7 +43,7 @@ from rlvla3.gpu_costs import (
     resolve_costs,
 )
 from rlvla3.protocols import Policy
-from rlvla3.rollout import Acting, RolloutCore
+from rlvla3.rollout.core import Acting, RolloutCore
 from rlvla3.types import ActionChunk, Observation, WeightsMessage
 
 T = TypeVar("T")

@@ -180,7 +180,7 @@ class LearnerStats:
     trained_env_steps: int = 0
     """Env steps behind the trained decisions."""
     discarded_decisions: int = 0
-    """Discarded as stale (``rlvla3.pacing.StalenessBound``)."""
+    """Discarded as stale (``rlvla3.queue.pacing.StalenessBound``)."""
     discarded_env_steps: int = 0
     discarded_groups: int = 0
     skipped_steps: int = 0

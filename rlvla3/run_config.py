@@ -21,13 +21,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rlvla3.algos import AlgoConfig
-from rlvla3.batch_policy import batch_policy_config
+from rlvla3.checkpoint.storage import StorageConfig
 from rlvla3.cli_options import DEPRECATED
 from rlvla3.config import Named, build, deep_merge, load_mapping, require
 from rlvla3.engine.config import EngineConfig
 from rlvla3.gpu_costs import REAL, check_costs, resolve_costs
-from rlvla3.pacing import pace_target
-from rlvla3.storage import StorageConfig
+from rlvla3.queue.pacing import pace_target
+from rlvla3.rollout.batching import batch_policy_config
 
 Placement = Literal["colocated", "disaggregated"]
 RolloutStrategyName = Literal["lockstep", "pipelined", "autoreset", "async"]
@@ -125,7 +125,7 @@ class EnvWorkerConfig:
     """Training initial-state ids (empty: all)."""
     task_lead: int = 0
     """Keys a slot's task may run ahead of its share of new keys and still keep the slot
-    (``rlvla3.episode.TaskSampler``). With 0 every task stays within 2 keys of its share at
+    (``rlvla3.episode.tasks.TaskSampler``). With 0 every task stays within 2 keys of its share at
     every point of a run (with a lead, within about ``task_lead`` x slots + 2); a larger lead changes task less often (a LIBERO reset that
     changes task builds another simulator: 5.2 s here against 2.8 s, median, 64 px) but a short
     multi-task run then trains fewer tasks. With 0 a 10-task GRPO run (groups of 8, 2 slots a
@@ -135,7 +135,7 @@ class EnvWorkerConfig:
     """How a worker shares new keys (GRPO groups) among its tasks. ``uniform``: equally, each
     task cycling through its initial states. ``informative``: by how often a task's groups are
     mixed (some successes, some failures) at its recent training success, with
-    ``task_weight_floor`` spread evenly (``rlvla3.episode.InformativeTasks``). Progress rows and
+    ``task_weight_floor`` spread evenly (``rlvla3.episode.tasks.InformativeTasks``). Progress rows and
     the summary show the shares (``success_by_task``)."""
     task_weight_floor: float = 0.1
     """``informative``: the part of new keys spread evenly over all tasks, so no task is left."""
@@ -182,7 +182,7 @@ class RolloutConfig:
     resources: Mapping[str, float] = field(default_factory=dict)
     """Custom Ray resources each rollout server asks for, e.g. ``{rollout: 1}``."""
     batching: Named = field(default_factory=lambda: Named("fixed"))
-    """How batches are formed (``rlvla3.batcher``): ``fixed`` fires at ``b_max`` or ``t_max_ms``;
+    """How batches are formed (``rlvla3.rollout.batcher``): ``fixed`` fires at ``b_max`` or ``t_max_ms``;
     ``adaptive`` chooses both online from the measured per-call and per-sample cost and the
     arrival rate (options: ``b_limit``, ``headroom``, ``max_latency_ms``)."""
     cost_model: Named = field(default_factory=lambda: Named(REAL))
@@ -242,7 +242,7 @@ class QueueConfig:
 
     @property
     def pace_target(self) -> float:
-        """``pace_lag`` resolved (``rlvla3.pacing.pace_target``)."""
+        """``pace_lag`` resolved (``rlvla3.queue.pacing.pace_target``)."""
         return pace_target(self.max_staleness, self.pace_lag)
 
 
@@ -257,12 +257,13 @@ class LearnerConfig:
     micro_batch: int = 64
     """Samples per forward/backward on one learner."""
     lr: float = 3e-4
-    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
+    sharding: Literal["auto", "ddp", "fsdp"] = "auto"
     """``ddp``: every rank holds the whole model, its gradients and Adam state; ``fsdp``:
     FSDP2 shards them over the ranks (1/N each) and checkpoints are sharded (every rank writes
     its shard). ``auto``: DDP where the learner GPUs hold the whole model, else FSDP where the
     shards fit, decided by the memory pre-flight before any actor starts
-    (``rlvla3.plan.memory.choose_strategy``; one rank or CPUs: ``ddp``)."""
+    (``rlvla3.plan.memory.choose_sharding``; one rank or CPUs: ``ddp``; was
+    ``learner.strategy``)."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip before each optimizer step (was ``algo.max_grad_norm``)."""
     mixed_precision: Literal["auto", "off", "bf16"] = "auto"
@@ -321,14 +322,14 @@ class LearnerConfig:
         require(self.lr > 0, "lr", "must be > 0")
         require(self.backend in ("auto", "gloo", "nccl"), "backend", "must be auto, gloo or nccl")
         require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
-        require(not self.offload or (self.strategy != "ddp" and self.num_learners > 1),
-                "offload", "host offload is FSDP's: it needs strategy fsdp (or auto) and "
+        require(not self.offload or (self.sharding != "ddp" and self.num_learners > 1),
+                "offload", "host offload is FSDP's: it needs sharding fsdp (or auto) and "
                 "num_learners >= 2 (one rank trains the plain module)")
         self.engine().validate()
 
     def engine(self) -> EngineConfig:
         """The engine's share of this section."""
-        return EngineConfig(self.strategy, self.max_grad_norm, self.mixed_precision,
+        return EngineConfig(self.sharding, self.max_grad_norm, self.mixed_precision,
                             self.offload)
 
 
@@ -480,7 +481,8 @@ def load_run_config(preset: str | None = "default", config_file: str | None = No
                                                                    overrides))))
 
 
-RENAMED = {("algo", "max_grad_norm"): ("learner", "max_grad_norm")}
+RENAMED = {("algo", "max_grad_norm"): ("learner", "max_grad_norm"),
+           ("learner", "strategy"): ("learner", "sharding")}
 """Old spellings of fields, read with one warning line (``docs/changes.md``)."""
 
 
@@ -512,7 +514,7 @@ def adopt_init_policy(data: dict[str, Any]) -> dict[str, Any]:
     policy = data.get("policy") or {}
     if not source:
         return data
-    from rlvla3.checkpoint import read_meta
+    from rlvla3.checkpoint.files import read_meta
 
     try:
         meta = read_meta(source)

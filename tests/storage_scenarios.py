@@ -116,7 +116,7 @@ def scenario_refusal(facts: Facts, cluster, nodes, scratch: Path) -> None:
 
 
 def bucket_listing(uri: str) -> dict[str, int]:
-    from rlvla3.storage import Storage
+    from rlvla3.checkpoint.storage import Storage
 
     return dict(sorted(Storage(uri).sizes().items()))
 
@@ -126,7 +126,7 @@ def scenario_learner_node_loss(facts: Facts, cluster, nodes, scratch: Path) -> N
 
     from actors.rl.controller import Controller
     from actors.runtime.cluster_state import actor_state
-    from rlvla3.checkpoint import read_meta
+    from rlvla3.checkpoint.files import read_meta
     from rlvla3.run_config import load_run_config
 
     cfg = load_run_config("smoke", overrides=ROLES + ["total_env_steps=100000000"])
@@ -201,8 +201,8 @@ def scenario_learner_node_loss(facts: Facts, cluster, nodes, scratch: Path) -> N
 
 
 def scenario_resume(facts: Facts, cluster, nodes, scratch: Path) -> None:
-    from rlvla3.checkpoint import read_meta
-    from rlvla3.storage import Storage
+    from rlvla3.checkpoint.files import read_meta
+    from rlvla3.checkpoint.storage import Storage
 
     before = json.loads(Storage(RUN).read_text("summary.json"))
     work = scratch / "second-driver"

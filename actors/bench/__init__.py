@@ -13,6 +13,6 @@ Modules:
     bench_soak      a long run with periodic kills: recovery time, memory over time
     bench_storage   checkpoint save / restore on a run's storage against a local disk
 
-The ``bench_`` prefix stays: ``async`` is a Python keyword, and ``rlvla3/batcher.py`` and
-``rlvla3/storage.py`` would otherwise share a file name with these.
+The ``bench_`` prefix stays: ``async`` is a Python keyword, and ``rlvla3/rollout/batcher.py`` and
+``rlvla3/checkpoint/storage.py`` would otherwise share a file name with these.
 """

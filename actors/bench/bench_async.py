@@ -139,9 +139,9 @@ def recorded_segments(cfg, spec, n: int):
     """Episodes with real observations and behaviour data (no latency), for the alone stages."""
     from envs import make_env
     from rlvla3.config import Named
-    from rlvla3.episode import TaskSampler
+    from rlvla3.episode.tasks import TaskSampler
     from rlvla3.policies import build_policy
-    from rlvla3.rollout import RolloutCore, collect_episodes
+    from rlvla3.rollout.core import RolloutCore, collect_episodes
 
     options = dict(cfg.env.options)
     if cfg.env.name == "latency_replay":
@@ -157,7 +157,7 @@ def recorded_segments(cfg, spec, n: int):
 def inference_stage_alone(cfg, spec, segments, seconds: float) -> float:
     """Decisions/s of one rollout core on full ``b_max`` batches (the server's compute)."""
     from rlvla3.policies import build_policy
-    from rlvla3.rollout import RolloutCore
+    from rlvla3.rollout.core import RolloutCore
 
     torch.set_num_threads(cfg.rollout.torch_threads)
     core = RolloutCore(build_policy(cfg.policy, spec))
@@ -176,7 +176,7 @@ def inference_stage_alone(cfg, spec, segments, seconds: float) -> float:
 
 def training_stage_alone(cfg, spec, segments, seconds: float) -> float:
     """Decision samples/s one learner trains (micro-batches, accumulation, optimizer steps)."""
-    from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore
+    from rlvla3.learner.core import LEARNER_STRATEGIES, LearnerCore
     from rlvla3.policies import build_policy
 
     torch.set_num_threads(cfg.learner.torch_threads)

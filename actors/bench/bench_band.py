@@ -51,10 +51,10 @@ from actors.bench.bands import (
     write_band,
 )
 from envs import OPTIONS as ENV_OPTIONS
+from rlvla3.checkpoint.storage import Storage
 from rlvla3.config import ConfigError, build, to_dict
 from rlvla3.policies import OPTIONS as POLICY_OPTIONS
 from rlvla3.run_config import RunConfig, load_run_config, upgrade
-from rlvla3.storage import Storage
 
 RunRl = Callable[[list[str]], int]
 """``rlvla3 rl``'s ``main``: arguments in, exit status out."""

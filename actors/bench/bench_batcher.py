@@ -12,7 +12,7 @@ the loop starts near its steady state).
 
 Settings: the grid ``--b-max`` x ``--t-max-ms`` (9 by default), the named defaults (RL-VLA3's
 B_max 32 / T 5 ms, ``rollout``'s 64 / 5 ms, the ``default`` preset's 8 / 2 ms) and
-``adaptive`` (``rlvla3.batch_policy``, ``b_limit`` = the grid's largest B_max). Per setting:
+``adaptive`` (``rlvla3.rollout.batching``, ``b_limit`` = the grid's largest B_max). Per setting:
 env steps/s and decisions/s (simulated), batch size distribution, mean batch wait, the GPU's
 busy fraction, request latency p50/p99. Per load: the best fixed setting, the adaptive
 setting's ratio to it (``adaptive_vs_best``) and to each default (``adaptive_vs_<default>``).
@@ -28,9 +28,9 @@ import time
 
 import numpy as np
 
-from rlvla3.batch_policy import AdaptiveBatching, AdaptiveConfig, FixedBatching
-from rlvla3.batcher import DynamicBatcher
 from rlvla3.gpu_costs import GpuCosts, jitter_factor
+from rlvla3.rollout.batcher import DynamicBatcher
+from rlvla3.rollout.batching import AdaptiveBatching, AdaptiveConfig, FixedBatching
 
 DEFAULTS = {"rl_vla3_default": (32, 5.0), "rollout_default": (64, 5.0),
             "default_preset": (8, 2.0)}

@@ -4,7 +4,7 @@ say they hold.
 Each rank is its own process (``python -m actors.bench.bench_engine ...``: gloo over a
 shared rendezvous file, no Ray), running the RL learner core on the engine with real reach
 episodes (PPO episodes, or GRPO groups of four of one task and state), each global batch shared
-out over the ranks in order (``rlvla3.learner.rank_batches``). After the last step the ranks
+out over the ranks in order (``rlvla3.learner.core.rank_batches``). After the last step the ranks
 gather the weights and rank 0 writes them; every rank writes what it trained, the bytes it
 held (``TrainingEngine.memory``) and the warnings its training steps raised. ``run_group`` starts a group and reads what it wrote;
 ``matrix`` compares FSDP2 and DDP groups of 2 and 4 ranks with one rank, for PPO, GRPO and
@@ -39,10 +39,10 @@ def _samples(algo_name: str, episodes: int, proximal: str = "window", policy: st
     from envs import env_spec, make_env
     from rlvla3.algos import AlgoConfig
     from rlvla3.config import Named
-    from rlvla3.episode import TaskSampler
+    from rlvla3.episode.tasks import TaskSampler
+    from rlvla3.learner.samples import Samples, prepare_samples
     from rlvla3.policies import build_policy
-    from rlvla3.rl_samples import Samples, prepare_samples
-    from rlvla3.rollout import RolloutCore, collect_episodes
+    from rlvla3.rollout.core import RolloutCore, collect_episodes
 
     algo = AlgoConfig(algo_name, proximal=proximal, proximal_window=2)
     torch.manual_seed(1)
@@ -67,7 +67,7 @@ def rank_main(argv: list[str]) -> None:
     from rlvla3.config import Named
     from rlvla3.engine import group
     from rlvla3.engine.config import EngineConfig
-    from rlvla3.learner import BatchStart, LearnerCore, rank_batches, rl_engine
+    from rlvla3.learner.core import BatchStart, LearnerCore, rank_batches, rl_engine
     from rlvla3.policies import build_policy
 
     p = argparse.ArgumentParser()
@@ -108,7 +108,7 @@ def rank_main(argv: list[str]) -> None:
     if args.algo == "sft":
         sft_main(args, policy, data, ranks, shares)
         return
-    engine_cfg = EngineConfig(strategy=args.strategy, offload=args.offload == "true")
+    engine_cfg = EngineConfig(sharding=args.strategy, offload=args.offload == "true")
     engine = rl_engine(policy, algo, 3e-3, engine_cfg, ranks)
     core = LearnerCore(policy, algo, shares[args.rank], args.micro_batch, 3e-3, BatchStart(),
                        engine=engine)
@@ -125,7 +125,7 @@ def rank_main(argv: list[str]) -> None:
             core.run_available(until_version=step + 1)
     seconds = time.perf_counter() - start
     if args.save:
-        from rlvla3.checkpoint import CheckpointMeta, save_sharded_run_checkpoint
+        from rlvla3.checkpoint.files import CheckpointMeta, save_sharded_run_checkpoint
 
         meta = CheckpointMeta(Named(args.policy, POLICIES[args.policy]),
                               env_spec(Named("reach", REACH)), core.version,
@@ -159,7 +159,7 @@ def sft_main(args: argparse.Namespace, policy, data, ranks, shares: list[int]) -
 
     if len(set(shares)) > 1 or shares[0] % args.micro_batch:
         raise SystemExit("--algo sft: the global batch must split into equal micro-batches")
-    engine = TrainingEngine(policy, EngineConfig(strategy=args.strategy), ranks, "sft_loss",
+    engine = TrainingEngine(policy, EngineConfig(sharding=args.strategy), ranks, "sft_loss",
                             lambda params: torch.optim.AdamW(params, lr=3e-3))
     micro = shares[0] // args.micro_batch
     start = time.perf_counter()

@@ -8,7 +8,7 @@ none: weights alone, a third of the bytes), each repeat times what a learner doe
 does to restore it:
 
 - ``pause_s``: the learner's pause, copying weights, optimizer and RNG state between two
-  optimizer steps (``rlvla3.checkpoint.snapshot``, what ``actors.roles.learner_rank.Learner.save`` holds
+  optimizer steps (``rlvla3.checkpoint.files.snapshot``, what ``actors.roles.learner_rank.Learner.save`` holds
   its step lock for; from the second save on into the previous copy's buffers, as it does);
 - ``write_s``: ``save_run_checkpoint`` of that copy (staged on local scratch, uploaded,
   ``meta.json`` with every file's size and sha256, then ``latest``); a learner does this in the
@@ -76,7 +76,7 @@ def _policy(name: str, adam: bool) -> tuple[Any, Any, torch.optim.Optimizer | No
 @contextlib.contextmanager
 def _scratch(path: str):
     """This process's scratch directory is ``path`` for the block."""
-    from rlvla3.storage import SCRATCH_ENV
+    from rlvla3.checkpoint.storage import SCRATCH_ENV
 
     previous = os.environ.get(SCRATCH_ENV)
     os.environ[SCRATCH_ENV] = path
@@ -91,14 +91,14 @@ def _scratch(path: str):
 
 def measure(where: str, name: str, repeats: int, adam: bool) -> dict[str, Any]:
     """Save and restore ``name``'s checkpoint ``repeats`` times under ``where``."""
-    from rlvla3.checkpoint import (
+    from rlvla3.checkpoint.files import (
         CheckpointMeta,
         listed_files,
         resolve_checkpoint,
         save_run_checkpoint,
         snapshot,
     )
-    from rlvla3.storage import Storage, join
+    from rlvla3.checkpoint.storage import Storage, join
 
     (choice, spec), policy, optimizer = _policy(name, adam)
     run = join(where, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -31,9 +31,9 @@ from typing import Any
 
 from pyarrow.fs import FileType
 
+from rlvla3.checkpoint.storage import Storage, basename, parent
 from rlvla3.confidence import compare_paired, holm, wilson
 from rlvla3.fingerprint import fingerprint_differences
-from rlvla3.storage import Storage, basename, parent
 
 
 def legacy_fields(stored: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:

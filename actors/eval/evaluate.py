@@ -23,7 +23,7 @@ ablation that shows whether the instruction steers it (``results.json`` records 
 told; ``--compare`` pairs it with the same checkpoint told its own).
 
 Outputs, in ``--output-dir`` (a path or a storage URI such as ``s3://bucket/evals/x``,
-``rlvla3.storage``; written as each episode ends, so an interrupted evaluation loses
+``rlvla3.checkpoint.storage``; written as each episode ends, so an interrupted evaluation loses
 nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
 instruction, episodes, successes, success_rate, Wilson 95% ``ci95``, ``by_init_state``; the
 same for the suite; ``fingerprint``: package versions, renderer, image size, fast render,
@@ -73,11 +73,11 @@ from actors.eval.rounds import (
 from actors.eval.suites import suite_of
 from actors.eval.trace import TRACE_DIR, trace_name, write_trace
 from actors.eval.worker import ActionSource, given_instructions
+from rlvla3.checkpoint.storage import Mirror, check_writable, join
 from rlvla3.config import Named
 from rlvla3.fingerprint import fingerprint
 from rlvla3.machine import local_ray_cpus
 from rlvla3.numerics import HOST_BLAS, check_blas
-from rlvla3.storage import Mirror, check_writable, join
 
 
 def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
@@ -85,7 +85,7 @@ def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any
     the checkpoint when there is one."""
     options = suite_of(args.suite).options(args, tasks)
     if args.checkpoint:
-        from rlvla3.checkpoint import read_meta
+        from rlvla3.checkpoint.files import read_meta
 
         spec = read_meta(args.checkpoint).spec
         options |= {
@@ -191,7 +191,7 @@ def pin_checkpoint(args: argparse.Namespace) -> argparse.Namespace:
     worker included, loads exactly it, even while the run goes on saving newer ones."""
     if not args.checkpoint:
         return args
-    from rlvla3.checkpoint import locate_checkpoint
+    from rlvla3.checkpoint.files import locate_checkpoint
 
     return argparse.Namespace(**{**vars(args), "checkpoint": locate_checkpoint(args.checkpoint)})
 
@@ -204,7 +204,7 @@ def check_checkpoint(path: str) -> None:
     sha256 ``meta.json`` lists, so the fingerprint names the bytes that are evaluated."""
     from safetensors import SafetensorError, safe_open
 
-    from rlvla3.checkpoint import CheckpointError, listed_files, resolve_checkpoint
+    from rlvla3.checkpoint.files import CheckpointError, listed_files, resolve_checkpoint
     from rlvla3.fingerprint import sha256_file
 
     weights = resolve_checkpoint(path) / "policy.safetensors"

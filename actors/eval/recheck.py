@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from actors.eval.compare import legacy_fields
+from rlvla3.checkpoint.storage import Storage
 from rlvla3.config import ConfigError
 from rlvla3.fingerprint import PLAN_FIELDS, checkpoint_identity, fingerprint_differences
 from rlvla3.numerics import HOST_BLAS
-from rlvla3.storage import Storage
 
 Episode = tuple[int, int]
 """(suite task, initial state)."""

@@ -179,7 +179,7 @@ def suite_names() -> list[str]:
 def trained_suite(checkpoint: str) -> tuple[str, str] | None:
     """``(simulator, suite)`` a checkpoint's run trained on (its saved config's env), or None
     when the run saved no config or trained on an env no suite evaluates (the toys)."""
-    from rlvla3.checkpoint import saved_run
+    from rlvla3.checkpoint.files import saved_run
 
     try:
         env = saved_run(checkpoint)[1].get("env") or {}

@@ -8,7 +8,7 @@ episode, reported in ``EpisodeOutcome.fault``) and one policy:
 - ``ActionSource("random")``: uniform random action chunks in [-1, 1], drawn from a generator
   seeded per episode (the source's seed, the task and the initial state);
 - ``ActionSource("checkpoint", path)``: the policy saved in a run directory, loaded with
-  ``rlvla3.checkpoint.load_policy`` on CPU and run deterministically (its mode: the flow ODE
+  ``rlvla3.checkpoint.files.load_policy`` on CPU and run deterministically (its mode: the flow ODE
   from zero noise);
 - ``ActionSource("checkpoint", path, sampling=...)``: the same policy *sampled* as RL samples
   it, with the given policy options overridden (``noise_level``, ``init_noise``, ...): what an
@@ -179,7 +179,7 @@ class EvalWorker:
         the previous one in place)."""
         policy = None
         if source.kind == "checkpoint":
-            from rlvla3.checkpoint import load_policy
+            from rlvla3.checkpoint.files import load_policy
 
             policy, _ = load_policy(source.path)
             policy.eval()

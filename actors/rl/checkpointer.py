@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import ray
 
-from rlvla3.checkpoint import SavedCheckpoint
+from rlvla3.checkpoint.files import SavedCheckpoint
 
 SAMPLER_TIMEOUT_S = 10.0
 

@@ -20,7 +20,7 @@ schedule calls back into it (``actors.rl.schedule.Run``): whether the run is don
 tick when one is due, and what to do about a lost learner or lost capacity. A tick is a
 sequence of named steps (``_tick``).
 
-Run directory (a local path or URI, ``rlvla3.storage``): ``config.yaml`` (resolved config),
+Run directory (a local path or URI, ``rlvla3.checkpoint.storage``): ``config.yaml`` (resolved config),
 ``metrics.jsonl``, ``steps.jsonl`` (one line per optimizer step), ``tb/`` (TensorBoard),
 ``checkpoints/`` (written by learner rank 0 wherever it runs) and ``summary.json``; files that
 grow are written to a working copy here and copied to a remote storage every
@@ -62,16 +62,16 @@ from actors.rl.summary import (
 from actors.rl.topology import Topology, build_topology
 from actors.runtime.bootstrap import NAMESPACE, init_ray
 from envs import check_training_split, dilate_env, env_spec
-from rlvla3.checkpoint import check_init_from, locate_checkpoint, read_meta
+from rlvla3.checkpoint.files import check_init_from, locate_checkpoint, read_meta
+from rlvla3.checkpoint.storage import Mirror, basename, check_reach, join
 from rlvla3.config import require, to_dict
 from rlvla3.machine import local_ray_cpus, usable_cpus
-from rlvla3.pacing import group_rounds, inherent_lag
 from rlvla3.plan.cluster import actor_specs, check_placement, place
-from rlvla3.plan.memory import MemoryPlan, choose_strategy, estimate, model_facts
+from rlvla3.plan.memory import MemoryPlan, choose_sharding, estimate, model_facts
 from rlvla3.policies import build_policy
+from rlvla3.queue.pacing import group_rounds, inherent_lag
 from rlvla3.role_stats import Snapshot
 from rlvla3.run_config import RunConfig, check_resources
-from rlvla3.storage import Mirror, basename, check_reach, join
 from rlvla3.types import EnvSpec
 
 
@@ -166,7 +166,7 @@ class Controller:
     def build(self) -> Topology:
         ensure_ray(self.cfg)
         self.check_storage()
-        self.memory_plan = self._preflight()  # resolves learner.strategy: auto
+        self.memory_plan = self._preflight()  # resolves learner.sharding: auto
         cfg = self.cfg
         self.topology = build_topology(cfg, self.spec, self.files.uri, basename(self.files.uri),
                                        self.schedule.concurrent)
@@ -180,7 +180,7 @@ class Controller:
 
     def check_storage(self) -> None:
         """Before any actor starts: a local storage path is refused on a cluster of more than
-        one node unless declared shared (``rlvla3.storage.check_reach``)."""
+        one node unless declared shared (``rlvla3.checkpoint.storage.check_reach``)."""
         from actors.runtime.cluster_state import alive_nodes, autoscaler
 
         check_reach(self.files.uri, self.cfg.storage.shared, len(alive_nodes()),
@@ -196,7 +196,7 @@ class Controller:
                                     can_add_nodes=bool(placement.waiting) and can_add_nodes()):
             self.log(f"placement: {line} (the autoscaler may add it)")
         facts = model_facts(self.cfg.policy, self.spec)
-        self.cfg, note = choose_strategy(self.cfg, self.spec, placement, facts)
+        self.cfg, note = choose_sharding(self.cfg, self.spec, placement, facts)
         if note:
             self.log(note)
         plan = estimate(self.cfg, self.spec, placement, facts)

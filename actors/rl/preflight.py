@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from rlvla3.plan.cluster import Placement, check_placement, nodes_from_cluster_config, place
-from rlvla3.plan.memory import MemoryPlan, choose_strategy, estimate, local_node, model_facts
+from rlvla3.plan.memory import MemoryPlan, choose_sharding, estimate, local_node, model_facts
 from rlvla3.run_config import RunConfig
 
 
@@ -63,7 +63,7 @@ def plan(cfg: RunConfig, cluster_file: str | None = None) -> tuple[Placement, Me
         placement = place(cfg, nodes)
     waiting = check_placement(cfg, placement, can_add_nodes=can_add)
     facts = model_facts(cfg.policy, spec)
-    cfg, note = choose_strategy(cfg, spec, placement, facts)
+    cfg, note = choose_sharding(cfg, spec, placement, facts)
     if note:
         waiting = [*waiting, note]
     memory = estimate(cfg, spec, placement, facts)

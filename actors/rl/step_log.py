@@ -1,6 +1,6 @@
 """The learner's per-step objective figures: a file, the progress row, the summary, a warning.
 
-Input: learner 0's step history (``rlvla3.learner_step.StepStats.as_row`` dicts: clip fraction,
+Input: learner 0's step history (``rlvla3.learner.step.StepStats.as_row`` dicts: clip fraction,
 approximate KL per Gaussian and per decision, the fraction of decisions with no gradient, the
 behaviour weight's quantiles, the gradient norm, the learning rate, whether the step was
 skipped), taken at each

@@ -51,26 +51,26 @@ STRATEGY_WORDS = {
 """What each learner engine (``rlvla3.engine``) is, in words."""
 
 
-def learner_strategy(cfg: RunConfig, ranks: int) -> str:
-    """The engine ``ranks`` learner ranks run (``learner.strategy`` resolved by the
+def learner_sharding(cfg: RunConfig, ranks: int) -> str:
+    """The engine ``ranks`` learner ranks run (``learner.sharding`` resolved by the
     pre-flight; one rank: ``single``)."""
-    return "single" if ranks == 1 else cfg.learner.strategy
+    return "single" if ranks == 1 else cfg.learner.sharding
 
 
 def learner_line(cfg: RunConfig) -> str:
     """The console line that says how the learners train."""
     n = cfg.learner.num_learners
-    strategy = learner_strategy(cfg, n)
+    strategy = learner_sharding(cfg, n)
     extra = ", host offload" if strategy == "fsdp" and cfg.learner.offload else ""
     return (f"learners: {n} rank{'' if n == 1 else 's'}, {strategy} ({STRATEGY_WORDS[strategy]}"
-            f"{extra}; learner.strategy)")
+            f"{extra}; learner.sharding)")
 
 
 def learner_group(cfg: RunConfig, ranks: int, engines: Iterable[str], rebuilds: int) -> dict:
     """``summary.json``'s ``learner_group``: the engine the ranks report running (the
     configured one until a rank has published weights), their number, rebuilds."""
     running = sorted({e for e in engines if e})
-    return {"strategy": running[0] if len(running) == 1 else learner_strategy(cfg, ranks),
+    return {"strategy": running[0] if len(running) == 1 else learner_sharding(cfg, ranks),
             "ranks": ranks, "offload": cfg.learner.offload, "rebuilds": rebuilds}
 
 

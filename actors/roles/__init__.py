@@ -9,9 +9,9 @@ Modules:
     run_status        ``RunStatus``: a run's live state, found by name from outside the job
 
 Each role is a thin shell around a Ray-free core that owns its state (the shell names, calls
-and restarts it, and never writes its fields): ``rlvla3.rollout.RolloutService`` (lanes,
-``rlvla3.batcher``), ``rlvla3.queue_core.QueueCore`` (pacing and staleness from
-``rlvla3.pacing``), ``rlvla3.learner.LearnerCore`` (on ``rlvla3.engine``), and the episode
+and restarts it, and never writes its fields): ``rlvla3.rollout.core.RolloutService`` (lanes,
+``rlvla3.rollout.batcher``), ``rlvla3.queue.core.QueueCore`` (pacing and staleness from
+``rlvla3.queue.pacing``), ``rlvla3.learner.core.LearnerCore`` (on ``rlvla3.engine``), and the episode
 recording of ``rlvla3.episode``. Every ``stats()`` returns the role's record
 (``rlvla3.role_stats``). None of them knows the topology, which lives in ``actors.rl``.
 """

@@ -45,7 +45,8 @@ from actors.runtime.process_memory import ProcessMemory
 from envs import make_env
 from rlvla3.confidence import tally
 from rlvla3.config import Named
-from rlvla3.episode import EpisodeRecorder, InformativeTasks, TaskSampler
+from rlvla3.episode.recorder import EpisodeRecorder
+from rlvla3.episode.tasks import InformativeTasks, TaskSampler
 from rlvla3.role_stats import EnvWorkerStats
 from rlvla3.run_config import RECENT_EPISODES, EnvWorkerConfig
 from rlvla3.types import (

@@ -11,7 +11,7 @@ the last checkpoint (weights, optimizer state, policy version, RNG) in its const
 group forms again with a fresh rendezvous. A rank that does not come back within
 ``wait_s`` (its resources are gone: no node offers them) leaves the group for good; training
 goes on with fewer ranks that share each step's ``global_batch`` samples out exactly (64 over
-3 ranks: 22, 21, 21; ``rlvla3.learner.rank_batches``), each rank's gradient scaled by its share,
+3 ranks: 22, 21, 21; ``rlvla3.learner.core.rank_batches``), each rank's gradient scaled by its share,
 so the global batch and the update stay the same. A lone learner needs none of this: Ray restarts it and retries its
 ``run`` call, and it restores the checkpoint by itself.
 """

@@ -1,7 +1,7 @@
-"""Learner actor: one rank of the learner group, a thin shell around ``rlvla3.learner``.
+"""Learner actor: one rank of the learner group, a thin shell around ``rlvla3.learner.core``.
 
 The rank's core (``LearnerCore``) trains through a ``TrainingEngine`` (``rlvla3.engine``: one
-rank, DDP, or FSDP2 as ``learner.strategy`` says) on the process group the engine's ``group``
+rank, DDP, or FSDP2 as ``learner.sharding`` says) on the process group the engine's ``group``
 module joins. This actor names, calls and restarts: it pulls queue items, drives the core's
 loop, publishes weights, answers the controller, and never writes the core's state.
 
@@ -53,7 +53,7 @@ from actors.runtime.bootstrap import lookup, was_restarted
 from actors.runtime.metrics import RoleMetrics
 from actors.runtime.process_memory import ProcessMemory
 from rlvla3.algos import AlgoConfig
-from rlvla3.checkpoint import (
+from rlvla3.checkpoint.files import (
     CheckpointMeta,
     SavedCheckpoint,
     listed_files,
@@ -62,17 +62,17 @@ from rlvla3.checkpoint import (
     save_run_checkpoint,
     save_sharded_run_checkpoint,
 )
+from rlvla3.checkpoint.storage import basename
 from rlvla3.config import Named
 from rlvla3.engine import group
 from rlvla3.engine.group import Ranks, free_port
 from rlvla3.gpu_costs import TrainingCost
 from rlvla3.gpu_sim import SimulatedEngine
-from rlvla3.learner import LEARNER_STRATEGIES, LearnerCore, rl_engine
-from rlvla3.learner_step import LearnerState, StepStats
+from rlvla3.learner.core import LEARNER_STRATEGIES, LearnerCore, rl_engine
+from rlvla3.learner.step import LearnerState, StepStats
 from rlvla3.policies import build_policy
 from rlvla3.role_stats import LearnerStats
 from rlvla3.run_config import LearnerConfig
-from rlvla3.storage import basename
 from rlvla3.types import EnvSpec, WeightsMessage
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -175,7 +175,7 @@ class Learner:
     def init_group(self, master_addr: str, master_port: int, rank: int | None = None,
                    world_size: int | None = None) -> bool:
         """Join the process group and build this rank's engine on it (DDP or FSDP2 as
-        ``learner.strategy`` says; the plain module for one rank). ``rank``/``world_size``:
+        ``learner.sharding`` says; the plain module for one rank). ``rank``/``world_size``:
         this rank's place in a rebuilt group (a fresh process: every rank of a rebuilt group
         was restarted); each rank then takes its share of the global batch."""
         if rank is not None and world_size is not None:
@@ -199,7 +199,7 @@ class Learner:
     def load_weights(self, path: str) -> int:
         """Initialise from another run's weights (e.g. SFT); optimizer and version stay fresh.
         Every rank calls it (under FSDP each loads its shard)."""
-        from rlvla3.checkpoint import read_meta
+        from rlvla3.checkpoint.files import read_meta
 
         meta = read_meta(path)
         if meta.policy.name != self.policy_choice.name:
@@ -452,7 +452,7 @@ class Learner:
         """How far the published weights moved from the checkpoint at ``path`` (e.g.
         ``init_from``): ``||theta - theta_0|| / ||theta_0||`` over all floating-point tensors
         (rank 0)."""
-        from rlvla3.checkpoint import load_policy
+        from rlvla3.checkpoint.files import load_policy
         from rlvla3.weight_sync import relative_change
 
         reference, _ = load_policy(path)

@@ -1,4 +1,4 @@
-"""RolloutServer actor: the Ray shell of ``rlvla3.rollout.RolloutService``.
+"""RolloutServer actor: the Ray shell of ``rlvla3.rollout.core.RolloutService``.
 
 The service (Ray-free) serves env slots on one or more lanes, each a policy copy with its own
 dynamic batcher: ``act(obs)`` for one env slot's request (asynchronous rollout), ``act_batch``
@@ -39,12 +39,12 @@ import torch
 from actors.runtime.bootstrap import lookup, was_restarted
 from actors.runtime.metrics import RoleMetrics
 from actors.runtime.process_memory import ProcessMemory
-from rlvla3.batch_policy import make_batch_policy
 from rlvla3.config import Named
 from rlvla3.gpu_sim import rollout_lanes
 from rlvla3.policies import build_policy
 from rlvla3.role_stats import RolloutServerStats
-from rlvla3.rollout import RolloutCore, RolloutService
+from rlvla3.rollout.batching import make_batch_policy
+from rlvla3.rollout.core import RolloutCore, RolloutService
 from rlvla3.run_config import RolloutConfig
 from rlvla3.types import ActionChunk, EnvSpec, Observation, WeightsMessage
 

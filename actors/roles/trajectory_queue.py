@@ -1,4 +1,4 @@
-"""TrajectoryQueue actor: the Ray shell of ``rlvla3.queue_core.QueueCore``.
+"""TrajectoryQueue actor: the Ray shell of ``rlvla3.queue.core.QueueCore``.
 
 The core holds the queue's state and makes every decision (pacing, GRPO groups, staleness,
 tickets, accounting); this actor names it, waits for it and nothing else: an ``admit`` waits
@@ -26,7 +26,7 @@ import time
 import ray
 
 from actors.runtime.metrics import RoleMetrics
-from rlvla3.queue_core import Item, QueueCore
+from rlvla3.queue.core import Item, QueueCore
 from rlvla3.role_stats import QueueStats
 from rlvla3.run_config import QueueConfig
 from rlvla3.types import Admission, EpisodeKey, SegmentInfo

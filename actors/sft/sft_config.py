@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from datalake.pipeline import LakeConfig
+from rlvla3.checkpoint.storage import check_no_secret
 from rlvla3.cli_options import DEPRECATED
 from rlvla3.config import Named, require
 from rlvla3.engine.config import EngineConfig
-from rlvla3.storage import check_no_secret
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class SFTConfig:
     """When set, the policy is built for this env's spec (so eval and RL can use it directly)
     and the lake's cameras, image size and chunk length follow the spec."""
     run_dir: str = "runs/sft"
-    """A local path or a storage URI (``s3://bucket/runs/sft``, ``rlvla3.storage``): checkpoints,
+    """A local path or a storage URI (``s3://bucket/runs/sft``, ``rlvla3.checkpoint.storage``): checkpoints,
     ``config.yaml``, ``metrics.jsonl`` and Ray Train's own files (``ray/``) go there
     (``rlvla3 sft``: ``--run-dir``, default ``runs/sft-<timestamp>``; ``--resume`` continues the
     run in it)."""
@@ -38,10 +38,10 @@ class SFTConfig:
     ``learner.num_learners`` (was ``workers``)."""
     use_gpu: bool = False
     """One GPU per worker, NCCL between them (``--gpu``); otherwise CPU and gloo."""
-    strategy: Literal["ddp", "fsdp"] = "ddp"
+    sharding: Literal["ddp", "fsdp"] = "ddp"
     """``ddp``: every rank holds the whole model; ``fsdp``: FSDP2 shards it (``fully_shard``
     per transformer block, then the root) and checkpoints are sharded: the same engine
-    (``rlvla3.engine``) and choices as ``rl``'s ``learner.strategy``."""
+    (``rlvla3.engine``) and choices as ``rl``'s ``learner.sharding`` (was ``strategy``)."""
     mixed_precision: Literal["auto", "off", "bf16"] = "auto"
     """FSDP: bf16 compute with float32 gradient reduction (``auto``: on a GPU)."""
     offload: bool = False
@@ -83,8 +83,8 @@ class SFTConfig:
     def validate(self) -> None:
         require(self.num_learners >= 1, "num_learners", "must be >= 1")
         self.engine().validate()
-        require(not self.offload or (self.strategy == "fsdp" and self.num_learners > 1),
-                "offload", "host offload is FSDP's: it needs strategy fsdp and num_learners >= 2")
+        require(not self.offload or (self.sharding == "fsdp" and self.num_learners > 1),
+                "offload", "host offload is FSDP's: it needs sharding fsdp and num_learners >= 2")
         require(self.grad_accum >= 1, "grad_accum", "must be >= 1")
         require(self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self.lr > 0, "lr", "must be > 0")
@@ -95,11 +95,11 @@ class SFTConfig:
 
     def engine(self) -> EngineConfig:
         """The training engine's share of this config (``rlvla3.engine``)."""
-        return EngineConfig(self.strategy, self.max_grad_norm, self.mixed_precision,
+        return EngineConfig(self.sharding, self.max_grad_norm, self.mixed_precision,
                             self.offload)
 
 
-RENAMED = {"workers": "num_learners", "grad_clip": "max_grad_norm"}
+RENAMED = {"workers": "num_learners", "grad_clip": "max_grad_norm", "strategy": "sharding"}
 """Old spellings of fields, read with one warning line (``docs/changes.md``)."""
 
 

@@ -6,9 +6,9 @@ else the CPU and gloo). The ranks join their process group through ``rlvla3.engi
 the same code that forms the RL learner group) and train through the same
 ``TrainingEngine`` as the RL learner, on the policy's ``sft_loss``:
 
-- one rank: the plain module, whatever ``strategy`` says;
-- ``strategy=ddp``: DDP, every rank holds the whole model and optimizer;
-- ``strategy=fsdp``: FSDP2, each transformer block of the VLA and then the root sharded over
+- one rank: the plain module, whatever ``sharding`` says;
+- ``sharding=ddp``: DDP, every rank holds the whole model and optimizer;
+- ``sharding=fsdp``: FSDP2, each transformer block of the VLA and then the root sharded over
   the ranks: each holds 1/N of the weights, gradients and optimizer state.
 
 A step accumulates ``grad_accum`` packed rows; gradients are reduced across ranks only on the
@@ -22,9 +22,9 @@ Eval hook: every ``eval_every`` steps rank 0 starts ``eval_command`` (e.g. ``rlv
 the checkpoint just written, in the background; the job waits for the hooks before it ends.
 
 Checkpoints: under DDP (or one rank) rank 0 writes the whole model and optimizer state, under
-FSDP every rank writes its shard (``rlvla3.checkpoint.save_sharded_run_checkpoint``), into
+FSDP every rank writes its shard (``rlvla3.checkpoint.files.save_sharded_run_checkpoint``), into
 ``run_dir`` (the layout the RL job and eval load; a path or a storage URI,
-``rlvla3.storage``), with the counters to resume from; a run resumes under either strategy and
+``rlvla3.checkpoint.storage``), with the counters to resume from; a run resumes under either sharding and
 rank count. An existing ``run_dir/checkpoints/latest`` is resumed, on whichever node the
 workers run; otherwise ``init_from``'s weights, if set, are the start (and nothing else of that
 run). Metrics (loss, samples/s, real tokens/s, data-wait fraction) go to
@@ -47,7 +47,7 @@ import torch
 
 from actors.sft.sft_config import SFTConfig, lr_at
 from datalake.pipeline import PackedLoader, SkipLedger, estimate_tokens
-from rlvla3.checkpoint import (
+from rlvla3.checkpoint.files import (
     CheckpointMeta,
     StateSnapshot,
     resolve_checkpoint,
@@ -55,10 +55,10 @@ from rlvla3.checkpoint import (
     save_run_checkpoint,
     save_sharded_run_checkpoint,
 )
+from rlvla3.checkpoint.storage import Mirror, Storage
 from rlvla3.config import build
 from rlvla3.engine import group
 from rlvla3.engine.engine import TrainingEngine
-from rlvla3.storage import Mirror, Storage
 from rlvla3.types import EnvSpec
 
 
@@ -114,7 +114,7 @@ def train_loop(config: dict[str, Any]) -> None:
     step, samples_done, epoch = 0, 0, 0
     resumed = Storage(cfg.run_dir).is_file("checkpoints/latest")
     ckpt = resolve_checkpoint(cfg.run_dir) if resumed else None  # a local copy
-    if ckpt is not None:  # each rank loads its part, whatever strategy and ranks wrote it
+    if ckpt is not None:  # each rank loads its part, whatever sharding and ranks wrote it
         engine.restore(row_source(ckpt, optimizer=True), optimizer=True)
         counters = json.loads((ckpt / "meta.json").read_text())["counters"]
         step, samples_done, epoch = counters["step"], counters["samples"], counters["epoch"]

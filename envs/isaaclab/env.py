@@ -190,7 +190,7 @@ def check_split(env: Any, train_init_ids: Any = (), field: str = "env.options.sp
 def training_overlap(checkpoint: str, _seen: set[str] | None = None) -> list[str]:
     """Why a checkpoint's training touched the test layouts (empty: it did not, as far as its
     run directory and its ``init_from`` chain record)."""
-    from rlvla3.checkpoint import saved_run
+    from rlvla3.checkpoint.files import saved_run
 
     seen = _seen if _seen is not None else set()
     run, config = saved_run(checkpoint)
@@ -209,7 +209,7 @@ def training_overlap(checkpoint: str, _seen: set[str] | None = None) -> list[str
 def trained_options(checkpoint: str) -> dict[str, Any]:
     """The env options of the run a checkpoint comes from that shape what its policy sees
     (``task``, ``task_options``, ``max_steps``), so an evaluation runs the task it learnt."""
-    from rlvla3.checkpoint import saved_run
+    from rlvla3.checkpoint.files import saved_run
 
     env = saved_run(checkpoint)[1].get("env") or {}
     options = env.get("options") or {} if env.get("name") == "isaaclab" else {}

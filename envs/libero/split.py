@@ -22,9 +22,9 @@ from typing import Any
 
 from envs.libero.env import SUITE_NUM_TASKS, LiberoConfig
 from envs.libero.scenes import NUM_BUNDLED_STATES, RECORD_SIDECAR
-from rlvla3.checkpoint import saved_run
+from rlvla3.checkpoint.files import saved_run
+from rlvla3.checkpoint.storage import Storage
 from rlvla3.config import ConfigError, Named, build, to_dict
-from rlvla3.storage import Storage
 
 
 def _libero_options(env: Named) -> dict[str, Any]:

@@ -17,9 +17,9 @@ from typing import Any
 
 from envs.libero.scenes import RECORD_SIDECAR
 from envs.metaworld.env import MetaWorldConfig
-from rlvla3.checkpoint import saved_run
+from rlvla3.checkpoint.files import saved_run
+from rlvla3.checkpoint.storage import Storage
 from rlvla3.config import ConfigError, Named, build
-from rlvla3.storage import Storage
 
 
 def _cfg(env: Named) -> MetaWorldConfig:

@@ -1,8 +1,9 @@
 """``EngineConfig``: how the learner ranks hold and update the policy.
 
 The same fields, with the same names, in ``rl`` (the ``learner`` section) and ``sft`` (top
-level): ``strategy``, ``max_grad_norm``, ``mixed_precision``, ``offload``. Old spellings
-(``sft``'s ``grad_clip``, ``rl``'s ``algo.max_grad_norm``) are read with a warning by the
+level): ``sharding``, ``max_grad_norm``, ``mixed_precision``, ``offload``. Old spellings
+(``sft``'s ``grad_clip`` and ``strategy``, ``rl``'s ``algo.max_grad_norm`` and
+``learner.strategy``) are read with a warning by the
 configs that owned them (``docs/changes.md``).
 """
 
@@ -20,7 +21,7 @@ from rlvla3.config import require
 class EngineConfig:
     """How the learner ranks hold and update the policy."""
 
-    strategy: Literal["auto", "ddp", "fsdp"] = "ddp"
+    sharding: Literal["auto", "ddp", "fsdp"] = "ddp"
     """``ddp``: every rank holds the whole model, its gradients and the optimizer state, and
     gradients are all-reduced (``auto``, which a run's memory pre-flight resolves before the
     engine is built, runs as ``ddp`` here). ``fsdp``: FSDP2, each transformer block and the root sharded
@@ -40,7 +41,7 @@ class EngineConfig:
     time, for cards too small for even a shard of the optimizer state."""
 
     def validate(self) -> None:
-        require(self.strategy in ("auto", "ddp", "fsdp"), "strategy",
+        require(self.sharding in ("auto", "ddp", "fsdp"), "sharding",
                 "must be auto, ddp or fsdp")
         require(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0: no clipping)")
         require(self.mixed_precision in ("auto", "off", "bf16"), "mixed_precision",

@@ -1,7 +1,7 @@
 """Sharded checkpoints: every rank writes its own shard, in parallel, and any number of ranks
 reads them back.
 
-Layout inside one checkpoint directory (``rlvla3.checkpoint``'s protocol is kept: files first,
+Layout inside one checkpoint directory (``rlvla3.checkpoint.files``'s protocol is kept: files first,
 ``meta.json`` listing every file with its size and sha256 last, then ``latest``)::
 
     shards/rank-00000-of-00002.safetensors   this rank's rows of every sharded tensor, and
@@ -19,7 +19,7 @@ and JSON only.
 Reading (``RowSource``): the rows ``[start, end)`` of any key, from a sharded checkpoint
 (read from every shard file that overlaps them: a checkpoint of 2 ranks restores onto 3) or
 from a whole one (``policy.safetensors``, and the optimizer state its checkpoint lists, read
-by ``rlvla3.checkpoint.row_source`` when it is to be restored), so restoring, resharding and
+by ``rlvla3.checkpoint.files.row_source`` when it is to be restored), so restoring, resharding and
 consolidating for evaluation are the same operation. Only files ``meta.json`` lists are read.
 
 Invariants: a shard file holds only the rows of its rank; the union of the files' rows of a
@@ -42,8 +42,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from rlvla3.checkpoint.storage import file_sha256
 from rlvla3.engine.group import Ranks
-from rlvla3.storage import file_sha256
 
 FORMAT = "sharded"
 SHARDS = "shards"
@@ -113,7 +113,7 @@ def write_shard(stage: Path, tensors: Mapping[str, torch.Tensor], ranks: Ranks) 
 
 class RowSource:
     """Rows of the tensors of a checkpoint, sharded (``shards/``) or whole
-    (``policy.safetensors``), in a local directory (``rlvla3.checkpoint.row_source`` makes
+    (``policy.safetensors``), in a local directory (``rlvla3.checkpoint.files.row_source`` makes
     one). ``optimizer``: a whole checkpoint's optimizer state in ``Optimizer.state_dict``'s
     layout, where it is to be restored (None: none; a sharded checkpoint's is in its
     shards)."""

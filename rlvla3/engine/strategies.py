@@ -209,4 +209,4 @@ def make_strategy(cfg: EngineConfig, ranks: Ranks) -> Strategy:
     """The configured strategy, or ``Strategy`` (the plain module) for one rank."""
     if not ranks.distributed:
         return Strategy(cfg, ranks)
-    return STRATEGIES.get(cfg.strategy, Replicated)(cfg, ranks)
+    return STRATEGIES.get(cfg.sharding, Replicated)(cfg, ranks)

@@ -188,7 +188,7 @@ def perturbed_checkpoint(policy, name: str, options: dict, out: Path) -> Path:
     """``policy`` as RL leaves one: every network weight moved by ``N(0, 0.01)`` noise from a
     seeded numpy generator (the same on every machine), saved as an rlvla3 checkpoint of policy
     ``name`` with ``options`` at ``out`` (version 7)."""
-    from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
+    from rlvla3.checkpoint.files import CheckpointMeta, save_checkpoint
     from rlvla3.config import Named
 
     rng = np.random.default_rng(1)
@@ -259,7 +259,7 @@ def compare_export(fixture: Path, out: Path, reference: Path | None = None) -> l
     """rlvla3's actions from the round trip's checkpoint, and from its export loaded back by
     rlvla3, against LeRobot's on the export (``reference``, default the fixture's
     ``EXPORT_REFERENCE``)."""
-    from rlvla3.checkpoint import load_policy
+    from rlvla3.checkpoint.files import load_policy
     from rlvla3.policies.vla import build_vla_policy
 
     digest, ref = read_export_reference(reference or fixture / EXPORT_REFERENCE)

@@ -63,8 +63,8 @@ from typing import cast
 
 from rlvla3.config import require
 from rlvla3.gpu_costs import GpuCosts, check_plannable
-from rlvla3.pacing import inherent_lag, planned_max_staleness, planned_pace_lag
 from rlvla3.plan.lane_sim import SlotTiming, simulate_lane
+from rlvla3.queue.pacing import inherent_lag, planned_max_staleness, planned_pace_lag
 
 
 @dataclass(frozen=True)

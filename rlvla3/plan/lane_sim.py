@@ -7,7 +7,7 @@ of time it takes). Two things that form escapes are what the pipeline measured: 
 in size, and a request is more likely to land in a large one than the mean batch says; and a
 weight transfer is not spread thinly, it stops the GPU for ``sync_ms`` while every slot of it
 piles up, then the backlog drains in large, slow batches. This module runs the same closed
-loop with the pipeline's own batching policy (``rlvla3.batch_policy.AdaptiveBatching``, on a
+loop with the pipeline's own batching policy (``rlvla3.rollout.batching.AdaptiveBatching``, on a
 virtual clock), so both show up. Pure Python, no Ray, deterministic for a seed; a lane of 64
 slots over 300 simulated seconds takes a fraction of a second.
 
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlvla3.batch_policy import AdaptiveBatching, AdaptiveConfig
 from rlvla3.gpu_costs import GpuCosts, jitter_factor
+from rlvla3.rollout.batching import AdaptiveBatching, AdaptiveConfig
 
 
 @dataclass(frozen=True)

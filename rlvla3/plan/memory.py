@@ -420,7 +420,7 @@ def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFa
     local_batch = -(-lc.global_batch // lc.num_learners)
     per_role: dict[str, Component] = {}
 
-    strategy = learner_strategy(cfg)
+    strategy = learner_sharding(cfg)
 
     sharded = strategy == "fsdp" and lc.num_learners > 1
     offloaded = sharded and lc.offload  # the shards and the optimizer step in host memory
@@ -511,10 +511,10 @@ def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFa
     return MemoryPlan(nodes, model, cfg.ray.gpu_memory_gb * 1024, waiting)
 
 
-def learner_strategy(cfg: RunConfig) -> str:
-    """The strategy the learners run: ``learner.strategy``, ``auto`` read as ``ddp`` (what
-    ``choose_strategy`` resolves it to before a run)."""
-    return "fsdp" if cfg.learner.strategy == "fsdp" else "ddp"
+def learner_sharding(cfg: RunConfig) -> str:
+    """How the learners hold the model: ``learner.sharding``, ``auto`` read as ``ddp`` (what
+    ``choose_sharding`` resolves it to before a run)."""
+    return "fsdp" if cfg.learner.sharding == "fsdp" else "ddp"
 
 
 def _device(lc) -> torch.device:
@@ -542,37 +542,37 @@ def learner_gpu_mb(plan: MemoryPlan) -> tuple[float, float] | None:
     return worst
 
 
-def choose_strategy(cfg: RunConfig, spec: EnvSpec, placement: Placement,
+def choose_sharding(cfg: RunConfig, spec: EnvSpec, placement: Placement,
                     model: ModelFacts) -> tuple[RunConfig, str | None]:
-    """``learner.strategy: auto`` resolved before a run: DDP where the learners' GPUs hold a
+    """``learner.sharding: auto`` resolved before a run: DDP where the learners' GPUs hold a
     whole model with its gradients and optimizer state, else FSDP where the shards fit
     (with a line that says so), else ``ConfigError`` naming both needs. One rank, learners on
-    CPUs, or a strategy the config names: kept (``auto`` on one rank or a CPU is ``ddp``)."""
+    CPUs, or a sharding the config names: kept (``auto`` on one rank or a CPU is ``ddp``)."""
     from dataclasses import replace
 
     lc = cfg.learner
-    if lc.strategy != "auto":
+    if lc.sharding != "auto":
         return cfg, None
-    as_ddp = replace(cfg, learner=replace(lc, strategy="ddp"))
+    as_ddp = replace(cfg, learner=replace(lc, sharding="ddp"))
     if lc.num_learners == 1 or lc.num_gpus == 0:
         return as_ddp, None
-    as_fsdp = replace(cfg, learner=replace(lc, strategy="fsdp"))
+    as_fsdp = replace(cfg, learner=replace(lc, sharding="fsdp"))
     if lc.offload:  # host offload is FSDP's: asked for, it decides
-        return as_fsdp, "learner.strategy auto with learner.offload: the learners shard (fsdp)"
+        return as_fsdp, "learner.sharding auto with learner.offload: the learners shard (fsdp)"
     ddp = learner_gpu_mb(estimate(as_ddp, spec, placement, model))
     if ddp is None or ddp[0] <= ddp[1]:
         return as_ddp, None
     fsdp = learner_gpu_mb(estimate(as_fsdp, spec, placement, model))
     if fsdp is not None and fsdp[0] <= fsdp[1]:
-        return as_fsdp, (f"learner.strategy auto: DDP needs {ddp[0] / 1024:,.1f} GB per learner "
+        return as_fsdp, (f"learner.sharding auto: DDP needs {ddp[0] / 1024:,.1f} GB per learner "
                          f"GPU of {ddp[1] / 1024:,.1f}; FSDP over {lc.num_learners} ranks needs "
                          f"{fsdp[0] / 1024:,.1f}: the learners shard (fsdp)")
     need = fsdp[0] if fsdp else float("nan")
     offloaded = learner_gpu_mb(estimate(replace(cfg, learner=replace(
-        lc, strategy="fsdp", offload=True)), spec, placement, model))
+        lc, sharding="fsdp", offload=True)), spec, placement, model))
     way_out = (f"learner.offload=true: {offloaded[0] / 1024:,.1f} GB" if offloaded
                and offloaded[0] <= offloaded[1] else "a smaller learner.micro_batch")
-    raise ConfigError("learner.strategy", (
+    raise ConfigError("learner.sharding", (
         f"the learners fit neither way: DDP needs {ddp[0] / 1024:,.1f} GB per GPU and FSDP over "
         f"{lc.num_learners} ranks {need / 1024:,.1f} GB, a GPU holds {ddp[1] / 1024:,.1f} GB "
         f"(more learner GPUs, GPUs with more memory, or {way_out})"))

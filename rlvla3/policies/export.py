@@ -24,7 +24,7 @@ listed (stdout and ``rlvla3_export.json``). LeRobot's ``PI05Policy.from_pretrain
 loads the directory and acts as the checkpoint does (``tests/data/check_pi05_export.py`` proves
 it for the tiny configuration; LeRobot builds only the full-size variants, so a ``pi05_tiny``
 export is loaded with that script's size patch). ``--checkpoint`` is a local path or a
-storage URI (``s3://...``, ``rlvla3.storage``; downloaded into the scratch cache). Both formats
+storage URI (``s3://...``, ``rlvla3.checkpoint.storage``; downloaded into the scratch cache). Both formats
 are written by ``write_policy_dir``; ``EXPORTERS`` picks the writer by the checkpoint's policy,
 and ``export_checkpoint`` runs the whole export.
 """
@@ -212,7 +212,7 @@ def export_checkpoint(checkpoint: str, out: Path) -> dict[str, Any]:
     LeRobot policy directory at ``out``, replacing what is there; returns what
     ``rlvla3 export`` prints. A checkpoint that cannot be read raises ``OSError`` or
     ``ValueError``, one that does not export ``ExportError``, each with a one-line reason."""
-    from rlvla3.checkpoint import load_policy, resolve_checkpoint
+    from rlvla3.checkpoint.files import load_policy, resolve_checkpoint
     from rlvla3.registry import resolve
 
     ckpt = resolve_checkpoint(checkpoint)

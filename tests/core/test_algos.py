@@ -18,8 +18,8 @@ from rlvla3.algos import (
     value_loss,
 )
 from rlvla3.config import ConfigError, build
+from rlvla3.learner.samples import prepare_samples
 from rlvla3.protocols import Evaluation
-from rlvla3.rl_samples import prepare_samples
 from rlvla3.types import EpisodeKey, ObsBatch, TrajectorySegment
 
 # --- GAE ------------------------------------------------------------------------------------

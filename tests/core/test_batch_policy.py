@@ -8,7 +8,9 @@ import math
 
 import pytest
 
-from rlvla3.batch_policy import (
+from rlvla3.config import Named
+from rlvla3.rollout.batcher import DynamicBatcher
+from rlvla3.rollout.batching import (
     AdaptiveBatching,
     AdaptiveConfig,
     CostFit,
@@ -16,8 +18,6 @@ from rlvla3.batch_policy import (
     Limits,
     make_batch_policy,
 )
-from rlvla3.batcher import DynamicBatcher
-from rlvla3.config import Named
 
 A, B = 0.036, 0.007  # pi05_h200: 36 ms per call, 7 ms per sample
 

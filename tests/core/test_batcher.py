@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from rlvla3.batcher import BatcherClosed, BatcherConfig, DynamicBatcher
 from rlvla3.config import ConfigError, build
+from rlvla3.rollout.batcher import BatcherClosed, BatcherConfig, DynamicBatcher
 
 
 class Recorder:

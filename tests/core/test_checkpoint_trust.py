@@ -22,9 +22,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rlvla3 import checkpoint
 from rlvla3.algos import AlgoConfig
-from rlvla3.checkpoint import (
+from rlvla3.checkpoint import files
+from rlvla3.checkpoint.files import (
     CheckpointError,
     CheckpointMeta,
     StateSnapshot,
@@ -35,10 +35,10 @@ from rlvla3.checkpoint import (
     row_source,
     save_checkpoint,
 )
+from rlvla3.checkpoint.storage import SCRATCH_ENV, Storage, check_no_secret, scratch_dir
 from rlvla3.config import ConfigError, Named
-from rlvla3.learner import rl_engine
+from rlvla3.learner.core import rl_engine
 from rlvla3.policies import build_policy
-from rlvla3.storage import SCRATCH_ENV, Storage, check_no_secret, scratch_dir
 from rlvla3.types import EnvSpec
 
 SPEC = EnvSpec(cameras=("cam",), image_size=(16, 16), state_dim=3, action_dim=2, chunk_len=1,
@@ -120,8 +120,7 @@ def test_a_cached_copy_is_checked_again_before_it_is_trusted(tmp_path, monkeypat
     bad = (stranger / "policy.safetensors").read_bytes()
     assert len(bad) == len(good) and bad != good
     (local / "policy.safetensors").write_bytes(bad)  # same size, other weights
-    from rlvla3 import checkpoint
-    checkpoint._FETCHED.clear()  # a new process on the node
+    files._FETCHED.clear()  # a new process on the node
     policy, _ = load_policy(uri)
     assert (local / "policy.safetensors").read_bytes() == good
     assert not any(torch.equal(v, torch.full_like(v, 7.0))
@@ -178,7 +177,7 @@ def test_a_file_the_checkpoint_does_not_list_is_never_read(remote, tmp_path, mon
         save_checkpoint(where, build_policy(SMALL, SPEC), CheckpointMeta(SMALL, SPEC, 1))
     (local / "optimizer.pt").write_bytes(_planted_optimizer(123.0, tmp_path))
     save_file({"torch": torch.zeros(5056, dtype=torch.uint8)}, str(local / "rng.safetensors"))
-    checkpoint._FETCHED.clear()  # a new process on the node
+    files._FETCHED.clear()  # a new process on the node
     assert _restored_lr(where) == LR
     assert load_optimizer_state(where) is None and load_rng_state(where) is None
 
@@ -219,7 +218,7 @@ def test_the_scratch_directory_must_be_this_users_own(tmp_path, monkeypatch):
         scratch = tmp_path / f"scratch-{len(why)}"
         make(scratch)
         monkeypatch.setenv(SCRATCH_ENV, str(scratch))
-        checkpoint._FETCHED.clear()
+        files._FETCHED.clear()
         with pytest.raises(PermissionError) as err:
             resolve_checkpoint(uri)
         line = str(err.value)
@@ -233,14 +232,14 @@ def test_the_scratch_directory_must_be_this_users_own(tmp_path, monkeypatch):
     with pytest.raises(PermissionError, match="where another user can rename it"):
         resolve_checkpoint(uri)
     shared.chmod(0o1777)  # sticky, as /tmp is: only the owner renames what is in it
-    checkpoint._FETCHED.clear()
+    files._FETCHED.clear()
     assert resolve_checkpoint(uri).is_relative_to(shared / "mine")
 
 
 def _cached(uri: str) -> Path:
     """The cached copy of ``uri``, made by a first process; the next call is a new one."""
     local = resolve_checkpoint(uri)
-    checkpoint._FETCHED.clear()
+    files._FETCHED.clear()
     return local
 
 

@@ -13,12 +13,12 @@ import torch
 
 from envs import env_spec, make_env
 from rlvla3.algos import AlgoConfig
-from rlvla3.batcher import BatcherConfig, DynamicBatcher
 from rlvla3.config import ConfigError, Named, build
-from rlvla3.episode import TaskSampler
-from rlvla3.learner import BatchStart, LearnerCore, StreamingStart
+from rlvla3.episode.tasks import TaskSampler
+from rlvla3.learner.core import BatchStart, LearnerCore, StreamingStart
 from rlvla3.policies import build_policy
-from rlvla3.rollout import RolloutCore, collect_episodes
+from rlvla3.rollout.batcher import BatcherConfig, DynamicBatcher
+from rlvla3.rollout.core import RolloutCore, collect_episodes
 from rlvla3.run_config import RunConfig, check_resources, load_run_config
 from rlvla3.types import WeightsMessage
 
@@ -69,6 +69,29 @@ def test_no_shipped_preset_is_written_in_an_old_spelling(capsys):
     assert "spelled" not in capsys.readouterr().err
     upgrade({"algo": {"max_grad_norm": 1.0}})  # an old spelling still says so
     assert "'algo.max_grad_norm' is spelled 'learner.max_grad_norm'" in capsys.readouterr().err
+
+
+def test_the_learners_sharding_has_one_name_and_the_old_one_reads_with_a_warning(capsys):
+    """``learner.sharding`` (``rl``) and ``sharding`` (``sft``) say how the learners hold the
+    model; the old ``strategy`` spellings build the same config with one warning line, and
+    the new spelling, given beside an old one, wins."""
+    from actors.sft.sft_config import SFTConfig
+    from actors.sft.sft_config import upgrade as upgrade_sft
+
+    cfg = load_run_config("smoke", overrides=["learner.strategy=fsdp"])
+    assert cfg.learner.sharding == "fsdp" and cfg.learner.engine().sharding == "fsdp"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "'learner.strategy' is spelled 'learner.sharding'" in err
+    both = load_run_config("smoke", overrides=["learner.strategy=fsdp", "learner.sharding=ddp"])
+    assert both.learner.sharding == "ddp"
+    sft = build(SFTConfig, upgrade_sft({"lake": {"datasets": ["d"]}, "strategy": "fsdp",
+                                           "num_learners": 2}))
+    assert sft.sharding == "fsdp" and sft.engine().sharding == "fsdp"
+    assert "'strategy' is spelled 'sharding'" in capsys.readouterr().err
+    with pytest.raises(ConfigError) as bad:
+        load_run_config("smoke", overrides=["learner.sharding=zero3"])
+    assert bad.value.field == "learner.sharding"
 
 
 def test_unknown_preset_and_env_and_policy():
@@ -234,7 +257,7 @@ def test_a_step_with_a_non_finite_gradient_leaves_the_weights_and_is_counted():
 
 
 def test_kl_learning_rate_moves_outside_its_band_within_its_bounds():
-    from rlvla3.kl_control import KlLearningRate
+    from rlvla3.learner.kl_control import KlLearningRate
 
     optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
     control = KlLearningRate(optimizer, 1e-3, target=0.1, factor=2.0, min_scale=0.25,
@@ -338,7 +361,7 @@ def test_target_kl_measures_the_whole_window():
     assert stats[-1].update_kl == pytest.approx(kl[2], rel=1e-5)  # after the third update
     assert abs(kl[2] - kl[1]) > 1e-3 * kl[2] > 0  # not what two steps had moved
 def test_advantage_normaliser_uses_whole_batches_of_all_ranks():
-    from rlvla3.learner_step import AdvantageNormalizer
+    from rlvla3.learner.step import AdvantageNormalizer
 
     other_rank = np.array([2.0, 2.0 * 3.0, 2.0 * 9.0])  # two samples of 3.0 on another rank
     norm = AdvantageNormalizer(True, reduce=lambda m: m + other_rank)
@@ -397,7 +420,7 @@ def test_learning_signal_improves_the_objective():
     policy = make_policy(1)
     core = LearnerCore(policy, AlgoConfig("ppo"), 32, 32, 3e-3, BatchStart())
     core.add_groups(episodes(segments))
-    from rlvla3.rl_samples import prepare_samples
+    from rlvla3.learner.samples import prepare_samples
 
     samples = prepare_samples(segments, AlgoConfig("ppo"))
     before = core.loss(core.with_proximal(samples))[0].item()
@@ -535,9 +558,9 @@ def test_group_buffer_takes_micro_batches_without_copying_the_rest_of_an_item():
     in (cutting the remainder off each time copied it again at every micro-batch, images
     included: quadratic in the group's length). Rows still leave in order, none twice, and
     peeks, staleness and put-backs see the remainder."""
-    from rlvla3.group_buffer import GroupBuffer
-    from rlvla3.pacing import StalenessBound
-    from rlvla3.rl_samples import Samples, prepare_samples
+    from rlvla3.learner.group_buffer import GroupBuffer
+    from rlvla3.learner.samples import Samples, prepare_samples
+    from rlvla3.queue.pacing import StalenessBound
 
     segments = collect_segments(make_policy(1), 12)
     group = prepare_samples(segments, AlgoConfig("ppo"))

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from rlvla3.config import ConfigError
-from rlvla3.episode import TaskSampler
-from rlvla3.queue_core import QueueCore
+from rlvla3.episode.tasks import TaskSampler
+from rlvla3.queue.core import QueueCore
 from rlvla3.run_config import QueueConfig, load_run_config
 from rlvla3.types import EpisodeKey, SegmentInfo
 

@@ -12,8 +12,8 @@ import torch
 from test_core_pipeline import collect_segments, episodes, make_policy
 
 from rlvla3.algos import AlgoConfig
-from rlvla3.learner import BatchStart, LearnerCore, StreamingStart
-from rlvla3.learner_step import AdvantageNormalizer
+from rlvla3.learner.core import BatchStart, LearnerCore, StreamingStart
+from rlvla3.learner.step import AdvantageNormalizer
 from rlvla3.weight_sync import parameter_sum
 
 
@@ -167,10 +167,14 @@ def test_a_resumed_ppo_learner_steps_as_the_uninterrupted_one(tmp_path, sharded)
     from a checkpoint at version 3 (whole, as rank 0 of DDP writes it, or sharded, as FSDP
     ranks do: the same ``LearnerCore`` copies the learner actor saves) takes the next two
     steps exactly as the learner that saved it."""
-    from rlvla3.checkpoint import CheckpointMeta, save_run_checkpoint, save_sharded_run_checkpoint
+    from rlvla3.checkpoint.files import (
+        CheckpointMeta,
+        save_run_checkpoint,
+        save_sharded_run_checkpoint,
+    )
     from rlvla3.config import Named
     from rlvla3.engine.group import Ranks
-    from rlvla3.rl_samples import Samples, prepare_samples
+    from rlvla3.learner.samples import Samples, prepare_samples
 
     algo = AlgoConfig("ppo", proximal_window=2, advantage_ema=0.9, target_kl=1e-4)
     data = Samples.concat([prepare_samples(item, algo)

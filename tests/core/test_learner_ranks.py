@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from actors.bench.bench_engine import max_difference, run_group
-from rlvla3.learner import rank_batches
+from rlvla3.learner.core import rank_batches
 from rlvla3.plan.memory import engine_bytes
 
 
@@ -95,7 +95,7 @@ def test_a_sharded_checkpoint_in_a_bucket_written_by_two_ranks_restores_onto_thr
 
     from s3_server import S3Server
 
-    from rlvla3.checkpoint import listed_files, read_meta
+    from rlvla3.checkpoint.files import listed_files, read_meta
 
     server = S3Server(tmp_path)
     try:

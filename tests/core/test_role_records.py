@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from actors.observe.figures import accounting, progress_row, waiting_on
-from rlvla3.queue_core import QueueCore
+from rlvla3.queue.core import QueueCore
 from rlvla3.role_stats import EnvWorkerStats, LearnerStats, RolloutServerStats, Snapshot
 from rlvla3.run_config import QueueConfig
 from rlvla3.types import EpisodeKey, SegmentInfo

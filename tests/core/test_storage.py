@@ -15,7 +15,7 @@ import torch
 from s3_server import CREDENTIALS, Relay, S3Server
 from safetensors.torch import load_file
 
-from rlvla3.checkpoint import (
+from rlvla3.checkpoint.files import (
     CheckpointError,
     CheckpointMeta,
     StateSnapshot,
@@ -30,10 +30,10 @@ from rlvla3.checkpoint import (
     resolve_checkpoint,
     save_run_checkpoint,
 )
+from rlvla3.checkpoint.storage import SCRATCH_ENV, Mirror, Storage, check_reach, join
 from rlvla3.config import ConfigError, Named
 from rlvla3.policies import build_policy
 from rlvla3.run_config import load_run_config
-from rlvla3.storage import SCRATCH_ENV, Mirror, Storage, check_reach, join
 from rlvla3.types import EnvSpec
 
 SPEC = EnvSpec(cameras=("cam",), image_size=(16, 16), state_dim=3, action_dim=2, chunk_len=1,
@@ -350,7 +350,7 @@ def test_a_snapshot_copies_into_the_previous_ones_buffers():
     """The learner's pause per checkpoint: from the second save on, weights and optimizer
     state are copied into the previous copy's memory (no new allocation), and each copy holds
     the values of its own moment."""
-    from rlvla3.checkpoint import snapshot
+    from rlvla3.checkpoint.files import snapshot
 
     policy = build_policy(SMALL, SPEC)
     optimizer = torch.optim.Adam(policy.parameters())

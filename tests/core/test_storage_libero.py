@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from s3_server import CREDENTIALS, S3Server
 
-from rlvla3.checkpoint import CheckpointMeta, listed_files, save_run_checkpoint
+from rlvla3.checkpoint.files import CheckpointMeta, listed_files, save_run_checkpoint
+from rlvla3.checkpoint.storage import Storage
 from rlvla3.config import Named
-from rlvla3.storage import Storage
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [

@@ -1,4 +1,4 @@
-"""The task sampler (``rlvla3.episode``): tasks even all along, GRPO groups on free slots,
+"""The task sampler (``rlvla3.episode.tasks``): tasks even all along, GRPO groups on free slots,
 informative-task shares, weighted shares, and a state that resumes the same sequence."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from rlvla3.episode import InformativeTasks, TaskSampler
+from rlvla3.episode.tasks import InformativeTasks, TaskSampler
 from rlvla3.types import EpisodeKey
 
 

@@ -211,7 +211,7 @@ def test_grpo_uniform_groups_are_skipped_and_counted_when_asked():
 
 
 def test_inherent_lag_counts_the_episodes_a_slot_runs_for_one_grpo_group():
-    from rlvla3.pacing import group_rounds, inherent_lag
+    from rlvla3.queue.pacing import group_rounds, inherent_lag
 
     # the multi-task LIBERO run: 2 workers x 2 slots, 44 decisions, global batch 32
     assert (group_rounds(1, 2), group_rounds(4, 2), group_rounds(3, 2)) == (1, 2, 2)

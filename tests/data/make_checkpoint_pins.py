@@ -48,7 +48,7 @@ def observations(spec, state_low, state_high):
 
 def acting(run: str) -> dict[str, torch.Tensor]:
     """Outputs of the checkpoint of ``run`` on the fixed observations (one thread)."""
-    from rlvla3.checkpoint import load_policy
+    from rlvla3.checkpoint.files import load_policy
 
     torch.set_num_threads(1)
     policy, meta = load_policy(ROOT / run)

@@ -17,7 +17,7 @@ from commands.datalake import main as datalake_main
 from datalake import synthetic
 from datalake.format import DatasetError
 from datalake.writer import WriterConfig, write_dataset
-from rlvla3.checkpoint import (
+from rlvla3.checkpoint.files import (
     CheckpointMeta,
     listed_files,
     load_optimizer_state,
@@ -131,7 +131,7 @@ def test_sft_fsdp_resumes_a_whole_checkpoint_and_writes_a_sharded_one_on_cpu(ray
         "lake": {"datasets": [str(data)], "image_size": [16, 16], "chunk_len": 4,
                  "decode_actors": 1, "max_tokens": 400, "shuffle_buffer": 32, "pack_window": 32},
         "policy": {"name": "vla", "options": {"preset": "tiny", "image_size": 16}},
-        "run_dir": str(run_dir), "num_learners": 2, "strategy": "fsdp", "grad_accum": 2,
+        "run_dir": str(run_dir), "num_learners": 2, "sharding": "fsdp", "grad_accum": 2,
         "max_steps": 6, "log_every": 2, "checkpoint_every": 6, "lr": 3e-3,
     })
     # Start from a plain (unsharded) checkpoint at step 2: initial weights, an optimizer

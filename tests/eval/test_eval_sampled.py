@@ -24,7 +24,7 @@ ENV = Named("reach", {"image_size": 16})
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     from envs import env_spec
-    from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
+    from rlvla3.checkpoint.files import CheckpointMeta, save_checkpoint
     from rlvla3.policies import build_policy
 
     choice = Named("vla", {"preset": "tiny", "noise_level": 0.5})

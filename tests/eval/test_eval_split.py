@@ -244,7 +244,7 @@ def test_eval_workers_stay_on_their_task_at_most_lead_states_ahead():
 def test_evaluate_checkpoint_on_eval_workers(ray_cluster, tmp_path):
     from actors.eval.rounds import EvalRound, evaluate_checkpoint, make_eval_workers, protocol_jobs
     from envs import env_spec
-    from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
+    from rlvla3.checkpoint.files import CheckpointMeta, save_checkpoint
     from rlvla3.policies import build_policy
 
     env = Named("reach", {"image_size": 16, "max_decisions": 6})

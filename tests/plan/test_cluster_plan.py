@@ -176,7 +176,7 @@ def test_offload_is_counted_and_recommended_only_where_it_fits():
     the pre-flight counts the shards and Adam as host memory (the GPU keeps what it gathers
     and the activations) and the plan fits as FSDP. At micro-batch 16 offload would not fit
     either: the refusal does not recommend it, and asked for, it is refused by its figures."""
-    from rlvla3.plan.memory import choose_strategy, learner_gpu_mb
+    from rlvla3.plan.memory import choose_sharding, learner_gpu_mb
 
     base = [*PI05, "learner.num_learners=2"]
 
@@ -187,16 +187,16 @@ def test_offload_is_counted_and_recommended_only_where_it_fits():
                                           cfg)
         placement = place(cfg, nodes)
         facts = model_facts(cfg.policy, spec)
-        chosen, note = choose_strategy(cfg, spec, placement, facts)
+        chosen, note = choose_sharding(cfg, spec, placement, facts)
         return chosen, note, estimate(chosen, spec, placement, facts)
 
     with pytest.raises(ConfigError) as err:
         preflight("learner.micro_batch=8")
-    assert err.value.field == "learner.strategy"
+    assert err.value.field == "learner.sharding"
     assert "fit neither way" in str(err.value) and "or learner.offload=true: 68.7 GB)" in str(
         err.value)
     chosen, note, plan = preflight("learner.micro_batch=8", "learner.offload=true")
-    assert chosen.learner.strategy == "fsdp" and "learner.offload" in note
+    assert chosen.learner.sharding == "fsdp" and "learner.offload" in note
     plan.check()  # fits
     gpu, have = learner_gpu_mb(plan)
     assert gpu / 1024 == pytest.approx(68.7, abs=0.05) and gpu <= have

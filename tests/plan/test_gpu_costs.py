@@ -168,7 +168,7 @@ def test_simulated_engine_pays_per_sample_and_per_step():
     from test_core_pipeline import collect_segments, episodes, make_policy
 
     from rlvla3.gpu_sim import SimulatedEngine
-    from rlvla3.learner import LearnerCore, StreamingStart, rl_engine
+    from rlvla3.learner.core import LearnerCore, StreamingStart, rl_engine
 
     policy = make_policy(0)
     segments = collect_segments(policy, 6)
@@ -196,7 +196,7 @@ def test_simulated_rollout_pays_the_batch_formula_and_the_weight_transfer():
 
     from envs import make_env
     from rlvla3.gpu_sim import SimulatedRollout
-    from rlvla3.rollout import RolloutCore
+    from rlvla3.rollout.core import RolloutCore
     from rlvla3.types import WeightsMessage
 
     costs = build(GpuCosts, {"infer_per_call_ms": 36.0, "infer_per_sample_ms": 7.0,
@@ -221,7 +221,7 @@ def test_simulated_rollout_pays_the_batch_formula_and_the_weight_transfer():
 def test_weights_every_holds_versions_back_until_far_enough_ahead():
     from test_core_pipeline import make_policy
 
-    from rlvla3.rollout import RolloutCore
+    from rlvla3.rollout.core import RolloutCore
     from rlvla3.types import WeightsMessage
 
     policy = make_policy(0)

@@ -13,7 +13,6 @@ import pytest
 
 from rlvla3.config import ConfigError
 from rlvla3.gpu_costs import CALIBRATIONS, GpuCosts
-from rlvla3.pacing import inherent_lag
 from rlvla3.plan.gpu import (
     EnvTiming,
     PlanRequest,
@@ -25,6 +24,7 @@ from rlvla3.plan.gpu import (
     split_batch,
     training_rate,
 )
+from rlvla3.queue.pacing import inherent_lag
 from rlvla3.run_config import load_run_config
 
 H200 = CALIBRATIONS["pi05_h200"]

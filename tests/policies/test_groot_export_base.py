@@ -69,7 +69,7 @@ def test_eagle_assets_lerobot_would_download_are_refused(tmp_path):
     shutil.copytree(FIXTURE / "eagle", eagle)
     (eagle / "generation_config.json").unlink()
     options = {**parity.fixture_options(FIXTURE, meta), "tokenizer": str(eagle)}
-    from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
+    from rlvla3.checkpoint.files import CheckpointMeta, save_checkpoint
     from rlvla3.config import Named
     from rlvla3.policies.groot import build_groot_policy
 

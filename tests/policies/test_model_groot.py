@@ -176,10 +176,10 @@ def test_ppo_and_grpo_steps_on_groot_lower_their_objective(algo, one_torch_threa
     from envs import env_spec, make_env
     from rlvla3.algos import AlgoConfig
     from rlvla3.config import Named
-    from rlvla3.episode import TaskSampler
-    from rlvla3.learner import BatchStart, LearnerCore
-    from rlvla3.rl_samples import prepare_samples
-    from rlvla3.rollout import RolloutCore, collect_episodes
+    from rlvla3.episode.tasks import TaskSampler
+    from rlvla3.learner.core import BatchStart, LearnerCore
+    from rlvla3.learner.samples import prepare_samples
+    from rlvla3.rollout.core import RolloutCore, collect_episodes
 
     reach = Named("reach", {"image_size": 16, "max_decisions": 3})
     policy = build_groot_policy(env_spec(reach), {"preset": "groot_tiny", "seed": 3,

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from tiny_runs import run_rlvla3
 
 from commands.export import main as export_main
-from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
+from rlvla3.checkpoint.files import CheckpointMeta, save_checkpoint
 from rlvla3.config import Named
 from rlvla3.parity import groot as parity
 from rlvla3.policies.groot import build_groot_policy

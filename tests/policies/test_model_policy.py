@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.checkpoint import (
+from rlvla3.checkpoint.files import (
     CheckpointMeta,
     StateSnapshot,
     load_policy,
@@ -389,10 +389,10 @@ def test_rl_core_pipeline_runs_with_the_vla_policy():
     """Rollout core -> recorded episodes -> PPO learner core, with the tiny VLA as the policy."""
     from envs import env_spec, make_env
     from rlvla3.algos import AlgoConfig
-    from rlvla3.episode import TaskSampler
-    from rlvla3.learner import BatchStart, LearnerCore
-    from rlvla3.rl_samples import prepare_samples
-    from rlvla3.rollout import RolloutCore, collect_episodes
+    from rlvla3.episode.tasks import TaskSampler
+    from rlvla3.learner.core import BatchStart, LearnerCore
+    from rlvla3.learner.samples import prepare_samples
+    from rlvla3.rollout.core import RolloutCore, collect_episodes
 
     reach = Named("reach", {"image_size": 16, "max_decisions": 6})
     policy = build_policy(Named("vla", {"preset": "tiny", "denoise_steps": 2}), env_spec(reach))

@@ -278,7 +278,7 @@ def test_a_wrong_flag_or_field_is_caught():
     for command in bad:
         with pytest.raises(AssertionError):
             check(command)
-    check(Command("x", 0, ("sft", "--dataset", "d", "--set", "strategy=fsdp"), False))
+    check(Command("x", 0, ("sft", "--dataset", "d", "--set", "sharding=fsdp"), False))
 
 
 REPO_PATH = re.compile(r"^(?:actors|commands|datalake|envs|rlvla3|tests|results|docs|\.ci)/[\w./-]*$")

@@ -14,14 +14,14 @@ import torch
 
 from actors.eval.evaluate import check_checkpoint
 from rlvla3.algos import AlgoConfig
-from rlvla3.checkpoint import (
+from rlvla3.checkpoint.files import (
     check_init_from,
     check_resume,
     load_policy,
     locate_checkpoint,
     row_source,
 )
-from rlvla3.learner import rl_engine
+from rlvla3.learner.core import rl_engine
 from rlvla3.policies import build_policy
 
 ROOT = Path(__file__).resolve().parents[2]

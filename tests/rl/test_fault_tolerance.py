@@ -13,7 +13,7 @@ import ray
 from tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
-from rlvla3.checkpoint import listed_files, read_meta
+from rlvla3.checkpoint.files import listed_files, read_meta
 from rlvla3.run_config import load_run_config
 
 FAST = [*TINY_RUN, "log_every_s=0.5", "checkpoint_every=2"]
@@ -172,7 +172,7 @@ def test_two_learners_rebuild_from_the_checkpoint_then_go_on_with_one(ray_cluste
     cfg = load_run_config("smoke", overrides=FAST + [
         "total_env_steps=100000000", "learner.num_learners=2", "learner.global_batch=32",
         "learner.micro_batch=16", "learner.num_cpus=0.5", "ray.node_wait_s=45",
-        f"learner.strategy={strategy}"])
+        f"learner.sharding={strategy}"])
     controller = Controller(cfg, tmp_path / "group", quiet=True)
     topo = controller.build()
     group = topo.group

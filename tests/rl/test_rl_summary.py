@@ -56,7 +56,7 @@ def test_steps_that_did_not_move_the_weights_are_named_with_their_cause():
 
 def test_the_learner_group_is_named_by_the_engine_its_ranks_run():
     cfg = load_run_config("smoke", overrides=["learner.num_learners=2",
-                                              "learner.strategy=fsdp"])
+                                              "learner.sharding=fsdp"])
     assert learner_line(cfg).startswith("learners: 2 ranks, fsdp (FSDP2: weights, gradients "
                                         "and Adam state sharded")
     assert learner_group(cfg, 2, ["fsdp", "fsdp"], 0)["strategy"] == "fsdp"
@@ -69,11 +69,11 @@ def test_an_fsdp_run_that_left_its_weights_unmoved_says_both_and_exits_1(tmp_pat
     the console says the learners shard (and FSDP warns of no view it hooks), ``summary.json``
     records fsdp over 2 ranks, and the run ends with the line that its weights did not move,
     exit status 1."""
-    from rlvla3.checkpoint import CheckpointMeta, save_checkpoint
+    from rlvla3.checkpoint.files import CheckpointMeta, save_checkpoint
     from rlvla3.policies import build_policy
 
     overrides = [*TINY_RUN, "total_env_steps=600", "learner.num_learners=2",
-                 "learner.strategy=fsdp", "learner.num_cpus=0.5", "learner.lr=1e-15",
+                 "learner.sharding=fsdp", "learner.num_cpus=0.5", "learner.lr=1e-15",
                  "checkpoint_every=0"]
     cfg = load_run_config("smoke", overrides=overrides)
     spec = env_spec(cfg.env)

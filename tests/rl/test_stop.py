@@ -19,11 +19,11 @@ from tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
 from envs import env_spec, make_env
-from rlvla3.checkpoint import locate_checkpoint, read_meta
+from rlvla3.checkpoint.files import locate_checkpoint, read_meta
 from rlvla3.config import Named
-from rlvla3.episode import TaskSampler
+from rlvla3.episode.tasks import TaskSampler
 from rlvla3.policies import build_policy
-from rlvla3.rollout import RolloutCore, collect_episodes
+from rlvla3.rollout.core import RolloutCore, collect_episodes
 from rlvla3.run_config import load_run_config
 from rlvla3.types import SegmentInfo
 

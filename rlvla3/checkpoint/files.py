@@ -1,5 +1,5 @@
 """Checkpoints: safetensors weights, a weights-only optimizer state, and JSON metadata, kept at a
-local path or any storage URI (``rlvla3.storage``: ``s3://``, ``gs://``, ``hdfs://``, ...).
+local path or any storage URI (``rlvla3.checkpoint.storage``: ``s3://``, ``gs://``, ``hdfs://``, ...).
 
 Layout of one checkpoint directory::
 
@@ -10,7 +10,7 @@ Layout of one checkpoint directory::
                          window``), ``shadow/<name>`` tensors of a sharded checkpoint
     meta.json            policy choice (name + options), env spec, policy version, counters,
                          env workers' episode sampler states (RL runs), the learner's state
-                         between steps (``learner``: ``rlvla3.learner_step.LearnerState``), and
+                         between steps (``learner``: ``rlvla3.learner.step.LearnerState``), and
                          ``files``: the size and sha256 of every other file. Written last.
 
 Atomic without a rename (object stores have none): the files are written first and
@@ -35,7 +35,7 @@ whatever else a directory holds is never read. Evaluating, exporting and startin
 checkpoint (``init_from``) need its weights alone; the optimizer and RNG state
 (``OPTIONAL_FILES``) may be missing, and only a resumed run, which needs them, names the one
 missing and what it is for. The cache (``scratch_dir()/checkpoints``) is a directory of this
-user's that no other user can write to (``rlvla3.storage.private_dir``); a copy in it is
+user's that no other user can write to (``rlvla3.checkpoint.storage.private_dir``); a copy in it is
 reused only after this process has hashed it against ``meta.json`` through handles that
 follow no link, and a bad copy (a changed file, a link, a directory another user made) is
 fetched afresh. A checkpoint written before checkpoints listed their files (``meta.json``
@@ -66,9 +66,7 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import load_file, save_file
 
-from rlvla3.config import ConfigError, Named, require
-from rlvla3.protocols import Policy
-from rlvla3.storage import (
+from rlvla3.checkpoint.storage import (
     Storage,
     cache_name,
     discard,
@@ -80,6 +78,8 @@ from rlvla3.storage import (
     scratch_dir,
     size_and_sha256,
 )
+from rlvla3.config import ConfigError, Named, require
+from rlvla3.protocols import Policy
 from rlvla3.types import EnvSpec
 
 if TYPE_CHECKING:
@@ -786,7 +786,7 @@ def saved_run(checkpoint: str) -> tuple[str, dict[str, Any]]:
     SFT runs), else the ``config.json`` of an SFT run written before it, else ``{}``."""
     import yaml
 
-    from rlvla3.storage import basename, parent
+    from rlvla3.checkpoint.storage import basename, parent
 
     path = Storage(checkpoint).uri  # a path or a storage URI
     run = parent(parent(path)) if basename(parent(path)) == "checkpoints" else path

@@ -1,6 +1,6 @@
 """The parts of a learner's optimizer step that stand on their own.
 
-Role: what ``rlvla3.learner.LearnerCore`` computes each optimizer step with, beside its loop:
+Role: what ``rlvla3.learner.core.LearnerCore`` computes each optimizer step with, beside its loop:
 the standardisation of PPO advantages (``AdvantageNormalizer``: constants fixed for a whole
 step and shared by every micro-batch and rank), the proximal policy of decoupled PPO
 (``ProximalWindow``: the engine's frozen copy, refreshed every ``algo.proximal_window`` steps),
@@ -27,8 +27,8 @@ import torch
 
 from rlvla3.config import build
 from rlvla3.engine.engine import TrainingEngine
+from rlvla3.learner.samples import Samples
 from rlvla3.protocols import Policy
-from rlvla3.rl_samples import Samples
 
 Reduce = Callable[[np.ndarray], np.ndarray]
 """Sums a float64 vector over the learner ranks (identity for one rank)."""

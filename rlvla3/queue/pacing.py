@@ -2,8 +2,8 @@
 that keeps it rare.
 
 Role: every figure of the pipeline that counts policy versions between acting and training. The
-trajectory queue (``rlvla3.queue_core``) admits episodes by ``Pacing`` and drops stale items by
-``StalenessBound``; the learner (``rlvla3.learner`` through ``rlvla3.group_buffer``) discards
+trajectory queue (``rlvla3.queue.core``) admits episodes by ``Pacing`` and drops stale items by
+``StalenessBound``; the learner (``rlvla3.learner.core`` through ``rlvla3.learner.group_buffer``) discards
 stale unstarted items by the same ``StalenessBound``; the controller's start-up note reads
 ``inherent_lag``; the GPU planner (``rlvla3.plan.gpu``) sizes ``queue.pace_lag`` and
 ``queue.max_staleness`` with ``planned_pace_lag`` and ``planned_max_staleness``.
@@ -100,7 +100,7 @@ class Pacing:
 
 def group_rounds(group_size: int, slots_per_worker: int) -> int:
     """Episodes a slot runs in a row for one GRPO group of ``group_size``, at most: a group's
-    episodes are the next its env worker starts (``rlvla3.episode.TaskSampler``), on its free
+    episodes are the next its env worker starts (``rlvla3.episode.tasks.TaskSampler``), on its free
     slots (1 without GRPO: ``group_size`` 1)."""
     return math.ceil(group_size / slots_per_worker)
 

@@ -1,6 +1,6 @@
 """Batching policies: how big a rollout batch may grow and how long it may wait (Ray-free).
 
-Role: ``rlvla3.batcher.DynamicBatcher`` asks its policy, whenever a batch is forming (the first
+Role: ``rlvla3.rollout.batcher.DynamicBatcher`` asks its policy, whenever a batch is forming (the first
 request of the batch is already pending, never before), for ``Limits``: fire once ``fire_at``
 requests are pending or ``t_max_s`` after the first one, taking at most ``b_max``. It tells the
 policy of every arrival and, after each batch, its size and service time. Two strategies,
@@ -219,7 +219,7 @@ class AdaptiveBatching:
 
 
 BATCH_POLICIES = ("fixed", "adaptive")
-OPTIONS: dict[str, str] = {"adaptive": "rlvla3.batch_policy:AdaptiveConfig"}
+OPTIONS: dict[str, str] = {"adaptive": "rlvla3.rollout.batching:AdaptiveConfig"}
 """The dataclass a batching policy's ``options`` build into (``fixed`` takes none); the docs'
 config reference renders it."""
 

@@ -25,7 +25,7 @@ leaves once its members have mixed returns, all of them together, or when ``redr
 extra rounds were drawn, its owner stopped admitting (replaced, retired, admissions closed) or
 it expired, then as a group without dynamic sampling would.
 
-Pacing (asynchronous rollout): an episode is admitted by ``rlvla3.pacing.Pacing`` against the
+Pacing (asynchronous rollout): an episode is admitted by ``rlvla3.queue.pacing.Pacing`` against the
 backlog (queued here plus buffered in the learners) and the episodes in flight, estimated with
 the mean length of recent episodes; a GRPO group is admitted rather than an episode: once a
 member of a group instance is admitted, its other members are admitted at once (holding them
@@ -39,7 +39,7 @@ once, and a later ``admit`` of such an incarnation is refused, so the in-flight 
 the episodes really running. ``close_admissions`` refuses every admission from then on.
 
 Invariants:
-- Staleness is judged per item by its oldest decision with ``rlvla3.pacing.StalenessBound``, the
+- Staleness is judged per item by its oldest decision with ``rlvla3.queue.pacing.StalenessBound``, the
   rule the learners apply: ``take`` drops, and counts, stale items whole (a GRPO group is never
   split), and a held group whose oldest decision is stale expires, counted.
 - GRPO: an episode waits until its group instance has every member it expects, minus members
@@ -71,8 +71,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvla3.pacing import Pacing, StalenessBound
 from rlvla3.protocols import Metrics
+from rlvla3.queue.pacing import Pacing, StalenessBound
 from rlvla3.role_stats import QueueStats
 from rlvla3.run_config import QueueConfig
 from rlvla3.types import EpisodeKey, SegmentInfo

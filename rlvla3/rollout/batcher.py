@@ -9,7 +9,7 @@ Firing rule: a batch fires as soon as ``b_max`` requests are pending, or when ``
 passed since the first pending request (its submission time), whichever comes first. Requests
 that piled up while the previous batch ran are therefore served without further waiting once
 their deadline has passed. The limits come from a batching policy
-(``rlvla3.batch_policy``: fixed, or adaptive from the measured costs and arrival rate), asked
+(``rlvla3.rollout.batching``: fixed, or adaptive from the measured costs and arrival rate), asked
 only while a batch is forming: no timer runs before the first request of a batch.
 
 Invariants:
@@ -34,8 +34,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from rlvla3.batch_policy import BatchPolicy, FixedBatching
 from rlvla3.config import require
+from rlvla3.rollout.batching import BatchPolicy, FixedBatching
 
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")

@@ -7,7 +7,7 @@ published weights. Outputs: one ``ActionChunk`` per observation.
 ``RolloutCore`` is one policy copy used for acting. ``RolloutService`` is what a rollout server
 does, without Ray (``actors.roles.rollout_server`` names and restarts it): it serves requests
 on one or more lanes, each a policy copy (``Acting``: a ``RolloutCore``, or one on a simulated
-GPU, ``rlvla3.gpu_sim``) with its own ``DynamicBatcher`` (``rlvla3.batcher``; the batching
+GPU, ``rlvla3.gpu_sim``) with its own ``DynamicBatcher`` (``rlvla3.rollout.batcher``; the batching
 policy, fixed or adaptive, chooses ``b_max`` and ``t_max``), its own lock and its own thread.
 Single requests (``act``, asynchronous rollout) go to the lanes in turn; a lockstep group
 (``act_batch``) is split evenly over them.
@@ -40,10 +40,11 @@ from typing import Protocol, TypeVar
 import numpy as np
 import torch
 
-from rlvla3.batch_policy import BatchPolicy
-from rlvla3.batcher import DynamicBatcher
-from rlvla3.episode import EpisodeRecorder, TaskSampler
+from rlvla3.episode.recorder import EpisodeRecorder
+from rlvla3.episode.tasks import TaskSampler
 from rlvla3.protocols import Env, Metrics, Policy
+from rlvla3.rollout.batcher import DynamicBatcher
+from rlvla3.rollout.batching import BatchPolicy
 from rlvla3.types import ActionChunk, ObsBatch, Observation, TrajectorySegment, WeightsMessage
 
 T = TypeVar("T")

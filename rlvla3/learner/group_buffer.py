@@ -9,7 +9,7 @@ Invariants:
 - Rows leave in arrival order, none twice; ``size`` is the number of rows held.
 - Staleness is judged per item, by its oldest decision, and an item is kept or discarded whole:
   ``discard_stale(bound, version)`` drops every item none of whose rows was taken yet and that
-  ``bound`` (``rlvla3.pacing.StalenessBound``, the rule the queue applies too) calls stale at
+  ``bound`` (``rlvla3.queue.pacing.StalenessBound``, the rule the queue applies too) calls stale at
   learner version ``version``. An item whose first rows went into a micro-batch
   is finished, whatever its age: its rest goes into the next optimizer step (or the one after,
   for an item longer than a step). A per-decision floor would split a GRPO group: successful
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlvla3.pacing import StalenessBound
-from rlvla3.rl_samples import Samples
+from rlvla3.learner.samples import Samples
+from rlvla3.queue.pacing import StalenessBound
 
 
 @dataclass

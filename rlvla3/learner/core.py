@@ -23,10 +23,10 @@ Invariants:
 - Staleness is bounded per queue item, by its oldest decision: an item not yet started whose
   oldest decision is more than ``max_staleness`` versions behind the learner is discarded
   whole and counted (a last resort: the rollout side paces itself so that this stays rare); a
-  started item is finished (``rlvla3.group_buffer``). A GRPO group is never split.
+  started item is finished (``rlvla3.learner.group_buffer``). A GRPO group is never split.
 - PPO advantages are standardised with constants that are fixed for a whole optimizer step and
   shared by every micro-batch and every rank (``AdvantageNormalizer``, with the proximal
-  window and the step's report in ``rlvla3.learner_step``), so splitting a batch
+  window and the step's report in ``rlvla3.learner.step``), so splitting a batch
   into micro-batches or streaming it in does not change the update.
 - The policy is held and stepped by a ``TrainingEngine`` (``rlvla3.engine``: one rank, DDP or
   FSDP2); gradients are reduced across ranks only on the last micro-batch of a step. Every
@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from rlvla3.algos import AlgoConfig, approx_kl, objective
-from rlvla3.checkpoint import (
+from rlvla3.checkpoint.files import (
     CheckpointMeta,
     StateSnapshot,
     load_rng_state,
@@ -68,18 +68,18 @@ from rlvla3.engine.config import EngineConfig
 from rlvla3.engine.engine import Published, TrainingEngine
 from rlvla3.engine.group import Ranks
 from rlvla3.engine.sharded import RowSource
-from rlvla3.group_buffer import GroupBuffer
-from rlvla3.kl_control import KlLearningRate
-from rlvla3.learner_step import (
+from rlvla3.learner.group_buffer import GroupBuffer
+from rlvla3.learner.kl_control import KlLearningRate
+from rlvla3.learner.samples import Samples, prepare_samples
+from rlvla3.learner.step import (
     AdvantageNormalizer,
     LearnerState,
     ProximalWindow,
     Reduce,
     StepStats,
 )
-from rlvla3.pacing import StalenessBound
 from rlvla3.protocols import Policy
-from rlvla3.rl_samples import Samples, prepare_samples
+from rlvla3.queue.pacing import StalenessBound
 from rlvla3.types import TrajectorySegment
 
 
@@ -262,7 +262,7 @@ class LearnerCore:
                    ) -> WholeCopy:
         """Copies of what a whole checkpoint holds, taken now (between two steps; written
         while training goes on): ``reuse``, an earlier copy's weights and optimizer state
-        whose write has finished, lends its buffers (``rlvla3.checkpoint.snapshot``)."""
+        whose write has finished, lends its buffers (``rlvla3.checkpoint.files.snapshot``)."""
         weights, optimizer, rng = snapshot(cast(nn.Module, self.policy), self.optimizer, reuse)
         shadow = self.engine.shadow
         return WholeCopy(self.version, weights, optimizer, rng, self.state(),
