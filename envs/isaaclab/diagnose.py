@@ -87,7 +87,7 @@ def oracle(args: argparse.Namespace) -> dict:
 
 
 def probe(args: argparse.Namespace) -> dict:
-    from rlvla3.checkpoint import load_policy
+    from rlvla3.checkpoint.files import load_policy
     from rlvla3.types import ObsBatch
 
     policy, _ = load_policy(args.checkpoint)

@@ -193,7 +193,7 @@ def compare_export(fixture: Path, out: Path, reference: Path | None = None) -> l
     """rlvla3's actions from the round trip's checkpoint, and from its export loaded back by
     rlvla3, against LeRobot 0.6.1's on the export (``reference``, default the fixture's
     ``EXPORT_REFERENCE``), from the fixture's noises."""
-    from rlvla3.checkpoint import load_policy
+    from rlvla3.checkpoint.files import load_policy
     from rlvla3.policies.groot import build_groot_policy
 
     digest, ref = read_export_reference(reference or fixture / EXPORT_REFERENCE)
