@@ -115,9 +115,10 @@ def parser() -> argparse.ArgumentParser:
 
 def choose_suite(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The suite a checkpoint is evaluated on: the one its run trained on unless ``--suite``
-    names one; a suite of another simulator than the checkpoint's is refused in one line."""
-    trained = [t for c in ([args.checkpoint] if args.checkpoint else args.compare or [])
-               if (t := trained_suite(c)) is not None]
+    names one; a suite of another simulator than the checkpoint's is refused in one line.
+    ``--recheck`` takes its suite from the evaluation it re-checks."""
+    named = [] if args.recheck else [args.checkpoint] if args.checkpoint else args.compare or []
+    trained = [t for c in named if (t := trained_suite(c)) is not None]
     if args.suite is None:
         args.suite = trained[0][1] if trained and trained[0][1] else "libero_spatial"
     for simulator, suite in trained:
@@ -140,8 +141,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             p.error("--sample must be >= 1")
     elif not (args.checkpoint or args.policy or args.compare):
         p.error("one of --checkpoint, --policy, --compare or --recheck is required")
-    if not args.recheck:
-        choose_suite(p, args)
+    choose_suite(p, args)
     if args.episodes and (args.task_ids or args.init_ids):
         p.error("--episodes names the episodes: drop --task-ids and --init-ids")
     if args.episodes:
