@@ -116,18 +116,19 @@ def fingerprint(
     return out
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as one mapping of dotted field names."""
     if isinstance(value, Mapping):
         flat: dict[str, Any] = {}
         for key, sub in value.items():
-            flat |= _flatten(sub, f"{prefix}.{key}" if prefix else str(key))
+            flat |= flatten(sub, f"{prefix}.{key}" if prefix else str(key))
         return flat
     return {prefix: value}
 
 
 def fingerprint_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """``"field: A != B"`` for every fingerprint field that differs (identity fields aside)."""
-    fa, fb = _flatten(dict(a)), _flatten(dict(b))
+    fa, fb = flatten(dict(a)), flatten(dict(b))
     out = []
     for key in sorted(set(fa) | set(fb)):
         if key.split(".")[0] in IDENTITY_FIELDS:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from rlvla3.confidence import Z95, wilson
+from rlvla3.fingerprint import flatten
 
 FORMAT = "rlvla3 success band 1"
 """The ``format`` field of a band file: what the file is, and the version of its layout."""
@@ -216,20 +217,11 @@ def config_fingerprint(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(_canonical(dict(config))).hexdigest()[:16]
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        flat: dict[str, Any] = {}
-        for key, sub in value.items():
-            flat |= _flatten(sub, f"{prefix}.{key}" if prefix else str(key))
-        return flat
-    return {prefix: value}
-
-
 def config_differences(band: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
     """``"field: BAND != OTHER"`` for every dotted field of both run configs where they differ.
     A field only one of them has (added to the config, or removed, since the band was made)
     is not a difference: the band cannot say what its runs had there."""
-    a, b = _flatten(dict(band)), _flatten(dict(other))
+    a, b = flatten(dict(band)), flatten(dict(other))
     return [f"{key}: {a[key]!r} != {b[key]!r}" for key in sorted(set(a) & set(b))
             if a[key] != b[key]]
 
