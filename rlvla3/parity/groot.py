@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -208,17 +209,26 @@ def compare_export(fixture: Path, out: Path, reference: Path | None = None) -> l
     """rlvla3's actions from the round trip's checkpoint, and from its export loaded back by
     rlvla3, against LeRobot's on the export (``reference``, default the fixture's
     ``EXPORT_REFERENCE``), from the fixture's noises."""
+    return export_actions(fixture, out, reference, export_round_trip, fixture_options,
+                          "tests/data/groot_reference.py --export", "eagle")
+
+
+@torch.no_grad()
+def export_actions(fixture: Path, out: Path, reference: Path | None, round_trip: Callable,
+                   options: Callable, script: str, tokenizer: str) -> list[Stage]:
+    """``compare_export`` of one GR00T version: its ``round_trip`` and fixture ``options``,
+    the reference ``script`` that made the digest, the export's ``tokenizer`` directory."""
     from rlvla3.checkpoint.files import load_policy
     from rlvla3.policies.groot import build_groot_policy
 
     digest, ref = read_export_reference(reference or fixture / EXPORT_REFERENCE)
-    ckpt, exported = export_round_trip(fixture, out)
-    check_digest(exported, digest, "tests/data/groot_reference.py --export")
+    ckpt, exported = round_trip(fixture, out)
+    check_digest(exported, digest, script)
     meta, t = load_fixture(fixture)
     obs = fixture_obs(meta, t)
     trained = cast("GrootPolicy", load_policy(ckpt)[0])  # the fixture's round trip: GR00T
     reloaded = build_groot_policy(trained.spec, {
-        **fixture_options(fixture, meta, exported), "tokenizer": str(exported / "eagle")})
+        **options(fixture, meta, exported), "tokenizer": str(exported / tokenizer)})
     untrained = torch.cat([t[f"deterministic.{i}.actions"] for i in range(len(obs))])
     return export_stages(ref, {"checkpoint": trained, "export reloaded": reloaded},
                          lambda policy, kind: policy.predict_chunk(obs, t[f"noise.{kind}"]),

@@ -34,26 +34,23 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 
-from rlvla3.parity.groot import _worst, fixture_obs, fixture_spec, load_fixture
+from rlvla3.parity.groot import _worst, export_actions, fixture_obs, fixture_spec, load_fixture
 from rlvla3.parity.vla import (
     EXPORT_REFERENCE,
     TOLERANCE,
     Stage,
     _diff,
-    check_digest,
-    export_stages,
     perturbed_checkpoint,
-    read_export_reference,
     run_cli,
     run_export,
 )
 
 if TYPE_CHECKING:
-    from rlvla3.policies.groot.policy import GrootPolicy
+    pass
 
 DEFAULT_FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "data" / "groot17_tiny"
 
@@ -193,21 +190,8 @@ def compare_export(fixture: Path, out: Path, reference: Path | None = None) -> l
     """rlvla3's actions from the round trip's checkpoint, and from its export loaded back by
     rlvla3, against LeRobot 0.6.1's on the export (``reference``, default the fixture's
     ``EXPORT_REFERENCE``), from the fixture's noises."""
-    from rlvla3.checkpoint.files import load_policy
-    from rlvla3.policies.groot import build_groot_policy
-
-    digest, ref = read_export_reference(reference or fixture / EXPORT_REFERENCE)
-    ckpt, exported = export_round_trip(fixture, out)
-    check_digest(exported, digest, "tests/data/groot17_reference.py --export")
-    meta, t = load_fixture(fixture)
-    obs = fixture_obs(meta, t)
-    trained = cast("GrootPolicy", load_policy(ckpt)[0])  # the fixture's round trip: GR00T
-    reloaded = build_groot_policy(trained.spec, {
-        **fixture_options(fixture, meta, exported), "tokenizer": str(exported / "backbone")})
-    untrained = torch.cat([t[f"deterministic.{i}.actions"] for i in range(len(obs))])
-    return export_stages(ref, {"checkpoint": trained, "export reloaded": reloaded},
-                         lambda policy, kind: policy.predict_chunk(obs, t[f"noise.{kind}"]),
-                         untrained)
+    return export_actions(fixture, out, reference, export_round_trip, fixture_options,
+                          "tests/data/groot17_reference.py --export", "backbone")
 
 
 def main(argv: list[str] | None = None) -> int:
