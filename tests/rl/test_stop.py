@@ -152,9 +152,12 @@ def test_two_learners_stop_within_30s_with_a_final_checkpoint(ray_cluster, tmp_p
         if phase == "stepping":
             time.sleep(1.0)
         else:
+            # both episodes of "accumulating" may reach one rank (its request was in flight):
+            # that rank then waits with a full batch, which the stop must abandon all the same
+            reached = {16} if fed == 3 else {8, 16}
             wait_for(lambda: sum(s.buffered + s.in_step for s in running.stats())
-                     == 8 * fed and max(s.in_step for s in running.stats())
-                     == (16 if fed == 3 else 8), f"the {phase} phase")
+                     == 8 * fed and max(s.in_step for s in running.stats()) in reached,
+                     f"the {phase} phase")
         start = time.monotonic()
         summary = running.stop()
         elapsed = time.monotonic() - start
@@ -182,15 +185,17 @@ def test_a_rank_that_fails_while_stopping_is_reported_and_no_final_checkpoint_is
     which a wait counts as done. The stop says so with each rank's error, and the run ends at
     its last checkpoint (none here) instead of saving the state of a failed group."""
     run_dir = tmp_path / "failed"
-    data = episodes(6)
+    data = episodes(5)
     running = Running(_config(8, "learner.stop_timeout_s=20"), run_dir)
     try:
         for lr in running.topo.learners:
             ray.get(lr.__ray_call__.remote(failing_flush))
         feed(running.topo.queue, data[:4])
         wait_for(lambda: all(s.version == 1 for s in running.stats()), "the first step")
+        # one episode: whichever rank pulls it accumulates its one micro-batch (two episodes
+        # fed together may both reach one rank, which then waits with a full batch instead)
         feed(running.topo.queue, data[4:])
-        wait_for(lambda: max(s.in_step for s in running.stats()) == 8, "accumulating")
+        wait_for(lambda: sorted(s.in_step for s in running.stats()) == [0, 8], "accumulating")
         summary = running.stop()
     finally:
         running.controller.shutdown()
