@@ -10,7 +10,8 @@ PATH; it reads metadata only,
 unless ``--verify`` also decodes every video through the last frame its episodes need and
 reads every parquet row group (each problem then names the episodes it affects).
 ``record`` runs the scripted LIBERO expert (or, with ``--suite mt10|ml10|mt50``, MetaWorld's
-scripted policy per task) on ``--episodes`` initial scenes of each task in parallel Ray workers
+scripted policy per task; with ``--suite isaaclab_reach``, the Isaac Lab reach's scripted expert,
+task ids the colours) on ``--episodes`` initial scenes of each task in parallel Ray workers
 and writes the successful episodes as a LeRobot v3.0 dataset. Scenes are fresh placements (never the
 bundled evaluation states) unless ``--placements bundled`` and ``--allow-eval-overlap`` say
 otherwise; the same command re-run continues an interrupted recording. Task ids the suite lacks,
@@ -30,10 +31,14 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from datalake.video import CODECS
+from envs.isaaclab.catalog import REACH_COLOURS
 from envs.libero.env import SUITE_NUM_TASKS
 from envs.metaworld.tasks import BENCHMARK_TASKS
 from rlvla3.checkpoint.storage import check_writable
 from rlvla3.cli_options import add_image_size, add_output_dir, require_output_dir
+
+ISAACLAB_SUITES = {"isaaclab_reach": len(REACH_COLOURS)}
+"""Isaac Lab tasks with a scripted expert: suite -> its task ids (the reach's colours)."""
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -99,6 +104,12 @@ def check_record_args(args: argparse.Namespace, inits: list[int]) -> None:
 
         n = len(BENCHMARK_TASKS[args.suite])
         limit = NUM_TEST_STATES if args.placements == "bundled" else MetaWorldConfig().train_states
+    elif args.suite in ISAACLAB_SUITES:
+        from envs.isaaclab.env import IsaacLabConfig
+
+        n = ISAACLAB_SUITES[args.suite]
+        cfg = IsaacLabConfig()
+        limit = cfg.test_states if args.placements == "bundled" else cfg.train_states
     else:
         n = SUITE_NUM_TASKS[args.suite]
         limit = NUM_INIT_STATES if args.placements == "bundled" else LiberoConfig().fresh_states
@@ -123,6 +134,11 @@ def _record_target(args: argparse.Namespace, inits: list[int]) -> tuple[Any, dic
                   "allow_eval_overlap": args.allow_eval_overlap}
         env = Named("metaworld", {"benchmark": args.suite, **scenes})
         return env, scenes, split_note(env)
+    if args.suite in ISAACLAB_SUITES:
+        split = "test" if args.placements == "bundled" else "train"
+        scenes = {"split": split, "allow_eval_overlap": args.allow_eval_overlap}
+        env = Named("isaaclab", {"task": args.suite.removeprefix("isaaclab_"), **scenes})
+        return env, scenes, {"split": split, "eval_overlap": split == "test"}
     from envs.libero.split import split_note
 
     scenes = {"placements": args.placements, "placement_seed": args.placement_seed,
@@ -132,7 +148,12 @@ def _record_target(args: argparse.Namespace, inits: list[int]) -> tuple[Any, dic
 
 
 def _record(args: argparse.Namespace) -> int:
-    from datalake.record import libero_recorder, metaworld_recorder, record_dataset
+    from datalake.record import (
+        isaaclab_recorder,
+        libero_recorder,
+        metaworld_recorder,
+        record_dataset,
+    )
     from datalake.writer import WriterConfig
     from envs import check_training_split
     from rlvla3.config import ConfigError, Named
@@ -171,6 +192,8 @@ def _record(args: argparse.Namespace) -> int:
     if env.name == "metaworld":
         make_env, expert = metaworld_recorder(args.suite, tuple(args.image_size),
                                               args.action_noise, scenes)
+    elif env.name == "isaaclab":
+        make_env, expert = isaaclab_recorder(tuple(args.image_size), args.action_noise, scenes)
     else:
         make_env, expert = libero_recorder(
             args.suite, tuple(args.image_size), args.action_noise, args.policy,
@@ -222,8 +245,10 @@ def parser() -> argparse.ArgumentParser:
         "dataset"
     )
     r.add_argument("--suite", default="libero_spatial",
-                   choices=sorted(SUITE_NUM_TASKS) + sorted(BENCHMARK_TASKS),
-                   help="a LIBERO suite, or a MetaWorld benchmark (mt10, ml10, mt50)")
+                   choices=sorted(SUITE_NUM_TASKS) + sorted(BENCHMARK_TASKS)
+                   + sorted(ISAACLAB_SUITES),
+                   help="a LIBERO suite, a MetaWorld benchmark (mt10, ml10, mt50), or "
+                   "isaaclab_reach (task ids: red, green, blue)")
     r.add_argument("--task-ids", type=int, nargs="+", default=[0])
     r.add_argument("--episodes", type=int, default=10, help="initial scenes per task (0..N-1)")
     r.add_argument(
@@ -252,7 +277,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--placements", choices=["fresh", "bundled"], default="fresh",
         help="fresh object placements (default) or the bundled evaluation states (MetaWorld: "
-        "fresh states of the training split, or the benchmark's own test states)",
+        "fresh states of the training split, or the benchmark's own test states; Isaac Lab: "
+        "the training layouts, or the test layouts)",
     )
     r.add_argument("--placement-seed", type=int, default=0,
                    help="seed of fresh placements (MetaWorld: of the training states)")

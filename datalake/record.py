@@ -13,7 +13,9 @@ nor on interruptions), adds ``meta/record.json`` (the recording's provenance, in
 train/test split it used) and removes the staging directory. ``libero_recorder`` wires the
 scripted LIBERO pick-and-place expert (``envs.libero.expert``); its episodes start from fresh
 placements unless told otherwise (``envs.libero.scenes``). ``metaworld_recorder`` wires
-MetaWorld's scripted policies (``envs.metaworld.expert``) on the training split.
+MetaWorld's scripted policies (``envs.metaworld.expert``) on the training split;
+``isaaclab_recorder`` the Isaac Lab reach's scripted expert (``envs.isaaclab.expert``) on the
+training layouts.
 """
 
 from __future__ import annotations
@@ -326,6 +328,37 @@ def metaworld_recorder(
     def run_expert(env: Env, task_id: int, init_id: int, take: int) -> Demonstration | None:
         noise = action_noise if take > 0 else 0.0
         episode = run_expert_episode(env, task_id, init_id, True, noise, seed=take)
+        return Demonstration(episode.success, episode.observations, episode.actions)
+
+    return make_env, run_expert
+
+
+def isaaclab_recorder(
+    image_size: tuple[int, int],
+    action_noise: float = 0.0,
+    options: Mapping[str, Any] | None = None,
+) -> tuple[EnvFactory, Expert]:
+    """``make_env`` / ``run_expert`` for the Isaac Lab reach's scripted expert
+    (``envs.isaaclab.expert``): one server of one sub-env per worker, stepped one action at a
+    time, with the target's position in its state for the expert (never recorded).
+
+    Take 0 of a layout is the clean expert; take k > 0 executes its actions with
+    ``action_noise`` (seeded by k) while recording the expert's. ``options``:
+    ``IsaacLabConfig`` fields (``split``, ``train_states``, ``allow_eval_overlap``,
+    ``cameras``); default: the training layouts."""
+    from envs.isaaclab.env import make_isaaclab_env
+    from envs.isaaclab.expert import run_expert_episode
+
+    env_options = {"task": "reach", "num_envs": 1, "chunk_len": 1,
+                   "image_size": list(image_size), **dict(options or {}),
+                   "task_options": {"state": "target"}}
+
+    def make_env() -> Env:
+        return make_isaaclab_env(env_options, "--suite isaaclab_reach")
+
+    def run_expert(env: Env, task_id: int, init_id: int, take: int) -> Demonstration | None:
+        noise = action_noise if take > 0 else 0.0
+        episode = run_expert_episode(env, task_id, init_id, noise, seed=take)
         return Demonstration(episode.success, episode.observations, episode.actions)
 
     return make_env, run_expert

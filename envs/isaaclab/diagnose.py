@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from envs.isaaclab.catalog import REACH_COLOURS
+from envs.isaaclab.expert import STEP_M, TCP, reach_action
 
 COLOURS = [name for name, _ in REACH_COLOURS]
-TCP, CUBES = slice(0, 3), slice(10, 19)
+CUBES = slice(10, 19)
 """The reach state's layout: TCP position, 7 joints, then (``cubes``) three cube centres or
 (``target``) the target's centre at 10..13."""
 
@@ -75,9 +76,8 @@ def oracle(args: argparse.Namespace) -> dict:
     slots = _slots(args.state, args.split, args.envs)
     try:
         def act(observations):
-            return [np.repeat(np.clip((named_target(o.instruction, o.state, args.state)
-                                       - o.state[TCP]) / 0.03, -1, 1)[None], 4, 0)
-                    .astype(np.float32) for o in observations]
+            return [np.repeat(reach_action(named_target(o.instruction, o.state, args.state),
+                                           o.state[TCP])[None], 4, 0) for o in observations]
         rows = _episodes(slots, args.envs, args.rounds, act)
     finally:
         slots.close()
@@ -138,7 +138,7 @@ def fit(args: argparse.Namespace) -> dict:
                                         np.full(n, 0.03)], 1) for _ in range(3)], 1)
             k = rng.integers(0, 3, n)
             state = np.concatenate([tcp, rng.normal(0, 0.5, (n, 7)), cubes.reshape(n, 9)], 1)
-            target = np.clip((cubes[np.arange(n), k] - tcp) / 0.03, -1, 1)
+            target = np.clip((cubes[np.arange(n), k] - tcp) / STEP_M, -1, 1)
             obs = ObsBatch(images={}, image_mask={}, state=state.astype(np.float32),
                            instruction=tuple(f"reach the {COLOURS[i]} cube" for i in k))
             mean, _ = policy._dist(policy._features(obs))

@@ -189,7 +189,7 @@ def check_split(env: Any, train_init_ids: Any = (), field: str = "env.options.sp
 
 def training_overlap(checkpoint: str, _seen: set[str] | None = None) -> list[str]:
     """Why a checkpoint's training touched the test layouts (empty: it did not, as far as its
-    run directory and its ``init_from`` chain record)."""
+    run directory, its datasets' ``meta/record.json`` and its ``init_from`` chain record)."""
     from rlvla3.checkpoint.files import saved_run
 
     seen = _seen if _seen is not None else set()
@@ -201,6 +201,10 @@ def training_overlap(checkpoint: str, _seen: set[str] | None = None) -> list[str
     env = config.get("env") or {}
     if env.get("name") == "isaaclab" and (env.get("options") or {}).get("split") == "test":
         reasons.append(f"RL run {run} trained on the test layouts")
+    if "lake" in config:  # an SFT run: its datasets
+        from envs.libero.scenes import recorded_on_test
+
+        reasons += recorded_on_test((config.get("lake") or {}).get("datasets"))
     if config.get("init_from"):
         reasons += training_overlap(config["init_from"], seen)
     return reasons

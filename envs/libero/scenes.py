@@ -39,6 +39,23 @@ NUM_BUNDLED_STATES = 50
 RECORD_SIDECAR = "meta/record.json"
 """Provenance a recorded dataset carries (written by ``datalake record``)."""
 
+
+def recorded_on_test(datasets: Any) -> list[str]:
+    """Which of an SFT run's ``datasets`` were recorded on the test split (their
+    ``meta/record.json`` says ``eval_overlap``)."""
+    import json
+
+    from rlvla3.checkpoint.storage import Storage
+
+    reasons = []
+    for root in datasets or []:
+        dataset = Storage(str(root))
+        if dataset.is_file(RECORD_SIDECAR):
+            note = json.loads(dataset.read_text(RECORD_SIDECAR)).get("split") or {}
+            if note.get("eval_overlap"):
+                reasons.append(f"dataset {root} was recorded on the test split")
+    return reasons
+
 SETTLED_SPEED = 0.02
 """m/s: an object moving faster than this has not come to rest."""
 EXTRA_SETTLE_STEPS = 50

@@ -11,14 +11,12 @@ provenance (RL and SFT ``config.yaml``, an older SFT run's ``config.json``, the 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from envs.libero.scenes import RECORD_SIDECAR
+from envs.libero.scenes import recorded_on_test
 from envs.metaworld.env import MetaWorldConfig
 from rlvla3.checkpoint.files import saved_run
-from rlvla3.checkpoint.storage import Storage
 from rlvla3.config import ConfigError, Named, build
 
 
@@ -60,12 +58,7 @@ def training_overlap(checkpoint: str, _seen: set[str] | None = None) -> list[str
         if env.get("name") == "metaworld" and (env.get("options") or {}).get("split") == "test":
             reasons.append(f"RL run {run} trained on the test split")
     else:  # an SFT run: its datasets
-        for root in (config.get("lake") or {}).get("datasets") or []:
-            dataset = Storage(str(root))
-            if dataset.is_file(RECORD_SIDECAR):
-                note = json.loads(dataset.read_text(RECORD_SIDECAR)).get("split") or {}
-                if note.get("eval_overlap"):
-                    reasons.append(f"dataset {root} was recorded on the test split")
+        reasons += recorded_on_test((config.get("lake") or {}).get("datasets"))
     if config.get("init_from"):
         reasons += training_overlap(config["init_from"], seen)
     return reasons
