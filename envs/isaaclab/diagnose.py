@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from envs.isaaclab.catalog import REACH_COLOURS
-from envs.isaaclab.expert import STEP_M, TCP, reach_action
+from envs.isaaclab.expert import TARGET, TCP, reach_action
 
 COLOURS = [name for name, _ in REACH_COLOURS]
 CUBES = slice(10, 19)
@@ -35,7 +35,7 @@ CUBES = slice(10, 19)
 
 def named_target(instruction: str, state: np.ndarray, mode: str) -> np.ndarray:
     if mode == "target":
-        return state[10:13]
+        return state[TARGET]
     k = next(i for i, c in enumerate(COLOURS) if c in instruction)
     return state[CUBES].reshape(3, 3)[k]
 
@@ -138,7 +138,7 @@ def fit(args: argparse.Namespace) -> dict:
                                         np.full(n, 0.03)], 1) for _ in range(3)], 1)
             k = rng.integers(0, 3, n)
             state = np.concatenate([tcp, rng.normal(0, 0.5, (n, 7)), cubes.reshape(n, 9)], 1)
-            target = np.clip((cubes[np.arange(n), k] - tcp) / STEP_M, -1, 1)
+            target = reach_action(cubes[np.arange(n), k], tcp)
             obs = ObsBatch(images={}, image_mask={}, state=state.astype(np.float32),
                            instruction=tuple(f"reach the {COLOURS[i]} cube" for i in k))
             mean, _ = policy._dist(policy._features(obs))
