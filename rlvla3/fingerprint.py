@@ -74,12 +74,8 @@ def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
 def checkpoint_identity(path: str | Path) -> dict[str, Any]:
     """Which weights a checkpoint or run directory holds: its location, version, sha256 (as
     ``meta.json`` lists it; hashed from the file for a checkpoint that lists no files)."""
-    from rlvla3.checkpoint.files import (
-        listed_files,
-        locate_checkpoint,
-        read_meta,
-        resolve_checkpoint,
-    )
+    from rlvla3.checkpoint.files import read_meta
+    from rlvla3.checkpoint.trust import listed_files, locate_checkpoint, resolve_checkpoint
 
     ckpt = locate_checkpoint(path)
     files = listed_files(ckpt)

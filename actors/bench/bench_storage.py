@@ -91,14 +91,9 @@ def _scratch(path: str):
 
 def measure(where: str, name: str, repeats: int, adam: bool) -> dict[str, Any]:
     """Save and restore ``name``'s checkpoint ``repeats`` times under ``where``."""
-    from rlvla3.checkpoint.files import (
-        CheckpointMeta,
-        listed_files,
-        resolve_checkpoint,
-        save_run_checkpoint,
-        snapshot,
-    )
+    from rlvla3.checkpoint.files import CheckpointMeta, save_run_checkpoint, snapshot
     from rlvla3.checkpoint.storage import Storage, join
+    from rlvla3.checkpoint.trust import listed_files, resolve_checkpoint
 
     (choice, spec), policy, optimizer = _policy(name, adam)
     run = join(where, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")

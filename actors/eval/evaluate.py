@@ -191,7 +191,7 @@ def pin_checkpoint(args: argparse.Namespace) -> argparse.Namespace:
     worker included, loads exactly it, even while the run goes on saving newer ones."""
     if not args.checkpoint:
         return args
-    from rlvla3.checkpoint.files import locate_checkpoint
+    from rlvla3.checkpoint.trust import locate_checkpoint
 
     return argparse.Namespace(**{**vars(args), "checkpoint": locate_checkpoint(args.checkpoint)})
 
@@ -204,7 +204,7 @@ def check_checkpoint(path: str) -> None:
     sha256 ``meta.json`` lists, so the fingerprint names the bytes that are evaluated."""
     from safetensors import SafetensorError, safe_open
 
-    from rlvla3.checkpoint.files import CheckpointError, listed_files, resolve_checkpoint
+    from rlvla3.checkpoint.trust import CheckpointError, listed_files, resolve_checkpoint
     from rlvla3.fingerprint import sha256_file
 
     weights = resolve_checkpoint(path) / "policy.safetensors"

@@ -62,8 +62,9 @@ from actors.rl.summary import (
 from actors.rl.topology import Topology, build_topology
 from actors.runtime.bootstrap import NAMESPACE, init_ray
 from envs import check_training_split, dilate_env, env_spec
-from rlvla3.checkpoint.files import check_init_from, locate_checkpoint, read_meta
+from rlvla3.checkpoint.files import check_init_from, read_meta
 from rlvla3.checkpoint.storage import Mirror, basename, check_reach, join
+from rlvla3.checkpoint.trust import locate_checkpoint
 from rlvla3.config import require, to_dict
 from rlvla3.machine import local_ray_cpus, usable_cpus
 from rlvla3.plan.cluster import actor_specs, check_placement, place

@@ -56,13 +56,12 @@ from rlvla3.algos import AlgoConfig
 from rlvla3.checkpoint.files import (
     CheckpointMeta,
     SavedCheckpoint,
-    listed_files,
-    locate_checkpoint,
     row_source,
     save_run_checkpoint,
     save_sharded_run_checkpoint,
 )
 from rlvla3.checkpoint.storage import basename
+from rlvla3.checkpoint.trust import listed_files, locate_checkpoint
 from rlvla3.config import Named
 from rlvla3.engine import group
 from rlvla3.engine.group import Ranks, free_port

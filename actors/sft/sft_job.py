@@ -40,8 +40,9 @@ from actors.sft.sft_config import SFTConfig
 from actors.sft.sft_worker import train_loop
 from datalake.format import DatasetError, camera_name, open_dataset, resolve_filesystem
 from datalake.pipeline import ACTION_KEY, STATE_KEY, Lake
-from rlvla3.checkpoint.files import check_init_from, check_resume, locate_checkpoint, read_meta
+from rlvla3.checkpoint.files import check_init_from, check_resume, read_meta
 from rlvla3.checkpoint.storage import Mirror, Storage, check_writable, join
+from rlvla3.checkpoint.trust import locate_checkpoint
 from rlvla3.config import ConfigError, Named, build, to_dict
 from rlvla3.machine import local_ray_cpus, usable_cpus
 from rlvla3.run_config import adopt_init_policy

@@ -50,12 +50,12 @@ from datalake.pipeline import PackedLoader, SkipLedger, estimate_tokens
 from rlvla3.checkpoint.files import (
     CheckpointMeta,
     StateSnapshot,
-    resolve_checkpoint,
     row_source,
     save_run_checkpoint,
     save_sharded_run_checkpoint,
 )
 from rlvla3.checkpoint.storage import Mirror, Storage
+from rlvla3.checkpoint.trust import resolve_checkpoint
 from rlvla3.config import build
 from rlvla3.engine import group
 from rlvla3.engine.engine import TrainingEngine

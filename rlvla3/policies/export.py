@@ -212,7 +212,8 @@ def export_checkpoint(checkpoint: str, out: Path) -> dict[str, Any]:
     LeRobot policy directory at ``out``, replacing what is there; returns what
     ``rlvla3 export`` prints. A checkpoint that cannot be read raises ``OSError`` or
     ``ValueError``, one that does not export ``ExportError``, each with a one-line reason."""
-    from rlvla3.checkpoint.files import load_policy, resolve_checkpoint
+    from rlvla3.checkpoint.files import load_policy
+    from rlvla3.checkpoint.trust import resolve_checkpoint
     from rlvla3.registry import resolve
 
     ckpt = resolve_checkpoint(checkpoint)

@@ -23,19 +23,18 @@ import torch
 from safetensors.torch import save_file
 
 from rlvla3.algos import AlgoConfig
-from rlvla3.checkpoint import files
+from rlvla3.checkpoint import trust
 from rlvla3.checkpoint.files import (
-    CheckpointError,
     CheckpointMeta,
     StateSnapshot,
     load_optimizer_state,
     load_policy,
     load_rng_state,
-    resolve_checkpoint,
     row_source,
     save_checkpoint,
 )
 from rlvla3.checkpoint.storage import SCRATCH_ENV, Storage, check_no_secret, scratch_dir
+from rlvla3.checkpoint.trust import CheckpointError, resolve_checkpoint
 from rlvla3.config import ConfigError, Named
 from rlvla3.learner.core import rl_engine
 from rlvla3.policies import build_policy
@@ -120,7 +119,7 @@ def test_a_cached_copy_is_checked_again_before_it_is_trusted(tmp_path, monkeypat
     bad = (stranger / "policy.safetensors").read_bytes()
     assert len(bad) == len(good) and bad != good
     (local / "policy.safetensors").write_bytes(bad)  # same size, other weights
-    files._FETCHED.clear()  # a new process on the node
+    trust._FETCHED.clear()  # a new process on the node
     policy, _ = load_policy(uri)
     assert (local / "policy.safetensors").read_bytes() == good
     assert not any(torch.equal(v, torch.full_like(v, 7.0))
@@ -177,7 +176,7 @@ def test_a_file_the_checkpoint_does_not_list_is_never_read(remote, tmp_path, mon
         save_checkpoint(where, build_policy(SMALL, SPEC), CheckpointMeta(SMALL, SPEC, 1))
     (local / "optimizer.pt").write_bytes(_planted_optimizer(123.0, tmp_path))
     save_file({"torch": torch.zeros(5056, dtype=torch.uint8)}, str(local / "rng.safetensors"))
-    files._FETCHED.clear()  # a new process on the node
+    trust._FETCHED.clear()  # a new process on the node
     assert _restored_lr(where) == LR
     assert load_optimizer_state(where) is None and load_rng_state(where) is None
 
@@ -218,7 +217,7 @@ def test_the_scratch_directory_must_be_this_users_own(tmp_path, monkeypatch):
         scratch = tmp_path / f"scratch-{len(why)}"
         make(scratch)
         monkeypatch.setenv(SCRATCH_ENV, str(scratch))
-        files._FETCHED.clear()
+        trust._FETCHED.clear()
         with pytest.raises(PermissionError) as err:
             resolve_checkpoint(uri)
         line = str(err.value)
@@ -232,14 +231,14 @@ def test_the_scratch_directory_must_be_this_users_own(tmp_path, monkeypatch):
     with pytest.raises(PermissionError, match="where another user can rename it"):
         resolve_checkpoint(uri)
     shared.chmod(0o1777)  # sticky, as /tmp is: only the owner renames what is in it
-    files._FETCHED.clear()
+    trust._FETCHED.clear()
     assert resolve_checkpoint(uri).is_relative_to(shared / "mine")
 
 
 def _cached(uri: str) -> Path:
     """The cached copy of ``uri``, made by a first process; the next call is a new one."""
     local = resolve_checkpoint(uri)
-    files._FETCHED.clear()
+    trust._FETCHED.clear()
     return local
 
 

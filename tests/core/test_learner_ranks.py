@@ -95,7 +95,8 @@ def test_a_sharded_checkpoint_in_a_bucket_written_by_two_ranks_restores_onto_thr
 
     from s3_server import S3Server
 
-    from rlvla3.checkpoint.files import listed_files, read_meta
+    from rlvla3.checkpoint.files import read_meta
+    from rlvla3.checkpoint.trust import listed_files
 
     server = S3Server(tmp_path)
     try:

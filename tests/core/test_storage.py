@@ -16,21 +16,23 @@ from s3_server import CREDENTIALS, Relay, S3Server
 from safetensors.torch import load_file
 
 from rlvla3.checkpoint.files import (
-    CheckpointError,
     CheckpointMeta,
     StateSnapshot,
     check_init_from,
     check_resume,
-    listed_files,
     load_optimizer_state,
     load_policy,
     load_rng_state,
-    locate_checkpoint,
     read_meta,
-    resolve_checkpoint,
     save_run_checkpoint,
 )
 from rlvla3.checkpoint.storage import SCRATCH_ENV, Mirror, Storage, check_reach, join
+from rlvla3.checkpoint.trust import (
+    CheckpointError,
+    listed_files,
+    locate_checkpoint,
+    resolve_checkpoint,
+)
 from rlvla3.config import ConfigError, Named
 from rlvla3.policies import build_policy
 from rlvla3.run_config import load_run_config

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from s3_server import CREDENTIALS, S3Server
 
-from rlvla3.checkpoint.files import CheckpointMeta, listed_files, save_run_checkpoint
+from rlvla3.checkpoint.files import CheckpointMeta, save_run_checkpoint
 from rlvla3.checkpoint.storage import Storage
+from rlvla3.checkpoint.trust import listed_files
 from rlvla3.config import Named
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,12 +19,12 @@ from datalake.format import DatasetError
 from datalake.writer import WriterConfig, write_dataset
 from rlvla3.checkpoint.files import (
     CheckpointMeta,
-    listed_files,
     load_optimizer_state,
     load_policy,
     read_meta,
     save_run_checkpoint,
 )
+from rlvla3.checkpoint.trust import listed_files
 from rlvla3.config import ConfigError, Named, build
 from rlvla3.policies import build_policy
 

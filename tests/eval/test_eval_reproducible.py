@@ -429,7 +429,8 @@ def test_a_worker_that_cannot_load_its_checkpoint_stops_the_round_before_any_epi
     and no replacement is spawned to fail again."""
     from actors.eval.rounds import EvalRound, make_eval_workers
     from envs import env_spec
-    from rlvla3.checkpoint.files import CheckpointMeta, locate_checkpoint, save_run_checkpoint
+    from rlvla3.checkpoint.files import CheckpointMeta, save_run_checkpoint
+    from rlvla3.checkpoint.trust import locate_checkpoint
     from rlvla3.policies import build_policy
 
     small = Named("small", {"channels": 4, "hidden": 16})
@@ -509,7 +510,7 @@ def test_an_evaluation_of_a_run_that_goes_on_saving_loads_the_checkpoint_it_hash
         pytest.skip(why)
     from actors.eval import evaluate
     from commands.eval import main as eval_main
-    from rlvla3.checkpoint.files import locate_checkpoint
+    from rlvla3.checkpoint.trust import locate_checkpoint
 
     run = tmp_path / "run"
     shutil.copytree(SFT, run)

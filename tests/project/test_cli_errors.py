@@ -87,7 +87,8 @@ def _copy_without_optimizer(run: Path) -> None:
     import torch
     import yaml
 
-    from rlvla3.checkpoint.files import CheckpointMeta, locate_checkpoint, save_run_checkpoint
+    from rlvla3.checkpoint.files import CheckpointMeta, save_run_checkpoint
+    from rlvla3.checkpoint.trust import locate_checkpoint
     from rlvla3.config import to_dict
     from rlvla3.policies import build_policy
     from rlvla3.run_config import load_run_config
@@ -183,7 +184,8 @@ def test_an_evaluation_of_a_corrupt_checkpoint_stops_before_ray_with_one_line(tm
     size): refused before Ray starts (this test process refuses ``ray.init``), not counted
     as failed episodes."""
     from commands.eval import main as eval_main
-    from rlvla3.checkpoint.files import CheckpointMeta, locate_checkpoint, save_run_checkpoint
+    from rlvla3.checkpoint.files import CheckpointMeta, save_run_checkpoint
+    from rlvla3.checkpoint.trust import locate_checkpoint
     from rlvla3.policies import build_policy
     from rlvla3.types import EnvSpec
 

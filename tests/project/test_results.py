@@ -14,13 +14,8 @@ import torch
 
 from actors.eval.evaluate import check_checkpoint
 from rlvla3.algos import AlgoConfig
-from rlvla3.checkpoint.files import (
-    check_init_from,
-    check_resume,
-    load_policy,
-    locate_checkpoint,
-    row_source,
-)
+from rlvla3.checkpoint.files import check_init_from, check_resume, load_policy, row_source
+from rlvla3.checkpoint.trust import locate_checkpoint
 from rlvla3.learner.core import rl_engine
 from rlvla3.policies import build_policy
 

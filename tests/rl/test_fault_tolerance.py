@@ -13,7 +13,8 @@ import ray
 from tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
-from rlvla3.checkpoint.files import listed_files, read_meta
+from rlvla3.checkpoint.files import read_meta
+from rlvla3.checkpoint.trust import listed_files
 from rlvla3.run_config import load_run_config
 
 FAST = [*TINY_RUN, "log_every_s=0.5", "checkpoint_every=2"]

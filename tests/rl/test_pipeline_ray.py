@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
-from rlvla3.checkpoint.files import load_policy, read_meta, resolve_checkpoint
+from rlvla3.checkpoint.files import load_policy, read_meta
+from rlvla3.checkpoint.trust import resolve_checkpoint
 from rlvla3.run_config import load_run_config
 from rlvla3.weight_sync import parameter_sum
 

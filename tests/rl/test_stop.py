@@ -19,7 +19,8 @@ from tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
 from envs import env_spec, make_env
-from rlvla3.checkpoint.files import locate_checkpoint, read_meta
+from rlvla3.checkpoint.files import read_meta
+from rlvla3.checkpoint.trust import locate_checkpoint
 from rlvla3.config import Named
 from rlvla3.episode.tasks import TaskSampler
 from rlvla3.policies import build_policy
