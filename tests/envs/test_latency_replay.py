@@ -147,7 +147,7 @@ def test_sleeps_for_the_scaled_latency():
     start = time.perf_counter()
     env.reset(0, 0)
     elapsed = time.perf_counter() - start
-    assert env.last_latency_s <= elapsed < env.last_latency_s + 0.2
+    assert env.last_latency_s <= elapsed < env.last_latency_s + 1.0  # a loaded machine oversleeps
     assert 0.015 <= env.last_latency_s <= 0.06
     start = time.perf_counter()
     env.step(np.zeros((5, 7), dtype=np.float32))
