@@ -19,6 +19,11 @@ which logs the choice; every backend reports what runs in ``detail``):
   so the real elements quantise as in an unpadded layer.
 
 Asking for a kernel backend whose package is missing raises an error that names the package.
+
+The operand formats (``QTensor`` and its scale layouts ``TILE``, ``BLOCKS``, ``ROW``;
+``QWeight``) live here beside the backend interface, so that the kernels
+(``rlvla3.model.fp8_kernels``, ``rlvla3.model.fp8_triton``) import this module and it imports
+none of them.
 """
 
 from __future__ import annotations
@@ -27,20 +32,61 @@ import abc
 import importlib.util
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-if TYPE_CHECKING:
-    from rlvla3.model.fp8_kernels import QWeight
 
 log = logging.getLogger(__name__)
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 BLOCK = 128
+
+TILE = "1x128"
+"""Scales per row and per 128 columns: ``scale [R, C / 128]``."""
+BLOCKS = "128x128"
+"""Scales per 128 x 128 block: ``scale [ceil(R / 128), C / 128]``."""
+ROW = "row"
+"""One scale per row: ``scale [R]``."""
+
+
+@dataclass(frozen=True)
+class QTensor:
+    """An FP8 GEMM operand: e4m3 data and float32 scales, quantised along its columns (the
+    contraction dimension)."""
+
+    data: torch.Tensor
+    """e4m3 ``[R, C]``; C is a multiple of 128 (zero-padded)."""
+    scale: torch.Tensor
+    """float32; shape by ``layout``."""
+    layout: str
+    """``TILE``, ``BLOCKS`` or ``ROW``."""
+    cols: int
+    """Real (unpadded) columns."""
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``[R, C]`` (padded columns included): data times its scales."""
+        x = self.data.float()
+        r, c = x.shape
+        if self.layout == ROW:
+            return x * self.scale[:, None]
+        if self.layout == TILE:
+            return (x.view(r, c // BLOCK, BLOCK) * self.scale[:, :, None]).view(r, c)
+        s = self.scale.repeat_interleave(BLOCK, 0)[:r]
+        return (x.view(r, c // BLOCK, BLOCK) * s[:, :, None]).view(r, c)
+
+
+@dataclass(frozen=True)
+class QWeight:
+    """A weight ``[N, K]`` as the two B operands its GEMMs need."""
+
+    forward: QTensor
+    """``W`` ``[N, K']`` for ``y = x W^T``."""
+    backward: QTensor
+    """``W^T`` ``[K, N']`` for ``dx = dy W``."""
+
 
 BlockGemm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``(x [M, K], w [N, K]) -> x @ w.T [M, N]`` with M, N, K multiples of ``BLOCK``."""

@@ -51,53 +51,20 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlvla3.model.fp8 import BLOCK, E4M3, E4M3_MAX, BlockLinear, Fp8Backend
+from rlvla3.model.fp8 import (
+    BLOCK,
+    BLOCKS,
+    E4M3,
+    E4M3_MAX,
+    ROW,
+    TILE,
+    BlockLinear,
+    Fp8Backend,
+    QTensor,
+    QWeight,
+)
 
 log = logging.getLogger(__name__)
-
-TILE = "1x128"
-"""Scales per row and per 128 columns: ``scale [R, C / 128]``."""
-BLOCKS = "128x128"
-"""Scales per 128 x 128 block: ``scale [ceil(R / 128), C / 128]``."""
-ROW = "row"
-"""One scale per row: ``scale [R]``."""
-
-
-@dataclass(frozen=True)
-class QTensor:
-    """An FP8 GEMM operand: e4m3 data and float32 scales, quantised along its columns (the
-    contraction dimension)."""
-
-    data: torch.Tensor
-    """e4m3 ``[R, C]``; C is a multiple of 128 (zero-padded)."""
-    scale: torch.Tensor
-    """float32; shape by ``layout``."""
-    layout: str
-    """``TILE``, ``BLOCKS`` or ``ROW``."""
-    cols: int
-    """Real (unpadded) columns."""
-
-    def dequantize(self) -> torch.Tensor:
-        """float32 ``[R, C]`` (padded columns included): data times its scales."""
-        x = self.data.float()
-        r, c = x.shape
-        if self.layout == ROW:
-            return x * self.scale[:, None]
-        if self.layout == TILE:
-            return (x.view(r, c // BLOCK, BLOCK) * self.scale[:, :, None]).view(r, c)
-        s = self.scale.repeat_interleave(BLOCK, 0)[:r]
-        return (x.view(r, c // BLOCK, BLOCK) * s[:, :, None]).view(r, c)
-
-
-@dataclass(frozen=True)
-class QWeight:
-    """A weight ``[N, K]`` as the two B operands its GEMMs need."""
-
-    forward: QTensor
-    """``W`` ``[N, K']`` for ``y = x W^T``."""
-    backward: QTensor
-    """``W^T`` ``[K, N']`` for ``dx = dy W``."""
-
 
 def pad_cols(t: torch.Tensor, multiple: int = BLOCK) -> torch.Tensor:
     extra = (-t.shape[-1]) % multiple

@@ -30,10 +30,8 @@ from typing import Any
 import torch
 
 from rlvla3.compute.check_timing import round_sig, timed
-from rlvla3.model.fp8 import BlockLinear, Fp8Backend, hopper
+from rlvla3.model.fp8 import ROW, TILE, BlockLinear, Fp8Backend, hopper
 from rlvla3.model.fp8_kernels import (
-    ROW,
-    TILE,
     EmulatedFp8,
     Fp8Linear,
     KernelSet,

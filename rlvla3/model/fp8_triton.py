@@ -36,13 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rlvla3.model.fp8 import BLOCK, E4M3, E4M3_MAX
+from rlvla3.model.fp8 import BLOCK, BLOCKS, E4M3, E4M3_MAX, ROW, TILE, QTensor
 from rlvla3.model.fp8_kernels import (
-    BLOCKS,
-    ROW,
-    TILE,
     KernelSet,
-    QTensor,
     scaled_mm_block,
     scaled_mm_rowwise,
 )

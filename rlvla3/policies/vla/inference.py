@@ -40,17 +40,20 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
-from rlvla3.policies.vla.network import DenseSuffix, PrefixCache
+from rlvla3.model import flow
+from rlvla3.policies.vla.config import ModelShapes, VLAConfig
+from rlvla3.policies.vla.network import DenseSuffix, PrefixCache, SuffixLayout, VLANetwork
+from rlvla3.policies.vla.processor import Processor
+from rlvla3.types import EnvSpec
 
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
-    from rlvla3.policies.vla.policy import VLAPolicy
     from rlvla3.types import ObsBatch
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,29 @@ ActResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(chain [n, K + 1, H, W], log_prob [n], value [n])``."""
 
 
+class ActingPolicy(Protocol):
+    """What acting reads of the policy (``VLAPolicy``): its parts and the chain it draws and
+    runs. The policy owns the strategy; the strategy sees the policy through this alone."""
+
+    spec: EnvSpec
+    cfg: VLAConfig
+    shapes: ModelShapes
+    net: VLANetwork
+    processor: Processor
+    chain_width: int
+    fp8_backend: Any
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def draw_noise(self, n: int, deterministic: bool) -> ChainNoise: ...
+
+    def step_fn(self, cache: PrefixCache, layout: SuffixLayout | DenseSuffix) -> flow.StepFn: ...
+
+    def run_chain(self, step: flow.StepFn, noise: ChainNoise,
+                  deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 def bucket(n: int, buckets: tuple[int, ...] = BUCKETS) -> int:
     """The smallest bucket holding ``n`` samples."""
     for b in buckets:
@@ -89,7 +115,7 @@ class Acting(abc.ABC):
     name = "abstract"
 
     @abc.abstractmethod
-    def act(self, policy: VLAPolicy, obs: ObsBatch, deterministic: bool) -> ActResult:
+    def act(self, policy: ActingPolicy, obs: ObsBatch, deterministic: bool) -> ActResult:
         """The denoising chain, its log-probability and the value, for ``obs``."""
 
 
@@ -134,7 +160,7 @@ class StaticActing(Acting):
         self.buckets = buckets
         self._buffers: dict[int, StaticBuffers] = {}
 
-    def buffers(self, policy: VLAPolicy, b: int) -> StaticBuffers:
+    def buffers(self, policy: ActingPolicy, b: int) -> StaticBuffers:
         buf = self._buffers.get(b)
         if buf is None:
             s, dev = policy.shapes, policy.device
@@ -191,7 +217,7 @@ class StaticActing(Acting):
         chain, logp = self.loop(policy, buf, noise, deterministic)
         return chain[:n], logp[:n], value
 
-    def loop(self, policy: VLAPolicy, buf: StaticBuffers, noise: ChainNoise,
+    def loop(self, policy: ActingPolicy, buf: StaticBuffers, noise: ChainNoise,
              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """The denoising loop on ``buf`` (nothing in it reads the host or draws noise)."""
         cache = PrefixCache(buf.keys, buf.values, None)
