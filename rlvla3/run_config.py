@@ -168,9 +168,10 @@ class RolloutConfig:
 
     num_servers: int = 1
     b_max: int = 64
-    """Fire a batch when this many requests are pending."""
+    """Fixed batching: fire a batch when this many requests are pending (adaptive batching
+    chooses its own, up to its ``b_limit``)."""
     t_max_ms: float = 5.0
-    """... or when this long has passed since the first pending request."""
+    """Fixed batching: ... or when this long has passed since the first pending request."""
     num_cpus: float = 0.5
     num_gpus: float = 0.0
     gpu_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -196,6 +197,13 @@ class RolloutConfig:
     """Apply new weights once the newest offered version is this many versions ahead of the
     one held (1: every version). Each application costs a GPU the weight transfer; a larger
     value trades that for up to ``weights_every - 1`` more versions of policy lag."""
+
+    @property
+    def largest_batch(self) -> int:
+        """The most requests one policy call can hold: ``b_max`` under fixed batching, the
+        adaptive policy's ``b_limit`` (the memory preflight sizes a server by it)."""
+        adaptive = batch_policy_config(self.batching, "batching")
+        return self.b_max if adaptive is None else adaptive.b_limit
 
     def validate(self) -> None:
         check_custom_resources(self.resources)

@@ -455,8 +455,9 @@ def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFa
 
     def server() -> Component:
         per_sample = (model.inference_bytes_per_sample or model.activation_bytes_per_sample) / MB
-        infer = per_sample * rc.b_max
-        detail = f"parameters {model.param_mb:,.1f} MB, batch {rc.b_max} x {per_sample:,.2f} MB"
+        infer = per_sample * rc.largest_batch
+        detail = (f"parameters {model.param_mb:,.1f} MB, batch {rc.largest_batch} x "
+                  f"{per_sample:,.2f} MB")
         if rc.num_gpus > 0:
             return Component("rollout", "rollout server", 1, CUDA_PROCESS_MB,
                              model.param_mb + infer + CUDA_CONTEXT_MB, min(rc.num_gpus, 1.0),

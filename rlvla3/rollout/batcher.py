@@ -34,25 +34,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from rlvla3.config import require
-from rlvla3.rollout.batching import BatchPolicy, FixedBatching
+from rlvla3.rollout.batching import BatchPolicy
 
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
-
-
-@dataclass(frozen=True)
-class BatcherConfig:
-    """Dynamic batching policy of a rollout server."""
-
-    b_max: int = 64
-    """Fire when this many requests are pending; never batch more."""
-    t_max_ms: float = 5.0
-    """Fire at most this long after the first pending request, however few are pending."""
-
-    def validate(self) -> None:
-        require(self.b_max >= 1, "b_max", f"must be >= 1, got {self.b_max}")
-        require(self.t_max_ms >= 0.0, "t_max_ms", f"must be >= 0, got {self.t_max_ms}")
 
 
 class BatcherClosed(RuntimeError):
@@ -91,12 +76,11 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
     def __init__(
         self,
         process: Callable[[list[ItemT]], Sequence[ResultT] | Awaitable[Sequence[ResultT]]],
-        config: BatcherConfig | BatchPolicy,
+        policy: BatchPolicy,
         between_batches: Callable[[], Awaitable[None]] | None = None,
     ):
         self._process = process
-        self.policy: BatchPolicy = (FixedBatching(config.b_max, config.t_max_ms / 1000.0)
-                                    if isinstance(config, BatcherConfig) else config)
+        self.policy = policy
         self._b_max = 1
         self._between_batches = between_batches
         self._pending: deque[_Request] = deque()

@@ -80,6 +80,8 @@ class FixedBatching:
     name = "fixed"
 
     def __init__(self, b_max: int, t_max_s: float, time_scale: float = 1.0):
+        require(b_max >= 1, "b_max", f"must be >= 1, got {b_max}")
+        require(t_max_s >= 0.0, "t_max_ms", f"must be >= 0, got {1000.0 * t_max_s / time_scale}")
         self.b_max = b_max
         self.t_max_s = t_max_s
         self.time_scale = time_scale

@@ -10,7 +10,9 @@ import time
 import pytest
 
 from rlvla3.config import ConfigError, build
-from rlvla3.rollout.batcher import BatcherClosed, BatcherConfig, DynamicBatcher
+from rlvla3.rollout.batcher import BatcherClosed, DynamicBatcher
+from rlvla3.rollout.batching import FixedBatching
+from rlvla3.run_config import RolloutConfig
 
 
 class Recorder:
@@ -29,7 +31,7 @@ class Recorder:
 def test_fires_at_b_max_without_waiting_for_t_max():
     async def main():
         process = Recorder()
-        batcher = DynamicBatcher(process, BatcherConfig(b_max=8, t_max_ms=5000.0))
+        batcher = DynamicBatcher(process, FixedBatching(8, 5.0))
         start = time.monotonic()
         results = await asyncio.gather(*(batcher.submit(i) for i in range(8)))
         elapsed = time.monotonic() - start
@@ -46,7 +48,7 @@ def test_fires_at_b_max_without_waiting_for_t_max():
 def test_fires_at_t_max_with_fewer_than_b_max():
     async def main():
         process = Recorder()
-        batcher = DynamicBatcher(process, BatcherConfig(b_max=64, t_max_ms=100.0))
+        batcher = DynamicBatcher(process, FixedBatching(64, 0.1))
         start = time.monotonic()
         results = await asyncio.gather(*(batcher.submit(i) for i in range(3)))
         elapsed = time.monotonic() - start
@@ -64,7 +66,7 @@ def test_fires_at_t_max_with_fewer_than_b_max():
 def test_t_max_counts_from_the_first_pending_request():
     async def main():
         process = Recorder()
-        batcher = DynamicBatcher(process, BatcherConfig(b_max=64, t_max_ms=1000.0))
+        batcher = DynamicBatcher(process, FixedBatching(64, 1.0))
         start = time.monotonic()
         first = asyncio.ensure_future(batcher.submit(0))
         await asyncio.sleep(0.7)
@@ -84,7 +86,7 @@ def test_t_max_counts_from_the_first_pending_request():
 def test_never_exceeds_b_max_and_routes_results_under_a_burst():
     async def main():
         process = Recorder(delay_s=0.002)
-        batcher = DynamicBatcher(process, BatcherConfig(b_max=5, t_max_ms=2.0))
+        batcher = DynamicBatcher(process, FixedBatching(5, 0.002))
         rng = random.Random(0)
 
         async def caller(i: int) -> tuple[int, int]:
@@ -111,7 +113,7 @@ def test_an_exception_reaches_only_the_callers_of_its_batch():
         return [i + 1 for i in items]
 
     async def main():
-        batcher = DynamicBatcher(process, BatcherConfig(b_max=2, t_max_ms=50.0))
+        batcher = DynamicBatcher(process, FixedBatching(2, 0.05))
         first = await asyncio.gather(
             *(batcher.submit(i) for i in (-1, 1, 2, 3)), return_exceptions=True
         )
@@ -128,7 +130,7 @@ def test_an_exception_reaches_only_the_callers_of_its_batch():
 
 def test_wrong_number_of_results_is_an_error_for_that_batch():
     async def main():
-        batcher = DynamicBatcher(lambda items: items[:-1], BatcherConfig(b_max=2, t_max_ms=10.0))
+        batcher = DynamicBatcher(lambda items: items[:-1], FixedBatching(2, 0.01))
         out = await asyncio.gather(batcher.submit(1), batcher.submit(2), return_exceptions=True)
         await batcher.close()
         return out
@@ -143,7 +145,7 @@ def test_sync_process_runs_off_the_event_loop():
         return [-i for i in items]
 
     async def main():
-        batcher = DynamicBatcher(process, BatcherConfig(b_max=4, t_max_ms=1.0))
+        batcher = DynamicBatcher(process, FixedBatching(4, 0.001))
         busy = asyncio.ensure_future(batcher.submit(1))
         await asyncio.sleep(0.01)  # the batch [1] is now running in a thread
         ticks = 0
@@ -181,7 +183,7 @@ def test_between_batches_hook_never_runs_during_a_batch():
             state["in_batch"] = False
             return [state["version"]] * len(items)
 
-        batcher = DynamicBatcher(process, BatcherConfig(b_max=4, t_max_ms=1.0), hook)
+        batcher = DynamicBatcher(process, FixedBatching(4, 0.001), hook)
         rng = random.Random(1)
 
         async def caller(i: int) -> int:
@@ -202,7 +204,7 @@ def test_between_batches_hook_never_runs_during_a_batch():
 def test_close_with_pending_and_running_requests_does_not_hang():
     async def main():
         process = Recorder(delay_s=30.0)  # a batch that would run for a long time
-        batcher = DynamicBatcher(process, BatcherConfig(b_max=2, t_max_ms=60_000.0))
+        batcher = DynamicBatcher(process, FixedBatching(2, 60.0))
         running = [asyncio.ensure_future(batcher.submit(i)) for i in range(2)]
         await asyncio.sleep(0.05)  # [0, 1] fired (b_max) and is running
         pending = asyncio.ensure_future(batcher.submit(2))  # waits for t_max = 60 s
@@ -223,7 +225,7 @@ def test_close_with_pending_and_running_requests_does_not_hang():
 
 def test_close_before_any_request():
     async def main():
-        batcher = DynamicBatcher(Recorder(), BatcherConfig())
+        batcher = DynamicBatcher(Recorder(), FixedBatching(64, 0.005))
         await batcher.close()
         return batcher.stats()
 
@@ -241,10 +243,24 @@ def test_close_before_any_request():
 )
 def test_config_errors_name_the_field(data, field):
     with pytest.raises(ConfigError) as info:
-        build(BatcherConfig, data, "rollout")
+        build(RolloutConfig, data, "rollout")
     assert info.value.field == field
 
 
 def test_config_accepts_zero_t_max():
-    cfg = build(BatcherConfig, {"b_max": 1, "t_max_ms": 0}, "rollout")
-    assert cfg.b_max == 1 and cfg.t_max_ms == 0.0
+    cfg = build(RolloutConfig, {"b_max": 1, "t_max_ms": 0}, "rollout")
+    assert cfg.b_max == 1 and cfg.t_max_ms == 0.0 and cfg.largest_batch == 1
+
+
+def test_a_fixed_policy_built_in_code_refuses_what_the_config_refuses():
+    with pytest.raises(ConfigError, match="b_max"):
+        FixedBatching(0, 0.005)
+    with pytest.raises(ConfigError, match="t_max_ms"):
+        FixedBatching(4, -0.001)
+
+
+def test_the_largest_batch_is_the_adaptive_policys_limit_not_the_fixed_b_max():
+    adaptive = build(RolloutConfig, {"b_max": 8, "batching": {"name": "adaptive",
+                                                              "options": {"b_limit": 128}}})
+    assert adaptive.largest_batch == 128
+    assert build(RolloutConfig, {"b_max": 8}).largest_batch == 8

@@ -17,7 +17,8 @@ from rlvla3.config import ConfigError, Named, build
 from rlvla3.episode.tasks import TaskSampler
 from rlvla3.learner.core import BatchStart, LearnerCore, StreamingStart
 from rlvla3.policies import build_policy
-from rlvla3.rollout.batcher import BatcherConfig, DynamicBatcher
+from rlvla3.rollout.batcher import DynamicBatcher
+from rlvla3.rollout.batching import FixedBatching
 from rlvla3.rollout.core import RolloutCore, collect_episodes
 from rlvla3.run_config import RunConfig, check_resources, load_run_config
 from rlvla3.types import WeightsMessage
@@ -465,7 +466,7 @@ def test_weights_swap_only_between_batches():
         versions[v] = WeightsMessage(v, {k: t.numpy() for k, t in state.items()})
 
     async def scenario():
-        batcher = DynamicBatcher(core.act_batch, BatcherConfig(b_max=4, t_max_ms=1.0),
+        batcher = DynamicBatcher(core.act_batch, FixedBatching(4, 0.001),
                                  between_batches=lambda: asyncio.sleep(0, core.swap_pending()))
 
         async def offer():
