@@ -27,7 +27,7 @@ from rlvla3.config import Named, build, deep_merge, load_mapping, require
 from rlvla3.engine.config import EngineConfig
 from rlvla3.gpu_costs import REAL, check_costs, resolve_costs
 from rlvla3.queue.pacing import pace_target
-from rlvla3.rollout.batching import batch_policy_config
+from rlvla3.rollout.batching import batching_config
 
 Placement = Literal["colocated", "disaggregated"]
 RolloutStrategyName = Literal["lockstep", "pipelined", "autoreset", "async"]
@@ -202,7 +202,7 @@ class RolloutConfig:
     def largest_batch(self) -> int:
         """The most requests one policy call can hold: ``b_max`` under fixed batching, the
         adaptive policy's ``b_limit`` (the memory preflight sizes a server by it)."""
-        adaptive = batch_policy_config(self.batching, "batching")
+        adaptive = batching_config(self.batching, "batching")
         return self.b_max if adaptive is None else adaptive.b_limit
 
     def validate(self) -> None:
@@ -213,7 +213,7 @@ class RolloutConfig:
         require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
         require(self.lanes >= 1, "lanes", "must be >= 1")
         require(self.weights_every >= 1, "weights_every", "must be >= 1")
-        batch_policy_config(self.batching, "batching")
+        batching_config(self.batching, "batching")
         costs = resolve_costs(self.cost_model, "cost_model")
         check_costs(costs, ("infer_per_call_ms", "infer_per_sample_ms"), "cost_model")
         require(self.lanes == 1 or costs is not None, "lanes",

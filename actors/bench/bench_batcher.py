@@ -130,7 +130,7 @@ async def run_load(args: argparse.Namespace, costs: GpuCosts, slots: int) -> dic
             "gpu_busy_fraction": round(min(gpu.busy_s / args.dilation / elapsed, 1.0), 3),
             "latency_ms_p50": round(float(np.percentile(lat, 50)), 1),
             "latency_ms_p99": round(float(np.percentile(lat, 99)), 1),
-            **({"policy": {k: round(v, 3) for k, v in stats.policy.items()}}
+            **({"policy": {k: round(v, 3) for k, v in stats.rule.items()}}
                if name == "adaptive" else {}),
         }
     stop.set()

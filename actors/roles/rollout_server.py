@@ -43,7 +43,7 @@ from rlvla3.config import Named
 from rlvla3.gpu_sim import rollout_lanes
 from rlvla3.policies import build_policy
 from rlvla3.role_stats import RolloutServerStats
-from rlvla3.rollout.batching import make_batch_policy
+from rlvla3.rollout.batching import make_batching_rule
 from rlvla3.rollout.core import RolloutCore, RolloutService
 from rlvla3.run_config import RolloutConfig
 from rlvla3.types import ActionChunk, EnvSpec, Observation, WeightsMessage
@@ -81,7 +81,7 @@ class RolloutServer:
         self.metrics = RoleMetrics("rollout", f"rollout-{server_id}")
         self.weights_sources = tuple(weights_sources)
         self.service = RolloutService(
-            lanes, partial(make_batch_policy, cfg.batching, b_max=cfg.b_max,
+            lanes, partial(make_batching_rule, cfg.batching, b_max=cfg.b_max,
                            t_max_ms=cfg.t_max_ms, time_scale=time_dilation),
             cfg.weights_every, self.metrics, time_dilation,
             catch_up=self._latest_weights if self.restarted and self.weights_sources else None)

@@ -8,7 +8,7 @@ caller gets the result that ``process`` returned for its item.
 Firing rule: a batch fires as soon as ``b_max`` requests are pending, or when ``t_max`` has
 passed since the first pending request (its submission time), whichever comes first. Requests
 that piled up while the previous batch ran are therefore served without further waiting once
-their deadline has passed. The limits come from a batching policy
+their deadline has passed. The limits come from a batching rule
 (``rlvla3.rollout.batching``: fixed, or adaptive from the measured costs and arrival rate), asked
 only while a batch is forming: no timer runs before the first request of a batch.
 
@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from rlvla3.rollout.batching import BatchPolicy
+from rlvla3.rollout.batching import BatchingRule
 
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
@@ -59,8 +59,8 @@ class BatcherStats:
     """Fraction of wall time spent in ``between_batches`` and ``process``."""
     mean_service_s: float = 0.0
     """Mean time ``process`` took per batch."""
-    policy: dict[str, float] = field(default_factory=dict)
-    """The batching policy's current figures (``b_max``, ``t_max_ms``, fitted costs, ...)."""
+    rule: dict[str, float] = field(default_factory=dict)
+    """The batching rule's current figures (``b_max``, ``t_max_ms``, fitted costs, ...)."""
 
 
 @dataclass
@@ -76,11 +76,11 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
     def __init__(
         self,
         process: Callable[[list[ItemT]], Sequence[ResultT] | Awaitable[Sequence[ResultT]]],
-        policy: BatchPolicy,
+        rule: BatchingRule,
         between_batches: Callable[[], Awaitable[None]] | None = None,
     ):
         self._process = process
-        self.policy = policy
+        self.rule = rule
         self._b_max = 1
         self._between_batches = between_batches
         self._pending: deque[_Request] = deque()
@@ -106,7 +106,7 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
             self._reset_stats()
             self._task = loop.create_task(self._serve())
         request = _Request(item, loop.create_future(), time.monotonic())
-        self.policy.arrived(request.submitted)
+        self.rule.arrived(request.submitted)
         self._pending.append(request)
         self._wake.set()
         return await request.future
@@ -127,7 +127,7 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
                 results = await self._call_process([r.item for r in self._running])
                 service = time.monotonic() - started
                 self._service_total += service
-                self.policy.served(len(self._running), service)
+                self.rule.served(len(self._running), service)
                 if len(results) != len(self._running):
                     raise RuntimeError(
                         f"process returned {len(results)} results for {len(self._running)} items"
@@ -145,13 +145,13 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
 
     async def _wait_for_batch(self) -> None:
         """Return once ``fire_at`` requests are pending or the first one's deadline has passed
-        (both asked of the policy now that a first request is pending, and again as more
-        arrive); the batch then takes up to the policy's ``b_max``."""
+        (both asked of the rule now that a first request is pending, and again as more
+        arrive); the batch then takes up to the rule's ``b_max``."""
         while not self._pending:
             self._wake.clear()
             await self._wake.wait()
         while True:
-            limits = self.policy.limits(len(self._pending), time.monotonic())
+            limits = self.rule.limits(len(self._pending), time.monotonic())
             self._b_max = limits.b_max
             if len(self._pending) >= limits.fire_at:
                 return
@@ -193,7 +193,7 @@ class DynamicBatcher(Generic[ItemT, ResultT]):
             mean_wait_s=self._wait_total / batches if batches else 0.0,
             busy_fraction=min(self._busy_total / elapsed, 1.0),
             mean_service_s=self._service_total / batches if batches else 0.0,
-            policy=self.policy.state(),
+            rule=self.rule.state(),
         )
         if reset:
             self._reset_stats()

@@ -1,9 +1,9 @@
-"""Batching policies: how big a rollout batch may grow and how long it may wait (Ray-free).
+"""Batching rules: how big a rollout batch may grow and how long it may wait (Ray-free).
 
-Role: ``rlvla3.rollout.batcher.DynamicBatcher`` asks its policy, whenever a batch is forming (the first
+Role: ``rlvla3.rollout.batcher.DynamicBatcher`` asks its rule, whenever a batch is forming (the first
 request of the batch is already pending, never before), for ``Limits``: fire once ``fire_at``
 requests are pending or ``t_max_s`` after the first one, taking at most ``b_max``. It tells the
-policy of every arrival and, after each batch, its size and service time. Two strategies,
+rule of every arrival and, after each batch, its size and service time. Two strategies,
 chosen by ``rollout.batching``:
 
 - ``FixedBatching``: the configured ``b_max`` / ``t_max`` always (RL-VLA3's design:
@@ -24,10 +24,10 @@ chosen by ``rollout.batching``:
 
 Time: the policies see the batcher's clock (real seconds); the configured ``t_max`` and
 ``max_latency_ms`` are simulated milliseconds, multiplied by the run's time dilation when the
-policy is made, so a dilated run batches as the undilated one would.
+rule is made, so a dilated run batches as the undilated one would.
 
 Invariants: ``1 <= fire_at <= b_max <= b_limit`` and ``t_max_s >= 0``; with no measurement yet
-the adaptive policy fires at once with the ``b_limit`` cap (it never waits on a guess).
+the adaptive rule fires at once with the ``b_limit`` cap (it never waits on a guess).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Limits:
     """Take at most this many."""
 
 
-class BatchPolicy(Protocol):
+class BatchingRule(Protocol):
     """Chooses the firing limits of the batch that is forming (see the module docstring)."""
 
     name: str
@@ -70,7 +70,7 @@ class BatchPolicy(Protocol):
         ...
 
     def state(self) -> dict[str, float]:
-        """The policy's current figures (for stats and metrics)."""
+        """The rule's current figures (for stats and metrics)."""
         ...
 
 
@@ -101,7 +101,7 @@ class FixedBatching:
 
 @dataclass(frozen=True)
 class AdaptiveConfig:
-    """Options of the adaptive batching policy (``rollout.batching.options``)."""
+    """Options of the adaptive batching rule (``rollout.batching.options``)."""
 
     b_limit: int = 256
     """Largest batch ever (what fits the GPU's memory)."""
@@ -220,13 +220,13 @@ class AdaptiveBatching:
                 "b_need": self._need if math.isfinite(self._need) else -1.0}
 
 
-BATCH_POLICIES = ("fixed", "adaptive")
+BATCHING_RULES = ("fixed", "adaptive")
 OPTIONS: dict[str, str] = {"adaptive": "rlvla3.rollout.batching:AdaptiveConfig"}
-"""The dataclass a batching policy's ``options`` build into (``fixed`` takes none); the docs'
+"""The dataclass a batching rule's ``options`` build into (``fixed`` takes none); the docs'
 config reference renders it."""
 
 
-def batch_policy_config(choice: Named, path: str) -> AdaptiveConfig | None:
+def batching_config(choice: Named, path: str) -> AdaptiveConfig | None:
     """Validate ``rollout.batching``: ``fixed`` (no options; it uses ``b_max`` / ``t_max_ms``)
     or ``adaptive`` with ``AdaptiveConfig`` options."""
     if choice.name == "fixed":
@@ -236,13 +236,13 @@ def batch_policy_config(choice: Named, path: str) -> AdaptiveConfig | None:
     if choice.name == "adaptive":
         return build(AdaptiveConfig, dict(choice.options), f"{path}.options")
     raise ConfigError(f"{path}.name", f"unknown batching {choice.name!r} (known: "
-                                      f"{', '.join(BATCH_POLICIES)})")
+                                      f"{', '.join(BATCHING_RULES)})")
 
 
-def make_batch_policy(choice: Named, b_max: int, t_max_ms: float,
-                      time_scale: float = 1.0) -> BatchPolicy:
-    """The policy ``choice`` names; times in simulated ms become real seconds x ``time_scale``."""
-    adaptive = batch_policy_config(choice, "rollout.batching")
+def make_batching_rule(choice: Named, b_max: int, t_max_ms: float,
+                      time_scale: float = 1.0) -> BatchingRule:
+    """The rule ``choice`` names; times in simulated ms become real seconds x ``time_scale``."""
+    adaptive = batching_config(choice, "rollout.batching")
     if adaptive is None:
         return FixedBatching(b_max, t_max_ms / 1000.0 * time_scale, time_scale)
     return AdaptiveBatching(adaptive, time_scale)

@@ -44,7 +44,7 @@ from rlvla3.episode.recorder import EpisodeRecorder
 from rlvla3.episode.tasks import TaskSampler
 from rlvla3.protocols import Env, Metrics, Policy
 from rlvla3.rollout.batcher import DynamicBatcher
-from rlvla3.rollout.batching import BatchPolicy
+from rlvla3.rollout.batching import BatchingRule
 from rlvla3.types import ActionChunk, ObsBatch, Observation, TrajectorySegment, WeightsMessage
 
 T = TypeVar("T")
@@ -166,7 +166,7 @@ class RolloutService:
     ``batching`` makes a lane's batching policy; ``dilation`` (the run's ``time_dilation``)
     turns the batch waits it reports into simulated milliseconds."""
 
-    def __init__(self, models: Sequence[Acting], batching: Callable[[], BatchPolicy],
+    def __init__(self, models: Sequence[Acting], batching: Callable[[], BatchingRule],
                  weights_every: int, metrics: Metrics, dilation: float = 1.0,
                  catch_up: Callable[[], Awaitable[WeightsMessage]] | None = None):
         self.lanes = [Lane(model) for model in models]
@@ -301,9 +301,9 @@ class RolloutService:
         return sum(lane.model.swaps for lane in self.lanes)
 
     def batch_policy(self) -> dict[str, float]:
-        """The first lane's batching policy's figures (empty before its first request)."""
+        """The first lane's batching rule's figures (empty before its first request)."""
         first = self.lanes[0].batcher
-        return first.policy.state() if first is not None else {}
+        return first.rule.state() if first is not None else {}
 
 
 def collect_episodes(env: Env, core: RolloutCore, sampler: TaskSampler, n: int,

@@ -16,7 +16,7 @@ from rlvla3.rollout.batching import (
     CostFit,
     FixedBatching,
     Limits,
-    make_batch_policy,
+    make_batching_rule,
 )
 
 A, B = 0.036, 0.007  # pi05_h200: 36 ms per call, 7 ms per sample
@@ -105,11 +105,11 @@ def test_rate_decays_when_arrivals_stop():
 
 
 def test_fixed_policy_and_time_dilation():
-    fixed = make_batch_policy(Named("fixed"), b_max=32, t_max_ms=5.0, time_scale=4.0)
+    fixed = make_batching_rule(Named("fixed"), b_max=32, t_max_ms=5.0, time_scale=4.0)
     assert isinstance(fixed, FixedBatching)
     assert fixed.limits(1, 0.0) == Limits(32, pytest.approx(0.02), 32)
     assert fixed.state()["t_max_ms"] == pytest.approx(5.0)  # reported in simulated ms
-    assert isinstance(make_batch_policy(Named("adaptive", {"b_limit": 64}), 8, 2.0),
+    assert isinstance(make_batching_rule(Named("adaptive", {"b_limit": 64}), 8, 2.0),
                       AdaptiveBatching)
 
 
@@ -129,7 +129,7 @@ class Spy(FixedBatching):
         self.served_sizes.append(size)
 
 
-def test_batcher_asks_its_policy_only_while_a_batch_is_forming():
+def test_batcher_asks_its_rule_only_while_a_batch_is_forming():
     """No timer before the first request: limits are asked only with >= 1 request pending;
     every batch is reported to the policy."""
     async def main():
@@ -146,4 +146,4 @@ def test_batcher_asks_its_policy_only_while_a_batch_is_forming():
     assert results == [i * 2 for i in range(7)]
     assert spy.asked_with and min(spy.asked_with) >= 1
     assert spy.served_sizes == [3, 3, 1]
-    assert stats.policy == {"b_max": 3, "t_max_ms": 0.0}
+    assert stats.rule == {"b_max": 3, "t_max_ms": 0.0}
