@@ -1,55 +1,14 @@
-"""Reproducible CPU arithmetic: an evaluation's numbers (the policy's and the simulator's arm
-controller's) independent of the host CPU.
+"""Reproducible CPU arithmetic for evaluation. ``pinned`` (the default) makes the policy's and the
+simulator's arm controller's numbers independent of the host CPU: baseline PyTorch kernels
+(``ATEN_CPU_CAPABILITY=default``), one MKL code path (``MKL_CBWR=COMPATIBLE``), oneDNN off, one
+thread, and NumPy's OpenBLAS on ``PINNED_BLAS`` kernels; ``native`` leaves it all to the host.
+The variables act only when a process starts, so a worker starts with ``env_vars(mode)``, and
+``apply`` refuses (``NumericsError``) to run pinned where they did not take effect::
 
-Role: evaluation runs a checkpoint on the CPU in closed loop, and a closed-loop LIBERO episode
-amplifies the last bit of the policy's arithmetic. PyTorch (its own kernels), MKL (BLAS) and
-oneDNN (convolutions) each pick kernels by the host's instruction set (AVX-512, AVX2, ...), and
-kernels of different vector widths add in different orders: the same checkpoint on the same
-observation returns actions 1-2e-7 apart on an AVX-512 and on an AVX2 machine, and within tens
-of decisions the episode takes another path, often with another outcome (libero_spatial, 64 px:
-an episode's success flips on some CPUs and not on others; ``docs/evaluation.md`` has the
-measured figures). Within one machine nothing carries over from one episode to the next: the
-host CPU is what differs between two evaluations of the same checkpoint.
+    runtime_env = {"env_vars": env_vars("pinned")}  # given to Ray when it creates the worker
+    info = apply("pinned")  # in the worker: one thread, oneDNN off; returns describe("pinned")
 
-``pinned`` (the evaluation default) fixes every choice the host would make:
-
-- ``ATEN_CPU_CAPABILITY=default``: PyTorch's own kernels (softmax, norms, activations,
-  elementwise) from their baseline build, the same code on every x86-64 CPU;
-- ``MKL_CBWR=COMPATIBLE``: MKL's conditional numerical reproducibility, one code path on every
-  Intel or compatible CPU (the GEMMs of linear layers and convolutions);
-- oneDNN off (``torch.backends.mkldnn.enabled = False``): convolutions take PyTorch's
-  im2col + BLAS path, which the two settings above cover (oneDNN chooses kernels and blocking by
-  instruction set and cache sizes and has no reproducibility switch);
-- one thread (``torch.set_num_threads(1)``, ``OMP_NUM_THREADS=MKL_NUM_THREADS=1``): a reduction
-  split across threads adds in an order that depends on their number;
-- NumPy's BLAS kernels (``OPENBLAS_CORETYPE``, ``PINNED_BLAS``): the simulator is numbers
-  too. robosuite's operational-space controller computes every joint torque with NumPy
-  (``np.linalg.inv`` of the mass matrix, ``np.linalg.pinv``, ``np.dot``), and NumPy's bundled
-  OpenBLAS picks its kernels by the host CPU at load time (SkylakeX kernels on an AVX-512
-  Intel Xeon, Haswell kernels on an AMD EPYC with AVX-512 as well): kernels that add in
-  different orders give torques a last bit apart, the robot a few micrometres elsewhere after
-  a few decisions, and then another episode. Pinned, every host runs the same kernels:
-  ``Haswell``, which need AVX2 and FMA (Intel CPUs since 2013, AMD since 2017).
-  ``blas`` names another core for an evaluation that ran with it (``"host"``: leave the choice
-  to the host, as evaluations did before the kernels were pinned).
-
-``native`` leaves all of it to the host (fastest, reproducible only on the same CPU model).
-
-The environment variables act only when a process starts (before PyTorch first dispatches and
-MKL initialises), so they are given to a worker when Ray creates its process
-(``runtime_env={"env_vars": env_vars(mode)}``; a simulator process the worker spawns inherits
-them); ``apply`` then sets the in-process switches and refuses to run pinned when the variables
-did not take effect (PyTorch's kernels, or on x86-64 NumPy's OpenBLAS core).
-
-Measured here (64 px libero_spatial VLA, one thread): pinned acting costs about 17 ms per
-decision against 11 ms native, small beside the simulator's 5 control steps. Simulator-side
-choices were checked and change nothing: Mesa llvmpipe's vector width, numba's target CPU and
-NumPy's dispatched SIMD kernels give bit-identical episodes, and so do the renderer's thread
-count and a machine saturated by other jobs; NumPy's OpenBLAS core does not (the same episode
-with the SkylakeX and the Haswell kernels parts at its 9th decision, on the robot's state).
-Not covered: another architecture (x86-64 against aarch64) or another build of torch, MKL or
-OpenBLAS; ``describe`` records them, and the evaluation fingerprint carries them.
-"""
+Design notes: docs/concepts/numerics.md"""
 
 from __future__ import annotations
 

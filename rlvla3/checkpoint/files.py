@@ -1,47 +1,16 @@
-"""Checkpoints: safetensors weights, a weights-only optimizer state, and JSON metadata, kept at a
-local path or any storage URI (``rlvla3.checkpoint.storage``: ``s3://``, ``gs://``, ``hdfs://``, ...).
+"""Checkpoints at a local path or a storage URI (``rlvla3.checkpoint.storage``): safetensors
+weights (``policy.safetensors``), optional ``optimizer.pt`` (loaded ``weights_only``),
+``rng.safetensors`` and ``shadow.safetensors``, and ``meta.json`` (``CheckpointMeta``, each file's
+size and sha256) written last, so a directory without it is an unfinished write no reader takes.
+A run directory's ``checkpoints/latest`` names its newest complete ``step-<version>``, written
+after it; a save never overwrites a checkpoint ``latest`` may name. Readers open only the files
+``meta.json`` lists, by plain relative names, and unpickle nothing::
 
-Layout of one checkpoint directory::
+    meta = CheckpointMeta(Named("vla", {"preset": "tiny"}), spec, version=3)
+    path = save_run_checkpoint(run_dir, policy, meta, optimizer)  # checkpoints/step-00000003
+    policy, meta = load_policy(run_dir)  # the checkpoint run_dir's latest names
 
-    policy.safetensors   policy parameters and buffers
-    optimizer.pt         optimizer state dict (loaded with ``weights_only=True``; optional)
-    rng.safetensors      torch RNG state of the learner (optional)
-    shadow.safetensors   the learner's proximal copy of the policy (optional: ``proximal:
-                         window``), ``shadow/<name>`` tensors of a sharded checkpoint
-    meta.json            policy choice (name + options), env spec, policy version, counters,
-                         env workers' episode sampler states (RL runs), the learner's state
-                         between steps (``learner``: ``rlvla3.learner.step.LearnerState``), and
-                         ``files``: the size and sha256 of every other file. Written last.
-
-Atomic without a rename (object stores have none): the files are written first and
-``meta.json``, which lists them, last, so a directory without ``meta.json`` is a write that did
-not finish, and no reader takes it. A run directory keeps checkpoints in
-``checkpoints/step-<version>/`` (a version saved again goes to ``step-<version>-<k>``, never over
-a checkpoint ``latest`` may name) and points at the newest complete one with
-``checkpoints/latest``, a one-line text file written after the checkpoint it names is complete:
-a crash, a lost node or a storage server that dies mid-upload leaves ``latest`` on the previous
-complete checkpoint.
-
-Reading (``rlvla3.checkpoint.trust``): ``locate_checkpoint`` says where a checkpoint is (itself, or a run directory's
-``latest``); ``resolve_checkpoint`` gives a local directory holding it (a local one is checked
-for sizes; a remote one is fetched into this user's private cache, every file checked against
-the sizes and sha256 in ``meta.json``). Nothing here unpickles arbitrary objects, and a file
-name ``meta.json`` lists is used only when it is a plain relative name inside the checkpoint
-(``checked_file_name``), checked before anything is written: an untrusted checkpoint can at
-worst fail to load.
-
-Invariants of reading: a reader opens only the files ``meta.json`` lists (``open_listed``):
-whatever else a directory holds is never read. Evaluating, exporting and starting a run from a
-checkpoint (``init_from``) need its weights alone; the optimizer and RNG state
-(``OPTIONAL_FILES``) may be missing, and only a resumed run, which needs them, names the one
-missing and what it is for. The cache (``scratch_dir()/checkpoints``) is a directory of this
-user's that no other user can write to (``rlvla3.checkpoint.storage.private_dir``); a copy in it is
-reused only after this process has hashed it against ``meta.json`` through handles that
-follow no link, and a bad copy (a changed file, a link, a directory another user made) is
-fetched afresh. A checkpoint written before checkpoints listed their files (``meta.json``
-without ``files``) holds the files of ``LAYOUT`` found in its own directory and loads from a
-local path only.
-"""
+Design notes: docs/concepts/checkpoints.md"""
 
 from __future__ import annotations
 

@@ -1,46 +1,17 @@
-"""The learner core: consumes queue items, runs micro-batches, steps the optimizer.
+"""The learner core: trains queue items, as samples, on a ``TrainingEngine`` (one rank, DDP or
+FSDP2), one policy version per optimizer step. A step takes exactly this rank's ``rank_batches``
+share of the global batch, no sample twice, and its gradient is that of one step on the whole
+batch, advantages standardised by constants fixed for the step on all ranks, whatever the
+micro-batches and the strategy (``StreamingStart``, ``BatchStart``); a batch gets
+``algo.update_epochs`` steps and counts as trained once. All ranks run ``micro_per_step``
+micro-batches and abandon a step together; an unstarted item with a stale oldest decision is
+discarded whole; a decision given to ``add_groups`` is trained, discarded, in step or buffered::
 
-One module over 400 lines because streaming, micro-batching and update epochs share one
-optimizer step's state.
+    core = LearnerCore(policy, AlgoConfig("ppo"), 64, 16, 3e-4, StreamingStart(), max_staleness=4)
+    core.add_groups(items)        # queue items, each a list of TrajectorySegment
+    steps = core.run_available()  # optimizer steps taken; core.weights(): the new parameters
 
-Inputs: the ``TrajectorySegment``s of queue items (one episode, or one whole GRPO group each;
-turned into per-decision samples with advantages on arrival). Outputs: optimizer steps; after
-each, the policy version increases by one and ``weights()`` gives the new parameters.
-
-Invariants:
-- One optimizer step consumes exactly ``local_batch`` samples on this rank (``rank_batches``:
-  the global batch shared out, the first ``global_batch % world_size`` ranks taking one more,
-  so the ranks together take exactly ``global_batch``), split into micro-batches of
-  ``micro_batch``; a queue item may straddle two steps, no sample is used in two batches. With ``algo.update_epochs = E`` a batch gets E consecutive optimizer
-  steps (E versions): the first as it streams in, the others on its stored micro-batches, with
-  the advantages and proximal log-probs of the first; only the first counts as trained. Each
-  micro-batch's loss is scaled by its share of ``grad_share`` (``global_batch / world_size``:
-  DDP averages the ranks' gradients), so the accumulated gradient equals that of one step on
-  the whole global batch, also when the ranks' shares differ by one.
-- A decision counts as trained when the optimizer step it went into is taken: the decisions
-  taken for the step under way are ``in_step``, and those of a step
-  abandoned at a stop (``flush``) go back to the buffer, untrained.
-- Staleness is bounded per queue item, by its oldest decision: an item not yet started whose
-  oldest decision is more than ``max_staleness`` versions behind the learner is discarded
-  whole and counted (a last resort: the rollout side paces itself so that this stays rare); a
-  started item is finished (``rlvla3.learner.group_buffer``). A GRPO group is never split.
-- PPO advantages are standardised with constants that are fixed for a whole optimizer step and
-  shared by every micro-batch and every rank (``AdvantageNormalizer``, with the proximal
-  window and the step's report in ``rlvla3.learner.step``), so splitting a batch
-  into micro-batches or streaming it in does not change the update.
-- The policy is held and stepped by a ``TrainingEngine`` (``rlvla3.engine``: one rank, DDP or
-  FSDP2); gradients are reduced across ranks only on the last micro-batch of a step. Every
-  rank runs the same number of micro-batches per step (``micro_per_step``, from the largest
-  rank's share: sizes differ by at most one sample between ranks), so the ranks' collectives
-  (under FSDP every forward and backward is one) line up; a rank that leaves a step stands in
-  for each micro-batch it has not run (``flush``). Before each optimizer
-  step the ranks agree (one small all-reduce, ``reduce``) on whether every rank finished its
-  batch and whether any was asked to stop: a step some rank abandoned is abandoned by all.
-- The learner strategy decides only *when* a micro-batch may start: ``StreamingStart`` as soon
-  as one is full, ``BatchStart`` once the whole local batch has arrived. The update is the same.
-- Every decision handed to ``add_groups`` ends up in exactly one of ``trained_decisions``,
-  ``discarded_decisions``, ``in_step`` or ``buffered``.
-"""
+Design notes: docs/concepts/pipeline.md#the-learner-core"""
 
 from __future__ import annotations
 

@@ -1,46 +1,16 @@
-"""FP8 linear layers from three GEMMs on quantised operands, and the kernel sets that run them.
+"""FP8 linear layers (DeepSeek-V3's recipe): the forward and both gradients of a ``BlockLinear``
+as three GEMMs on e4m3 operands quantised along the contraction dimension (1 x 128 tiles,
+weights in 128 x 128 blocks), run by ``Fp8Linear`` through a swappable ``KernelSet`` (quantisers
+and a GEMM: ``TorchKernels`` on any device, the GPU sets of ``rlvla3.model.fp8_triton``). Weights
+are quantised once per change, an activation feeding several projections once; any layer size
+works (zero padding, only real rows and columns written); scales are ``amax / 448`` in float32,
+``1e-12 / 448`` for a tile of zeros::
 
-Role: the recipe of DeepSeek-V3 for every ``BlockLinear`` of the backbone and the action expert,
-with the kernels swappable. A linear ``y = x W^T`` and its gradients are three GEMMs, each
-``C = A B^T`` on FP8 e4m3 operands quantised along the contraction dimension:
+    layer = BlockLinear(512, 256)
+    layer.fp8 = Fp8Linear(TorchKernels())  # a GPU set: rlvla3.model.fp8_select.select_fp8
+    y = layer(x)  # layer.fp8.weight_quantisations: 1 until the weights change
 
-- forward ``y = x W^T``: ``x`` in 1 x 128 tiles along the input features, ``W`` in 128 x 128
-  blocks;
-- input gradient ``dx = dy W``: ``dy`` in 1 x 128 tiles along the output features, ``W^T`` in
-  128 x 128 blocks (the same blocks as ``W``, transposed);
-- weight gradient ``dW = dy^T x``: both in 1 x 128 tiles along the tokens.
-
-A ``KernelSet`` provides the quantisers and the GEMM; ``Fp8Linear`` (an ``Fp8Backend``) runs a
-layer through one. Sets (``KERNEL_SETS``; the GPU check measures each, ``rlvla3.model.
-fp8_select`` picks the fastest correct one):
-
-- ``torch``: quantisers in torch ops, the GEMM dequantised in float32 (any device: the CPU
-  emulation of the block GEMM's numerics, and the reference the GPU kernels are checked
-  against);
-- ``triton_block``: Triton quantisers (one read of the activation: amax, scale, cast, and the
-  transpose the weight gradient needs) and a Triton block-scaled GEMM
-  (``rlvla3.model.fp8_triton``, imported only when that set is built:
-  ``rlvla3.model.fp8_select.build_kernel_set``);
-- ``scaled_mm_block``: the Triton quantisers and ``torch._scaled_mm``'s blockwise GEMM
-  (cuBLAS), with the scale layouts that ``torch`` checks for;
-- ``scaled_mm_rowwise``: one scale per row of each operand (per token, per output or input
-  channel) and ``torch._scaled_mm``'s rowwise GEMM: the fallback where blockwise is wrong or
-  slow.
-
-Invariants:
-- weights are quantised once per change of the weights, not once per call: the quantised
-  copies are cached per layer under the parameter's storage and version counter, which every
-  optimizer step and every ``load_state_dict`` bump (so: once per optimizer step in training,
-  once per published version in a rollout server); ``weight_quantisations`` counts them;
-- an activation feeding several projections (q, k, v of one input; gate and up) is quantised
-  once: the last one is kept with a reference to its tensor and reused while that tensor is
-  the input and unchanged;
-- any layer size works: quantisers zero-pad the contraction dimension to whole 128 tiles
-  (zeros raise no tile's maximum, so the real elements quantise as in an unpadded layer) and
-  the GEMMs write only the real rows and columns;
-- scales are ``amax / 448`` in float32 (448: e4m3's largest finite value); a tile of zeros gets
-  the scale ``1e-12 / 448`` and quantises to zeros.
-"""
+Design notes: docs/concepts/fp8.md"""
 
 from __future__ import annotations
 

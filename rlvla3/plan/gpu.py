@@ -1,59 +1,15 @@
-"""The cluster planner: from GPU costs and env latencies to a split, slots, batching and pacing.
+"""The cluster planner: pure arithmetic (no Ray, nothing measured beyond its inputs) that plans an
+asynchronous (``full`` mode) RL run on ``gpus`` GPUs from ``GpuCosts``, an ``EnvTiming`` and a
+``PlanRequest``: the learner/rollout split, the env slots, the adaptive batching's B_max / T_max,
+``rollout.weights_every`` and the pacing bounds, with the predicted env steps/s and the stage that
+bounds it. Every plan has at least one GPU on each side and one slot per rollout GPU; predicted
+rates are env steps per simulated (real-GPU) second::
 
-Role: pure arithmetic (no Ray, nothing measured here beyond the inputs) that plans an
-asynchronous (``full`` mode) RL run on ``gpus`` GPUs: how many train (learner ranks) and how
-many serve rollouts, how many env slots to run (at most what ``sim_cpus`` simulate), the
-rollout batching (B_max / T_max, the adaptive batcher's law at the predicted load), the
-weight-sync cadence (``rollout.weights_every``) and the pacing bounds, with the predicted env
-steps/s and the stage that bounds it.
+    env = EnvTiming(episode_s=40.0, decisions=30.0, env_steps=150.0, max_decisions=64)
+    plan = make_plan(CALIBRATIONS["pi05_h200"], env, PlanRequest(gpus=32, sim_cpus=512))
+    overrides = plan_overrides(plan, slots_per_worker=1)  # the --set items that apply it
 
-Inputs: ``GpuCosts`` (``rlvla3.gpu_costs``), ``EnvTiming`` (mean env time of an episode, its
-decisions and env steps, from a latency model: ``envs.latency_replay.summarize_latency``) and
-``PlanRequest`` (GPUs, simulator CPUs, global batch, ...).
-
-The model, per split (L learner GPUs, R rollout GPUs, S env slots):
-- training: a step of ``global_batch`` decisions takes ``train_per_sample x global_batch / L
-  + train_per_step``, and each batch gets ``E = update_epochs`` such steps (PPO's epochs):
-  ``X_T = global_batch / (E x step)`` decisions/s;
-- weight sync: every optimizer step is a version (``E`` per batch); each rollout GPU applies
-  one every ``weights_every`` versions and stalls ``sync_ms`` for it: the fraction
-  ``f = sync_s x E x X / global_batch / weights_every`` of its time (X: decisions/s trained)
-  is lost to serving;
-- rollout, per GPU with n = S / R slots, closed loop: a slot spends ``E`` (env time per
-  decision, its episode's reset spread over its decisions, plus ``slot_overhead_ms``, the
-  runtime's own time per decision) then waits ``r`` for its action, so it asks ``1 / (E + r)``
-  decisions/s. A GPU that batches whatever is pending and is busy runs
-  batches of ``B = x a' / (1 - x b')`` (x: its decisions/s, a', b': per-call and per-sample
-  cost over ``1 - f``), and a request waits on average half the running batch plus its own:
-  ``r = 1.5 (a' + b' B)``; an idle GPU answers in ``a' + b'``. The fixed point of
-  ``x = n / (E + r(x))`` is what the slots get, up to the GPU's capacity at ``b_limit``;
-- pacing holds slots back when the learners are slower, so the run makes
-  ``min(rollout, X_T)`` decisions/s, every one trained (steady state: produced = trained).
-Each stage's capacity is what it could take with the other two infinitely fast: ``env`` the
-slots with instant actions, ``inference`` the rollout GPUs with every slot waiting on them (a
-batch of all of a GPU's slots, up to ``b_limit``, less the weight-sync stall), ``training``
-the learner GPUs. The predicted rate is below all three (the closed loop adds the waits of each
-stage to the others), and the bottleneck is the stage of the lowest capacity, the one a faster
-stage would relieve first. Splits are searched in steps of ``granularity``
-GPUs (a simulated cluster groups GPUs into actors of that many); the fastest wins, and among
-equally fast splits (within 0.5%) the one with fewer slots.
-
-The closed form spreads a weight transfer thinly over every batch and prices a request at the
-mean batch. Measured runs were 4-23% slower than it (docs/gpu_regime.md): a transfer stops
-the GPU while its slots pile up, and requests land in large batches more often than the mean
-says. So the splits within ``REFINE_WITHIN`` of the fastest are re-predicted by simulating
-one of their rollout GPUs event by event with the pipeline's own batching policy
-(``refine``, ``rlvla3.plan.lane_sim``), and the choice is made on those figures
-(``PlanRequest.simulate_rollout``; the closed form's rate stays in
-``Prediction.analytic_decisions_per_s``).
-
-Invariants: every plan has at least one GPU on each side and at least one slot per rollout
-GPU; predicted rates are in env steps per simulated (real-GPU) second.
-
-One module over 400 lines because the model's inputs, its closed form, the search and the
-plan's overrides read as one derivation; the event-by-event simulation, which needs none of
-them, is its own module.
-"""
+Design notes: docs/concepts/planner.md"""
 
 from __future__ import annotations
 
@@ -286,8 +242,8 @@ def versions_per_s(req: PlanRequest, decisions_per_s: float, global_batch: int) 
 
 def rollout_gpu(costs: GpuCosts, slots: float, decision_s: float, requests_per_decision: float,
                 b_limit: int, stall: float = 0.0, iterations: int = 200) -> RolloutGpu:
-    """The closed-loop steady state of one rollout GPU serving ``slots`` env slots (module
-    docstring); ``stall`` is the fraction of its time lost to weight transfers."""
+    """The closed-loop steady state of one rollout GPU serving ``slots`` env slots
+    (docs/concepts/planner.md); ``stall`` is the fraction of its time lost to weight transfers."""
     free = max(1.0 - stall, 1e-6)
     a = costs.infer_per_call_ms / 1000.0 / free
     b = costs.infer_per_sample_ms / 1000.0 / free
@@ -312,7 +268,7 @@ def rollout_gpu(costs: GpuCosts, slots: float, decision_s: float, requests_per_d
 
 def predict(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: int,
             rollout_gpus: int, slots: int, weights_every: int) -> Prediction:
-    """The steady state of one split with ``slots`` env slots (module docstring)."""
+    """The steady state of one split with ``slots`` env slots (docs/concepts/planner.md)."""
     batch = split_batch(req, learner_gpus)
     train = training_rate(costs, learner_gpus, batch, req.update_epochs)
     sync_s = costs.sync_ms / 1000.0
@@ -337,9 +293,9 @@ def predict(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: int
 
 def capacities(costs: GpuCosts, env: EnvTiming, req: PlanRequest, rollout_gpus: int,
                slots: int, stall: float, train: float) -> dict[str, float]:
-    """Env steps/s each stage could take with the other two infinitely fast (module
-    docstring); ``train``: the learners' decisions/s, ``stall``: the share of a rollout GPU's
-    time lost to weight transfers."""
+    """Env steps/s each stage could take with the other two infinitely fast
+    (docs/concepts/planner.md); ``train``: the learners' decisions/s, ``stall``: the share of a
+    rollout GPU's time lost to weight transfers."""
     decision_s = env.decision_s + req.slot_overhead_ms / 1000.0
     batch = min(slots / rollout_gpus, req.b_limit)  # every slot waiting: one batch of them all
     call_s = (costs.infer_per_call_ms + costs.infer_per_sample_ms * batch) / 1000.0
@@ -424,7 +380,7 @@ def plan_split(costs: GpuCosts, env: EnvTiming, req: PlanRequest, learner_gpus: 
 
 
 def make_plan(costs: GpuCosts, env: EnvTiming, req: PlanRequest) -> Plan:
-    """Search the splits (module docstring) and size batching and pacing for the best."""
+    """Search the splits (docs/concepts/planner.md) and size batching and pacing for the best."""
     req.validate()
     env.validate()
     check_plannable(costs, "cost_model.options")

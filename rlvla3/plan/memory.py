@@ -1,48 +1,15 @@
-"""Memory pre-flight: every node's host memory and every GPU's memory, estimated from the plan
-before any actor starts (Ray-free).
+"""Memory pre-flight (Ray-free): every node's host memory and every GPU's memory, estimated before
+any actor starts from a ``RunConfig``, the env spec, a ``Placement`` (``rlvla3.plan.cluster``) and
+``ModelFacts``. A ``MemoryPlan`` holds per node one line per component (count x size) against the
+node's memory and per GPU-holding actor its GPU total against its share of a GPU; ``problems``
+names each component that does not fit, with its numbers, and ``check`` refuses such a plan::
 
-One module over 400 lines because each component's estimate sits next to the measurement it was
-calibrated on, and the plan sums them.
+    facts = model_facts(cfg.policy, spec)
+    cfg, note = choose_sharding(cfg, spec, placement, facts)  # learner.sharding: auto, resolved
+    plan = estimate(cfg, spec, placement, facts)
+    plan.check()  # ConfigError naming what does not fit; --print-plan shows plan.render()
 
-Inputs: a ``RunConfig``, the env spec, a ``Placement`` (``rlvla3.plan.cluster``: which actors
-land on which node) and ``ModelFacts`` (parameters, activation bytes per training sample).
-Output: a ``MemoryPlan``: per node, one line per component (count x size), the node's total
-against its memory, and per GPU-holding actor its GPU total against its share of a GPU;
-``problems`` names each component that does not fit with its numbers, ``check`` refuses such a
-plan (``ConfigError``), ``render`` prints it (``rlvla3 rl --print-plan``).
-
-How each part is estimated (host RSS, measured on this machine: Python 3.11, torch 2.13 CPU,
-Ray 2.60, Debian 12; ``tests/plan/test_cluster_memory.py`` checks the sum against a real run,
-``tests/plan/test_cluster_plan.py`` the parts):
-- a Ray actor process that imported torch and this project: ``TORCH_PROCESS_MB``; the run's
-  status actor (no torch): ``PLAIN_PROCESS_MB``; the job driver: ``DRIVER_MB``; Ray's own
-  processes per node (GCS, raylet, dashboard, agents, log monitor): ``RAY_HEAD_MB`` /
-  ``RAY_NODE_MB``;
-- env slots: the simulator's measured size (``SIMULATOR_MB``, plus ``KEPT_SIMULATOR_MB`` for
-  each further simulator a slot keeps built, or ``env_workers.sim_memory_mb``);
-  LIBERO runs each simulator in its own process (about 2 GB at 64 px with two cameras);
-- a learner rank: its process, the policy's parameters, gradients and Adam's two moments (4
-  bytes each per parameter: the learner trains in float32), the activations of one
-  micro-batch twice (saved in the forward pass, their gradients in the backward pass), the
-  buffered samples of one local batch, and the training runtime (autograd, optimizer first
-  step: ``TRAINING_RUNTIME_MB``); rank 0 also copies the weights for every new version
-  (object-store weight sync); under FSDP with ``learner.offload`` a GPU rank's shards,
-  gradients and Adam state are host memory, its GPU holding the units it gathers and the
-  activations;
-- a rollout server: its process, the parameters, and one full batch (``b_max``) at its peak: for
-  the VLA the prefix's keys and values plus one layer's intermediates per sample
-  (``vla_inference_bytes``), for other policies a training sample's activations (an upper
-  bound);
-- the object store: the episodes the queue may hold plus two weight versions.
-Actors with GPUs hold parameters, optimizer state and activations on the GPU instead, plus a
-CUDA context (``CUDA_CONTEXT_MB``); their host process then carries the CUDA libraries
-(``CUDA_PROCESS_MB``, an assumption: no GPU here to measure it).
-
-Activations: a policy that can be built here is measured (bytes saved for backward by one
-``evaluate`` of a synthetic micro-batch, ``measure_activations``); a VLA preset that only
-builds on CUDA (``pi05``) uses ``vla_activation_bytes``, a per-layer count of the tensors a
-pre-norm transformer block saves (checked against the measurement on the small preset).
-"""
+Design notes: docs/concepts/memory-preflight.md#how-each-part-is-estimated"""
 
 from __future__ import annotations
 
@@ -411,7 +378,7 @@ def engine_bytes(params: int, strategy: str, ranks: int, param_bytes: int = 4,
 # ---- the plan -----------------------------------------------------------------------------------
 def estimate(cfg: RunConfig, spec: EnvSpec, placement: Placement, model: ModelFacts,
              driver: bool = True) -> MemoryPlan:
-    """The memory of every node of ``placement`` (see the module docstring)."""
+    """The memory of every node of ``placement`` (docs/concepts/memory-preflight.md)."""
     lc, rc, ec = cfg.learner, cfg.rollout, cfg.env_workers
     kept = min(int(cfg.env.options.get("cached_sims", 1)), len(ec.task_ids) or spec.num_tasks)
     sim_mb = ec.sim_memory_mb or (SIMULATOR_MB.get(cfg.env.name, 0.0)

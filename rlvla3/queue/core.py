@@ -1,67 +1,17 @@
-"""The trajectory queue's core: items, GRPO groups, admission tickets, pacing and staleness.
+"""The trajectory queue's core: the bounded hand-off from env workers to learners and every
+decision about it (``actors.roles.trajectory_queue`` only waits). Items (an episode, or a whole
+GRPO group instance) leave in arrival order, once, never split; a stale one (``StalenessBound``)
+is dropped whole, counted. A group instance leaves once every member it expects has arrived or
+never can, never pooled with another of its key; a replaced or retired incarnation's tickets are
+released at once. ``put_decisions = queued + held + got + dropped_stale + expired + uniform``;
+``set_version`` moves back on a restore, never for an older lineage; ``may_admit`` is O(1)::
 
-Role: the state of the bounded hand-off between env workers and learners, with every decision
-about it; ``actors.roles.trajectory_queue`` wraps it in a Ray actor that does the waiting
-(asyncio conditions) and nothing else. The same core runs in one process for tests.
+    core = QueueCore(cfg, metrics, group_size=8, global_batch=256)
+    ticket = core.admit(worker_id, incarnation, key, 0.0)  # when may_admit(key, incarnation)
+    core.put(info, refs, 0.0, core.finished(info, ticket))  # the episode of ticket_key(ticket)
+    items = core.take(max_items=4, max_decisions=256)
 
-Inputs: admissions asked per episode (worker, incarnation, ``EpisodeKey``), shipped segments
-(``SegmentInfo`` plus ``ObjectRef``s, never payloads, so memory stays flat), the learners'
-version and buffered decisions. Outputs: admission tickets, queue items taken in arrival order
-(one episode, or one whole GRPO group of episodes of one key), and counters.
-
-GRPO group instances: a group is one instance of a key, not the key. An admission joins the
-open instance of its worker incarnation and key (the sampler hands a key's ``group_size``
-copies to one worker's next slots), or opens one; an instance admits ``group_size`` episodes,
-fewer when its incarnation is replaced or retired or admissions close. Its ticket names the
-instance, so a member shipped, dropped, cancelled or released is counted in its own group and
-never in a later group of the same key. Without tickets (lockstep rollout) episodes join the
-open ticketless instance of their key as they are shipped or dropped.
-
-Dynamic sampling (``redraw_rounds`` > 0, asynchronous rollout): a complete group instance whose
-members all have the same return is held instead of leaving, and draws another round: it
-expects ``group_size`` more members, and the next admissions of its owner incarnation join it
-and run its key, whatever key they asked for (``ticket_key`` names the key a ticket runs). It
-leaves once its members have mixed returns, all of them together, or when ``redraw_rounds``
-extra rounds were drawn, its owner stopped admitting (replaced, retired, admissions closed) or
-it expired, then as a group without dynamic sampling would.
-
-Pacing (asynchronous rollout): an episode is admitted by ``rlvla3.queue.pacing.Pacing`` against the
-backlog (queued here plus buffered in the learners) and the episodes in flight, estimated with
-the mean length of recent episodes; a GRPO group is admitted rather than an episode: once a
-member of a group instance is admitted, its other members are admitted at once (holding them
-back only ages the members already done, until the group expires). GRPO episodes held for their
-group do not count as in flight, so pacing cannot deadlock.
-
-Admission tickets belong to one incarnation of an env worker. A restarted worker announces its
-new incarnation (``reset_worker``); the controller retires the incarnation of a worker that
-stopped running (``retire``). The tickets of a replaced or retired incarnation are released at
-once, and a later ``admit`` of such an incarnation is refused, so the in-flight count returns to
-the episodes really running. ``close_admissions`` refuses every admission from then on.
-
-Invariants:
-- Staleness is judged per item by its oldest decision with ``rlvla3.queue.pacing.StalenessBound``, the
-  rule the learners apply: ``take`` drops, and counts, stale items whole (a GRPO group is never
-  split), and a held group whose oldest decision is stale expires, counted.
-- GRPO: an episode waits until its group instance has every member it expects, minus members
-  that can never arrive (a simulator fault, a lost env worker: ``drop``/``reset_worker``), and
-  leaves as one item that keeps the group's boundaries: two groups of one key are never pooled,
-  and what one of them lost never counts in another.
-  With ``skip_uniform`` a complete group whose members all have the same return (every
-  advantage 0) is skipped, counted, instead of queued.
-- Items leave in arrival order; none is returned twice.
-- Decision accounting: ``put_decisions = queued + held + got + dropped_stale + expired +
-  uniform``; segments put after ``close()`` are counted in ``discarded_at_stop``. Dynamic
-  sampling adds no place: ``redrawn_decisions`` (shipped by extra rounds) are part of
-  ``put_decisions``, a group held for a redraw is ``held``; of the groups that drew a round,
-  ``rescued_groups`` left mixed (queued whole, ``rescued_decisions``) and
-  ``redraw_skipped_groups`` left uniform and skipped (within ``uniform_groups``).
-- ``set_version`` follows the learner, also backwards after a learner restored an older
-  checkpoint (``restored=True``, or a newer lineage: ``WeightsMessage.lineage``), so the
-  staleness filter never rejects everything after a rollback; a late report of an older
-  lineage is ignored, so it cannot undo one.
-- ``may_admit`` is O(1) (running totals of the queued and buffered decisions, the tickets per
-  key), so a waiting admission costs one cheap check per event.
-"""
+Design notes: docs/concepts/pipeline.md#the-trajectory-queue"""
 
 from __future__ import annotations
 

@@ -1,39 +1,15 @@
-"""How ``VLAPolicy.act`` runs: eagerly on packed shapes, or at static shapes per batch bucket
-with the denoising loop captured in a CUDA graph.
+"""How ``VLAPolicy.act`` runs: an ``Acting`` strategy, chosen by ``VLAConfig.inference`` and
+built by ``make_acting``: ``eager`` on packed shapes, ``static`` at the shapes of a batch bucket
+(``BUCKETS``), ``cuda_graph`` with the denoising loop captured per bucket and replayed, ``auto``
+(graphs on CUDA, else eager). Each returns ``(chain [n, K + 1, H, W], log_prob [n], value [n])``
+on the device. For the same weights, observations and sampling stream, ``static`` and
+``cuda_graph`` give ``eager``'s results (float32: within 1e-5) and advance the stream as
+``eager`` does; weights changed in place need no new capture::
 
-Role: acting is the rollout servers' whole job, and at batch 1 an eager pi0.5 call is bound by
-the host launching thousands of small kernels (127-198 ms on an H200 for about 6 ms of
-arithmetic). Strategies (``VLAConfig.inference``, chosen by ``make_acting``; ``name`` says
-which runs):
+    policy.acting = make_acting("static", torch.device("cpu"))
+    chain, log_prob, value = policy.acting.act(policy, obs, deterministic=False)
 
-- ``eager``: the packed path. The prefix (images of present cameras, instruction, state) is
-  encoded once per call through the varlen attention backend, and its keys/values serve every
-  denoising step; all index structures are built on the host before the first kernel, so the
-  host never waits for the device inside a call.
-- ``static``: the same arithmetic at static shapes. The batch is padded up to a bucket
-  (1, 2, 4, ..., 256, then multiples of 256); the prefix runs eagerly as above and its
-  keys/values are copied into fixed buffers of ``L`` slots per sample (``L``: the longest
-  prefix the processor can emit), with a key mask; the denoising loop then runs on buffers
-  whose shapes depend on the bucket only (``DenseSuffix``: one masked SDPA per layer), with
-  every random number drawn beforehand, in the eager path's order. Runs anywhere: on a CPU it
-  is the graph-ready code without the capture, tested against ``eager``.
-- ``cuda_graph``: ``static`` with the loop captured once per (bucket, deterministic) in a
-  ``torch.cuda.CUDAGraph`` (one memory pool for all) and replayed: one launch for every
-  expert layer of every step. Weights changed in place (``load_state_dict``, an optimizer
-  step) need no re-capture; FP8 weights are re-quantised in place before a replay. A capture
-  that fails leaves the strategy running the static loop, with a warning and a ``name`` that
-  says why.
-- ``auto``: ``cuda_graph`` on CUDA, ``eager`` elsewhere.
-
-Inputs: the policy, an ``ObsBatch``, ``deterministic``. Output: ``(chain [n, K + 1, H, W],
-log_prob [n], value [n])`` on the device; the policy turns them into a ``PolicyOutput`` (the
-one read-back of a call).
-
-Invariants: for the same weights, observations and sampling stream, ``static`` and
-``cuda_graph`` give ``eager``'s actions, log-probabilities, values and chains (float32: within
-1e-5; the attention differs only in how padded keys are masked); the sampling stream advances
-exactly as under ``eager``.
-"""
+Design notes: docs/concepts/acting.md"""
 
 from __future__ import annotations
 
