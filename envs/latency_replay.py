@@ -1,41 +1,17 @@
-"""Latency replay: an env that reproduces a simulator's step and reset times, and nothing else.
+"""Latency replay: an env that reproduces a simulator's step and reset times, and nothing else,
+to benchmark the asynchronous pipeline at LIBERO scale (64+ env slots) on a 2-core machine.
+Each ``step`` and ``reset`` sleeps for a latency drawn from a ``LatencyModel`` (``distribution``:
+a measured JSON file, by default ``data/libero_latency.json``, or ``"synthetic"``) times
+``time_scale`` (0: no sleep). The actions are ignored: an episode succeeds with probability
+``success_rate`` after a drawn number of steps, or is truncated with reward 0 after
+``max_decisions * chunk_len`` steps. A slot's draws depend only on the factory ``seed``; a step
+allocates no image::
 
-One module over 400 lines because the latency models and the env that replays them share one
-option set.
+    env = make_latency_replay_env({"distribution": "synthetic"}, "env.options", seed=3)
+    obs = env.reset(task_id=0, init_state_id=0)  # sleeps one drawn reset latency
+    stats = summarize_latency({"distribution": "data/libero_latency.json"})  # for benchmarks
 
-Role: a timing model for benchmarking the asynchronous pipeline at LIBERO scale (64+ env slots)
-on a 2-core machine. Each ``step`` and ``reset`` sleeps (``time.sleep``) for a latency drawn
-from a measured distribution, so an env slot costs almost no CPU while it "simulates"; env
-workers run each slot in its own thread, so many slots overlap their sleeps. **The actions are
-ignored**: rewards and episode ends follow a fixed statistical model of a policy with about
-``success_rate`` success, not the policy being trained.
-
-Latency sources (``distribution`` option), each a ``LatencyModel``:
-- ``"synthetic"`` (default), LIBERO-like as measured on this machine: every episode draws a
-  scene mean step latency uniformly in ``[step_ms_min, step_ms_max]`` (60-180 ms per low-level
-  step) and each step jitters around it (normal, scaled so that the scene's p99 is
-  ``step_p99_ratio`` = 1.2x its mean). A hard reset takes ``[reset_ms_min, reset_ms_max]``
-  (1.5-2.3 s), except a ``reset_tail_fraction`` (10%) of resets that hit the contention tail,
-  ``[reset_ms_max, reset_tail_ms_max]`` (up to 6 s).
-- a path to a JSON file ``{"description": str, "command": str, "step_ms": {"<group>": [ms, ...],
-  ...}, "reset_ms": [ms, ...]}``: every episode picks a group uniformly and replays bootstrap
-  samples of its step latencies; resets are bootstrap samples of ``reset_ms``. A relative path
-  is looked up from the working directory, then from this package's directory (so
-  ``data/<file>.json`` names a file shipped in ``envs/data``).
-
-Episodes (either source): with probability ``success_rate`` an episode succeeds after a number
-of low-level steps drawn uniformly in ``[success_steps_min, success_steps_max]`` (reward 1,
-terminated, the success chunk stops early); otherwise it runs to ``max_decisions * chunk_len``
-steps (220 by default) and is truncated with reward 0.
-
-Outputs: one camera ``"top"`` (uint8 ``[image_size, image_size, 3]``, a precomputed read-only
-pattern per task, shared by every observation), state float32 ``[state_dim]`` (a per-task
-constant whose first entry is the episode's elapsed fraction), instruction ``"task <id>"``.
-
-Invariants: every latency is multiplied by ``time_scale`` (0 disables sleeping) before
-sleeping; the random stream of a slot depends only on the factory ``seed``; a step allocates no
-image. ``summarize_latency`` reports the statistics a benchmark prints.
-"""
+Design notes: docs/concepts/simulators.md#latency-replay"""
 
 from __future__ import annotations
 
@@ -66,8 +42,9 @@ class LatencyReplayConfig:
     ``latency_replay``)."""
 
     distribution: str = MEASURED
-    """A latency JSON file (see the module docstring; default: LIBERO as measured here, with
-    the command that re-measures it inside) or ``"synthetic"`` (the parametric model below)."""
+    """A latency JSON file (its format: docs/concepts/simulators.md#latency-replay; default:
+    LIBERO as measured here, with the command that re-measures it inside) or ``"synthetic"``
+    (the parametric model below)."""
     time_scale: float = 1.0
     """Multiplies every latency before sleeping (small values for fast tests; 0: no sleep)."""
     step_ms_min: float = 60.0
@@ -173,7 +150,7 @@ class LatencyModel(Protocol):
 
 @dataclass(frozen=True)
 class SyntheticLatency:
-    """The parametric LIBERO-like model (see the module docstring)."""
+    """The parametric LIBERO-like model (docs/concepts/simulators.md#latency-replay)."""
 
     step_ms_min: float
     step_ms_max: float

@@ -1,45 +1,17 @@
-"""ColorReach: a small language-conditioned reaching task with image observations.
+"""ColorReach: a small language-conditioned reaching task with image observations, the task the
+CPU pipeline learns for real. Task ``k`` is "reach the <colour k> block" among distractors; only
+the ``top`` image shows where the blocks are, the 2-d state where the gripper is. A scene
+depends only on the config's ``seed`` and the episode's ids, so every worker and GRPO group
+member sees the same one. Reaching the target (within ``success_radius``; blocks lie at least
+twice that apart, the gripper starts at least ``MIN_START_DISTANCE`` away) ends the episode
+mid-chunk; ``max_decisions`` decisions without it truncate it. A step earns ``progress_scale``
+times the distance gained, plus ``success_bonus`` on success::
 
-Role: the task the CPU pipeline learns for real. It is small enough that a small CNN policy
-trained with PPO on CPU solves it in minutes, yet it needs all three inputs: the instruction
-names the target colour, only the image shows where blocks of each colour are, and the state
-says where the gripper is.
+    env = ReachEnv(ReachConfig(num_colors=4, num_objects=3))
+    obs = env.reset(task_id=0, init_state_id=7)  # "reach the red block"
+    result = env.step(env.oracle_actions())  # float32 [chunk_len, 2] deltas in [-1, 1]
 
-Scene: a unit-square tabletop with ``num_objects`` blocks of distinct colours (drawn from the
-first ``num_colors`` entries of ``PALETTE``) and a grey-white gripper marker. Task ``k`` is
-"reach the <colour k> block"; that block is always in the scene, the others are distractors.
-
-Inputs: ``reset(task_id, init_state_id)``; ``step(actions)`` with float32 ``[chunk_len, 2]``
-deltas, clipped to ``[-1, 1]`` and scaled by ``step_size`` (a fraction of the table width),
-executed one low-level step at a time.
-
-Outputs: an ``Observation`` with one camera ``"top"`` (uint8 ``[image_size, image_size, 3]``,
-row 0 at the far edge of the table, ``y = 1``), state = gripper xy mapped to ``[-1, 1]``
-(float32 ``[2]``) and the instruction. The reward of a low-level step is
-``progress_scale * (previous distance - new distance)`` to the target, plus ``success_bonus``
-on the step that reaches it.
-
-Invariants:
-- The scene of ``(task_id, init_state_id)`` depends only on the config's ``seed`` and those
-  ids, so every worker and every GRPO group member sees the same initial state.
-- Success means the gripper centre is within ``success_radius`` of the *target*; blocks are
-  placed at least ``2 * success_radius`` apart, so no point is "at" a distractor and the
-  target at once. Success terminates the episode and stops the rest of the chunk; an episode
-  that has not succeeded after ``max_decisions`` decisions is truncated.
-- The gripper starts at least ``MIN_START_DISTANCE`` from the target, so no episode starts
-  solved.
-
-Simulated latency (``latency`` option): every reset and low-level step also sleeps for a
-latency drawn from a measured simulator distribution (``data/libero_latency.json``: LIBERO as
-measured on this machine, see ``envs.latency_replay``), so the env stage costs wall time but
-almost no CPU, as simulators on other nodes do on a cluster, while the task stays learnable.
-
-Measured here with the defaults, over 4 tasks x 50 initial states: the oracle
-(``ReachEnv.oracle_actions``) succeeds on 200/200 episodes (3.1 decisions on average);
-uniform random actions in ``[-1, 1]`` succeed on 5.5%, standard-normal actions (an untrained
-Gaussian policy) on 11%. One ``step`` (chunk of 2, render included) takes about 17 us, a
-``reset`` about 70 us.
-"""
+Design notes: docs/concepts/simulators.md#colorreach"""
 
 from __future__ import annotations
 

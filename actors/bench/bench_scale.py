@@ -1,45 +1,17 @@
 """``rlvla3 bench scale``: the GPU regime on a CPU, at 8-32 simulated GPUs.
 
-One module over 400 lines because the simulated cluster, the layouts of the modes and the
-dilation check make one benchmark whose JSON compares them.
+It starts a simulated cluster here (``ray.cluster_utils.Cluster``: a node per 8 GPUs offering
+``sim_gpu: 8``, a simulator node offering ``sim``) and runs the real pipeline on it
+(``actors.bench.bench_async.run_mode``) in each mode asked: ``full`` as the planner lays it out,
+``sync`` and ``sync_autoreset`` colocated, RLinf-style; GPU stages cost what ``--cost-model``
+says, env slots replay LIBERO's measured latencies, all dilated by one factor. It prints one
+JSON object: env steps per simulated second after ``--warmup``, and ``ratio_full_vs_sync``,
+``full`` against the faster sync mode at each scale (``sync_baseline``)::
 
-Starts a simulated cluster on this machine (``ray.cluster_utils.Cluster``): a head, one node
-per 8 GPUs offering the custom resource ``sim_gpu: 8`` (not Ray's ``GPU``), and a simulator
-node offering ``sim: <sim CPUs>``. Runs the real pipeline on it (``actors.bench.bench_async.run_mode``:
-the controller, env workers, rollout servers, queue and learners) in the modes asked, with the
-GPU stages' costs simulated (``rlvla3.gpu_costs``: ``--cost-model``) and the env slots replaying
-LIBERO's latencies measured here (``latency_replay``), everything dilated by one factor
-(``time_dilation``). Prints one JSON object; rates are env steps per simulated second.
+    rlvla3 bench scale --gpus 8,16,32 --json  # every mode at each scale
+    result = measure(args)  # args: commands.bench.scale.parser().parse_args([...])
 
-Layouts (how the modes use the GPUs):
-- ``full`` (RL-VLA3): the planner's split (``rlvla3.plan.gpu``), env slots, batching
-  (adaptive), weight-sync cadence and pacing; actors stand for ``granularity(gpus)`` GPUs each
-  (``rollout.lanes``, ``learner.ranks_per_actor``): the largest divisor of 8 up to ``gpus /
-  8``, so that a node holds whole actors at any GPU count (24 GPUs: actors of 2, four to a
-  node) and this machine runs a handful of processes.
-- ``sync`` / ``sync_autoreset`` (the baselines, RLinf-style colocation): every GPU both
-  serves rollouts and trains, in turn; per node one rollout server of 8 lanes and one learner
-  actor of 8 ranks, each holding half the node's ``sim_gpu`` (they never run at once). Every
-  simulator CPU runs a slot (more slots only help a lockstep design), and a lockstep batch is
-  split over all the lanes.
-
-Baseline: ``sync_baseline`` is the faster of ``sync`` and ``sync_autoreset`` at each scale
-(trained env steps/s); ``ratio_full_vs_sync`` is ``full`` against it. RL-VLA3 reports 1.59x over
-synchronous RLinf with pi0.5 on LIBERO at 32 GPUs (``reference``).
-
-Also: ``predicted`` (the planner's env steps/s for the full run, with the slots it ran) and
-``prediction_error``; ``--sweep-rollout-gpus 2,4,6,8``: full runs at the first scale with only
-the split changed (same slots, batching, pacing), the planner's split marked; ``--dilation F``
-fixes the dilation (default ``auto``: the planner's decisions/s over ``--real-rate``, so this
-machine handles about that many decisions per real second whatever the scale). ``overhead``
-says how much of the simulated GPU time was real compute here (``real_over_simulated``),
-how many calls ran over their simulated cost, and how busy this machine's CPUs were (all
-users: the machine is shared).
-
-Measurement: the first ``--warmup`` simulated seconds (every slot resetting at once, the
-first episodes) are excluded; lockstep modes are measured over whole rounds (progress rows are
-written at round ends), so give them ``--sync-seconds`` for three rounds or more.
-"""
+Design notes: docs/concepts/benchmarks.md#the-gpu-regime-at-scale-rlvla3-bench-scale"""
 
 from __future__ import annotations
 

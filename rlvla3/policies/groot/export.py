@@ -1,49 +1,17 @@
-"""A ``groot`` policy written as a LeRobot 0.5.1 ``groot`` policy directory (``rlvla3 export``).
+"""A GR00T-N1.5 ``groot`` policy written as a LeRobot 0.5.1 ``groot`` policy directory by
+``rlvla3 export`` (N1.7 policies go to ``rlvla3.policies.groot.export17``): ``config.json``,
+``model.safetensors``, the pre- and postprocessor pipelines with the policy's min/max
+statistics, ``eagle/`` (the processor assets, for the user to copy into ``HF_LEROBOT_HOME``),
+``base/`` at sizes other than N1.5's, ``rlvla3_export.json``. LeRobot loads the policy's
+weights key for key (the RL value head left out, listed); no file it reads names a path outside
+the export (``base_model_path`` may be a Hub id); its ``GrootPolicy`` and processors act as the
+policy does from the same noise. A policy it could not rebuild is refused, nothing written::
 
-Input: a ``GrootPolicy`` (built from a checkpoint's options, its weights loaded). Output, in the
-export directory (written by ``rlvla3.policies.export.write_policy_dir``)::
+    policy, meta = load_policy("runs/RUN")  # rlvla3.checkpoint.files
+    export_problems(policy, base_model(policy))  # why it would not export: [] when it would
+    manifest = export_lerobot(policy, Path("out"), {"source": "runs/RUN", "version": meta.version})
 
-    config.json             "type": "groot" and the GrootConfig fields the policy implies:
-                            features in LeRobot's sorted image order, chunk_size = the model's
-                            horizon, n_action_steps = the env's chunk, the tile size, the
-                            embodiment tag, the tune flags, base_model_path, use_bf16 false
-                            (float32, as rlvla3 computes)
-    model.safetensors       every weight under ``_groot_model.`` + the Isaac-GR00T key; the
-                            two parts GR00T never runs, which LeRobot's strict load still
-                            wants, are filled: the LM head tied to the token embedding (Qwen3's
-                            ``tie_word_embeddings``) and SigLIP's pooling head as zeros
-    policy_preprocessor.json + ..._step_2_groot_pack_inputs_v3.safetensors
-    policy_postprocessor.json + ..._step_0_groot_action_unpack_unnormalize_v1.safetensors
-                            LeRobot's groot pipelines with the min/max statistics the policy
-                            normalises with (``observation.state.*``, ``action.*``)
-    eagle/                  the Eagle processor assets the policy ran with (tokenizer, chat
-                            template, the Eagle ``config.json`` that sizes the backbone): what
-                            LeRobot reads from ``HF_LEROBOT_HOME/<tokenizer_assets_repo>``
-                            (``lerobot/eagle2hg-processor-groot-n1p5``); the user copies them
-                            there (docs/groot.md), LeRobot never looks beside the directory
-    base/                   (not at N1.5's sizes) the Isaac-GR00T checkpoint LeRobot builds the
-                            policy on: ``config.json`` (``GR00TN15Config`` written from the
-                            policy's sizes) + ``model.safetensors`` (the policy's weights, keyed
-                            ``backbone.*`` / ``action_head.*``)
-    rlvla3_export.json      source, version, shapes, cameras, base model, what was left out
-
-LeRobot builds a fine-tuned groot policy by loading ``base_model_path`` (an Isaac-GR00T
-checkpoint: its ``config.json`` sizes the action head) and then this directory's weights over
-it, strictly, so the base gives the architecture and nothing else. At N1.5's published sizes
-(``PRESETS["groot_n15"]``) the base is ``nvidia/GR00T-N1.5-3B``, which LeRobot resolves from the
-Hub or its Hugging Face cache as for any LeRobot groot checkpoint; at any other size the export
-writes its own ``base/`` and names it by its absolute path (moved, the directory needs
-``base_model_path`` set to the new place). The path a source checkpoint recorded (a LeRobot
-directory's ``base_model_path``, perhaps of another machine) is never copied. A policy built
-from no checkpoint at other sizes is refused, as are the other policies LeRobot could not
-rebuild (every reason listed, nothing written). The RL value head is left out (listed).
-
-Invariants: the weights LeRobot loads are the policy's, key for key; no file LeRobot reads names
-a path outside the export (or ``base_model_path`` a Hub id); LeRobot's
-``GrootPolicy.from_pretrained(DIR)`` + ``make_pre_post_processors(pretrained_path=DIR)``, with
-``eagle/`` in ``HF_LEROBOT_HOME``, act as the policy does from the same noise
-(``tests/data/groot_reference.py --export``, checked by ``tests/policies/test_model_export.py``).
-"""
+Design notes: docs/concepts/export.md#gr00t-n15-lerobot-051"""
 
 from __future__ import annotations
 

@@ -1,42 +1,17 @@
 """A GR00T-N1.7 ``groot`` policy written as a LeRobot 0.6.1 ``groot`` policy directory
-(``rlvla3 export``; ``rlvla3.policies.groot.export`` hands N1.7 policies here).
+(``rlvla3 export``; ``rlvla3.policies.groot.export`` hands N1.7 policies here): ``config.json``,
+``model.safetensors``, LeRobot 0.6.1's N1.7 pre- and postprocessor pipelines with the policy's
+min/max statistics, ``backbone/`` and ``base/`` at sizes other than N1.7's published ones,
+``rlvla3_export.json``. LeRobot loads the policy's weights key for key (the RL value head left
+out, listed), and LeRobot 0.6.1's ``GrootPolicy`` and processors act as the policy does from
+the same noise. A policy LeRobot could not rebuild is refused, nothing written::
 
-Input: a ``GrootPolicy`` at N1.7 (built from a checkpoint's options, its weights loaded).
-Output, in the export directory (``rlvla3.policies.export.write_policy_dir``)::
+    policy, meta = load_policy("runs/RUN")  # a GR00T-N1.7 policy (rlvla3.checkpoint.files)
+    export_problems(policy)  # why it would not export: [] when it would
+    source = {"source": "runs/RUN", "version": meta.version}  # what rlvla3_export.json records
+    manifest = export_lerobot17(policy, Path("out"), source)
 
-    config.json             "type": "groot" and the LeRobot 0.6.1 GrootConfig fields the policy
-                            implies: features in LeRobot's sorted image order, chunk_size = the
-                            model's horizon, n_action_steps = the env's chunk, max_state_dim /
-                            max_action_dim, the embodiment tag, the tune flags, base_model_path,
-                            use_bf16 false (float32, as rlvla3 computes)
-    model.safetensors       every weight under ``_groot_model.`` + the Isaac-GR00T key, the
-                            token embedding written once as the LM head tied to it (as LeRobot
-                            saves it)
-    policy_preprocessor.json + ..._step_2_groot_n1_7_pack_inputs_v1.safetensors
-    policy_postprocessor.json + ..._step_0_groot_action_unpack_unnormalize_v2.safetensors
-                            LeRobot 0.6.1's N1.7 pipelines with the min/max statistics the policy
-                            normalises with, clipping as rlvla3 does; the VLM step's
-                            ``model_name`` and image sizes are the policy's
-    backbone/               (not at N1.7's published sizes) the Qwen3-VL processor assets and
-                            ``config.json`` the policy ran with, which LeRobot's backbone and
-                            processor read by that absolute path
-    base/                   (not at N1.7's published sizes) the raw N1.7 checkpoint LeRobot
-                            builds the policy on: ``config.json`` (``GR00TN17Config`` from the
-                            policy's sizes, ``model_name`` = ``backbone/``),
-                            ``processor_config.json`` (image sizes), ``model.safetensors`` (the
-                            policy's weights, keyed ``backbone.*`` / ``action_head.*``)
-    rlvla3_export.json      source, version, shapes, cameras, base model, what was left out
-
-At N1.7's published sizes (``PRESETS["groot_n17"]``) the base is ``nvidia/GR00T-N1.7-3B`` and the
-backbone ``nvidia/Cosmos-Reason2-2B``, which LeRobot resolves from the Hub or its cache; at any
-other size the export writes its own ``base/`` and ``backbone/`` and names them by absolute path
-(moved, the directory needs those paths set anew). A policy LeRobot could not rebuild is refused
-with every reason, nothing written; the RL value head is left out (listed).
-
-Invariants: the weights LeRobot loads are the policy's, key for key; LeRobot 0.6.1's
-``GrootPolicy.from_pretrained(DIR)`` + ``make_pre_post_processors(pretrained_path=DIR)`` act as
-the policy does from the same noise (``tests/data/groot17_reference.py --export``).
-"""
+Design notes: docs/concepts/export.md#gr00t-n17-lerobot-061"""
 
 from __future__ import annotations
 
