@@ -1,6 +1,6 @@
 """``rlvla3 export``: write a checkpoint trained here as a LeRobot policy directory: a ``vla``
 policy as LeRobot's ``pi05``, a ``groot`` policy as LeRobot's ``groot`` (GR00T-N1.5; written by
-``rlvla3.policies.groot.export``, whose docstring lists its files).
+``rlvla3.policies.groot.export``; its files: docs/concepts/export.md).
 
 Example::
 

@@ -1,6 +1,6 @@
 """A checkpoint trained here as a LeRobot policy directory (``rlvla3 export``): a ``vla`` policy
 as LeRobot's ``pi05``, a ``groot`` policy as LeRobot's ``groot`` (GR00T-N1.5; written by
-``rlvla3.policies.groot.export``, whose docstring lists its files).
+``rlvla3.policies.groot.export``; its files: docs/concepts/export.md).
 
 Input: a checkpoint directory or a run directory (its latest checkpoint) holding a ``groot``
 policy or a ``vla`` policy that acts as pi0.5 does (``chain: padded``, ``normalization: quantile``, a PaliGemma
