@@ -148,6 +148,10 @@ class AlgoConfig:
     kl_lr_max_scale: float = 10.0
     vf_clip: float | None = None
     """Clip the value prediction to ``old_value +- vf_clip`` in the value loss; None: unclipped."""
+    ref_kl_coef: float = 0.0
+    """Weight of a penalty on the policy's distance from the reference policy, the weights of
+    ``init_from`` held frozen (``reference_kl``): the tasks or states without signal in a batch
+    are held where SFT left them while the others learn. 0: off (no reference is built)."""
 
     def validate(self) -> None:
         require(self.name in ("ppo", "grpo"), "name", f"{self.name!r} is not one of ppo, grpo")
@@ -161,6 +165,8 @@ class AlgoConfig:
         )
         require(self.vf_coef >= 0.0, "vf_coef", f"must be >= 0, got {self.vf_coef}")
         require(self.ent_coef >= 0.0, "ent_coef", f"must be >= 0, got {self.ent_coef}")
+        require(math.isfinite(self.ref_kl_coef) and self.ref_kl_coef >= 0.0, "ref_kl_coef",
+                f"must be >= 0 (0: off), got {self.ref_kl_coef}")
         require(self.group_size >= 1, "group_size", f"must be >= 1, got {self.group_size}")
         require(
             self.name != "grpo" or self.group_size >= 2,
@@ -456,6 +462,8 @@ class ObjectiveStats:
     kl_per_decision: float
     """The same per decision (``E`` Gaussians)."""
     policy: PolicyLossStats
+    ref_kl: float = math.nan
+    """``KL(pi_theta || pi_ref)`` per decision (``reference_kl``); NaN without a reference."""
 
     def as_dict(self) -> dict[str, float]:
         """Flat ``name -> value`` for metric writers (policy stats prefixed ``policy/``)."""
@@ -463,6 +471,17 @@ class ObjectiveStats:
         out.update({f"policy/{k}": v for k, v in asdict(self.policy).items()
                     if k != "behaviour_weights"})
         return out
+
+
+def reference_kl(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, count: int) -> torch.Tensor:
+    """``KL(pi_theta || pi_ref)`` per decision, estimated on the recorded decisions ``[N]``.
+
+    With ``r = (log pi_ref - log pi_theta) / E`` the per-Gaussian mean log-ratio of a decision
+    of ``E`` Gaussians, the estimate is ``E (exp(r) - r - 1)`` (Schulman's k3 per Gaussian):
+    never negative, zero exactly where the two policies agree, about ``r^2 E / 2`` near there.
+    ``r`` is clipped to ``[-10, 10]`` so that one far decision cannot overflow the loss."""
+    r = ((ref_log_prob - log_prob) / count).clamp(-10.0, 10.0)
+    return count * (r.exp() - r - 1.0)
 
 
 def objective(
@@ -473,10 +492,15 @@ def objective(
     returns: torch.Tensor,
     old_values: torch.Tensor,
     prox_log_prob: torch.Tensor | None = None,
+    ref_log_prob: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ObjectiveStats]:
     """The full loss of ``cfg`` on one (micro-)batch of ``N`` recorded decisions.
 
         L = L_policy (ppo_loss) + vf_coef * L_value (value_loss, PPO only) - ent_coef * mean(H)
+            + ref_kl_coef * mean(reference_kl)
+
+    ``ref_log_prob`` ``[N]``: the reference policy's log-probabilities of the decisions
+    (needed when ``cfg.ref_kl_coef > 0``).
 
     The proximal log-probabilities (``[N]``, or ``[N, E]`` per Gaussian): ``cfg.proximal ==
     "window"`` takes ``prox_log_prob`` as the caller computed it (the learner, with its proximal
@@ -535,6 +559,14 @@ def objective(
         critic = evaluation.value.sum() * 0.0
     entropy = evaluation.entropy.mean()
     loss = policy + cfg.vf_coef * critic - cfg.ent_coef * entropy
+    ref_kl = math.nan
+    if cfg.ref_kl_coef > 0:
+        if ref_log_prob is None:
+            raise ValueError("algo.ref_kl_coef needs the reference policy's log-probabilities "
+                             "(ref_log_prob) of the decisions")
+        anchor = reference_kl(evaluation.log_prob, ref_log_prob, count).mean()
+        loss = loss + cfg.ref_kl_coef * anchor
+        ref_kl = anchor.item()
     stats = ObjectiveStats(
         loss=loss.item(),
         policy_loss=policy.item(),
@@ -543,5 +575,6 @@ def objective(
         kl_per_element=kl[0],
         kl_per_decision=kl[1],
         policy=policy_stats,
+        ref_kl=ref_kl,
     )
     return loss, stats

@@ -431,6 +431,9 @@ class RunConfig:
         require(bool(self.init_from) or not self.needs_init_from, "init_from",
                 "this config starts RL from a fine-tuned checkpoint (needs_init_from): give one "
                 "with --set init_from=RUN_DIR (an SFT run or checkpoint directory)")
+        require(self.algo.ref_kl_coef == 0 or bool(self.init_from), "algo.ref_kl_coef",
+                "the reference policy is init_from's weights: give one with --set "
+                "init_from=RUN_DIR, or set algo.ref_kl_coef=0")
         require(self.max_minutes >= 0, "max_minutes", "must be >= 0")
         require(0 <= self.target_success <= 1, "target_success",
                 f"must be a success rate in [0, 1] (0: off), got {self.target_success}")

@@ -29,6 +29,7 @@ from rlvla3.algos import AlgoConfig
 from rlvla3.checkpoint.files import (
     CheckpointMeta,
     SavedCheckpoint,
+    load_policy,
     row_source,
     save_run_checkpoint,
     save_sharded_run_checkpoint,
@@ -43,6 +44,7 @@ from rlvla3.gpu_sim import SimulatedEngine
 from rlvla3.learner.core import LEARNER_STRATEGIES, LearnerCore, rl_engine
 from rlvla3.learner.step import LearnerState, StepStats
 from rlvla3.policies import build_policy
+from rlvla3.protocols import Policy
 from rlvla3.role_stats import LearnerStats
 from rlvla3.run_config import LearnerConfig
 from rlvla3.types import EnvSpec, WeightsMessage
@@ -125,7 +127,8 @@ class Learner:
         self.core = LearnerCore(
             self.policy, self.algo, 0, self.cfg.micro_batch, self.cfg.lr,
             LEARNER_STRATEGIES[self.strategy](), engine=self.simulated or engine,
-            max_staleness=self.max_staleness)
+            max_staleness=self.max_staleness,
+            reference=self._reference() if self.algo.ref_kl_coef > 0 else None)
         self.core.take_share(self.cfg.global_batch, ranks.world, ranks.rank)
         if self._restart:
             try:
@@ -167,6 +170,18 @@ class Learner:
         if self.core.buffered != self._reported_buffered:
             self._reported_buffered = self.core.buffered
             self.queue.learner_buffered.remote(self.rank, self.core.buffered)
+
+    def _reference(self) -> Policy:
+        """``init_from``'s weights in this run's policy (its likelihood options), frozen and
+        whole on this rank: what ``algo.ref_kl_coef`` measures the distance from. Loaded from
+        ``init_from`` whatever the rank restores, so a resumed run keeps the same reference."""
+        if not self.init_from:
+            raise ValueError("algo.ref_kl_coef needs init_from: the reference policy is its "
+                             "weights")
+        reference = build_policy(self.policy_choice, self.spec)
+        loaded, _ = load_policy(self.init_from)
+        reference.load_state_dict(loaded.state_dict())
+        return reference.to(self.device).eval()
 
     def load_weights(self, path: str) -> int:
         """Initialise from another run's weights (e.g. SFT); optimizer and version stay fresh.

@@ -84,7 +84,7 @@ def rank_batches(global_batch: int, world_size: int) -> list[int]:
 
 _AVERAGED = ("loss", "policy_loss", "value_loss", "entropy", "clip_fraction", "kl_per_element",
              "kl_per_decision", "no_grad_fraction", "staleness", "behaviour_weight",
-             "truncated_fraction")
+             "truncated_fraction", "ref_kl")
 
 
 def rl_engine(policy: Policy, algo: AlgoConfig, lr: float, cfg: EngineConfig | None = None,
@@ -117,10 +117,16 @@ class LearnerCore:
                  lr: float, strategy: BatchStart | StreamingStart,
                  engine: TrainingEngine | None = None, max_staleness: int | None = None,
                  reduce: Reduce | None = None, grad_share: float | None = None,
-                 micro_per_step: int | None = None):
+                 micro_per_step: int | None = None, reference: Policy | None = None):
         """``engine``: the policy under its strategy (default: one rank, the plain module; on
         simulated GPUs, ``rlvla3.gpu_sim.SimulatedEngine`` around it); ``grad_share`` and
-        ``micro_per_step``: this rank's place in a group (``take_share``)."""
+        ``micro_per_step``: this rank's place in a group (``take_share``); ``reference``: the
+        frozen policy ``algo.ref_kl_coef`` measures the distance from (needed when it is
+        above 0)."""
+        if algo.ref_kl_coef > 0 and reference is None:
+            raise ValueError("algo.ref_kl_coef > 0 needs a reference policy (init_from's weights)")
+        self.reference = reference
+        """Evaluated under no_grad only: it never trains."""
         self.engine = engine or rl_engine(policy, algo, lr)
         self.policy = self.engine.policy
         self.algo = algo
@@ -364,8 +370,14 @@ class LearnerCore:
         def t(a: np.ndarray) -> torch.Tensor:  # recorded data, on the policy's device
             return torch.from_numpy(np.ascontiguousarray(a)).to(ev.log_prob.device)
 
+        ref = None
+        if self.reference is not None and self.algo.ref_kl_coef > 0:
+            with torch.no_grad():
+                ref = self.reference.evaluate(batch.obs, torch.from_numpy(batch.actions),
+                                              torch.from_numpy(batch.latents)).log_prob
         total, stats = objective(self.algo, ev, t(batch.log_probs), t(batch.advantages),
-                                 t(batch.returns), t(batch.values), t(batch.prox_log_probs))
+                                 t(batch.returns), t(batch.values), t(batch.prox_log_probs),
+                                 None if ref is None else ref.to(ev.log_prob.device))
         policy = stats.policy
         return total, {"loss": stats.loss, "policy_loss": stats.policy_loss,
                        "value_loss": stats.value_loss, "entropy": stats.entropy,
@@ -375,6 +387,7 @@ class LearnerCore:
                        "no_grad_fraction": policy.no_grad_fraction,
                        "behaviour_weight": policy.behaviour_weight_mean,
                        "truncated_fraction": policy.truncated_fraction,
+                       "ref_kl": stats.ref_kl,
                        "weights": policy.behaviour_weights,
                        "own_log_probs": own.detach(),
                        "staleness": float(self.version - batch.policy_versions.mean())}
@@ -497,7 +510,7 @@ class LearnerCore:
             avg["staleness"], avg["behaviour_weight"],
             (float(q05), float(q50), float(q95)),
             avg["truncated_fraction"], skipped, epoch, self.optimizer.param_groups[0]["lr"],
-            update_kl)
+            update_kl, ref_kl=avg["ref_kl"])
 
     @torch.no_grad()
     def _drift(self) -> float:

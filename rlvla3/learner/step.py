@@ -18,6 +18,7 @@ the step the learner that saved it would have taken next.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, cast
@@ -213,6 +214,9 @@ class StepStats:
     measured after its last update on the step's last micro-batch (averaged over the ranks):
     ``pi_start`` is the proximal copy with a window, the parameters before the step otherwise.
     What ``algo.target_kl`` steers by; None when no region closed or no target is set."""
+    ref_kl: float = math.nan
+    """``KL(pi_theta || pi_ref)`` per decision against the frozen ``init_from`` policy
+    (``algo.ref_kl_coef``); NaN without one."""
 
     def as_row(self) -> dict:
         """One ``steps.jsonl`` line (plain JSON values)."""
