@@ -174,10 +174,8 @@ class Learner:
     def _reference(self) -> Policy:
         """``init_from``'s weights in this run's policy (its likelihood options), frozen and
         whole on this rank: what ``algo.ref_kl_coef`` measures the distance from. Loaded from
-        ``init_from`` whatever the rank restores, so a resumed run keeps the same reference."""
-        if not self.init_from:
-            raise ValueError("algo.ref_kl_coef needs init_from: the reference policy is its "
-                             "weights")
+        ``init_from`` whatever the rank restores, so a resumed run keeps the same reference
+        (the run config refuses ``algo.ref_kl_coef`` without ``init_from``)."""
         reference = build_policy(self.policy_choice, self.spec)
         loaded, _ = load_policy(self.init_from)
         reference.load_state_dict(loaded.state_dict())
