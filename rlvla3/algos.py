@@ -152,6 +152,18 @@ class AlgoConfig:
     """Weight of a penalty on the policy's distance from the reference policy, the weights of
     ``init_from`` held frozen (``reference_kl``): the tasks or states without signal in a batch
     are held where SFT left them while the others learn. 0: off (no reference is built)."""
+    sft_coef: float = 0.0
+    """Weight of the policy's own SFT loss (``sft_loss``: flow matching for the VLAs) on
+    demonstrations drawn from ``sft_datasets``, added to every micro-batch's RL loss: the tasks
+    a batch carries no signal for are held to their demonstrations while the others learn
+    (PPO-ptx, Ouyang et al. 2022). Each step reports it as ``sft_loss``. 0: off (nothing is
+    loaded)."""
+    sft_datasets: tuple[str, ...] = ()
+    """LeRobot datasets (paths or URIs) of the env's robot and cameras that ``sft_coef`` draws
+    from: decoded once into each learner rank's memory."""
+    sft_max_samples: int = 20_000
+    """At most this many demonstration samples held per rank (a seeded subset beyond it:
+    about 25 KB a sample at two 64 px cameras)."""
 
     def validate(self) -> None:
         require(self.name in ("ppo", "grpo"), "name", f"{self.name!r} is not one of ppo, grpo")
@@ -167,6 +179,13 @@ class AlgoConfig:
         require(self.ent_coef >= 0.0, "ent_coef", f"must be >= 0, got {self.ent_coef}")
         require(math.isfinite(self.ref_kl_coef) and self.ref_kl_coef >= 0.0, "ref_kl_coef",
                 f"must be >= 0 (0: off), got {self.ref_kl_coef}")
+        require(math.isfinite(self.sft_coef) and self.sft_coef >= 0.0, "sft_coef",
+                f"must be >= 0 (0: off), got {self.sft_coef}")
+        require(self.sft_coef == 0 or bool(self.sft_datasets), "sft_datasets",
+                "algo.sft_coef draws demonstrations from these: give one with --set "
+                "algo.sft_datasets=[DATASET], or set algo.sft_coef=0")
+        require(self.sft_max_samples >= 1, "sft_max_samples",
+                f"must be >= 1, got {self.sft_max_samples}")
         require(self.group_size >= 1, "group_size", f"must be >= 1, got {self.group_size}")
         require(
             self.name != "grpo" or self.group_size >= 2,

@@ -102,3 +102,12 @@ class Metrics(Protocol):
     def observe(self, name: str, value: float) -> None:
         """Add one observation to histogram ``name``."""
         ...
+
+
+class Demonstrations(Protocol):
+    """Where the SFT loss beside RL (``algo.sft_coef``) draws its samples
+    (``datalake.demos.DemoSet``)."""
+
+    def draw(self, n: int) -> tuple[ObsBatch, np.ndarray, np.ndarray]:
+        """``n`` samples: observations, action chunks ``[n, chunk, action_dim]``, their mask."""
+        ...

@@ -65,7 +65,7 @@ from envs import check_training_split, dilate_env, env_spec
 from rlvla3.checkpoint.files import check_init_from, read_meta
 from rlvla3.checkpoint.storage import Mirror, basename, check_reach, join
 from rlvla3.checkpoint.trust import locate_checkpoint
-from rlvla3.config import require, to_dict
+from rlvla3.config import ConfigError, require, to_dict
 from rlvla3.machine import local_ray_cpus, usable_cpus
 from rlvla3.plan.cluster import actor_specs, check_placement, place
 from rlvla3.plan.memory import MemoryPlan, choose_sharding, estimate, model_facts
@@ -92,7 +92,24 @@ def check_components(cfg: RunConfig) -> EnvSpec:
     policy = build_policy(cfg.policy, spec)
     if cfg.init_from:
         check_init_from(cfg.init_from, cfg.policy, spec, policy)
+    if cfg.algo.sft_coef > 0:
+        check_sft_datasets(cfg.algo.sft_datasets, spec, policy)
     return spec
+
+
+def check_sft_datasets(uris: tuple[str, ...], spec: EnvSpec, policy: object) -> None:
+    """``algo.sft_coef``'s demonstrations open, and fit this env and policy (one clear line
+    before Ray starts, not a learner that dies loading them)."""
+    from datalake.demos import check_demos
+    from datalake.format import DatasetError, open_dataset
+
+    require(callable(getattr(policy, "sft_loss", None)), "algo.sft_coef",
+            f"the {type(policy).__name__} policy has no sft_loss to train on demonstrations")
+    for uri in uris:
+        try:
+            check_demos(open_dataset(uri), spec)
+        except (DatasetError, OSError) as exc:
+            raise ConfigError("algo.sft_datasets", str(exc)) from None
 
 
 def ensure_ray(cfg: RunConfig, log_to_driver: bool = True) -> float:

@@ -27,10 +27,10 @@ CLIP_WARNING = 0.5
 WARNING_STEPS = 10
 FIGURES = ("clip_fraction", "kl_per_element", "kl_per_decision", "no_grad_fraction",
            "truncated_fraction", "grad_norm", "weight_p05", "weight_p50", "weight_p95", "lr",
-           "update_kl", "ref_kl")
+           "update_kl", "ref_kl", "sft_loss")
 """Per-step figures summarised per row and per run (``update_kl`` only where a trust region
-closed under ``algo.target_kl``, ``ref_kl`` only with ``algo.ref_kl_coef``: absent from the
-median and quantiles elsewhere)."""
+closed under ``algo.target_kl``, ``ref_kl`` only with ``algo.ref_kl_coef``, ``sft_loss`` only
+with ``algo.sft_coef``: absent from the median and quantiles elsewhere)."""
 
 
 def _quantiles(values: list[float]) -> dict:

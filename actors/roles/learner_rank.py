@@ -25,6 +25,7 @@ import torch
 from actors.runtime.bootstrap import lookup, was_restarted
 from actors.runtime.metrics import RoleMetrics
 from actors.runtime.process_memory import ProcessMemory
+from datalake.demos import DemoSet, load_demos
 from rlvla3.algos import AlgoConfig
 from rlvla3.checkpoint.files import (
     CheckpointMeta,
@@ -73,6 +74,7 @@ class Learner:
         self.algo = algo
         self.strategy = strategy
         self.max_staleness = max_staleness
+        self.seed = seed
         self.cost = cost
         self.init_from = init_from
         self.device = torch.device("cuda" if cfg.num_gpus > 0 and torch.cuda.is_available()
@@ -128,7 +130,8 @@ class Learner:
             self.policy, self.algo, 0, self.cfg.micro_batch, self.cfg.lr,
             LEARNER_STRATEGIES[self.strategy](), engine=self.simulated or engine,
             max_staleness=self.max_staleness,
-            reference=self._reference() if self.algo.ref_kl_coef > 0 else None)
+            reference=self._reference() if self.algo.ref_kl_coef > 0 else None,
+            demos=self._demos(ranks.rank) if self.algo.sft_coef > 0 else None)
         self.core.take_share(self.cfg.global_batch, ranks.world, ranks.rank)
         if self._restart:
             try:
@@ -180,6 +183,19 @@ class Learner:
         loaded, _ = load_policy(self.init_from)
         reference.load_state_dict(loaded.state_dict())
         return reference.to(self.device).eval()
+
+    def _demos(self, rank: int) -> DemoSet:
+        """``algo.sft_datasets`` decoded into this rank's memory, drawn with a seed of its own
+        (checked against the env before the run started: ``actors.rl.controller``)."""
+        start = time.monotonic()
+        demos = load_demos(self.algo.sft_datasets, self.spec, self.algo.sft_max_samples,
+                           seed=self.seed * 1000 + rank)
+        if rank == 0:
+            skipped = f", {demos.skipped} unreadable frame(s) skipped" if demos.skipped else ""
+            print(f"[learner] algo.sft_coef={self.algo.sft_coef}: {len(demos)} demonstration "
+                  f"samples of {len(self.algo.sft_datasets)} dataset(s) in memory "
+                  f"({time.monotonic() - start:.0f} s{skipped})", flush=True)
+        return demos
 
     def load_weights(self, path: str) -> int:
         """Initialise from another run's weights (e.g. SFT); optimizer and version stay fresh.

@@ -49,7 +49,7 @@ from rlvla3.learner.step import (
     Reduce,
     StepStats,
 )
-from rlvla3.protocols import Policy
+from rlvla3.protocols import Demonstrations, Policy
 from rlvla3.queue.pacing import StalenessBound
 from rlvla3.types import TrajectorySegment
 
@@ -84,7 +84,7 @@ def rank_batches(global_batch: int, world_size: int) -> list[int]:
 
 _AVERAGED = ("loss", "policy_loss", "value_loss", "entropy", "clip_fraction", "kl_per_element",
              "kl_per_decision", "no_grad_fraction", "staleness", "behaviour_weight",
-             "truncated_fraction", "ref_kl")
+             "truncated_fraction", "ref_kl", "sft_loss")
 
 
 def rl_engine(policy: Policy, algo: AlgoConfig, lr: float, cfg: EngineConfig | None = None,
@@ -117,16 +117,21 @@ class LearnerCore:
                  lr: float, strategy: BatchStart | StreamingStart,
                  engine: TrainingEngine | None = None, max_staleness: int | None = None,
                  reduce: Reduce | None = None, grad_share: float | None = None,
-                 micro_per_step: int | None = None, reference: Policy | None = None):
+                 micro_per_step: int | None = None, reference: Policy | None = None,
+                 demos: Demonstrations | None = None):
         """``engine``: the policy under its strategy (default: one rank, the plain module; on
         simulated GPUs, ``rlvla3.gpu_sim.SimulatedEngine`` around it); ``grad_share`` and
         ``micro_per_step``: this rank's place in a group (``take_share``); ``reference``: the
         frozen policy ``algo.ref_kl_coef`` measures the distance from (needed when it is
-        above 0)."""
+        above 0); ``demos``: what ``algo.sft_coef``'s loss draws from (needed when it is above
+        0)."""
         if algo.ref_kl_coef > 0 and reference is None:
             raise ValueError("algo.ref_kl_coef > 0 needs a reference policy (init_from's weights)")
+        if algo.sft_coef > 0 and demos is None:
+            raise ValueError("algo.sft_coef > 0 needs demonstrations (algo.sft_datasets)")
         self.reference = reference
         """Evaluated under no_grad only: it never trains."""
+        self.demos = demos if algo.sft_coef > 0 else None
         self.engine = engine or rl_engine(policy, algo, lr)
         self.policy = self.engine.policy
         self.algo = algo
@@ -378,6 +383,13 @@ class LearnerCore:
         total, stats = objective(self.algo, ev, t(batch.log_probs), t(batch.advantages),
                                  t(batch.returns), t(batch.values), t(batch.prox_log_probs),
                                  None if ref is None else ref.to(ev.log_prob.device))
+        sft_loss = math.nan
+        if self.demos is not None:  # as many demonstration samples as the micro-batch has
+            obs, actions, mask = self.demos.draw(len(batch))
+            sft = self.engine.call("sft_loss", obs, torch.from_numpy(actions),
+                                   torch.from_numpy(mask))
+            total = total + self.algo.sft_coef * sft
+            sft_loss = float(sft.detach())
         policy = stats.policy
         return total, {"loss": stats.loss, "policy_loss": stats.policy_loss,
                        "value_loss": stats.value_loss, "entropy": stats.entropy,
@@ -388,6 +400,7 @@ class LearnerCore:
                        "behaviour_weight": policy.behaviour_weight_mean,
                        "truncated_fraction": policy.truncated_fraction,
                        "ref_kl": stats.ref_kl,
+                       "sft_loss": sft_loss,
                        "weights": policy.behaviour_weights,
                        "own_log_probs": own.detach(),
                        "staleness": float(self.version - batch.policy_versions.mean())}
@@ -510,7 +523,7 @@ class LearnerCore:
             avg["staleness"], avg["behaviour_weight"],
             (float(q05), float(q50), float(q95)),
             avg["truncated_fraction"], skipped, epoch, self.optimizer.param_groups[0]["lr"],
-            update_kl, ref_kl=avg["ref_kl"])
+            update_kl, ref_kl=avg["ref_kl"], sft_loss=avg["sft_loss"])
 
     @torch.no_grad()
     def _drift(self) -> float:

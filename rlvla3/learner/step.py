@@ -217,6 +217,9 @@ class StepStats:
     ref_kl: float = math.nan
     """``KL(pi_theta || pi_ref)`` per decision against the frozen ``init_from`` policy
     (``algo.ref_kl_coef``); NaN without one."""
+    sft_loss: float = math.nan
+    """The SFT loss on the demonstrations drawn beside the step's samples (``algo.sft_coef``),
+    before its weight; NaN without one."""
 
     def as_row(self) -> dict:
         """One ``steps.jsonl`` line (plain JSON values)."""
