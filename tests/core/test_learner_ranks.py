@@ -93,7 +93,7 @@ def test_a_sharded_checkpoint_in_a_bucket_written_by_two_ranks_restores_onto_thr
     copy holds version 2's weights, and the normaliser carries three batches' moments)."""
     import os
 
-    from s3_server import S3Server
+    from support.s3_server import S3Server
 
     from rlvla3.checkpoint.files import read_meta
     from rlvla3.checkpoint.trust import listed_files

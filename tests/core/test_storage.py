@@ -1,4 +1,4 @@
-"""Run storage on a real S3-compatible server (the moto server on loopback, ``tests/s3_server.py``)
+"""Run storage on a real S3-compatible server (the moto server on loopback, ``tests/support/s3_server.py``)
 and on local paths: the same reads, writes and transfers on both; checkpoints that appear whole
 or not at all (``meta.json`` last, ``latest`` after it), even when the endpoint dies mid-upload;
 a copy that does not match its ``meta.json`` is refused; working copies that mirror growing
@@ -12,8 +12,8 @@ import time
 
 import pytest
 import torch
-from s3_server import CREDENTIALS, Relay, S3Server
 from safetensors.torch import load_file
+from support.s3_server import CREDENTIALS, Relay, S3Server
 
 from rlvla3.checkpoint.files import (
     CheckpointMeta,

@@ -1,5 +1,5 @@
 """``rlvla3 eval --checkpoint s3://...`` on real LIBERO: a checkpoint kept only in a bucket (the
-moto server on loopback, ``tests/s3_server.py``) is evaluated by env workers that download it
+moto server on loopback, ``tests/support/s3_server.py``) is evaluated by env workers that download it
 into their own scratch directory, and the evaluation writes its results, episodes, video and
 chart to the bucket; its fingerprint carries the sha256 that the checkpoint's ``meta.json``
 lists, without the driver downloading the weights."""
@@ -14,7 +14,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-from s3_server import CREDENTIALS, S3Server
+from support.s3_server import CREDENTIALS, S3Server
 
 from rlvla3.checkpoint.files import CheckpointMeta, save_run_checkpoint
 from rlvla3.checkpoint.storage import Storage

@@ -2,7 +2,7 @@
 memory, its faults and restarts, and (where the Isaac Lab environment is built) the real task.
 
 Most tests run the real server (``envs.isaaclab.server``) in this interpreter on a torch-only
-task with Isaac Lab's batched interface (``tests/isaaclab_standin.py``): the process boundary,
+task with Isaac Lab's batched interface (``tests/support/isaaclab_standin.py``): the process boundary,
 the shared memory and the fault handling are the production code. The last tests run Isaac Lab
 itself (Newton, kit-less, CPU) and are skipped, and counted, where its environment is missing.
 """
@@ -31,7 +31,7 @@ from rlvla3.config import ConfigError, Named, build
 from rlvla3.types import EnvSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-STANDIN = "tests.isaaclab_standin:DEFINITION"
+STANDIN = "tests.support.isaaclab_standin:DEFINITION"
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ def _chunk(value: float, n: int = 3, code: float = 0.0) -> np.ndarray:
 
 
 def test_batched_step_accounts_each_sub_env_and_holds_the_others():
-    from tests.isaaclab_standin import LineTask
+    from tests.support.isaaclab_standin import LineTask
 
     task = LineTask({"num_envs": 4, "cameras": ["front"], "max_steps": 0})
     layout = Layout(spec_of(task, 3), bytearray(Layout(spec_of(task, 3)).nbytes))
@@ -265,7 +265,7 @@ def test_an_exception_in_a_step_is_a_fault_without_a_restart():
 def test_a_task_that_fails_to_build_is_one_error_not_a_hang(capsys):
     """One line names the fault; the server's traceback is kept in a file the stderr names,
     not poured onto the console."""
-    cfg = ServerConfig(task="tests.isaaclab_standin:NO_SUCH_TASK", python=sys.executable,
+    cfg = ServerConfig(task="tests.support.isaaclab_standin:NO_SUCH_TASK", python=sys.executable,
                        start_timeout_s=60)
     with pytest.raises(EnvProcessError, match="failed to start.*NO_SUCH_TASK"):
         IsaacLabServer(cfg)

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny_runs import run_rlvla3
+from support.tiny_runs import run_rlvla3
 
 from commands.export import main as export_main
 from rlvla3.checkpoint.files import CheckpointMeta, save_checkpoint

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_runs import LIBERO_SMOKE, last_json, run_rlvla3
+from support.tiny_runs import LIBERO_SMOKE, last_json, run_rlvla3
 
 from datalake import synthetic
 from datalake.writer import WriterConfig, write_dataset

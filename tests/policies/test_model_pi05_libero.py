@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiny_runs import LIBERO_SMOKE, last_json, run_rlvla3
+from support.tiny_runs import LIBERO_SMOKE, last_json, run_rlvla3
 
 pytestmark = LIBERO_SMOKE
 

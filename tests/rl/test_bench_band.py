@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tiny_runs import last_json, run_rlvla3
+from support.tiny_runs import last_json, run_rlvla3
 
 from actors.bench import bench_band
 from actors.bench.bands import (

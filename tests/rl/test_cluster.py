@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster_scenarios import MARKER, marked_pids
+from support.cluster_scenarios import MARKER, marked_pids
 
 from actors.runtime.metrics import _COUNTERS, _GAUGES, _HISTOGRAMS, TAGS
 

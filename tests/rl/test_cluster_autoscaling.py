@@ -3,7 +3,7 @@
 each node as local processes, as ``ray.cluster_utils.AutoscalingCluster`` does). A run asking
 for three env workers on ``sim`` waits for nodes (``rlvla3 status`` says which are launching and
 what waits), starts on the first, uses the others as they arrive, and the idle nodes are
-released after it. Runs in a subprocess (``tests/cluster_scenarios.py --autoscaling``).
+released after it. Runs in a subprocess (``tests/support/cluster_scenarios.py --autoscaling``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster_scenarios import kill_marked, scenario_env
+from support.cluster_scenarios import kill_marked, scenario_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_sim_nodes_scale_up_for_waiting_slots_and_down_when_idle(tmp_path):
     marker = str(tmp_path)
     env = scenario_env(marker)
     try:
-        proc = subprocess.run([sys.executable, str(REPO / "tests" / "cluster_scenarios.py"),
+        proc = subprocess.run([sys.executable, str(REPO / "tests" / "support" / "cluster_scenarios.py"),
                                "--autoscaling", str(tmp_path / "facts.json")], env=env, cwd=REPO,
                               text=True, capture_output=True, timeout=600)
     finally:

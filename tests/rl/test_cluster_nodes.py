@@ -1,7 +1,7 @@
 """Several Ray nodes on one machine, shaped like cluster.yaml (head, learner, rollout, two sim
 nodes; CPU only): roles land on the nodes their resources name, in both placements; a lost
 sim node costs its env worker's slots until a new node arrives; a lost rollout node stops the
-run with an error that names it. The cluster runs in a subprocess (``tests/cluster_scenarios.py``)
+run with an error that names it. The cluster runs in a subprocess (``tests/support/cluster_scenarios.py``)
 so it never meets this session's own Ray; its facts come back as JSON.
 """
 
@@ -10,15 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cluster_scenarios import scenario_facts
-from cluster_scenarios import scenario_result as _scenario
+from support.cluster_scenarios import scenario_facts
+from support.cluster_scenarios import scenario_result as _scenario
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory) -> dict:
-    return scenario_facts(REPO / "tests" / "cluster_scenarios.py",
+    return scenario_facts(REPO / "tests" / "support" / "cluster_scenarios.py",
                           tmp_path_factory.mktemp("nodes"), 600,
                           lambda key: key.endswith("_s") or key in ("sim_node_loss",
                                                                     "rollout_node_loss"))

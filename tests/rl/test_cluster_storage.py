@@ -1,5 +1,5 @@
-"""Nodes that share no disk, a run kept in an S3 bucket (``tests/storage_scenarios.py``, run in a
-subprocess like ``tests/cluster_scenarios.py``): each node sees only its own scratch directory;
+"""Nodes that share no disk, a run kept in an S3 bucket (``tests/support/storage_scenarios.py``, run in a
+subprocess like ``tests/support/cluster_scenarios.py``): each node sees only its own scratch directory;
 a local run directory on this two-plus-node cluster is refused before any actor starts; the
 learner's node is removed mid-run and the learner, restarted on another node, restores the last
 checkpoint from the bucket and trains on; ``--resume s3://...`` from another driver continues
@@ -12,15 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cluster_scenarios import scenario_facts
-from cluster_scenarios import scenario_result as _scenario
+from support.cluster_scenarios import scenario_facts
+from support.cluster_scenarios import scenario_result as _scenario
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory) -> dict:
-    return scenario_facts(REPO / "tests" / "storage_scenarios.py",
+    return scenario_facts(REPO / "tests" / "support" / "storage_scenarios.py",
                           tmp_path_factory.mktemp("storage-nodes"), 1200, lambda key: True)
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import ray
-from tiny_runs import TINY_RUN
+from support.tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
 from rlvla3.checkpoint.files import read_meta

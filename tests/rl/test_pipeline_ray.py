@@ -11,7 +11,7 @@ import pytest
 import ray
 from ray import cloudpickle
 from safetensors.torch import load_file
-from tiny_runs import TINY_RUN
+from support.tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
 from rlvla3.checkpoint.files import load_policy, read_meta

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tiny_runs import TINY_RUN
+from support.tiny_runs import TINY_RUN
 
 from actors.rl.summary import learner_group, learner_line, trained_nothing
 from envs import env_spec

@@ -11,7 +11,7 @@ import time
 import pytest
 import ray
 from ray import cloudpickle
-from tiny_runs import TINY_RUN
+from support.tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
 from actors.rl.failures import LearnerFailures, RebuildLimitReached

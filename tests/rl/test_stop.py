@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import ray
 from ray import cloudpickle
-from tiny_runs import TINY_RUN
+from support.tiny_runs import TINY_RUN
 
 from actors.rl.controller import Controller
 from envs import env_spec, make_env

@@ -1,7 +1,7 @@
 """Multi-node scenarios on one machine: a ``ray.cluster_utils.Cluster`` shaped like cluster.yaml
 (a head without CPUs, a ``learner`` node, a ``rollout`` node, two ``sim`` nodes; CPU only).
 
-Run as a subprocess by ``tests/rl/test_cluster_nodes.py`` (``python tests/cluster_scenarios.py
+Run as a subprocess by ``tests/rl/test_cluster_nodes.py`` (``python tests/support/cluster_scenarios.py
 OUT.json``), so that its Ray cluster never meets the test session's own: every process it
 starts carries the marker ``RLVLA3_TEST_CLUSTER`` in its environment (and ``RAY_TMPDIR``, a temp
 dir of its own, ``scenario_env``), and the test kills what is left of them, by pid, when it
@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MARKER = "RLVLA3_TEST_CLUSTER"
 SHAPE = {  # node -> (CPUs, custom resources): cluster.yaml's node types, scaled down
     "learner": (2, {"learner": 1}),

@@ -10,7 +10,7 @@ through the server's own port.
 - ``S3Server(log_dir)``: start/stop the server; ``uri(bucket, path)`` is an ``s3://`` URI whose
   query options point pyarrow at this server; ``env`` holds the ``AWS_*`` variables for
   processes (pyarrow and boto read ``AWS_ENDPOINT_URL``).
-- ``Relay(target_port)``: the relay process (``python tests/s3_server.py relay LISTEN TARGET``).
+- ``Relay(target_port)``: the relay process (``python tests/support/s3_server.py relay LISTEN TARGET``).
 """
 
 from __future__ import annotations

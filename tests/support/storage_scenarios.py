@@ -1,8 +1,8 @@
 """A cluster whose nodes share no disk, keeping its run in an S3 bucket (the moto server on
-loopback, ``tests/s3_server.py``), on one machine.
+loopback, ``tests/support/s3_server.py``), on one machine.
 
-Run as a subprocess by ``tests/rl/test_cluster_storage.py`` (``python tests/storage_scenarios.py
-OUT.json``), like ``tests/cluster_scenarios.py`` (whose process marker, cleanup and helpers it
+Run as a subprocess by ``tests/rl/test_cluster_storage.py`` (``python tests/support/storage_scenarios.py
+OUT.json``), like ``tests/support/cluster_scenarios.py`` (whose process marker, cleanup and helpers it
 uses). Every node of the ``ray.cluster_utils.Cluster`` gets a scratch directory of its own
 (``RLVLA3_SCRATCH`` in its raylet's environment, which its workers inherit) and a custom
 resource naming it (``node_<name>``); the driver has its own scratch too. No run directory is
