@@ -7,8 +7,9 @@
 
 The arguments and the checks that need several of them (one of ``--checkpoint``, ``--policy``,
 ``--compare`` or ``--recheck``; episodes and initial states the suite has; what ``--sampled``
-and ``--language`` need): an error is argparse's, exit status 2. The run is
-``actors.eval.evaluate`` (``run``, ``compare``), the re-check ``actors.eval.recheck``.
+and ``--language`` need): an error is argparse's, exit status 2. They become one
+frozen ``actors.eval.options.EvalOptions``, which the run reads: ``actors.eval.evaluate``
+(``run``: plan, episodes, report; ``compare``), the re-check ``actors.eval.recheck``.
 
 Exit status: 0 done; 1 an evaluation that ended incomplete (the same command runs what is
 missing) or a re-check that found an episode that differs (3: none differs but some could not
@@ -24,6 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from actors.eval.evaluate import compare, incomplete_line, init_ids, run, stderr_console
+from actors.eval.options import EvalOptions
 from actors.eval.recheck import recheck, recheck_line, recheck_status
 from actors.eval.rounds import EvalSetupError
 from actors.eval.suites import simulator_of, suite_names, suite_of, trained_suite
@@ -128,9 +130,9 @@ def choose_suite(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                                                      if suite else ""))
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The arguments, with the checks argparse cannot make option by option (an error is
-    argparse's: usage and exit status 2)."""
+def parse_args(argv: Sequence[str] | None) -> EvalOptions:
+    """The evaluation's options, after the checks argparse cannot make option by option (an
+    error is argparse's: usage and exit status 2)."""
     p = parser()
     args = p.parse_args(argv)
     if args.recheck:
@@ -151,7 +153,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             p.error(f"--episodes: {args.suite} has tasks 0..{n - 1}, got {bad[0]}")
     suite = suite_of(args.suite)
     limit = suite.eval_states if args.placements == "bundled" else suite.fresh_states
-    ids = init_ids(args)
+    ids = init_ids(EvalOptions.of(args))
     if not ids or min(ids) < 0 or max(ids) >= limit:
         p.error(f"initial states must lie in 0..{limit - 1} ({args.placements} placements)")
     if args.compare and not 2 <= len(args.compare) <= len(string.ascii_lowercase):
@@ -164,24 +166,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--blas chooses pinned numerics' kernels; native ones are the host's")
     if args.policy and (args.sampled or args.language != "own"):
         p.error("--sampled and --language need a checkpoint (--checkpoint or --compare)")
-    return args
+    return EvalOptions.of(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    opts = parse_args(argv)
     try:
-        if args.recheck:
-            summary = recheck(args, run)
+        if opts.recheck:
+            summary = recheck(opts, run)
         else:
-            summary = compare(args) if args.compare else run(args)
+            summary = compare(opts) if opts.compare else run(opts)
     except BrokenPipeError:  # stdout closed early: not a storage error
         raise
     except (ConfigError, OSError, EvalSetupError) as exc:  # user errors, storage: one line
         print(f"rlvla3 eval: {exc}", file=sys.stderr)
         return 2
-    if args.json:
+    if opts.json:
         print(json.dumps(summary))
-    if args.recheck:
+    if opts.recheck:
         stderr_console().print(recheck_line(summary))
         return recheck_status(summary)
-    return 1 if not args.compare and incomplete_line(summary) else 0
+    return 1 if not opts.compare and incomplete_line(summary) else 0

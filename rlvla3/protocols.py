@@ -86,6 +86,10 @@ class Policy(Protocol):
 
     def parameters(self): ...
 
+    def eval(self) -> object:
+        """Inference mode (``torch.nn.Module.eval``): no dropout, no batch-statistics updates."""
+        ...
+
 
 class Metrics(Protocol):
     """Where a role core reports its live figures (Prometheus, through ``ray.util.metrics``,

@@ -1,5 +1,5 @@
 """Closed-loop evaluation on LIBERO or MetaWorld in parallel Ray actors: ``rlvla3 eval``'s run.
-``run(args)`` evaluates one policy, ``compare(args)`` two or more (arguments as ``commands.eval``
+``run(opts)`` evaluates one policy, ``compare(opts)`` two or more (arguments as ``commands.eval``
 parses and checks them). The driver starts Ray locally unless ``--address`` names a cluster,
 spawns ``--workers`` ``EvalWorker`` actors and hands the next episode to whichever is free
 (``actors.eval.rounds.EvalRound``). Every task runs on its benchmark's 50 initial states unless
@@ -14,12 +14,13 @@ Design notes: docs/concepts/evaluation.md#the-driver"""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import string
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from actors.eval.compare import (
     load_results,
 )
 from actors.eval.media import write_chart, write_video
+from actors.eval.options import EvalOptions
 from actors.eval.output_dir import EvalOutput, planned
 from actors.eval.rounds import (
     EvalRound,
@@ -49,14 +51,14 @@ from rlvla3.machine import local_ray_cpus
 from rlvla3.numerics import HOST_BLAS, check_blas
 
 
-def env_options(args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
+def env_options(opts: EvalOptions, tasks: Sequence[int]) -> dict[str, Any]:
     """The suite's env options for the evaluated tasks (``actors.eval.suites``); shapes follow
     the checkpoint when there is one."""
-    options = suite_of(args.suite).options(args, tasks)
-    if args.checkpoint:
+    options = suite_of(opts.suite).options(opts, tasks)
+    if opts.checkpoint:
         from rlvla3.checkpoint.files import read_meta
 
-        spec = read_meta(args.checkpoint).spec
+        spec = read_meta(opts.checkpoint).spec
         options |= {
             "cameras": list(spec.cameras),
             "image_size": list(spec.image_size),
@@ -99,39 +101,39 @@ def _table(summary: dict[str, Any]) -> Any:
     return table
 
 
-def _identity(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
-    if args.checkpoint:
+def _identity(opts: EvalOptions, options: dict[str, Any]) -> dict[str, Any]:
+    if opts.checkpoint:
         from rlvla3.fingerprint import checkpoint_identity
 
-        policy: Any = checkpoint_identity(args.checkpoint)["sha256"]
+        policy: Any = checkpoint_identity(opts.checkpoint)["sha256"]
     else:
-        policy = f"random (seed {args.seed})"
+        policy = f"random (seed {opts.seed})"
     return {
-        "suite": args.suite,
-        "placements": args.placements,
+        "suite": opts.suite,
+        "placements": opts.placements,
         "policy": policy,
-        **suite_of(args.suite).identity(options),
-        "acting": acting(args),
-        "seed": args.seed if not args.checkpoint or args.sampled else None,
-        "language": args.language,
-        "numerics": args.numerics,
-        "blas": args.blas if args.numerics == "pinned" else HOST_BLAS,
+        **suite_of(opts.suite).identity(options),
+        "acting": acting(opts),
+        "seed": opts.seed if not opts.checkpoint or opts.sampled else None,
+        "language": opts.language,
+        "numerics": opts.numerics,
+        "blas": opts.blas if opts.numerics == "pinned" else HOST_BLAS,
     }
 
 
-def sampling_options(args: argparse.Namespace) -> tuple[tuple[str, float], ...] | None:
+def sampling_options(opts: EvalOptions) -> tuple[tuple[str, float], ...] | None:
     """The policy options a sampled evaluation overrides (None: deterministic acting)."""
-    if not args.sampled:
+    if not opts.sampled:
         return None
-    chosen = (("noise_level", args.noise_level), ("init_noise", args.init_noise))
+    chosen = (("noise_level", opts.noise_level), ("init_noise", opts.init_noise))
     return tuple((k, v) for k, v in chosen if v is not None)
 
 
-def acting(args: argparse.Namespace) -> str:
+def acting(opts: EvalOptions) -> str:
     """How the policy acts, as results and resumes record it."""
-    options = sampling_options(args)
+    options = sampling_options(opts)
     if options is None:
-        return "deterministic" if not args.policy else args.policy
+        return "deterministic" if not opts.policy else opts.policy
     return " ".join(["sampled", *(f"{k}={v:g}" for k, v in options)])
 
 
@@ -141,28 +143,28 @@ def told_instructions(suite: str, tasks: Sequence[int], mode: str) -> tuple[str,
     return given_instructions(mode, every, tasks)
 
 
-def init_ids(args: argparse.Namespace) -> list[int]:
-    if args.episodes:
-        return sorted({k for _, k in args.episodes})
-    return list(args.init_ids) if args.init_ids else list(range(args.episodes_per_task))
+def init_ids(opts: EvalOptions) -> list[int]:
+    if opts.episodes:
+        return sorted({k for _, k in opts.episodes})
+    return list(opts.init_ids) if opts.init_ids else list(range(opts.episodes_per_task))
 
 
-def eval_tasks(args: argparse.Namespace) -> list[int]:
+def eval_tasks(opts: EvalOptions) -> list[int]:
     """The suite task ids evaluated: ``--task-ids``, the tasks of ``--episodes``, or all."""
-    if args.episodes:
-        return sorted({t for t, _ in args.episodes})
-    return list(args.task_ids) if args.task_ids else list(range(suite_of(args.suite).num_tasks))
+    if opts.episodes:
+        return sorted({t for t, _ in opts.episodes})
+    return list(opts.task_ids) if opts.task_ids else list(range(suite_of(opts.suite).num_tasks))
 
 
-def pin_checkpoint(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with ``--checkpoint`` resolved to the one checkpoint directory it names now (a
+def pin_checkpoint(opts: EvalOptions) -> EvalOptions:
+    """``opts`` with ``--checkpoint`` resolved to the one checkpoint directory it names now (a
     run directory's ``latest``): the identity hashes it, and every worker, a replacement
     worker included, loads exactly it, even while the run goes on saving newer ones."""
-    if not args.checkpoint:
-        return args
+    if not opts.checkpoint:
+        return opts
     from rlvla3.checkpoint.trust import locate_checkpoint
 
-    return argparse.Namespace(**{**vars(args), "checkpoint": locate_checkpoint(args.checkpoint)})
+    return dataclasses.replace(opts, checkpoint=locate_checkpoint(opts.checkpoint))
 
 
 def check_checkpoint(path: str) -> None:
@@ -204,164 +206,220 @@ def incomplete_line(summary: dict[str, Any]) -> str:
     return line
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run (or continue) the evaluation and write its outputs; returns the summary."""
-    import ray
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+@dataclass(frozen=True)
+class EvalPlan:
+    """What one evaluation will run, decided and checked before anything is written or
+    started: the options with the checkpoint pinned, the tasks, initial states and episodes,
+    the env options, the identity an output directory must match, the fingerprint's settings."""
 
+    opts: EvalOptions
+    shown: str | None  # the policy as the user named it (a run directory, not its checkpoint)
+    tasks: list[int]
+    ids: list[int]
+    jobs: list[tuple[int, int]]  # (index into tasks, initial state)
+    env: Named
+    identity: dict[str, Any]
+    settings: dict[str, Any]
+    source: ActionSource
+    told: tuple[str, ...] | None
+    overlap: list[str]
+
+
+def plan(opts: EvalOptions) -> EvalPlan:
+    """Check everything that can be checked before Ray starts (the simulator's extra, the
+    checkpoint's files, the output directory, the BLAS kernels, the env's options) and decide
+    what runs; an error is a ``ConfigError``, ``CheckpointError`` or ``OSError``."""
     from envs import env_spec, require_extra
 
-    suite = suite_of(args.suite)
+    suite = suite_of(opts.suite)
     require_extra(Named(suite.env_name))  # before anything is written or started
-    shown = args.checkpoint
-    args = pin_checkpoint(args)
-    if args.checkpoint:
-        check_checkpoint(args.checkpoint)
-    if args.output_dir:
-        check_writable(args.output_dir, "--output-dir")
-    if args.numerics == "pinned":
-        check_blas(args.blas)
-    tasks = eval_tasks(args)
-    files = Mirror(args.output_dir or f"eval_out/{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}",
-                   keep=("eval.json", "episodes.jsonl"))
-    out = files.local  # the output directory, or its working copy when it is remote
-    options = env_options(args, tasks)
-    env_spec(Named(suite.env_name, options), "--task-ids/--image-size/--max-steps")  # before Ray
-    ids = init_ids(args)
-    identity = _identity(args, options)
-    output = EvalOutput(out, identity)
+    shown = opts.checkpoint
+    opts = pin_checkpoint(opts)
+    if opts.checkpoint:
+        check_checkpoint(opts.checkpoint)
+    if opts.output_dir:
+        check_writable(opts.output_dir, "--output-dir")
+    if opts.numerics == "pinned":
+        check_blas(opts.blas)
+    tasks = eval_tasks(opts)
+    options = env_options(opts, tasks)
     env = Named(suite.env_name, options)
-    told = told_instructions(args.suite, tasks, args.language)
+    env_spec(env, "--task-ids/--image-size/--max-steps")  # before Ray
+    ids = init_ids(opts)
+    identity = _identity(opts, options)
+    told = told_instructions(opts.suite, tasks, opts.language)
     source = (
-        ActionSource("checkpoint", args.checkpoint, sampling_options(args), args.seed, told)
-        if args.checkpoint else ActionSource("random", seed=args.seed)
+        ActionSource("checkpoint", opts.checkpoint, sampling_options(opts), opts.seed, told)
+        if opts.checkpoint else ActionSource("random", seed=opts.seed)
     )
-    jobs = ([(tasks.index(t), k) for t, k in dict.fromkeys(args.episodes)] if args.episodes
+    jobs = ([(tasks.index(t), k) for t, k in dict.fromkeys(opts.episodes)] if opts.episodes
             else protocol_jobs(len(tasks), ids))
-    finished = output.done()
-    todo = [(t, k) for t, k in jobs if (tasks[t], k) not in finished]
-    record = set(jobs[: args.videos]) if options.get("cameras", True) else set()  # nothing to film
     settings = {
-        "suite": args.suite,
-        "placements": args.placements,
+        "suite": opts.suite,
+        "placements": opts.placements,
         "image_size": identity["image_size"],
         "cameras": identity["cameras"],
         "fast_render": identity["fast_render"],
         "chunk_len": identity["chunk_len"],
         "max_steps": identity["max_steps"],
-        "seeds": {"eval": args.seed, "placement": args.placement_seed},
+        "seeds": {"eval": opts.seed, "placement": opts.placement_seed},
         "acting": identity["acting"],
-        "language": args.language,
+        "language": opts.language,
         "init_state_ids": ids,
         "tasks": tasks,
-        **({"episodes": [list(p) for p in dict.fromkeys(args.episodes)]} if args.episodes
+        **({"episodes": [list(p) for p in dict.fromkeys(opts.episodes)]} if opts.episodes
            else {}),
-        "numerics": args.numerics,
+        "numerics": opts.numerics,
     }
-    overlap: list[str] = []
-    if args.checkpoint:
-        overlap = suite.training_overlap(args, tasks, ids)
-    console = stderr_console()
-    for reason in overlap:
-        console.print(f"[bold yellow]WARNING[/]: evaluation states were trained on: {reason}")
-    state: dict[str, Any] = {"restarts": 0, "fingerprint_changes": []}
-    t0 = time.perf_counter()
+    overlap = suite.training_overlap(opts, tasks, ids)
+    return EvalPlan(opts, shown, tasks, ids, jobs, env, identity, settings, source, told,
+                    overlap)
 
-    def note_fingerprint(worker: Any, _outcome: Any) -> None:
-        if "fingerprint" in state:
+
+def run(opts: EvalOptions) -> dict[str, Any]:
+    """Run (or continue) the evaluation and write its outputs; returns the summary."""
+    evaluation = Evaluation(plan(opts))
+    for reason in evaluation.plan.overlap:
+        evaluation.console.print(f"[bold yellow]WARNING[/]: evaluation states were trained on: "
+                                 f"{reason}")
+    evaluation.run_episodes()
+    return evaluation.report()
+
+
+class Evaluation:
+    """One planned evaluation's output directory and episodes: ``run_episodes`` runs what the
+    directory does not hold yet in Ray actors, writing each episode as it ends; ``report``
+    writes the final results, chart and table."""
+
+    def __init__(self, plan: EvalPlan):
+        self.plan = plan
+        opts = plan.opts
+        self.files = Mirror(
+            opts.output_dir or f"eval_out/{opts.suite}-{time.strftime('%Y%m%d-%H%M%S')}",
+            keep=("eval.json", "episodes.jsonl"))
+        self.out = self.files.local  # the output directory, or its working copy when remote
+        self.output = EvalOutput(self.out, plan.identity)
+        self.console = stderr_console()
+        self.restarts = 0
+        self.fingerprint: dict[str, Any] | None = None
+        self.fingerprint_changes: list[str] = []
+        self.t0 = time.perf_counter()
+
+    def todo(self) -> list[tuple[int, int]]:
+        finished = self.output.done()
+        return [(t, k) for t, k in self.plan.jobs if (self.plan.tasks[t], k) not in finished]
+
+    def note_fingerprint(self, worker: Any, _outcome: Any) -> None:
+        """The setup's fingerprint, from the first worker that ran an episode."""
+        import ray
+
+        if self.fingerprint is not None:
             return
         info = ray.get(worker.describe.remote())
-        fp = fingerprint(
-            {**settings, "control_freq": info.get("control_freq"),
+        self.fingerprint = fingerprint(
+            {**self.plan.settings, "control_freq": info.get("control_freq"),
              "scene_rule": info.get("scene_rule"), "texture_rule": info.get("texture_rule"),
              "numerics": info["numerics"], "host": info["host"],
              **({"sampling": info["sampling"]} if "sampling" in info else {})},
             renderer=info.get("renderer"),
             packages=info.get("packages"),
-            checkpoint=args.checkpoint or None,
+            checkpoint=self.plan.opts.checkpoint or None,
         )
-        state["fingerprint"] = fp
-        state["fingerprint_changes"] = output.set_fingerprint(fp)
-        for change in state["fingerprint_changes"]:
-            console.print(f"[bold yellow]WARNING[/]: setup changed since the first episodes: "
-                          f"{change}")
+        self.fingerprint_changes = self.output.set_fingerprint(self.fingerprint)
+        for change in self.fingerprint_changes:
+            self.console.print(f"[bold yellow]WARNING[/]: setup changed since the first "
+                               f"episodes: {change}")
 
-    def summary_now(final: bool) -> dict[str, Any]:
-        seconds = output.base_seconds + (time.perf_counter() - t0)
-        rows = [r for r in output.rows if (r["task"], r["init_state"]) in
-                {(tasks[t], k) for t, k in jobs}]
-        counts = summarise_rows(rows, tasks)
+    def summary(self, final: bool) -> dict[str, Any]:
+        plan, opts = self.plan, self.plan.opts
+        seconds = self.output.base_seconds + (time.perf_counter() - self.t0)
+        planned_pairs = {(plan.tasks[t], k) for t, k in plan.jobs}
+        rows = [r for r in self.output.rows if (r["task"], r["init_state"]) in planned_pairs]
+        counts = summarise_rows(rows, plan.tasks)
         summary = {
-            "suite": args.suite,
-            "policy": shown or args.policy,
-            **({"checkpoint": args.checkpoint} if args.checkpoint else {}),
-            "acting": identity["acting"],
-            "language": args.language,
-            **({"told": dict(zip(map(str, tasks), told, strict=True))} if told else {}),
-            "placements": args.placements,
+            "suite": opts.suite,
+            "policy": plan.shown or opts.policy,
+            **({"checkpoint": opts.checkpoint} if opts.checkpoint else {}),
+            "acting": plan.identity["acting"],
+            "language": opts.language,
+            **({"told": dict(zip(map(str, plan.tasks), plan.told, strict=True))}
+               if plan.told else {}),
+            "placements": opts.placements,
             **counts,
             # every planned episode ran to its end: none is missing, none a fault ended
-            "complete": final and not counts["faults"] and counts["episodes"] == len(jobs),
-            "episodes_planned": len(jobs),
+            "complete": final and not counts["faults"] and counts["episodes"] == len(plan.jobs),
+            "episodes_planned": len(plan.jobs),
             "episodes_per_s": len(rows) / seconds if seconds > 0 else 0.0,
             "seconds": round(seconds, 1),
-            "restarts": state["restarts"],
-            "workers": args.workers,
-            "eval_overlap": bool(overlap),
-            "training_overlap": overlap,
-            "fingerprint": planned(state.get("fingerprint") or output.stored.get("fingerprint", {}),
-                                   settings),
-            "output_dir": files.uri,
-            "videos": sorted(n for n in files.storage.listdir() if n.endswith(".mp4")),
+            "restarts": self.restarts,
+            "workers": opts.workers,
+            "eval_overlap": bool(plan.overlap),
+            "training_overlap": plan.overlap,
+            "fingerprint": planned(self.fingerprint or self.output.stored.get("fingerprint", {}),
+                                   plan.settings),
+            "output_dir": self.files.uri,
+            "videos": sorted(n for n in self.files.storage.listdir() if n.endswith(".mp4")),
         }
-        if state["fingerprint_changes"]:
-            summary["fingerprint_changed_on_resume"] = state["fingerprint_changes"]
+        if self.fingerprint_changes:
+            summary["fingerprint_changed_on_resume"] = self.fingerprint_changes
         return summary
 
-    def write_results(summary: dict[str, Any]) -> None:
-        tmp = out / "results.json.tmp"
+    def write_results(self, summary: dict[str, Any]) -> None:
+        tmp = self.out / "results.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        tmp.replace(out / "results.json")
+        tmp.replace(self.out / "results.json")
 
-    chunk = identity["chunk_len"]
-    if todo:
+    def run_episodes(self) -> None:
+        """Start Ray unless it runs, spawn the workers and run every episode not yet written,
+        each written (and pushed to remote storage) as it ends."""
+        import ray
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        plan, opts = self.plan, self.plan.opts
+        todo = self.todo()
+        if not todo:
+            return
+        record = (set(plan.jobs[: opts.videos]) if plan.env.options.get("cameras", True)
+                  else set())  # nothing to film
+        chunk = plan.identity["chunk_len"]
         started_ray = not ray.is_initialized()
         if started_ray:
             from actors.runtime.bootstrap import init_ray
 
-            init_ray(args.address or "", field="--address",
-                     num_cpus=local_ray_cpus(args.workers), include_dashboard=False,
+            init_ray(opts.address or "", field="--address",
+                     num_cpus=local_ray_cpus(opts.workers), include_dashboard=False,
                      log_to_driver=False)
-        spawn_args = dict(seed=args.seed, source=source, placements=args.placements,
-                          numerics=args.numerics, blas=identity["blas"])
-        workers = make_eval_workers(env, min(args.workers, len(todo)), **spawn_args)
+        spawn_args = dict(seed=opts.seed, source=plan.source, placements=opts.placements,
+                          numerics=opts.numerics, blas=plan.identity["blas"])
+        workers = make_eval_workers(plan.env, min(opts.workers, len(todo)), **spawn_args)
         columns = ("[progress.description]{task.description}", BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn())
         round_ = None
         try:
-            with Progress(*columns, console=console, transient=False) as progress:
-                bar = progress.add_task(f"eval {args.suite}", total=len(jobs),
-                                        completed=len(jobs) - len(todo))
-                round_ = EvalRound(workers, todo, record=record, trace=args.trace,
-                                   spawn=lambda: make_eval_workers(env, 1, **spawn_args)[0])
+            with Progress(*columns, console=self.console, transient=False) as progress:
+                bar = progress.add_task(f"eval {opts.suite}", total=len(plan.jobs),
+                                        completed=len(plan.jobs) - len(todo))
+                round_ = EvalRound(workers, todo, record=record, trace=opts.trace,
+                                   spawn=lambda: make_eval_workers(plan.env, 1, **spawn_args)[0])
                 while not round_.done:
-                    for outcome in round_.poll(timeout_s=1.0, before_next=note_fingerprint):
-                        task = tasks[outcome.task_id]
-                        output.add(episode_row(outcome, task), time.perf_counter() - t0)
+                    for outcome in round_.poll(timeout_s=1.0, before_next=self.note_fingerprint):
+                        task = plan.tasks[outcome.task_id]
+                        self.output.add(episode_row(outcome, task), time.perf_counter() - self.t0)
                         if outcome.frames is not None and len(outcome.frames):
                             kind = "success" if outcome.success else "fail"
                             name = f"task{task}_init{outcome.init_state_id}_{kind}.mp4"
-                            write_video(out / name, outcome.frames, fps=max(1, round(20 / chunk)))
-                            files.push(name)
+                            write_video(self.out / name, outcome.frames,
+                                        fps=max(1, round(20 / chunk)))
+                            self.files.push(name)
                         if outcome.trace is not None:
-                            write_trace(out / TRACE_DIR / trace_name(task, outcome.init_state_id),
-                                        outcome.trace)
-                        write_results(summary_now(final=False))
-                        files.push()
-                        wins = sum(r["success"] for r in output.rows)
+                            write_trace(self.out / TRACE_DIR
+                                        / trace_name(task, outcome.init_state_id), outcome.trace)
+                        self.write_results(self.summary(final=False))
+                        self.files.push()
+                        wins = sum(r["success"] for r in self.output.rows)
                         progress.update(bar, advance=1,
-                                        description=f"eval {args.suite} ({wins} successes)")
-            state["restarts"] = sum(
+                                        description=f"eval {opts.suite} ({wins} successes)")
+            self.restarts = sum(
                 s["restarts"] for s in ray.get([w.stats.remote() for w in round_.workers]))
             ray.get([w.close.remote() for w in round_.workers])
         finally:
@@ -369,39 +427,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ray.kill(worker)
             if started_ray:
                 ray.shutdown()
-    summary = summary_now(final=True)
-    output.set_seconds(time.perf_counter() - t0)
-    output.close()
-    write_results(summary)
-    write_chart(out / "success_by_task.png", args.suite, summary["tasks"], summary["success_rate"])
-    files.push()
-    files.close()
-    console.print(_table(summary))
-    if incomplete_line(summary):
-        console.print(f"[bold red]{incomplete_line(summary)}[/]: run the same command again "
-                      "to run what is missing (--compare refuses an incomplete evaluation)")
-    return summary
+
+    def report(self) -> dict[str, Any]:
+        """The final summary: ``results.json``, the chart, the table on stderr, and the line
+        that says an evaluation is incomplete."""
+        summary = self.summary(final=True)
+        self.output.set_seconds(time.perf_counter() - self.t0)
+        self.output.close()
+        self.write_results(summary)
+        write_chart(self.out / "success_by_task.png", self.plan.opts.suite, summary["tasks"],
+                    summary["success_rate"])
+        self.files.push()
+        self.files.close()
+        self.console.print(_table(summary))
+        if incomplete_line(summary):
+            self.console.print(f"[bold red]{incomplete_line(summary)}[/]: run the same command "
+                               "again to run what is missing (--compare refuses an incomplete "
+                               "evaluation)")
+        return summary
 
 
 # ---- comparison --------------------------------------------------------------------------
-def compare(args: argparse.Namespace) -> dict[str, Any]:
+def compare(opts: EvalOptions) -> dict[str, Any]:
     """``--compare A B [C ...]``: read or produce every results, then the paired comparison of
     B against A (with more, each against A and a Holm-adjusted summary)."""
     console = stderr_console()
-    names = _labels(args.compare)
-    stored = [load_results(target) for target in args.compare]
+    names = _labels(opts.compare)
+    stored = [load_results(target) for target in opts.compare]
     for name, loaded in zip(names, stored, strict=True):  # before any checkpoint is evaluated
         if loaded is not None:
-            _require_complete(loaded, name, args.allow_incomplete, console)
-    base = Mirror(args.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+            _require_complete(loaded, name, opts.allow_incomplete, console)
+    base = Mirror(opts.output_dir or f"eval_out/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     results = []
-    for label, name, target, loaded in zip(string.ascii_lowercase, names, args.compare, stored,
+    for label, name, target, loaded in zip(string.ascii_lowercase, names, opts.compare, stored,
                                            strict=False):
         if loaded is None:
-            sub = argparse.Namespace(**{**vars(args), "checkpoint": target, "policy": None,
-                                        "output_dir": join(base.uri, label), "compare": None})
+            sub = dataclasses.replace(opts, checkpoint=target, policy=None,
+                                      output_dir=join(base.uri, label), compare=())
             loaded = run(sub)
-            _require_complete(loaded, name, args.allow_incomplete, console)
+            _require_complete(loaded, name, opts.allow_incomplete, console)
         results.append(loaded)
     family = compare_family(results, names)
     markdown = []

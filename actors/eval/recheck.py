@@ -19,7 +19,7 @@ an episode differs and 3 when none differs but some could not be re-run.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.eval.compare import legacy_fields
+from actors.eval.options import EvalOptions
 from rlvla3.checkpoint.storage import Storage
 from rlvla3.config import ConfigError
 from rlvla3.fingerprint import PLAN_FIELDS, checkpoint_identity, fingerprint_differences
@@ -119,8 +120,8 @@ def _float(text: str | None) -> float | None:
 
 
 def rerun_args(
-    args: argparse.Namespace, source: Path, episodes: list[Episode]
-) -> argparse.Namespace:
+    args: EvalOptions, source: Path, episodes: list[Episode]
+) -> EvalOptions:
     """The ``rlvla3 eval`` arguments that evaluate ``episodes`` exactly as ``source`` did."""
     header = json.loads((source / "eval.json").read_text())
     identity = legacy_fields(header["identity"], {})
@@ -146,9 +147,9 @@ def rerun_args(
             )
     elif args.checkpoint:
         raise ConfigError("--checkpoint", f"{source} evaluated a built-in policy ({policy})")
-    return argparse.Namespace(
+    return dataclasses.replace(
+        args,
         **{
-            **vars(args),
             "suite": identity["suite"],
             "placements": identity["placements"],
             "placement_seed": identity["placement_seed"],
@@ -162,22 +163,24 @@ def rerun_args(
             "numerics": identity["numerics"],
             "blas": identity["blas"],
             **_acting(str(identity["acting"])),
-            "episodes": episodes,
-            "task_ids": None,
-            "init_ids": None,
+            "episodes": tuple(episodes),
+            "task_ids": (),
+            "init_ids": (),
             "videos": 0,
             "output_dir": args.output_dir or str(source / "recheck"),
             "recheck": None,
-            "compare": None,
+            "compare": (),
         }
     )
 
 
 def recheck(
-    args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]]
+    args: EvalOptions, run: Callable[[EvalOptions], dict[str, Any]]
 ) -> dict[str, Any]:
     """Re-run ``--sample`` episodes of ``args.recheck`` with ``run`` (``rlvla3 eval``'s) and
     compare them with the stored ones."""
+    if not args.recheck:
+        raise ValueError("recheck: no evaluation to re-check (--recheck EVAL_DIR)")
     source = Path(args.recheck)
     if source.name == "results.json":
         source = source.parent

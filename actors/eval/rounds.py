@@ -200,11 +200,11 @@ class EvalRound:
                 except lost_kinds:
                     pass  # the episode's own result says the worker was lost
             try:
-                outcome: EpisodeOutcome | None = ray.get(ref)
+                outcome: EpisodeOutcome = ray.get(ref)
             except lost_kinds as exc:
-                outcome = self._lose(worker, (task_id, init_id), exc)
-                if outcome is not None:
-                    finished.append(outcome)
+                lost = self._lose(worker, (task_id, init_id), exc)
+                if lost is not None:
+                    finished.append(lost)
                 continue
             except ray.exceptions.RayTaskError as exc:  # e.g. a reset that kept failing
                 outcome = _fault(task_id, init_id, str(exc).strip().splitlines()[-1])

@@ -20,11 +20,13 @@ rechecks and ``--compare`` work unchanged.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlvla3.config import build
+
+if TYPE_CHECKING:
+    from actors.eval.options import EvalOptions
 
 
 class LiberoSuite:
@@ -38,10 +40,10 @@ class LiberoSuite:
         self.eval_states = NUM_INIT_STATES
         self.fresh_states = LiberoConfig().fresh_states
 
-    def options(self, args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
-        return {"suite": self.name, "task_ids": list(tasks), "image_size": list(args.image_size),
-                "fast_render": not args.no_fast_render, "max_steps": args.max_steps,
-                "placements": args.placements, "placement_seed": args.placement_seed}
+    def options(self, opts: EvalOptions, tasks: Sequence[int]) -> dict[str, Any]:
+        return {"suite": self.name, "task_ids": list(tasks), "image_size": list(opts.image_size),
+                "fast_render": not opts.no_fast_render, "max_steps": opts.max_steps,
+                "placements": opts.placements, "placement_seed": opts.placement_seed}
 
     def identity(self, options: dict[str, Any]) -> dict[str, Any]:
         from envs.libero.env import LiberoConfig
@@ -59,13 +61,16 @@ class LiberoSuite:
 
         return suite_instructions(self.name)
 
-    def training_overlap(self, args: argparse.Namespace, tasks: Sequence[int],
+    def training_overlap(self, opts: EvalOptions, tasks: Sequence[int],
                          ids: Sequence[int]) -> list[str]:
         from envs.libero.split import FreshEval, training_overlap
 
-        fresh = (FreshEval(self.name, args.placement_seed, frozenset(tasks), frozenset(ids))
-                 if args.placements == "fresh" else None)
-        return training_overlap(args.checkpoint, fresh=fresh)
+        if not opts.checkpoint:
+            return []  # a built-in policy trained on nothing
+
+        fresh = (FreshEval(self.name, opts.placement_seed, frozenset(tasks), frozenset(ids))
+                 if opts.placements == "fresh" else None)
+        return training_overlap(opts.checkpoint, fresh=fresh)
 
 
 class MetaWorldSuite:
@@ -80,14 +85,14 @@ class MetaWorldSuite:
         self.eval_states = NUM_TEST_STATES
         self.fresh_states = MetaWorldConfig().train_states
 
-    def options(self, args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
+    def options(self, opts: EvalOptions, tasks: Sequence[int]) -> dict[str, Any]:
         options: dict[str, Any] = {
             "benchmark": self.name, "task_ids": list(tasks),
-            "image_size": list(args.image_size), "shadows": bool(args.no_fast_render),
-            "split": "test" if args.placements == "bundled" else "train",
-            "state_seed": args.placement_seed}
-        if args.max_steps:
-            options["max_steps"] = args.max_steps
+            "image_size": list(opts.image_size), "shadows": bool(opts.no_fast_render),
+            "split": "test" if opts.placements == "bundled" else "train",
+            "state_seed": opts.placement_seed}
+        if opts.max_steps:
+            options["max_steps"] = opts.max_steps
         return options
 
     def identity(self, options: dict[str, Any]) -> dict[str, Any]:
@@ -104,11 +109,14 @@ class MetaWorldSuite:
 
         return instructions(self.name)
 
-    def training_overlap(self, args: argparse.Namespace, tasks: Sequence[int],
+    def training_overlap(self, opts: EvalOptions, tasks: Sequence[int],
                          ids: Sequence[int]) -> list[str]:
         from envs.metaworld.split import training_overlap
 
-        return training_overlap(args.checkpoint) if args.placements == "bundled" else []
+        if not opts.checkpoint:
+            return []  # a built-in policy trained on nothing
+
+        return training_overlap(opts.checkpoint) if opts.placements == "bundled" else []
 
 
 class IsaacLabSuite:
@@ -129,10 +137,10 @@ class IsaacLabSuite:
         self.eval_states = IsaacLabConfig().test_states
         self.fresh_states = IsaacLabConfig().train_states
 
-    def options(self, args: argparse.Namespace, tasks: Sequence[int]) -> dict[str, Any]:
+    def options(self, opts: EvalOptions, tasks: Sequence[int]) -> dict[str, Any]:
         from envs.isaaclab.env import trained_options
 
-        trained = trained_options(args.checkpoint) if args.checkpoint else {}
+        trained = trained_options(opts.checkpoint) if opts.checkpoint else {}
         if trained.get("task", self.task) != self.task:
             from rlvla3.config import ConfigError
 
@@ -140,10 +148,10 @@ class IsaacLabSuite:
                               f"{trained['task']!r}, not {self.task!r}")
         options: dict[str, Any] = {
             **trained, "task": self.task, "num_envs": 1, "task_ids": list(tasks),
-            "image_size": list(args.image_size),
-            "split": "test" if args.placements == "bundled" else "train"}
-        if args.max_steps:
-            options["max_steps"] = args.max_steps
+            "image_size": list(opts.image_size),
+            "split": "test" if opts.placements == "bundled" else "train"}
+        if opts.max_steps:
+            options["max_steps"] = opts.max_steps
         return options
 
     def identity(self, options: dict[str, Any]) -> dict[str, Any]:
@@ -162,11 +170,14 @@ class IsaacLabSuite:
 
         return TASKS[self.task].instructions
 
-    def training_overlap(self, args: argparse.Namespace, tasks: Sequence[int],
+    def training_overlap(self, opts: EvalOptions, tasks: Sequence[int],
                          ids: Sequence[int]) -> list[str]:
         from envs.isaaclab.env import training_overlap
 
-        return training_overlap(args.checkpoint) if args.placements == "bundled" else []
+        if not opts.checkpoint:
+            return []  # a built-in policy trained on nothing
+
+        return training_overlap(opts.checkpoint) if opts.placements == "bundled" else []
 
 
 def suite_names() -> list[str]:

@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from actors.eval.options import EvalOptions
 from actors.eval.recheck import (
     _acting,
     compare_rows,
@@ -328,11 +329,13 @@ def test_recheck_refuses_a_checkpoint_with_other_weights(tmp_path):
     rerun = rerun_args(
         parse_args(["--recheck", str(tmp_path), "--checkpoint", rl18]), tmp_path, [(2, 7)]
     )
-    assert rerun.checkpoint == rl18 and rerun.episodes == [(2, 7)]
+    assert rerun.checkpoint == rl18 and rerun.episodes == ((2, 7),)
     assert rerun.numerics == "native"  # it was evaluated before numerics were pinned
     assert rerun.blas == "host"  # and before NumPy's kernels were
     assert not rerun.sampled and rerun.max_steps == 220 and rerun.image_size == (64, 64)
-    assert isinstance(rerun, argparse.Namespace)
+    assert isinstance(rerun, EvalOptions) and rerun.task_ids == () and rerun.compare == ()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rerun.seed = 1  # type: ignore[misc]  # an evaluation's options do not change under it
 
 
 # ---- real LIBERO ---------------------------------------------------------------------------
