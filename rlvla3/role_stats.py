@@ -292,6 +292,9 @@ class QueueStats:
     mean_episode_decisions: float = 0.0
     staleness_hist: dict[int, int] = field(default_factory=dict)
     """Learner version minus oldest behaviour version -> episodes taken."""
+    groups_by_task: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Env task id -> its settled GRPO groups: ``mixed``, ``all_failed``, ``all_succeeded``
+    (uniform, return 0 / above 0) and ``queued_decisions`` (what it gave the learners)."""
 
 
 Role = EnvWorkerStats | RolloutServerStats | LearnerStats

@@ -14,7 +14,8 @@ Figures a user judges a run by (all in the row and the summary):
   GRPO groups) over decisions produced;
 - GRPO's data: ``skipped_decisions`` (in uniform groups, ``algo.skip_uniform_groups``),
   ``redrawn_decisions`` (produced by dynamic sampling's extra rounds, ``algo.redraw_rounds``)
-  and ``trained_decision_share``: trained decisions over decisions produced;
+  and ``trained_decision_share``: trained decisions over decisions produced; per task,
+  ``groups.by_task``: settled groups mixed, all failed or all succeeded, decisions queued;
 - ``staleness_p50/p90/max``: learner version minus behaviour version of trained decisions;
 - ``success_rate`` over the env workers' recent episodes (``success_window`` of them), and
   ``success_by_task``: the same per env task id;
@@ -187,7 +188,8 @@ def progress_row(snap: Snapshot, elapsed: float, base: Mapping[str, float],
             "uniform_skipped": queue.uniform_groups,
             "redraws": queue.redraws,  # dynamic sampling: extra rounds drawn, and the groups
             "rescued": queue.rescued_groups,  # that left mixed or still uniform after them
-            "skipped_after_redraws": queue.redraw_skipped_groups},
+            "skipped_after_redraws": queue.redraw_skipped_groups,
+            "by_task": queue.groups_by_task},  # which tasks the updates come from
         "dropped_faults": sum(w.dropped_faults for w in workers),
         "lost_segments": sum(lr.lost_segments for lr in learners),
         "restarts": sum(w.restarts for w in workers) + sum(

@@ -54,6 +54,7 @@ from actors.rl.schedule import make_schedule
 from actors.rl.step_log import StepLog
 from actors.rl.summary import (
     batch_size_hist,
+    groups_by_task_line,
     learner_group,
     learner_line,
     memory_report,
@@ -290,6 +291,8 @@ class Controller:
         summary["target_reached"] = self.budget.target_reached
         self.files.write_text("summary.json", json.dumps(summary, indent=2))
         self.files.push("metrics.jsonl", "steps.jsonl", "tb")
+        if line := groups_by_task_line(summary):
+            self.log(line)
         self.log(f"stopped by {self.stopped_by}; summary: {join(self.files.uri, 'summary.json')}")
         return summary
 

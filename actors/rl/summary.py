@@ -141,3 +141,18 @@ def _unmoved(summary: dict) -> str:
     return (f"the weights did not move: {objective.get('steps', 0)} optimizer steps (to version "
             f"{summary.get('policy_version')}) left them where init_from put them "
             f"(weights_moved 0){why}")
+
+
+def groups_by_task_line(summary: dict) -> str:
+    """One line: each task's settled GRPO groups, mixed / all failed / all succeeded (empty
+    without GRPO groups); a task with none mixed gave the updates nothing but an anchor."""
+    rows = summary.get("groups", {}).get("by_task", {})
+    if not rows:
+        return ""
+    cells = [f"{task} {r['mixed']}/{r['all_failed']}/{r['all_succeeded']}"
+             for task, r in rows.items()]
+    barren = [task for task, r in rows.items() if not r["mixed"]]
+    tail = f"; no mixed group: task{'s' if len(barren) > 1 else ''} {', '.join(barren)}" \
+        if barren else ""
+    return f"GRPO groups by task (mixed/all failed/all succeeded): {', '.join(cells)}{tail}"
+

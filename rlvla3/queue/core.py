@@ -119,6 +119,9 @@ class QueueCore:
         """The learners' buffered decisions, summed (a running total)."""
         self._recent_lengths: deque[int] = deque(maxlen=64)
         self._initial_decisions = initial_decisions
+        self.groups_by_task: dict[str, dict[str, int]] = {}
+        """Env task id -> its settled GRPO groups by outcome (``mixed``: queued with an
+        advantage; ``all_failed`` / ``all_succeeded``: uniform) and the decisions queued."""
 
     # ---- pacing --------------------------------------------------------------------------
     def mean_decisions(self) -> float:
@@ -370,6 +373,7 @@ class QueueCore:
         if uniform and self._redraw(gid):
             return
         del self._groups[gid]
+        self._count_task(group, uniform)
         if uniform and self.skip_uniform:
             self.counts["redraw_skipped_groups"] += group.rounds > 0
             self._discard_group("uniform", group.members)
@@ -378,6 +382,17 @@ class QueueCore:
             self.counts["rescued_groups"] += 1
             self.counts["rescued_decisions"] += sum(i.decisions for i, _ in group.members)
         self._push_item(list(group.members))
+
+    def _count_task(self, group: _Group, uniform: bool) -> None:
+        """Count a settled group under its task: which tasks the updates come from."""
+        row = self.groups_by_task.setdefault(str(group.key.task_id), {
+            "mixed": 0, "all_failed": 0, "all_succeeded": 0, "queued_decisions": 0})
+        if not uniform:
+            row["mixed"] += 1
+        else:
+            row["all_succeeded" if group.members[0][0].episode_return > 0 else "all_failed"] += 1
+        if not (uniform and self.skip_uniform):
+            row["queued_decisions"] += sum(i.decisions for i, _ in group.members)
 
     def _redraw(self, gid: int) -> bool:
         """Start another round of resolved uniform group instance ``gid`` (dynamic sampling),
@@ -486,4 +501,6 @@ class QueueCore:
                           backlog_decisions=self.backlog(),
                           expected_lag=round(self.expected_lag(), 2),
                           mean_episode_decisions=round(self.mean_decisions(), 2),
-                          staleness_hist=dict(sorted(self.staleness.items())))
+                          staleness_hist=dict(sorted(self.staleness.items())),
+                          groups_by_task={k: dict(v) for k, v in sorted(
+                              self.groups_by_task.items(), key=lambda kv: int(kv[0]))})

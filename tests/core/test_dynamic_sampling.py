@@ -197,3 +197,26 @@ def test_redraw_rounds_is_refused_in_one_line_where_it_cannot_work(overrides, sa
         load_run_config("smoke", overrides=overrides)
     assert err.value.field == "algo.redraw_rounds" and says in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_settled_groups_are_counted_under_their_task():
+    """Which tasks the updates come from: each settled group under its task as mixed, all
+    failed or all succeeded, with the decisions it gave the learners (none when skipped);
+    a group still drawing rounds is not settled yet."""
+    core = _core(rounds=0)
+    _uniform_group(core)  # task 3: both fail, skipped
+    for rets in ((1.0, 1.0), (0.0, 1.0)):  # task 5: all succeeded (skipped), then mixed
+        for t, ret in zip([core.admit(0, "w0", OTHER, 0.0) for _ in range(2)], rets,
+                          strict=True):
+            _ship(core, t, ret, decisions=3)
+    assert core.stats().groups_by_task == {
+        "3": {"mixed": 0, "all_failed": 1, "all_succeeded": 0, "queued_decisions": 0},
+        "5": {"mixed": 1, "all_failed": 0, "all_succeeded": 1, "queued_decisions": 6}}
+    kept = _core(rounds=0, skip_uniform=False)
+    _uniform_group(kept)  # kept: its decisions go to the learners
+    assert kept.stats().groups_by_task["3"] == {
+        "mixed": 0, "all_failed": 1, "all_succeeded": 0, "queued_decisions": 8}
+    drawing = _core(rounds=1)
+    _uniform_group(drawing)  # held for another round: not settled
+    assert drawing.stats().groups_by_task == {}
+    _balanced(core)

@@ -92,3 +92,14 @@ def test_an_fsdp_run_that_left_its_weights_unmoved_says_both_and_exits_1(tmp_pat
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("rlvla3 rl: the weights did not move: "), last
     assert "returned a view tensor" not in proc.stdout + proc.stderr  # FSDP has none to hook
+
+
+def test_the_groups_by_task_line_names_the_tasks_without_a_mixed_group():
+    from actors.rl.summary import groups_by_task_line
+
+    assert groups_by_task_line({"groups": {"received": 3}}) == ""
+    row = {"mixed": 0, "all_failed": 4, "all_succeeded": 0, "queued_decisions": 0}
+    line = groups_by_task_line({"groups": {"by_task": {
+        "0": {**row, "mixed": 2, "queued_decisions": 80}, "7": row}}})
+    assert line == ("GRPO groups by task (mixed/all failed/all succeeded): 0 2/4/0, 7 0/4/0; "
+                    "no mixed group: task 7")
