@@ -129,6 +129,14 @@ class AlgoConfig:
     return now earns). A group still uniform after the last round leaves as without it (skipped
     with ``skip_uniform_groups``). 0: off. Needs the async rollout (its admissions hand a
     redraw to the group's env worker)."""
+    episode_weight: Literal["decisions", "equal"] = "decisions"
+    """GRPO: what an episode of a group weighs in the loss, which averages over decisions.
+    ``decisions``: as many decisions as it has, so a failure that runs to the time limit
+    outweighs a success that ends early (with one success in 8, the decisions pushed down
+    outweigh those pushed up about two to one when failures run twice as long). ``equal``:
+    every episode of the group the same, its decisions sharing it (each decision's advantage
+    times the group's mean length over its episode's), so the group's decisions weigh what they
+    did in total (Dr. GRPO, Liu et al. 2025, on the length bias of per-token averaging)."""
     update_epochs: int = 1
     """Optimizer steps taken on each batch (PPO's epochs): after the step on a freshly arrived
     batch the learner steps ``update_epochs - 1`` more times on the same micro-batches, with the
@@ -196,6 +204,10 @@ class AlgoConfig:
                 f"must be >= 0 (0: no dynamic sampling), got {self.redraw_rounds}")
         require(self.redraw_rounds == 0 or self.name == "grpo", "redraw_rounds",
                 f"dynamic sampling re-draws GRPO groups: it needs name grpo, got {self.name!r}")
+        require(self.episode_weight in ("decisions", "equal"), "episode_weight",
+                f"{self.episode_weight!r} is not one of decisions, equal")
+        require(self.episode_weight == "decisions" or self.name == "grpo", "episode_weight",
+                "weighs the episodes of a GRPO group: needs algo.name: grpo")
         require(self.update_epochs >= 1, "update_epochs", f"must be >= 1, got {self.update_epochs}")
         require(self.target_kl is None or (math.isfinite(self.target_kl) and self.target_kl > 0),
                 "target_kl", f"must be > 0 (or null: a fixed learning rate), got {self.target_kl}")

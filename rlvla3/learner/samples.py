@@ -113,7 +113,9 @@ def _grpo_advantages(
                          f"{sorted((k.task_id, k.init_state_id) for k in keys)}")
     episode_advantage = grpo_advantages(np.array([s.episode_return for s in segments]))
     lengths = [len(s) for s in segments]
-    advantages = np.repeat(episode_advantage, lengths)
+    if cfg.episode_weight == "equal":  # each episode's decisions share one episode's weight
+        episode_advantage = episode_advantage * (np.mean(lengths) / np.array(lengths))
+    advantages = np.repeat(episode_advantage.astype(np.float32), lengths)
     returns = np.repeat(np.array([s.episode_return for s in segments], np.float32), lengths)
     return advantages, returns
 

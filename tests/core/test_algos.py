@@ -350,6 +350,24 @@ def test_prepare_samples_ppo_uses_gae_per_segment():
     np.testing.assert_allclose(raw.advantages, samples.advantages)
 
 
+def test_grpo_episode_weight_equal_gives_each_episode_of_a_group_the_same_weight():
+    """A short success and a long failure: by decisions the failure's 4 decisions outweigh the
+    success's 1 (4 x -1 against +1); with ``episode_weight: equal`` each episode's decisions
+    sum to its advantage times the group's mean length, and the group's total stays 0."""
+    k = EpisodeKey(0, 0)
+    group = [_segment(k, [1.0], [0.0]), _segment(k, [0.0] * 4, [0.0] * 4)]
+    by_decisions = prepare_samples(group, AlgoConfig(name="grpo", group_size=2))
+    equal = prepare_samples(group, AlgoConfig(name="grpo", group_size=2, episode_weight="equal"))
+    np.testing.assert_allclose(by_decisions.advantages, [1, -1, -1, -1, -1], atol=1e-5)
+    np.testing.assert_allclose(equal.advantages, [2.5, -0.625, -0.625, -0.625, -0.625], atol=1e-5)
+    assert abs(equal.advantages[:1].sum() + equal.advantages[1:].sum()) < 1e-5
+    assert by_decisions.advantages.sum() < -2.9  # the length bias the option removes
+    with pytest.raises(ConfigError, match="episode_weight"):
+        AlgoConfig(name="ppo", episode_weight="equal").validate()
+    with pytest.raises(ConfigError, match="episode_weight"):
+        AlgoConfig(name="grpo", episode_weight="episode").validate()  # type: ignore[arg-type]
+
+
 def test_prepare_samples_grpo_broadcasts_group_advantage():
     cfg = AlgoConfig(name="grpo", group_size=2)
     k0, k1 = EpisodeKey(0, 0), EpisodeKey(0, 1)
