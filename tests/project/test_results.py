@@ -24,7 +24,7 @@ RUNS = sorted(p.parents[1].relative_to(ROOT) for p in ROOT.glob("results/**/chec
 
 
 def test_results_hold_committed_checkpoints():
-    assert {"results/metaworld_mt10/mw_sft", "results/metaworld_mt10/mw_rl_task9",
+    assert {"results/metaworld_mt10/mw_sft", "results/metaworld_mt10/mw_rl_equal",
             "results/isaaclab/reach_rl4"} <= {str(r) for r in RUNS}
 
 
