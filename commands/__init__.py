@@ -16,9 +16,10 @@ without running anything) and ``main(argv) -> int``, which parses with it, calls
 implementation and turns its outcome into output and an exit status (2 for a user error, as
 one line on stderr or argparse's usage; each module says what else it returns). A command whose ``--set`` addresses a config
 dataclass also defines ``config_from_args(args)``. The implementations stay with what they do
-(``actors``, ``datalake``, ``envs``, ``rlvla3``) and take parsed arguments or configs.
+(``actors``, ``datalake``, ``envs``, ``rlvla3``; the benchmarks in ``measure``) and take parsed
+arguments or configs.
 
 The table of commands is ``rlvla3/__main__.py``, which imports these modules by name, when a
-command runs. This package is the top floor: it imports ``actors``, ``datalake``, ``envs`` and
-``rlvla3``, and nothing imports it.
+command runs. This package is the top floor: it imports ``actors``, ``datalake``, ``envs``, ``measure``
+and ``rlvla3``, and nothing imports it.
 """

@@ -10,9 +10,9 @@ Modules:
     verify     ``verify_dataset``: decode every video, read every row group, name the episodes hit
     record     expert demonstrations from parallel env workers into a dataset
     synthetic  self-describing episodes for tests and benchmarks
-    bench      ``rlvla3 bench lake``: the lake vs a torch DataLoader feeding VLA training steps
 
 The reading pipeline imports only message types, protocols, config and packing from ``rlvla3``;
-``bench`` (which trains the VLA) and ``record`` (a policy may drive takes) build policies lazily.
+``record`` (a policy may drive takes) builds policies lazily. What the lake costs is measured by
+``measure.lake``.
 ``rlvla3 datalake inspect|record`` is ``commands.datalake``.
 """

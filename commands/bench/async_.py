@@ -1,12 +1,12 @@
 """``rlvla3 bench async``: the RL-VLA3 ablation of the pipeline modes on this machine
-(``actors.bench.bench_async``, whose docstring is the help). Prints one JSON object."""
+(``measure.cluster.bench_async``, whose docstring is the help). Prints one JSON object."""
 
 from __future__ import annotations
 
 import argparse
 
-from actors.bench import bench_async
 from actors.runtime.jsonout import json_main
+from measure.cluster import bench_async
 
 
 def parser() -> argparse.ArgumentParser:

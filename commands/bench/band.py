@@ -1,6 +1,6 @@
 """``rlvla3 bench band make | check``: a preset's reference band of success against env steps
-over seeds, and whether new seeds' curves fall inside it (``actors.bench.bench_band``, whose
-docstring is the help; the arithmetic and the file are ``actors.bench.bands``).
+over seeds, and whether new seeds' curves fall inside it (``measure.cluster.bench_band``, whose
+docstring is the help; the arithmetic and the file are ``measure.cluster.bands``).
 
 Each seed runs as ``rlvla3 rl`` does (``commands.rl.main``, in this process, on local Ray);
 ``--set`` addresses the same ``RunConfig``. Progress lines go to stderr and one JSON object to
@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from actors.bench import bench_band
-from actors.bench.bands import BandError, Rule
 from actors.runtime.jsonout import json_text, stdout_to_stderr
+from measure.cluster import bench_band
+from measure.cluster.bands import BandError, Rule
 from rlvla3.config import ConfigError
 
 

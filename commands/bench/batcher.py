@@ -1,5 +1,5 @@
 """``rlvla3 bench batcher``: adaptive batching against a grid of fixed B_max / T_max settings
-at three loads (``actors.bench.bench_batcher``, whose docstring is the help). Prints one JSON
+at three loads (``measure.cluster.bench_batcher``, whose docstring is the help). Prints one JSON
 object; a cost model without simulated figures (``real``) is exit status 2."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from actors.bench import bench_batcher
+from measure.cluster import bench_batcher
 from rlvla3.config import Named
 from rlvla3.gpu_costs import resolve_costs
 

@@ -1,5 +1,5 @@
 """``rlvla3 bench engine``: FSDP2 and DDP learner groups against one rank, parameters after N
-steps and bytes per rank against the pre-flight (``actors.bench.bench_engine``, whose docstring
+steps and bytes per rank against the pre-flight (``measure.cluster.bench_engine``, whose docstring
 is the help). Prints one JSON object; exit status 1 when a difference or a memory prediction
 is outside its tolerance."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from actors.bench import bench_engine
+from measure.cluster import bench_engine
 
 
 def parser() -> argparse.ArgumentParser:

@@ -5,10 +5,10 @@
     rlvla3 bench env --sim isaaclab --task reach --num-envs 1 4 16 --json
 
 One parser for the three simulators (options that do not apply to ``--sim`` are ignored);
-the measurements are each simulator's own module: ``envs.libero.bench_env`` (step and reset
+the measurements are each simulator's own module: ``measure.envs.libero`` (step and reset
 latency with fast rendering on and off, chunked rendering, env steps/s per process count),
-``envs.metaworld.bench_env`` (latency and env steps/s per process count, with and without
-cameras, per slot and per CPU-second) and ``envs.isaaclab.bench_isaaclab`` (one Isaac Lab
+``measure.envs.metaworld`` (latency and env steps/s per process count, with and without
+cameras, per slot and per CPU-second) and ``measure.envs.isaaclab`` (one Isaac Lab
 server per ``--num-envs``, with and without cameras: start time, chunk and reset latency, env
 steps/s per slot and per CPU-second). Prints progress on stderr and one JSON object on stdout
 (``--json``; indented otherwise).
@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 
-from envs.libero import bench_env as libero_bench
+from measure.envs import libero as libero_bench
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,14 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.sim == "libero":
         report = libero_bench.report(args)
     elif args.sim == "metaworld":
-        from envs.metaworld.bench_env import run
+        from measure.envs.metaworld import run
 
         if args.suite == "libero_spatial":
             args.suite = "mt10"
         report = run(args)
     else:
-        from envs.isaaclab.bench_isaaclab import run
         from envs.process_env import EnvProcessError
+        from measure.envs.isaaclab import run
 
         try:
             report = run(args)

@@ -1,4 +1,4 @@
-"""``rlvla3 bench gpu``: the GPU check (``rlvla3.compute.bench_gpu``: its entries, isolation
+"""``rlvla3 bench gpu``: the GPU check (``measure.gpu.bench_gpu``: its entries, isolation
 and output). Prints the JSON report (and writes it to ``--report``); exit status 0 when every
 entry passed or there is no GPU to check (a JSON object says it skipped), 1 otherwise. Imports
 the Ray-free core only: the GPU image has no Ray."""
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from rlvla3.compute import bench_gpu
-from rlvla3.compute.check_context import sizes_for
-from rlvla3.compute.gpu_checks import ENTRIES
+from measure.gpu import bench_gpu
+from measure.gpu.check_context import sizes_for
+from measure.gpu.gpu_checks import ENTRIES
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """``rlvla3 bench lake``: the data lake against the torch ``DataLoader`` a LeRobot user writes,
-feeding the same VLA training steps (``datalake.bench``: both loaders and what is measured).
+feeding the same VLA training steps (``measure.lake``: both loaders and what is measured).
 Prints one JSON object."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from datalake import bench
 from datalake.video import CODECS
+from measure import lake as bench
 from rlvla3.cli_options import add_image_size, deprecated_alias
 from rlvla3.machine import usable_cpus
 

@@ -1,12 +1,12 @@
 """``rlvla3 bench learning``: sync vs async, success against env steps and wall time
-(``actors.bench.bench_learning``, whose docstring is the help). Prints one JSON object."""
+(``measure.cluster.bench_learning``, whose docstring is the help). Prints one JSON object."""
 
 from __future__ import annotations
 
 import argparse
 
-from actors.bench import bench_learning
 from actors.runtime.jsonout import json_main
+from measure.cluster import bench_learning
 from rlvla3.cli_options import add_output_dir
 
 

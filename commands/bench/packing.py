@@ -1,5 +1,5 @@
 """``rlvla3 bench packing``: packed vs padded SFT throughput of the VLA or GR00T
-(``rlvla3.compute.bench_packing``: the workload and the bound). Prints one line, or with
+(``measure.gpu.bench_packing``: the workload and the bound). Prints one line, or with
 ``--json`` one JSON object."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from rlvla3.compute import bench_packing
+from measure.gpu import bench_packing
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,13 +1,13 @@
 """``rlvla3 bench scale``: the GPU regime simulated at 8-32 GPUs, the modes, the planner and
-the dilation check (``actors.bench.bench_scale``, whose docstring is the help). Prints one JSON
+the dilation check (``measure.cluster.bench_scale``, whose docstring is the help). Prints one JSON
 object; ``--overhead-from`` without ``--replan`` is argparse's error (exit status 2)."""
 
 from __future__ import annotations
 
 import argparse
 
-from actors.bench import bench_scale
 from actors.runtime.jsonout import json_main
+from measure.cluster import bench_scale
 
 
 def parser() -> argparse.ArgumentParser:

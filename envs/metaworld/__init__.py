@@ -5,7 +5,6 @@ Modules:
     tasks      benchmarks (MT10, ML10, MT50), instructions, train and test initial states
     split      the train/test split guard and what outputs record about it
     expert     MetaWorld's scripted policy per task as the demonstrator (``datalake record``)
-    bench_env  ``rlvla3 bench env --sim metaworld``: step / reset latency, env steps/s
 
 The simulator (PyPI ``metaworld``, MuJoCo) is an optional extra, imported lazily: these modules
 import without it.

@@ -5,6 +5,6 @@ sets; ``fp8_select``: the choice by name or by measurement) and the flow-matchin
 action experts (``flow``: targets, denoising chains, per-step log-probabilities for RL).
 
 The networks themselves are the policies' (``rlvla3.policies.vla``: pi0.5-style,
-``rlvla3.policies.groot``: GR00T-N1.5); what measures them is ``rlvla3.compute`` (the GPU check,
-the packing benchmark) and ``rlvla3.parity`` (against LeRobot's reference implementations).
+``rlvla3.policies.groot``: GR00T-N1.5); what measures them is ``measure.gpu`` (the GPU check,
+the packing benchmark) and ``measure.parity`` (against LeRobot's reference implementations).
 """

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from rlvla3.compute.check_timing import round_sig, timed
 from rlvla3.model.fp8 import ROW, TILE, BlockLinear, Fp8Backend, hopper
 from rlvla3.model.fp8_kernels import (
     EmulatedFp8,
@@ -37,6 +36,7 @@ from rlvla3.model.fp8_kernels import (
     KernelSet,
     TorchKernels,
 )
+from rlvla3.model.timing import round_sig, timed
 
 KERNEL_SETS = ("triton_block", "scaled_mm_block", "scaled_mm_rowwise", "torch", "torch_rowwise")
 """Every kernel set; the first three need CUDA (Hopper) and Triton, the torch ones run

@@ -1,5 +1,5 @@
 """Learner groups train what one rank trains, through one engine (``rlvla3.engine``): DDP
-and FSDP2 groups over gloo, each rank its own process (``actors.bench.bench_engine``: the
+and FSDP2 groups over gloo, each rank its own process (``measure.cluster.bench_engine``: the
 same episodes, each global batch shared out over the ranks), end with the parameters one rank
 reaches on the same batches; a rank count that does not divide the global batch (a group
 rebuilt after a lost rank: 64 over 3) shares it out unevenly (22, 21, 21) and scales each
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.bench.bench_engine import max_difference, run_group
+from measure.cluster.bench_engine import max_difference, run_group
 from rlvla3.learner.core import rank_batches
 from rlvla3.plan.memory import engine_bytes
 

@@ -113,7 +113,7 @@ def test_a_normal_step_of_a_flow_matching_policy_keeps_most_of_its_gradient():
     nats of KL, the decision by about 4. With the ratio per Gaussian (``element``, the choice
     for such chains) most decisions keep their gradient; a ratio of the whole product clips
     nearly all of them."""
-    from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+    from measure.gpu.synthetic_obs import libero_like_batch, libero_like_spec
     from rlvla3.policies.vla import build_vla_policy
 
     torch.set_num_threads(1)

@@ -3,7 +3,7 @@
 The export round trip, in two environments::
 
     # rlvla3's (Python 3.11, torch 2.13): a trained-looking checkpoint and its export
-    python -m rlvla3.parity.vla tests/data/pi05_tiny --export-to /tmp/pi05_rt
+    python -m measure.parity.vla tests/data/pi05_tiny --export-to /tmp/pi05_rt
     # LeRobot's (Python >= 3.12, lerobot 0.6.1): load it the way a LeRobot user does
     python tests/data/check_pi05_export.py --export /tmp/pi05_rt/lerobot \\
         --fixture tests/data/pi05_tiny --out tests/data/pi05_tiny/export_reference.safetensors
@@ -14,7 +14,7 @@ It loads the directory with ``PI05Policy.from_pretrained`` and ``make_pre_post_p
 in the policy (``from_pretrained`` only warns when a load fails) and that the embedding is the
 tied LM head, runs the fixture's observations with its sampled and deterministic noises through
 LeRobot's full path, and writes the actions with, as metadata, the sha256 of the weights it
-loaded. ``rlvla3.parity.vla.compare_export`` (run by ``tests/policies/test_model_pi05_export.py``)
+loaded. ``measure.parity.vla.compare_export`` (run by ``tests/policies/test_model_pi05_export.py``)
 re-creates the export, checks the digest and compares rlvla3's actions with these.
 """
 
@@ -38,7 +38,7 @@ LM_HEAD = "model.paligemma_with_expert.paligemma.lm_head.weight"
 
 
 def digest(weights: dict[str, torch.Tensor]) -> str:
-    """The same digest as ``rlvla3.parity.vla.weights_digest``."""
+    """The same digest as ``measure.parity.vla.weights_digest``."""
     h = hashlib.sha256()
     for key, tensor in sorted(weights.items()):
         h.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())

@@ -3,10 +3,10 @@
 Run in the scratch environment that ``groot17_reference_env.sh`` (beside this file) builds::
 
     /work/scratch/lerobot061/bin/python tests/data/groot17_reference.py --seed 0 --out /work/scratch/groot17_seed0
-    python -m rlvla3.parity.groot17 tests/data/groot17_tiny --export-to /tmp/groot17_rt
+    python -m measure.parity.groot17 tests/data/groot17_tiny --export-to /tmp/groot17_rt
     /work/scratch/lerobot061/bin/python tests/data/groot17_reference.py --export /tmp/groot17_rt/lerobot \
         --fixture tests/data/groot17_tiny --out /tmp/groot17_rt
-    python -m rlvla3.parity.groot17 --export-reference /tmp/groot17_rt/export_reference.safetensors
+    python -m measure.parity.groot17 --export-reference /tmp/groot17_rt/export_reference.safetensors
 
 The reference is LeRobot 0.6.1's ``GrootPolicy`` (``GR00TN17``: transformers'
 ``Qwen3VLForConditionalGeneration`` as the backbone, ``GR00TN17ActionHead`` with its
@@ -34,7 +34,7 @@ The reference is LeRobot 0.6.1's ``GrootPolicy`` (``GR00TN17``: transformers'
 
 ``--export DIR --fixture FIXTURE --out OUT`` is LeRobot's side of the export round trip
 (``check_export``): DIR is an ``rlvla3 export`` of the fixture's round-trip checkpoint
-(``python -m rlvla3.parity.groot17 FIXTURE --export-to OUT`` writes it to ``OUT/lerobot``).
+(``python -m measure.parity.groot17 FIXTURE --export-to OUT`` writes it to ``OUT/lerobot``).
 
 The committed fixture (``tests/data/groot17_tiny``, seed 0) is the output less
 ``base/model.safetensors``, which holds the same tensors as ``lerobot/model.safetensors`` without

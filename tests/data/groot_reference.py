@@ -4,10 +4,10 @@ Run in the scratch environment that ``groot_reference_env.sh`` (beside this file
 export round trip's middle line runs in rlvla3's environment)::
 
     /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --seed 0 --out /work/scratch/groot_seed0
-    python -m rlvla3.parity.groot tests/data/groot_tiny --export-to /tmp/groot_rt
+    python -m measure.parity.groot tests/data/groot_tiny --export-to /tmp/groot_rt
     /work/scratch/groot-ref/bin/python tests/data/groot_reference.py --export /tmp/groot_rt/lerobot \\
         --fixture tests/data/groot_tiny --out /tmp/groot_rt
-    python -m rlvla3.parity.groot --export-reference /tmp/groot_rt/export_reference.safetensors
+    python -m measure.parity.groot --export-reference /tmp/groot_rt/export_reference.safetensors
 
 The reference is LeRobot's ``GrootPolicy`` (``GR00TN15``: the vendored Eagle 2.5 backbone,
 ``FlowmatchingActionHead`` with its DiT) at a tiny size, every weight random, run offline:
@@ -40,7 +40,7 @@ encoding, every DiT block's output and the velocity, the actions (normalised and
 and the training loss on a fixed batch with fixed tau and noise.
 
 ``--export DIR --fixture FIXTURE --out OUT`` is LeRobot's side of the export round trip: DIR
-is an ``rlvla3 export`` of the fixture's round-trip checkpoint (``python -m rlvla3.parity.groot
+is an ``rlvla3 export`` of the fixture's round-trip checkpoint (``python -m measure.parity.groot
 FIXTURE --export-to OUT`` writes it to ``OUT/lerobot``). LeRobot loads it as a user does
 (docs/groot.md): a fresh ``HF_LEROBOT_HOME`` holding only the export's ``eagle/``, no network,
 the working directory elsewhere, ``GrootPolicy.from_pretrained(DIR)`` with nothing overridden
@@ -48,7 +48,7 @@ the working directory elsewhere, ``GrootPolicy.from_pretrained(DIR)`` with nothi
 ``make_pre_post_processors(pretrained_path=DIR)``. The script checks that LeRobot's weights are
 the export's key for key, runs the fixture's observations from the fixture's noises, and writes
 LeRobot's actions with the digest of the weights it loaded to
-``OUT/export_reference.safetensors``; ``python -m rlvla3.parity.groot --export-reference FILE``
+``OUT/export_reference.safetensors``; ``python -m measure.parity.groot --export-reference FILE``
 compares rlvla3 with it. The committed ``FIXTURE/export_reference.safetensors`` changes only
 when that file is copied there.
 """

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from envs import dilate_env
+from measure.gpu.cost_check import usable
 from rlvla3.algos import AlgoConfig
-from rlvla3.compute.cost_check import usable
 from rlvla3.config import ConfigError, Named, build
 from rlvla3.gpu_costs import (
     CALIBRATIONS,

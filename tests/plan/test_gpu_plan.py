@@ -383,14 +383,14 @@ def test_bench_scale_lays_out_whole_actors_per_node_at_any_gpu_count(gpus):
     import math
     from pathlib import Path
 
-    from actors.bench.bench_scale import (
+    from commands.bench.scale import parser
+    from measure.cluster.bench_scale import (
         GPUS_PER_NODE,
         WORKLOAD,
         Bench,
         colocated_layout,
         planned_layout,
     )
-    from commands.bench.scale import parser
     from rlvla3.plan.cluster import NodeInfo, place
 
     args = parser().parse_args(["--cost-model", "pi05_h200", "--gpus", str(gpus)])

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvla3.parity import groot as parity
+from measure.parity import groot as parity
 from rlvla3.policies.export import ExportError, export_checkpoint
 from rlvla3.policies.groot.config import PRESETS, GrootConfig, shapes_from_configs
 from rlvla3.policies.groot.loader import read_checkpoint

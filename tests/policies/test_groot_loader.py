@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from measure.parity import groot as parity
 from rlvla3.config import ConfigError
-from rlvla3.parity import groot as parity
 from rlvla3.policies.groot.loader import read_checkpoint
 
 FIXTURE = parity.fixture_path()

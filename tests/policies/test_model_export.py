@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlvla3.parity import groot, groot17
-from rlvla3.parity import vla as pi05
+from measure.parity import groot, groot17
+from measure.parity import vla as pi05
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

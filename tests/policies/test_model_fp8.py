@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+from measure.gpu.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.model.attention import select_backend
 from rlvla3.model.fp8 import BLOCK, E4M3_MAX, ROW, BlockLinear, QTensor, blockwise_linear
 from rlvla3.model.fp8_kernels import (

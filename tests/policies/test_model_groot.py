@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from measure.parity import groot as parity
 from rlvla3.config import ConfigError
-from rlvla3.parity import groot as parity
 from rlvla3.policies.groot import build_groot_policy
 from rlvla3.policies.groot.config import PRESETS, shapes_from_configs
 from rlvla3.policies.groot.export import SIGLIP_HEAD, unused_weights

@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from measure.parity import groot as parity15
+from measure.parity import groot17 as parity
 from rlvla3.config import ConfigError
-from rlvla3.parity import groot as parity15
-from rlvla3.parity import groot17 as parity
 from rlvla3.policies.groot import build_groot_policy
 from rlvla3.policies.groot.config import PRESETS
 from rlvla3.policies.groot.loader import CheckpointLayoutError, load_weights, read_checkpoint

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 from support.tiny_runs import run_rlvla3
 
 from commands.export import main as export_main
+from measure.parity import groot as parity
 from rlvla3.checkpoint.files import CheckpointMeta, save_checkpoint
 from rlvla3.config import Named
-from rlvla3.parity import groot as parity
 from rlvla3.policies.groot import build_groot_policy
 from rlvla3.policies.groot.export import PACK_FILE, UNPACK_FILE
 

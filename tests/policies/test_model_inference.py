@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+from measure.gpu.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.config import ConfigError
 from rlvla3.policies.vla import build_vla_policy
 from rlvla3.policies.vla.inference import BUCKETS, bucket, make_acting

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlvla3.compute.synthetic_obs import libero_like_spec
+from measure.gpu.synthetic_obs import libero_like_spec
 from rlvla3.policies.vla import build_vla_policy
 from rlvla3.policies.vla.loader import (
     CheckpointLayoutError,

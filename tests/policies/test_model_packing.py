@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+from measure.gpu.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.model.attention import (
     FlashAttention,
     PaddedAttention,

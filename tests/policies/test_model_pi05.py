@@ -18,9 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+from measure.gpu.synthetic_obs import libero_like_batch, libero_like_spec
+from measure.parity import vla as parity
 from rlvla3.config import ConfigError
-from rlvla3.parity import vla as parity
 from rlvla3.policies.vla import build_vla_policy
 from rlvla3.policies.vla.loader import CheckpointLayoutError, load_openpi_checkpoint
 from rlvla3.policies.vla.network import VLANetwork

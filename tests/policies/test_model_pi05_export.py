@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from commands.export import main as export_main
+from measure.gpu.synthetic_obs import libero_like_spec
+from measure.parity import vla as parity
 from rlvla3.checkpoint.files import CheckpointMeta, save_checkpoint
-from rlvla3.compute.synthetic_obs import libero_like_spec
 from rlvla3.config import Named
-from rlvla3.parity import vla as parity
 from rlvla3.policies import export
 from rlvla3.policies.vla import build_vla_policy
 

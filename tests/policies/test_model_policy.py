@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from measure.gpu.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.checkpoint.files import (
     CheckpointMeta,
     StateSnapshot,
@@ -16,7 +17,6 @@ from rlvla3.checkpoint.files import (
     save_checkpoint,
     save_run_checkpoint,
 )
-from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.config import ConfigError, Named
 from rlvla3.model import flow
 from rlvla3.policies import build_policy

@@ -281,8 +281,8 @@ def test_a_wrong_flag_or_field_is_caught():
     check(Command("x", 0, ("sft", "--dataset", "d", "--set", "sharding=fsdp"), False))
 
 
-REPO_PATH = re.compile(r"^(?:actors|commands|datalake|envs|rlvla3|tests|results|docs|\.ci)/[\w./-]*$")
-MODULE = re.compile(r"^(?:python -m )?((?:actors|commands|datalake|envs|rlvla3)(?:\.\w+)+)$")
+REPO_PATH = re.compile(r"^(?:actors|commands|datalake|envs|measure|rlvla3|tests|results|docs|\.ci)/[\w./-]*$")
+MODULE = re.compile(r"^(?:python -m )?((?:actors|commands|datalake|envs|measure|rlvla3)(?:\.\w+)+)$")
 
 
 def _names_code(dotted: str) -> bool:

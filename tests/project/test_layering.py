@@ -1,7 +1,8 @@
-"""The packages' layering, checked from the source: five floors (``rlvla3`` the Ray-free core,
-``envs``, ``datalake``, ``actors``, and ``commands`` on top, which nothing imports), imports only
-pointing down a floor or within one, and no import cycle between modules (lazy imports inside
-functions count; imports under ``if TYPE_CHECKING:`` do not, since they never run).
+"""The packages' layering, checked from the source: six floors (``rlvla3`` the Ray-free core,
+``envs``, ``datalake``, ``actors``, ``measure`` the measuring kit, and ``commands`` on top,
+which nothing imports), imports only pointing down a floor or within one, and no import cycle
+between modules (lazy imports inside functions count; imports under ``if TYPE_CHECKING:`` do
+not, since they never run).
 ``rlvla3/__main__.py`` reaches the commands by module name (``importlib``), not by import."""
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FLOORS = {"rlvla3": 1, "envs": 2, "datalake": 3, "actors": 4, "commands": 5}
+FLOORS = {"rlvla3": 1, "envs": 2, "datalake": 3, "actors": 4, "measure": 5, "commands": 6}
 ALLOWED_DOWN = {"envs": {"rlvla3"}, "datalake": {"rlvla3", "envs"},
                 "actors": {"rlvla3", "envs", "datalake"},
-                "commands": {"rlvla3", "envs", "datalake", "actors"}, "rlvla3": set()}
+                "measure": {"rlvla3", "envs", "datalake", "actors"},
+                "commands": {"rlvla3", "envs", "datalake", "actors", "measure"}, "rlvla3": set()}
 
 
 def _modules() -> dict[str, Path]:

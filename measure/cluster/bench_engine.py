@@ -1,7 +1,7 @@
 """``rlvla3 bench engine``: the engine's strategies train the same policy, and hold what they
 say they hold.
 
-Each rank is its own process (``python -m actors.bench.bench_engine ...``: gloo over a
+Each rank is its own process (``python -m measure.cluster.bench_engine ...``: gloo over a
 shared rendezvous file, no Ray), running the RL learner core on the engine with real reach
 episodes (PPO episodes, or GRPO groups of four of one task and state), each global batch shared
 out over the ranks in order (``rlvla3.learner.core.rank_batches``). After the last step the ranks
@@ -200,7 +200,7 @@ def run_group(tmp: Path, world: int, strategy: str = "ddp", algo: str = "ppo",
     tag = f"{strategy}-{algo}-{world}-{digest}"
     out, init = tmp / tag, tmp / f"rendezvous-{tag}"
     extra = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
-    procs = [subprocess.Popen([sys.executable, "-m", "actors.bench.bench_engine",
+    procs = [subprocess.Popen([sys.executable, "-m", "measure.cluster.bench_engine",
                                "--world", str(world), "--rank", str(r), "--init", str(init),
                                "--out", str(out), "--strategy", strategy, "--algo", algo,
                                *extra]) for r in range(world)]

@@ -4,7 +4,7 @@ that a new run's curve falls inside it.
 ``make`` runs ``rlvla3 rl --preset P`` once per seed (the rl command itself, in this process,
 on one local Ray; each run in ``<work-dir>/seed<N>``, its console in ``<work-dir>/seed<N>.log``)
 or reads finished run directories (``--from-runs``), takes each run's training success against
-env steps from its ``metrics.jsonl`` and writes the band (``actors.bench.bands``: the curves, the
+env steps from its ``metrics.jsonl`` and writes the band (``measure.cluster.bands``: the curves, the
 preset, its ``--set`` overrides, the resolved config and its fingerprint, the env steps, the
 seeds, the git commit). ``check`` re-runs the band's preset with its overrides on new seeds (or
 reads finished runs) and judges each curve under the band's rule (``Rule.describe``).
@@ -37,7 +37,8 @@ from typing import Any
 
 import yaml
 
-from actors.bench.bands import (
+from envs import OPTIONS as ENV_OPTIONS
+from measure.cluster.bands import (
     Band,
     BandError,
     BandMeta,
@@ -50,7 +51,6 @@ from actors.bench.bands import (
     run_config_data,
     write_band,
 )
-from envs import OPTIONS as ENV_OPTIONS
 from rlvla3.checkpoint.storage import Storage
 from rlvla3.config import ConfigError, build, to_dict
 from rlvla3.policies import OPTIONS as POLICY_OPTIONS

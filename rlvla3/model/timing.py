@@ -1,7 +1,7 @@
-"""Timing and memory helpers of the GPU check's entries (``rlvla3.compute.gpu_checks``,
-``rlvla3.compute.cost_check``): medians of device-synchronised calls, peak memory, rounding.
+"""Timing and memory helpers: medians of device-synchronised calls, peak memory, rounding.
 
-Role: the one place both modules take them from, so neither imports the other for them.
+Role: the one place the FP8 backend choice (``fp8_select``, which times its candidates at run
+time) and the GPU check's entries (``measure.gpu``) take them from.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from rlvla3.compute.check_timing import peak_gb, reset_peak, round_sig, sync
 from rlvla3.model.fp8_select import build_backend, candidates, measure_linear
+from rlvla3.model.timing import peak_gb, reset_peak, round_sig, sync
 
 BENCH_FP8 = "RLVLA3_BENCH_FP8"
 """Environment variable naming the FP8 backend the training entries use (set by ``bench gpu``
@@ -96,7 +96,7 @@ def fp8_choice(device: torch.device) -> str:
 def _loss_curve(ctx, fp8: str | None) -> tuple[list[float], float, str | None, float | None]:
     """Flow-matching loss over ``loss_steps`` AdamW steps on one fixed batch, the median step
     time (forward, backward, optimizer), the FP8 backend's detail and peak memory."""
-    from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+    from measure.gpu.synthetic_obs import libero_like_batch, libero_like_spec
     from rlvla3.config import build
     from rlvla3.policies.vla.config import VLAConfig, shapes_for
     from rlvla3.policies.vla.policy import VLAPolicy
@@ -132,7 +132,7 @@ def _loss_curve(ctx, fp8: str | None) -> tuple[list[float], float, str | None, f
 
 
 def check_fp8_training(ctx) -> Iterator[dict]:
-    from rlvla3.compute.check_context import LOSS_TOLERANCE, training_step
+    from measure.gpu.check_context import LOSS_TOLERANCE, training_step
 
     dev, sz = ctx.device, ctx.sizes
     fp8 = fp8_choice(dev)

@@ -9,7 +9,7 @@ LeRobot directory as a user does (``policy.options.checkpoint`` + ``tokenizer``)
 the fixture's three observations through rlvla3's processor, network and policy as one packed
 batch (the reference ran each alone).
 
-Export round trip (as for pi0.5, ``rlvla3.parity.vla``): ``round_trip_checkpoint`` saves the
+Export round trip (as for pi0.5, ``measure.parity.vla``): ``round_trip_checkpoint`` saves the
 fixture's policy with every weight moved by a seeded amount as an rlvla3 checkpoint;
 ``rlvla3 export`` writes it as a LeRobot groot directory, which ``tests/data/groot_reference.py
 --export`` loads with LeRobot's ``GrootPolicy.from_pretrained`` and its processors, runs on the
@@ -18,7 +18,7 @@ it loaded in ``OUT/export_reference.safetensors`` (the committed one is
 ``FIXTURE/export_reference.safetensors``); ``compare_export`` checks that a fresh export has that
 digest and that rlvla3's actions equal LeRobot's.
 
-``python -m rlvla3.parity.groot [FIXTURE]`` prints the table as JSON (default
+``python -m measure.parity.groot [FIXTURE]`` prints the table as JSON (default
 ``tests/data/groot_tiny``, or ``RLVLA3_GROOT_FIXTURE``), the export rows included when the
 fixture has its export reference; exit status 1 when a stage is above ``TOLERANCE`` (scaled, ``Stage.error``).
 ``--export-to DIR`` writes the round trip's checkpoint (``DIR/checkpoint``) and export
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from rlvla3.parity.vla import (
+from measure.parity.vla import (
     EXPORT_REFERENCE,
     TOLERANCE,
     Stage,
@@ -236,7 +236,7 @@ def export_actions(fixture: Path, out: Path, reference: Path | None, round_trip:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(argv, "python -m rlvla3.parity.groot",
+    return run_cli(argv, "python -m measure.parity.groot",
                    "rlvla3's GR00T-N1.5 against a LeRobot fixture", sys.modules[__name__])
 
 

@@ -1,6 +1,6 @@
 """Reference bands of training success against env steps, and the check of a new curve.
 
-Role: the arithmetic and the file format of ``rlvla3 bench band`` (``actors.bench.bench_band``
+Role: the arithmetic and the file format of ``rlvla3 bench band`` (``measure.cluster.bench_band``
 runs the preset on its seeds and reads the runs). A ``Curve`` is one run's training success rate
 against env steps (the progress rows of ``metrics.jsonl``); a ``Band`` is the curves of a few
 reference seeds of one preset, read on a grid of env-step points; ``check_curve`` judges a new
@@ -60,7 +60,7 @@ class BandError(ValueError):
 
 @dataclass(frozen=True)
 class Rule:
-    """When a new curve is inside a band (``actors.bench.bench_band`` states it in words)."""
+    """When a new curve is inside a band (``measure.cluster.bench_band`` states it in words)."""
 
     z: float = Z95
     """Normal quantile of every Wilson interval (1.96: 95%)."""

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvla3.compute.check_timing import round_sig, timed
+from rlvla3.model.timing import round_sig, timed
 from rlvla3.policies.vla.inference import make_acting
 
 AGREEMENT = 1e-4
@@ -45,7 +45,7 @@ def _fit(batches: list[int], ms: list[float]) -> dict:
 
 
 def check_act(ctx) -> Iterator[dict]:
-    from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+    from measure.gpu.synthetic_obs import libero_like_batch, libero_like_spec
     from rlvla3.config import build
     from rlvla3.policies.vla.config import VLAConfig, shapes_for
     from rlvla3.policies.vla.policy import VLAPolicy

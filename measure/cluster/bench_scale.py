@@ -2,7 +2,7 @@
 
 It starts a simulated cluster here (``ray.cluster_utils.Cluster``: a node per 8 GPUs offering
 ``sim_gpu: 8``, a simulator node offering ``sim``) and runs the real pipeline on it
-(``actors.bench.bench_async.run_mode``) in each mode asked: ``full`` as the planner lays it out,
+(``measure.cluster.bench_async.run_mode``) in each mode asked: ``full`` as the planner lays it out,
 ``sync`` and ``sync_autoreset`` colocated, RLinf-style; GPU stages cost what ``--cost-model``
 says, env slots replay LIBERO's measured latencies, all dilated by one factor. It prints one
 JSON object: env steps per simulated second after ``--warmup``, and ``ratio_full_vs_sync``,
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import ray
 
-from actors.bench.bench_async import env_stage_alone, run_mode
 from actors.rl.summary import batch_size_hist
+from measure.cluster.bench_async import env_stage_alone, run_mode
 from rlvla3.gpu_costs import ClockStats
 
 GPUS_PER_NODE = 8

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from commands.bench.packing import main as packing_main
-from rlvla3.compute import step_profile
+from measure.gpu import step_profile
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -77,7 +77,7 @@ def test_packing_breakdown_accounts_for_its_time_by_kind(capsys):
 
 
 def test_kernel_names_fall_into_kinds():
-    from rlvla3.compute.step_profile import kind_of
+    from measure.gpu.step_profile import kind_of
 
     assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "matmul"
     assert kind_of("_block_gemm") == "matmul" and kind_of("aten::addmm") == "matmul"

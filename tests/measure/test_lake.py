@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from datalake import synthetic
-from datalake.bench import EpisodeShuffleSampler, SampleDataset, dataloader_rows
 from datalake.pipeline import Lake, LakeConfig
 from datalake.writer import WriterConfig, write_dataset
+from measure.lake import EpisodeShuffleSampler, SampleDataset, dataloader_rows
 
 SIZE = (32, 32)
 

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlvla3.compute.step_profile import AttentionCall, AttentionRecorder, count_linear_flops
-from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+from measure.gpu.step_profile import AttentionCall, AttentionRecorder, count_linear_flops
+from measure.gpu.synthetic_obs import libero_like_batch, libero_like_spec
 from rlvla3.config import build
 from rlvla3.types import EnvSpec, ObsBatch
 
@@ -170,8 +170,8 @@ def _time_attention(backend, calls: list[AttentionCall], seed: int) -> float:
 
 
 def _breakdown(work: Workload, policy, obs, actions, rows) -> dict:
-    """Kernel kinds of one pass over ``rows`` (``rlvla3.compute.step_profile``)."""
-    from rlvla3.compute.step_profile import kernel_breakdown
+    """Kernel kinds of one pass over ``rows`` (``measure.gpu.step_profile``)."""
+    from measure.gpu.step_profile import kernel_breakdown
 
     def one_pass() -> None:
         for row in rows:

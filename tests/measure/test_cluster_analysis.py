@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors.bench.bench_learning import compare, reach_point, success_at
-from actors.bench.bench_soak import slope_per_hour
 from actors.observe.figures import hist_quantile, hist_summary
+from measure.cluster.bench_learning import compare, reach_point, success_at
+from measure.cluster.bench_soak import slope_per_hour
 
 
 def _curve(points):

@@ -10,7 +10,7 @@ written from one run, and ``rlvla3 plan --cost-model custom --cost ...`` plans w
 
 Measures (working dtype, random weights, LIBERO-like batches: two 224 px cameras, instructions
 of 8-60 bytes, GR00T's horizon of 16 and 4 denoising steps):
-- ``costs`` (``rlvla3.compute.cost_check.measure_costs``, the code the VLA's entry runs): ``act``
+- ``costs`` (``measure.gpu.cost_check.measure_costs``, the code the VLA's entry runs): ``act``
   per call and per sample (a line through several batch sizes), ``evaluate`` forward + backward
   per sample (the RL step; LeRobot's default tune flags: projectors and DiT train, the LLM and
   the vision tower frozen), one AdamW step, the weights' size;
@@ -39,8 +39,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from rlvla3.compute.check_timing import peak_gb, reset_peak, round_sig, timed
-from rlvla3.compute.cost_check import measure_costs, usable
+from measure.gpu.cost_check import measure_costs, usable
+from rlvla3.model.timing import peak_gb, reset_peak, round_sig, timed
 
 LOSS_TOLERANCE = 0.1
 """The packed and padded losses (same weights and batch) may differ by this fraction (bf16)."""
@@ -82,7 +82,7 @@ class QwenPromptShape:
 
 def _policies(preset: str, device: torch.device, dtype: torch.dtype):
     """The packed policy and the padded baseline with the same weights, and their spec."""
-    from rlvla3.compute.synthetic_obs import libero_like_spec
+    from measure.gpu.synthetic_obs import libero_like_spec
     from rlvla3.config import build
     from rlvla3.policies.groot.config import GrootConfig, shapes_for
     from rlvla3.policies.groot.policy import GrootPolicy
@@ -101,7 +101,7 @@ def _policies(preset: str, device: torch.device, dtype: torch.dtype):
 
 
 def check_groot(ctx, version: str = "n1.5") -> Iterator[dict]:
-    from rlvla3.compute.synthetic_obs import libero_like_batch
+    from measure.gpu.synthetic_obs import libero_like_batch
 
     dev, sz = ctx.device, ctx.sizes
     full, tiny = ("groot_n17", "groot17_tiny") if version == "n1.7" else ("groot_n15",

@@ -1,4 +1,4 @@
-"""Reference bands (``actors.bench.bands``, ``rlvla3 bench band``): the Wilson-based rule (a
+"""Reference bands (``measure.cluster.bands``, ``rlvla3 bench band``): the Wilson-based rule (a
 curve like the reference seeds' is inside, one clearly below is not, few episodes widen the
 band), the band file's checks (round trip, an edited or corrupt file refused), bad input in one
 line with exit status 2, and one real ``make`` + ``check`` of the smoke preset."""
@@ -15,8 +15,9 @@ import pytest
 import yaml
 from support.tiny_runs import last_json, run_rlvla3
 
-from actors.bench import bench_band
-from actors.bench.bands import (
+from commands.bench import band as band_command
+from measure.cluster import bench_band
+from measure.cluster.bands import (
     BandError,
     BandMeta,
     Curve,
@@ -27,7 +28,6 @@ from actors.bench.bands import (
     read_band,
     write_band,
 )
-from commands.bench import band as band_command
 from rlvla3.config import to_dict
 from rlvla3.run_config import load_run_config
 

@@ -2,7 +2,7 @@
 against its reference on a machine with one NVIDIA GPU, prepared to work the first time such a
 machine is lent (docs/guides/gpu-check.md).
 
-Entries (the table ``rlvla3.compute.gpu_checks.ENTRIES``, in run order): ``act`` per acting
+Entries (the table ``measure.gpu.gpu_checks.ENTRIES``, in run order): ``act`` per acting
 strategy (eager, static, CUDA graph) at batch 1-64; every FP8 kernel candidate per pi0.5 layer
 (``fp8_linear``, which chooses one) and the FP8 training step with its loss over 50 steps
 (``fp8_training``, with that choice); packed vs padded training step with MFU and a kernel
@@ -25,7 +25,7 @@ Output: one JSON object: versions, device, ``pass`` (all entries passed), ``summ
 headline speed-ups) and ``entries`` (each with ``pass``, its figures, the backends that ran and
 ``seconds``). Exit status 0 when every entry passed (or the check was skipped), 1 otherwise.
 The command is ``commands.bench.gpu``; ``run_check`` runs the entries, each in a process of
-its own (``python -m rlvla3.compute.bench_gpu ENTRY [--dry-run]``: ``run_child``).
+its own (``python -m measure.gpu.bench_gpu ENTRY [--dry-run]``: ``run_child``).
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
-from rlvla3.compute.check_context import Context, sizes_for
-from rlvla3.compute.fp8_check import BENCH_FP8
-from rlvla3.compute.gpu_checks import ENTRIES
+from measure.gpu.check_context import Context, sizes_for
+from measure.gpu.fp8_check import BENCH_FP8
+from measure.gpu.gpu_checks import ENTRIES
 
 MIN_ENTRY_S = 15.0
 """An entry is not started with less budget left than this."""
@@ -91,7 +91,7 @@ def run_entry(name: str, dry_run: bool, timeout: float, fp8: str | None = None) 
     if fp8:
         env[BENCH_FP8] = fp8
     env.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # later entries reuse earlier tuning
-    cmd = [sys.executable, "-m", "rlvla3.compute.bench_gpu", name]
+    cmd = [sys.executable, "-m", "measure.gpu.bench_gpu", name]
     cmd += ["--dry-run"] if dry_run else []
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)

@@ -23,7 +23,7 @@ actions and the digest of the weights it loaded in ``export_reference.safetensor
 ``compare_export`` checks that a fresh export has that digest and that rlvla3's actions equal
 LeRobot's.
 
-``python -m rlvla3.parity.vla [FIXTURE]`` prints the table as JSON (default fixture:
+``python -m measure.parity.vla [FIXTURE]`` prints the table as JSON (default fixture:
 ``tests/data/pi05_tiny``, or ``RLVLA3_PI05_FIXTURE``); ``--export-to DIR`` writes the round
 trip's checkpoint (``DIR/checkpoint``) and its export (``DIR/lerobot``) and prints the digest.
 """
@@ -321,7 +321,7 @@ def run_cli(argv: list[str] | None, prog: str, description: str, model) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(argv, "python -m rlvla3.parity.vla",
+    return run_cli(argv, "python -m measure.parity.vla",
                    "rlvla3's pi0.5 against a LeRobot fixture", sys.modules[__name__])
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from rlvla3.compute.check_timing import peak_gb, reset_peak, round_sig, timed
-from rlvla3.compute.step_profile import kernel_breakdown, step_flops
+from measure.gpu.step_profile import kernel_breakdown, step_flops
 from rlvla3.model.fp8_select import select_fp8
+from rlvla3.model.timing import peak_gb, reset_peak, round_sig, timed
 
 Snapshot = dict
 Entry = Callable[["Context"], Iterator[Snapshot]]
@@ -130,8 +130,8 @@ def training_step(ctx: Context, variants: dict[str, tuple[dict, str | None]],
     the FP8 backend its projections run through or None), one variant on the device at a
     time, identical weights (same seed) and batch; the first variant is the baseline of the
     others. ``profile``: also each variant's FLOPs and one profiled step by kernel kind
-    (``rlvla3.compute.step_profile``)."""
-    from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+    (``measure.gpu.step_profile``)."""
+    from measure.gpu.synthetic_obs import libero_like_batch, libero_like_spec
     from rlvla3.config import build
     from rlvla3.policies.vla.config import VLAConfig, shapes_for
     from rlvla3.policies.vla.policy import VLAPolicy

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from commands.bench.gpu import main as gpu_main
-from rlvla3.compute import bench_gpu
-from rlvla3.compute.gpu_checks import ENTRIES, LOGPROB_TOLERANCE
+from measure.gpu import bench_gpu
+from measure.gpu.gpu_checks import ENTRIES, LOGPROB_TOLERANCE
 from rlvla3.model.attention import PerSegmentAttention, repeat_kv
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -37,19 +37,18 @@ from functools import partial
 import numpy as np
 import torch
 
-from rlvla3.compute.act_check import check_act
-from rlvla3.compute.check_context import (
+from measure.gpu.act_check import check_act
+from measure.gpu.check_context import (
     LOSS_TOLERANCE,
     Context,
     Entry,
     Snapshot,
     training_step,
 )
-from rlvla3.compute.check_timing import peak_gb, reset_peak, round_sig, timed
-from rlvla3.compute.cost_check import check_costs
-from rlvla3.compute.fp8_check import check_fp8_linear, check_fp8_training
-from rlvla3.compute.groot_check import check_groot, check_groot17
-from rlvla3.compute.step_profile import matrix_tflops
+from measure.gpu.cost_check import check_costs
+from measure.gpu.fp8_check import check_fp8_linear, check_fp8_training
+from measure.gpu.groot_check import check_groot, check_groot17
+from measure.gpu.step_profile import matrix_tflops
 from rlvla3.model.attention import (
     BACKENDS,
     PerSegmentAttention,
@@ -57,6 +56,7 @@ from rlvla3.model.attention import (
     torch_varlen_available,
     varlen_takes_gqa,
 )
+from rlvla3.model.timing import peak_gb, reset_peak, round_sig, timed
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -165,7 +165,7 @@ chain (an importance ratio within about 5% of 1 at identical weights)."""
 
 
 def check_rl(ctx: Context) -> Iterator[Snapshot]:
-    from rlvla3.compute.synthetic_obs import libero_like_batch, libero_like_spec
+    from measure.gpu.synthetic_obs import libero_like_batch, libero_like_spec
     from rlvla3.config import build
     from rlvla3.policies.vla.config import VLAConfig, shapes_for
     from rlvla3.policies.vla.policy import VLAPolicy

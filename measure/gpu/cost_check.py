@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvla3.compute.check_timing import peak_gb, reset_peak, round_sig, timed
 from rlvla3.gpu_costs import GpuCosts
+from rlvla3.model.timing import peak_gb, reset_peak, round_sig, timed
 
 FIT_TOLERANCE = 0.15
 """Largest relative residual of the per-call + per-sample line through the measured points
@@ -45,7 +45,7 @@ B = 1 varied from 137 to 200 ms between runs)."""
 
 def check_costs(ctx) -> Iterator[dict]:
     """The VLA at the check's preset."""
-    from rlvla3.compute.synthetic_obs import libero_like_spec
+    from measure.gpu.synthetic_obs import libero_like_spec
     from rlvla3.config import build
     from rlvla3.policies.vla.config import VLAConfig, shapes_for
     from rlvla3.policies.vla.policy import VLAPolicy
@@ -62,7 +62,7 @@ def measure_costs(ctx, policy, spec, model: str, denoise_steps: int) -> Iterator
     ``attention_backend``, on the device in the working dtype) on LIBERO-like batches of
     ``spec``; ``model`` names it in the snapshots and the cost model's ``source`` (with the
     acting strategy, where the policy has one)."""
-    from rlvla3.compute.synthetic_obs import libero_like_batch
+    from measure.gpu.synthetic_obs import libero_like_batch
 
     dev, sz = ctx.device, ctx.sizes
     from rlvla3.policies.vla.policy import VLAPolicy

@@ -13,7 +13,7 @@ features, the state encoding, at each Euler step the action encoding, every DiT 
 velocity, the initial noises, the actions (normalised, in env units; sampled and
 deterministic) and the training loss at fixed flow times and noise.
 
-Export round trip (as for N1.5, ``rlvla3.parity.groot``): ``round_trip_checkpoint`` saves the
+Export round trip (as for N1.5, ``measure.parity.groot``): ``round_trip_checkpoint`` saves the
 fixture's policy with every weight moved by a seeded amount; ``rlvla3 export`` writes it as a
 LeRobot 0.6.1 groot directory, which ``tests/data/groot17_reference.py --export`` loads with
 LeRobot's ``GrootPolicy.from_pretrained`` and its processors, runs on the fixture's observations
@@ -22,7 +22,7 @@ and noises, and stores LeRobot's actions and the digest of the weights it loaded
 ``compare_export`` checks that a fresh export has that digest and that rlvla3's actions equal
 LeRobot's.
 
-``python -m rlvla3.parity.groot17 [FIXTURE]`` prints the table as JSON (default
+``python -m measure.parity.groot17 [FIXTURE]`` prints the table as JSON (default
 ``tests/data/groot17_tiny``, or ``RLVLA3_GROOT17_FIXTURE``), the export rows included when the
 fixture has its export reference; exit status 1 when a stage is above ``TOLERANCE`` (scaled,
 ``Stage.error``). ``--export-to DIR`` writes the round trip's checkpoint and export;
@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlvla3.parity.groot import _worst, export_actions, fixture_obs, fixture_spec, load_fixture
-from rlvla3.parity.vla import (
+from measure.parity.groot import _worst, export_actions, fixture_obs, fixture_spec, load_fixture
+from measure.parity.vla import (
     EXPORT_REFERENCE,
     TOLERANCE,
     Stage,
@@ -195,7 +195,7 @@ def compare_export(fixture: Path, out: Path, reference: Path | None = None) -> l
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(argv, "python -m rlvla3.parity.groot17",
+    return run_cli(argv, "python -m measure.parity.groot17",
                    "rlvla3's GR00T-N1.7 against a LeRobot 0.6.1 fixture", sys.modules[__name__])
 
 

@@ -25,8 +25,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from rlvla3.compute.check_timing import round_sig, timed
 from rlvla3.model.attention import AttentionBackend
+from rlvla3.model.timing import round_sig, timed
 
 
 @dataclass(frozen=True)
