@@ -9,15 +9,15 @@ Example::
         --cost infer_per_sample_ms=5 --cost train_per_sample_ms=25 --gpus 16 --sim-cpus 256
     python -m rlvla3 rl --plan --plan-gpus 16 --plan-sim-cpus 256 ...   # plan, then run it
 
-Inputs: a cost model (a calibration of ``rlvla3.gpu_costs``, optionally with figures
+Inputs: a cost model (a calibration of ``rlvla3.gpu.costs``, optionally with figures
 overridden, or ``custom`` figures), the GPUs and simulator CPUs, and the env's latencies (a
-latency model: LIBERO as measured here by default). The arithmetic is ``rlvla3.plan.gpu``
+latency model: LIBERO as measured here by default). The arithmetic is ``rlvla3.gpu.plan``
 (Ray-free); this module only gathers its inputs and prints the plan: the split of GPUs between
 learners and rollout servers, env slots, B_max / T_max, ``weights_every``, pacing, the
 predicted env steps/s (produced and trained) and the bottleneck stage, every other split's
 prediction, and the ``--set`` overrides that apply it (``rl --plan`` applies them itself).
 With ``--gpu-check FILE`` (a ``rlvla3 bench gpu`` report) it plans twice, with the named cost
-model and with the report's measured one (``rlvla3.gpu_costs.costs_from_gpu_check``), prints
+model and with the report's measured one (``rlvla3.gpu.costs.costs_from_gpu_check``), prints
 both and the measured cost model as a ``CALIBRATIONS`` entry to paste.
 """
 
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from actors.rl.plan_job import MEASURED_LIBERO, describe, env_timing, make, parse_costs
 from rlvla3.config import ConfigError
-from rlvla3.gpu_costs import CALIBRATIONS, calibration_source, costs_from_gpu_check
-from rlvla3.plan.gpu import plan_overrides
+from rlvla3.gpu.costs import CALIBRATIONS, calibration_source, costs_from_gpu_check
+from rlvla3.gpu.plan import plan_overrides
 
 
 def parser() -> argparse.ArgumentParser:
@@ -110,5 +110,5 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for label, (plan, overrides) in plans.items():
             print(f"== {label}\n{describe(plan, overrides)}\n")
-        print(f"== the measured cost model as a calibration (rlvla3/gpu_costs.py)\n{calibration}")
+        print(f"== the measured cost model as a calibration (rlvla3/gpu/costs.py)\n{calibration}")
     return 0

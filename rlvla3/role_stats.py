@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from rlvla3.gpu_costs import ClockStats
+from rlvla3.gpu.costs import ClockStats
 
 
 @dataclass(frozen=True, slots=True)

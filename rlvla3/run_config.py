@@ -25,7 +25,7 @@ from rlvla3.checkpoint.storage import StorageConfig
 from rlvla3.cli_options import DEPRECATED
 from rlvla3.config import Named, build, deep_merge, load_mapping, require
 from rlvla3.engine.config import EngineConfig
-from rlvla3.gpu_costs import REAL, check_costs, resolve_costs
+from rlvla3.gpu.costs import REAL, check_costs, resolve_costs
 from rlvla3.queue.pacing import pace_target
 from rlvla3.rollout.batching import batching_config
 
@@ -189,7 +189,7 @@ class RolloutConfig:
     cost_model: Named = field(default_factory=lambda: Named(REAL))
     """``real``: compute on the device. A calibration (``pi05_h200``, ``pi05_a100_eager``, ...)
     or ``custom`` figures: run the small policy but take as long as the GPU would
-    (``rlvla3.gpu_costs``)."""
+    (``rlvla3.gpu.costs``)."""
     lanes: int = 1
     """Simulated GPUs one server stands for, each with its own batcher and policy copy (needs a
     simulated ``cost_model``)."""
@@ -296,7 +296,7 @@ class LearnerConfig:
     """Custom Ray resources each learner rank asks for, e.g. ``{learner: 1}``."""
     cost_model: Named = field(default_factory=lambda: Named(REAL))
     """``real``: compute on the device; a calibration or ``custom`` figures: train the small
-    policy but take as long as the GPUs would (``rlvla3.gpu_costs``)."""
+    policy but take as long as the GPUs would (``rlvla3.gpu.costs``)."""
     ranks_per_actor: int = 1
     """Data-parallel GPUs one learner actor stands for (needs a simulated ``cost_model``): its
     per-sample cost is divided by this."""

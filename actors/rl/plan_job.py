@@ -1,7 +1,7 @@
 """The plan of a cluster for asynchronous RL, from GPU costs and env latencies.
 
-Role: the inputs of ``rlvla3.plan.gpu`` (Ray-free arithmetic) gathered from what a command
-names: a cost model (a calibration of ``rlvla3.gpu_costs`` with ``--cost`` figures overridden,
+Role: the inputs of ``rlvla3.gpu.plan`` (Ray-free arithmetic) gathered from what a command
+names: a cost model (a calibration of ``rlvla3.gpu.costs`` with ``--cost`` figures overridden,
 ``parse_costs``) and an env's latencies (``env_timing`` of a latency model, ``timing_of`` a
 run's env). ``make`` plans; ``plan_run`` plans a run's config and returns the ``--set``
 overrides that apply it (``rlvla3 rl --plan``); ``describe`` is the plan as text. Used by
@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from rlvla3.config import ConfigError, Named
-from rlvla3.gpu_costs import CUSTOM, REAL, GpuCosts, check_plannable, resolve_costs
-from rlvla3.plan.gpu import EnvTiming, Plan, PlanRequest, make_plan, plan_overrides
+from rlvla3.gpu.costs import CUSTOM, REAL, GpuCosts, check_plannable, resolve_costs
+from rlvla3.gpu.plan import EnvTiming, Plan, PlanRequest, make_plan, plan_overrides
 from rlvla3.run_config import RunConfig
 
 MEASURED_LIBERO = "data/libero_latency.json"

@@ -46,7 +46,7 @@ from actors.roles.trajectory_queue import TrajectoryQueue
 from actors.runtime.bootstrap import NAMESPACE
 from actors.runtime.cluster_state import actor_node, driver_node
 from envs import dilate_env
-from rlvla3.gpu_costs import TrainingCost, resolve_costs
+from rlvla3.gpu.costs import TrainingCost, resolve_costs
 from rlvla3.plan.cluster import actor_specs, describe_demand
 from rlvla3.run_config import RunConfig
 from rlvla3.types import EnvSpec

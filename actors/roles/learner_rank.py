@@ -40,8 +40,8 @@ from rlvla3.checkpoint.trust import listed_files, locate_checkpoint
 from rlvla3.config import Named
 from rlvla3.engine import group
 from rlvla3.engine.group import Ranks, free_port
-from rlvla3.gpu_costs import TrainingCost
-from rlvla3.gpu_sim import SimulatedEngine
+from rlvla3.gpu.costs import TrainingCost
+from rlvla3.gpu.sim import SimulatedEngine
 from rlvla3.learner.core import LEARNER_STRATEGIES, LearnerCore, rl_engine
 from rlvla3.learner.step import LearnerState, StepStats
 from rlvla3.policies import build_policy

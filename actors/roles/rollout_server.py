@@ -6,7 +6,7 @@ for a whole lockstep group (lockstep and pipelined rollout). This actor builds t
 the learners it takes weights from, receives weights (object store or a collective channel) and
 answers the controller. A server stands for ``rollout.lanes`` GPUs: one on a real cluster; more
 only on simulated GPUs, where each lane is its policy copy wrapped by
-``rlvla3.gpu_sim.SimulatedRollout`` as ``rollout.cost_model`` says.
+``rlvla3.gpu.sim.SimulatedRollout`` as ``rollout.cost_model`` says.
 
 Invariant: weights offered by the learner (``update_weights``) are applied only between batches
 of a lane, so every action of a batch carries one version. A lane applies offered weights once
@@ -40,7 +40,7 @@ from actors.runtime.bootstrap import lookup, was_restarted
 from actors.runtime.metrics import RoleMetrics
 from actors.runtime.process_memory import ProcessMemory
 from rlvla3.config import Named
-from rlvla3.gpu_sim import rollout_lanes
+from rlvla3.gpu.sim import rollout_lanes
 from rlvla3.policies import build_policy
 from rlvla3.role_stats import RolloutServerStats
 from rlvla3.rollout.batching import make_batching_rule

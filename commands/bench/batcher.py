@@ -10,7 +10,7 @@ import sys
 
 from measure.cluster import bench_batcher
 from rlvla3.config import Named
-from rlvla3.gpu_costs import resolve_costs
+from rlvla3.gpu.costs import resolve_costs
 
 
 def parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@
   ``config_from_args``), walked recursively, with each field's type, default and docstring
   (the string literal under the field in the source);
 - the options dataclass of every env, policy, batching policy and cost model, named by the
-  registries (``envs.OPTIONS``, ``rlvla3.rollout.batching.OPTIONS``, ``rlvla3.gpu_costs.OPTIONS``,
+  registries (``envs.OPTIONS``, ``rlvla3.rollout.batching.OPTIONS``, ``rlvla3.gpu.costs.OPTIONS``,
   ``rlvla3.policies.OPTIONS``), and the presets each command ships (its module's ``PRESETS``).
 
 Nothing here is written by hand, so the reference cannot drift from the code; a command or
@@ -208,7 +208,7 @@ def config_reference() -> str:
                       f"(`{package}`).", ""] + _presets(package)
     for section, module in (("env", "envs"), ("policy", "rlvla3.policies"),
                             ("batching", "rlvla3.rollout.batching"),
-                            ("cost_model", "rlvla3.gpu_costs")):
+                            ("cost_model", "rlvla3.gpu.costs")):
         lines += [f"## {section} options", "",
                   f"`{section}.name` chooses the component; `{section}.options` is built into "
                   "its own dataclass and checked before any actor starts.", ""]

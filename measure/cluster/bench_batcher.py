@@ -1,7 +1,7 @@
 """``rlvla3 bench batcher``: adaptive batching against a grid of fixed B_max / T_max settings.
 
 One simulated rollout GPU per setting: the real ``DynamicBatcher`` with its batching policy,
-whose batches take the simulated GPU cost (``rlvla3.gpu_costs``: ``per_call + per_sample x B``
+whose batches take the simulated GPU cost (``rlvla3.gpu.costs``: ``per_call + per_sample x B``
 with jitter, x the time dilation), serving a closed loop of env slots that replay LIBERO's
 latencies measured here (``envs.latency_replay``: a slot asks for an action, steps its chunk,
 asks again; a finished episode resets). Three loads (env slots per GPU, ``--loads``); at each,
@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from rlvla3.gpu_costs import GpuCosts, jitter_factor
+from rlvla3.gpu.costs import GpuCosts, jitter_factor
 from rlvla3.rollout.batcher import DynamicBatcher
 from rlvla3.rollout.batching import AdaptiveBatching, AdaptiveConfig, FixedBatching
 

@@ -29,7 +29,7 @@ import ray
 
 from actors.rl.summary import batch_size_hist
 from measure.cluster.bench_async import env_stage_alone, run_mode
-from rlvla3.gpu_costs import ClockStats
+from rlvla3.gpu.costs import ClockStats
 
 GPUS_PER_NODE = 8
 SYNC_MODES = ("sync", "sync_autoreset")
@@ -127,7 +127,7 @@ def colocated_layout(gpus: int, slots: int, slots_per_worker: int) -> list[str]:
 
 def planned_layout(plan, slots_per_worker: int, per_actor: int) -> list[str]:
     """The full mode as planned, each actor standing for ``per_actor`` GPUs."""
-    from rlvla3.plan.gpu import plan_overrides
+    from rlvla3.gpu.plan import plan_overrides
 
     return plan_overrides(plan, slots_per_worker, per_actor) + [
         f"learner.resources={{sim_gpu: {per_actor}}}",
@@ -184,7 +184,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, root: Path):
         from actors.rl.plan_job import env_timing
         from rlvla3.config import Named
-        from rlvla3.gpu_costs import resolve_costs
+        from rlvla3.gpu.costs import resolve_costs
 
         self.args = args
         self.root = root
@@ -323,7 +323,7 @@ class Bench:
         when each decision also costs ``overhead_ms`` of the runtime's own time."""
         from dataclasses import replace
 
-        from rlvla3.plan.gpu import predict, refine
+        from rlvla3.gpu.plan import predict, refine
 
         b = plan.best
         req = replace(plan.request, slot_overhead_ms=overhead_ms)
@@ -338,7 +338,7 @@ class Bench:
         cadence and pacing)."""
         from dataclasses import replace
 
-        from rlvla3.plan.gpu import predict
+        from rlvla3.gpu.plan import predict
 
         plan = self.plan(gpus)
         dilation = self.dilation(plan)
@@ -398,7 +398,7 @@ def replan(args: argparse.Namespace) -> dict:
     overhead another file measured at the same scale and dilation when given."""
     from dataclasses import replace
 
-    from rlvla3.plan.gpu import predict, refine
+    from rlvla3.gpu.plan import predict, refine
 
     full = json.loads(Path(args.replan).read_text())
     loops = (json.loads(Path(args.overhead_from).read_text()).get("env_loop", {})

@@ -1,7 +1,7 @@
 """The ``costs`` entry of the GPU check: this GPU's figures for a simulated-GPU cost model.
 
 Role: the pipeline runs without GPUs by simulating the GPU stages with per-call and per-sample
-costs (``rlvla3.gpu_costs``). The named calibrations there come from public figures; this entry
+costs (``rlvla3.gpu.costs``). The named calibrations there come from public figures; this entry
 measures the same figures for the VLA on the GPU at hand, so a user can plan and simulate a
 cluster of the GPUs they have (``rollout.cost_model`` / ``learner.cost_model`` =
 ``{name: custom, options: ...}``, or ``rlvla3 plan --cost-model custom --cost FIELD=VALUE ...``).
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvla3.gpu_costs import GpuCosts
+from rlvla3.gpu.costs import GpuCosts
 from rlvla3.model.timing import peak_gb, reset_peak, round_sig, timed
 
 FIT_TOLERANCE = 0.15

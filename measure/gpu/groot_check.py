@@ -5,7 +5,7 @@ Qwen3-VL layout by ``QwenPromptShape``).
 
 Role: the ``costs`` entry calibrates the VLA; this entry measures the same figures for
 GR00T-N1.5 (``groot_n15`` on a GPU, ``groot_tiny`` in the CPU dry run), so that a cost model
-of GR00T on the GPU at hand (a ``groot_h200_eager`` calibration in ``rlvla3.gpu_costs``) can be
+of GR00T on the GPU at hand (a ``groot_h200_eager`` calibration in ``rlvla3.gpu.costs``) can be
 written from one run, and ``rlvla3 plan --cost-model custom --cost ...`` plans with it.
 
 Measures (working dtype, random weights, LIBERO-like batches: two 224 px cameras, instructions

@@ -120,7 +120,7 @@ class LearnerCore:
                  micro_per_step: int | None = None, reference: Policy | None = None,
                  demos: Demonstrations | None = None):
         """``engine``: the policy under its strategy (default: one rank, the plain module; on
-        simulated GPUs, ``rlvla3.gpu_sim.SimulatedEngine`` around it); ``grad_share`` and
+        simulated GPUs, ``rlvla3.gpu.sim.SimulatedEngine`` around it); ``grad_share`` and
         ``micro_per_step``: this rank's place in a group (``take_share``); ``reference``: the
         frozen policy ``algo.ref_kl_coef`` measures the distance from (needed when it is
         above 0); ``demos``: what ``algo.sft_coef``'s loss draws from (needed when it is above

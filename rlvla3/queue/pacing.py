@@ -5,7 +5,7 @@ Role: every figure of the pipeline that counts policy versions between acting an
 trajectory queue (``rlvla3.queue.core``) admits episodes by ``Pacing`` and drops stale items by
 ``StalenessBound``; the learner (``rlvla3.learner.core`` through ``rlvla3.learner.group_buffer``) discards
 stale unstarted items by the same ``StalenessBound``; the controller's start-up note reads
-``inherent_lag``; the GPU planner (``rlvla3.plan.gpu``) sizes ``queue.pace_lag`` and
+``inherent_lag``; the GPU planner (``rlvla3.gpu.plan``) sizes ``queue.pace_lag`` and
 ``queue.max_staleness`` with ``planned_pace_lag`` and ``planned_max_staleness``.
 
 Inputs: plain numbers (versions, decisions, batch sizes). Outputs: lags in policy versions,

@@ -7,7 +7,7 @@ published weights. Outputs: one ``ActionChunk`` per observation.
 ``RolloutCore`` is one policy copy used for acting. ``RolloutService`` is what a rollout server
 does, without Ray (``actors.roles.rollout_server`` names and restarts it): it serves requests
 on one or more lanes, each a policy copy (``Acting``: a ``RolloutCore``, or one on a simulated
-GPU, ``rlvla3.gpu_sim``) with its own ``DynamicBatcher`` (``rlvla3.rollout.batcher``; the batching
+GPU, ``rlvla3.gpu.sim``) with its own ``DynamicBatcher`` (``rlvla3.rollout.batcher``; the batching
 policy, fixed or adaptive, chooses ``b_max`` and ``t_max``), its own lock and its own thread.
 Single requests (``act``, asynchronous rollout) go to the lanes in turn; a lockstep group
 (``act_batch``) is split evenly over them.
@@ -115,7 +115,7 @@ class RolloutCore:
 
 class Acting(Protocol):
     """What a lane of a rollout server computes with: a ``RolloutCore``, or a wrapper of one
-    (``rlvla3.gpu_sim.SimulatedRollout``)."""
+    (``rlvla3.gpu.sim.SimulatedRollout``)."""
 
     @property
     def policy(self) -> Policy: ...

@@ -10,20 +10,18 @@ import copy
 import numpy as np
 import pytest
 import torch
+from support.reach_episodes import REACH, collect_segments, episodes, make_policy
 
 from envs import env_spec, make_env
 from rlvla3.algos import AlgoConfig
 from rlvla3.config import ConfigError, Named, build
-from rlvla3.episode.tasks import TaskSampler
 from rlvla3.learner.core import BatchStart, LearnerCore, StreamingStart
 from rlvla3.policies import build_policy
 from rlvla3.rollout.batcher import DynamicBatcher
 from rlvla3.rollout.batching import FixedBatching
-from rlvla3.rollout.core import RolloutCore, collect_episodes
+from rlvla3.rollout.core import RolloutCore
 from rlvla3.run_config import RunConfig, check_resources, load_run_config
 from rlvla3.types import WeightsMessage
-
-REACH = Named("reach", {"image_size": 16, "max_decisions": 6})
 
 
 # ---- config --------------------------------------------------------------------------------
@@ -152,23 +150,6 @@ def test_override_and_config_file(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_run_config("smoke", overrides=["learner.lr=fast"])
     assert err.value.field == "learner.lr"
-
-
-# ---- helpers -----------------------------------------------------------------------------
-def collect_segments(policy, n_episodes: int, seed: int = 0):
-    """Real episodes of the reach env acted by ``policy`` through a RolloutCore."""
-    return collect_episodes(make_env(REACH), RolloutCore(policy),
-                            TaskSampler(range(4), range(5), seed), n_episodes, "test")
-
-
-def episodes(segments) -> list[list]:
-    """PPO queue items: one episode each."""
-    return [[s] for s in segments]
-
-
-def make_policy(seed: int = 0):
-    torch.manual_seed(seed)
-    return build_policy(Named("small", {"channels": 8, "hidden": 32}), env_spec(REACH))
 
 
 # ---- learner -------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from test_core_pipeline import collect_segments, episodes, make_policy
+from support.reach_episodes import collect_segments, episodes, make_policy
 
 from rlvla3.algos import AlgoConfig
 from rlvla3.learner.core import BatchStart, LearnerCore, StreamingStart

@@ -8,7 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from test_core_pipeline import collect_segments, episodes, make_policy
+from support.reach_episodes import collect_segments, episodes, make_policy
 
 from rlvla3.algos import AlgoConfig, objective, reference_kl
 from rlvla3.config import ConfigError

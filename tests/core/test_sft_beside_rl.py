@@ -9,7 +9,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from test_core_pipeline import REACH, collect_segments, episodes, make_policy
+from support.reach_episodes import REACH, collect_segments, episodes, make_policy
 
 from actors.rl.controller import check_components
 from datalake import synthetic

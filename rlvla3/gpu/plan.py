@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import cast
 
 from rlvla3.config import require
-from rlvla3.gpu_costs import GpuCosts, check_plannable
-from rlvla3.plan.lane_sim import SlotTiming, simulate_lane
+from rlvla3.gpu.costs import GpuCosts, check_plannable
+from rlvla3.gpu.lanes import SlotTiming, simulate_lane
 from rlvla3.queue.pacing import inherent_lag, planned_max_staleness, planned_pace_lag
 
 
@@ -313,7 +313,7 @@ def slot_timing(env: EnvTiming, slot_overhead_ms: float = 0.0) -> SlotTiming:
 
 def refine(costs: GpuCosts, env: EnvTiming, req: PlanRequest, pred: Prediction,
            seconds: float = 300.0, seed: int = 0) -> Prediction:
-    """``pred`` with its rollout side simulated event by event (``rlvla3.plan.lane_sim``:
+    """``pred`` with its rollout side simulated event by event (``rlvla3.gpu.lanes``:
     batch sizes that vary, weight transfers that stop a GPU while its slots pile up) instead
     of the closed form. The version cadence depends on the rate it limits: three rounds."""
     train = training_rate(costs, pred.learner_gpus, pred.global_batch, req.update_epochs)

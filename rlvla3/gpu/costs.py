@@ -2,7 +2,7 @@
 
 Role: the cost models of the simulated GPU regime. On a machine without the GPUs our users
 train on, the rollout servers and learners keep running the small policy for real (so actions,
-log-probabilities and learning are real) but, wrapped by ``rlvla3.gpu_sim`` (a simulated
+log-probabilities and learning are real) but, wrapped by ``rlvla3.gpu.sim`` (a simulated
 rollout model, a simulated training engine), take as long as the GPU stage would: a rollout batch of B samples costs
 ``infer_per_call_ms + infer_per_sample_ms x B`` (with jitter), a learner micro-batch of n
 samples ``train_per_sample_ms x n`` and each optimizer step ``train_per_step_ms``, and
@@ -203,7 +203,7 @@ PLAN_FIGURES: dict[str, tuple[str, ...]] = {
 """The figures a plan prices each GPU stage by: at least one of each must be positive."""
 
 
-OPTIONS: dict[str, str] = {CUSTOM: "rlvla3.gpu_costs:GpuCosts"}
+OPTIONS: dict[str, str] = {CUSTOM: "rlvla3.gpu.costs:GpuCosts"}
 """The dataclass a cost model's ``options`` build into (a calibration's too; ``real`` takes
 none); the docs' config reference renders it."""
 

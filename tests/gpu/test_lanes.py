@@ -1,4 +1,4 @@
-"""The event-by-event rollout GPU (``rlvla3.plan.lane_sim``) and the planner's use of it: rates
+"""The event-by-event rollout GPU (``rlvla3.gpu.lanes``) and the planner's use of it: rates
 that follow from the loop's own arithmetic in the limits where it is exact, weight transfers
 that cost what they take, and a plan whose figures are the simulated ones."""
 
@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from rlvla3.gpu_costs import CALIBRATIONS, GpuCosts
-from rlvla3.plan.gpu import EnvTiming, PlanRequest, make_plan, predict, refine, slot_timing
-from rlvla3.plan.lane_sim import SlotTiming, simulate_lane
+from rlvla3.gpu.costs import CALIBRATIONS, GpuCosts
+from rlvla3.gpu.lanes import SlotTiming, simulate_lane
+from rlvla3.gpu.plan import EnvTiming, PlanRequest, make_plan, predict, refine, slot_timing
 
 H200 = CALIBRATIONS["pi05_h200"]
 LIBERO = EnvTiming(episode_s=20.9, decisions=36.1, env_steps=179.7, max_decisions=44,

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 
 from rlvla3.config import ConfigError
-from rlvla3.gpu_costs import CALIBRATIONS, GpuCosts
-from rlvla3.plan.gpu import (
+from rlvla3.gpu.costs import CALIBRATIONS, GpuCosts
+from rlvla3.gpu.plan import (
     EnvTiming,
     PlanRequest,
     make_plan,

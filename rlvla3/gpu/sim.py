@@ -3,7 +3,7 @@
 Role: run the real pipeline on CPUs as if its GPU stages ran on the GPUs our users train on,
 without a cost clock in the production code. Each wrapper holds the real object (a
 ``RolloutCore``, a ``TrainingEngine``), lets it compute for real, and then sleeps what remains
-of the stage's simulated cost (``rlvla3.gpu_costs``: the figures and the ``CostClock``).
+of the stage's simulated cost (``rlvla3.gpu.costs``: the figures and the ``CostClock``).
 Selected by config: ``rollout.cost_model`` (with ``rollout.lanes`` simulated GPUs per server)
 and ``learner.cost_model`` (with ``learner.ranks_per_actor`` GPUs per learner actor), both
 scaled by ``time_dilation``; ``real`` wraps nothing.
@@ -34,7 +34,7 @@ import numpy as np
 
 from rlvla3.config import Named
 from rlvla3.engine.engine import StepResult, TrainingEngine
-from rlvla3.gpu_costs import (
+from rlvla3.gpu.costs import (
     ClockStats,
     CostClock,
     GpuCosts,

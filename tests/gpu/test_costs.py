@@ -14,7 +14,7 @@ from envs import dilate_env
 from measure.gpu.cost_check import usable
 from rlvla3.algos import AlgoConfig
 from rlvla3.config import ConfigError, Named, build
-from rlvla3.gpu_costs import (
+from rlvla3.gpu.costs import (
     CALIBRATIONS,
     CostClock,
     GpuCosts,
@@ -165,9 +165,9 @@ def test_simulated_engine_pays_per_sample_and_per_step():
     """A learner actor standing for 4 ranks: each micro-batch of 8 costs 30 x 8 / 4 ms and
     each optimizer step 50 ms, x the dilation, whatever the real compute took; the learner core
     itself holds no clock (the engine it trains through is wrapped)."""
-    from test_core_pipeline import collect_segments, episodes, make_policy
+    from support.reach_episodes import collect_segments, episodes, make_policy
 
-    from rlvla3.gpu_sim import SimulatedEngine
+    from rlvla3.gpu.sim import SimulatedEngine
     from rlvla3.learner.core import LearnerCore, StreamingStart, rl_engine
 
     policy = make_policy(0)
@@ -192,10 +192,10 @@ def test_simulated_engine_pays_per_sample_and_per_step():
 
 
 def test_simulated_rollout_pays_the_batch_formula_and_the_weight_transfer():
-    from test_core_pipeline import REACH, make_policy
+    from support.reach_episodes import REACH, make_policy
 
     from envs import make_env
-    from rlvla3.gpu_sim import SimulatedRollout
+    from rlvla3.gpu.sim import SimulatedRollout
     from rlvla3.rollout.core import RolloutCore
     from rlvla3.types import WeightsMessage
 
@@ -219,7 +219,7 @@ def test_simulated_rollout_pays_the_batch_formula_and_the_weight_transfer():
 
 
 def test_weights_every_holds_versions_back_until_far_enough_ahead():
-    from test_core_pipeline import make_policy
+    from support.reach_episodes import make_policy
 
     from rlvla3.rollout.core import RolloutCore
     from rlvla3.types import WeightsMessage
@@ -240,7 +240,7 @@ def test_a_gpu_check_report_becomes_a_calibration_and_a_plan_beside_todays(capsy
     """The committed H200 report's ``costs`` entry turns into a cost model, a calibration entry
     that evaluates back to it (two significant figures), and a second plan."""
     from commands.plan import main
-    from rlvla3.gpu_costs import calibration_source, costs_from_gpu_check
+    from rlvla3.gpu.costs import calibration_source, costs_from_gpu_check
 
     path = Path(__file__).parents[2] / "results" / "gpu_check" / "h200_check.json"
     report = json.loads(path.read_text())

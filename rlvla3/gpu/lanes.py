@@ -1,7 +1,7 @@
 """One rollout GPU and its env slots, simulated event by event: the planner's check on its own
 closed-form queueing.
 
-Role: ``rlvla3.plan.gpu`` predicts a rollout GPU's steady state in closed form (a request
+Role: ``rlvla3.gpu.plan`` predicts a rollout GPU's steady state in closed form (a request
 waits half the running batch plus its own, a weight transfer slows every batch by the share
 of time it takes). Two things that form escapes are what the pipeline measured: batches vary
 in size, and a request is more likely to land in a large one than the mean batch says; and a
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlvla3.gpu_costs import GpuCosts, jitter_factor
+from rlvla3.gpu.costs import GpuCosts, jitter_factor
 from rlvla3.rollout.batching import AdaptiveBatching, AdaptiveConfig
 
 
@@ -60,7 +60,7 @@ _ARRIVE, _TIMER, _DONE = 0, 1, 2
 
 @dataclass(frozen=True)
 class SlotTiming:
-    """A slot's env time, simulated seconds (``rlvla3.plan.gpu.EnvTiming`` gives it)."""
+    """A slot's env time, simulated seconds (``rlvla3.gpu.plan.EnvTiming`` gives it)."""
 
     steps_s: float
     """Mean env time of one decision's steps, the runtime's own time per decision included."""
