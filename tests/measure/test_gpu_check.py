@@ -97,7 +97,8 @@ def test_dry_run_passes_every_entry_without_ray(image_python, tmp_path):
     assert training["variants"]["fp8"]["fp8"].startswith("torch (emulated FP8")
     run = training["loss_run"]
     assert len(run["fp8_curve"]) == len(run["bf16_curve"]) == run["steps"]
-    assert run["max_rel_diff"] < 0.1 and run["fp8_curve"] != run["bf16_curve"]
+    assert 0 < run["max_rel_diff"] < 0.1  # the FP8 run differs, within tolerance (its curve,
+    # rounded to 4 digits, can read the same as bf16's where the two differ by 1e-4)
     assert report["summary"]["packing_speedup"] == entries["packing"]["speedup"]
 
     packing = entries["packing"]
