@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from rlvla3.algos import AlgoConfig
+from rlvla3.algos.config import AlgoConfig
 from rlvla3.checkpoint.storage import StorageConfig
 from rlvla3.cli_options import DEPRECATED
 from rlvla3.config import Named, build, deep_merge, load_mapping, require

@@ -26,7 +26,7 @@ from actors.runtime.bootstrap import lookup, was_restarted
 from actors.runtime.metrics import RoleMetrics
 from actors.runtime.process_memory import ProcessMemory
 from datalake.demos import DemoSet, load_demos
-from rlvla3.algos import AlgoConfig
+from rlvla3.algos.config import AlgoConfig
 from rlvla3.checkpoint.files import (
     CheckpointMeta,
     SavedCheckpoint,

@@ -37,7 +37,7 @@ def _samples(algo_name: str, episodes: int, proximal: str = "window", policy: st
     trained (a VLA's samples carry its flow chain; GRPO: groups of four episodes of one task
     and initial state)."""
     from envs import env_spec, make_env
-    from rlvla3.algos import AlgoConfig
+    from rlvla3.algos.config import AlgoConfig
     from rlvla3.config import Named
     from rlvla3.episode.tasks import TaskSampler
     from rlvla3.learner.samples import Samples, prepare_samples

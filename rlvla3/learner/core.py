@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlvla3.algos import AlgoConfig, approx_kl, objective
+from rlvla3.algos.config import AlgoConfig
+from rlvla3.algos.losses import approx_kl, objective
 from rlvla3.checkpoint.files import (
     CheckpointMeta,
     StateSnapshot,

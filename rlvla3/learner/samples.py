@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlvla3.algos import AlgoConfig, gae, grpo_advantages
+from rlvla3.algos.advantages import gae, grpo_advantages
+from rlvla3.algos.config import AlgoConfig
 from rlvla3.types import ObsBatch, TrajectorySegment
 
 

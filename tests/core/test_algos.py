@@ -8,15 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.algos import (
-    AlgoConfig,
-    approx_kl,
-    gae,
-    grpo_advantages,
-    objective,
-    ppo_loss,
-    value_loss,
-)
+from rlvla3.algos.advantages import gae, grpo_advantages
+from rlvla3.algos.config import AlgoConfig
+from rlvla3.algos.losses import approx_kl, objective, ppo_loss, value_loss
 from rlvla3.config import ConfigError, build
 from rlvla3.learner.samples import prepare_samples
 from rlvla3.protocols import Evaluation

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rlvla3.algos import AlgoConfig
+from rlvla3.algos.config import AlgoConfig
 from rlvla3.checkpoint import trust
 from rlvla3.checkpoint.files import (
     CheckpointMeta,

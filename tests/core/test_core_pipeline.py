@@ -13,7 +13,7 @@ import torch
 from support.reach_episodes import REACH, collect_segments, episodes, make_policy
 
 from envs import env_spec, make_env
-from rlvla3.algos import AlgoConfig
+from rlvla3.algos.config import AlgoConfig
 from rlvla3.config import ConfigError, Named, build
 from rlvla3.learner.core import BatchStart, LearnerCore, StreamingStart
 from rlvla3.policies import build_policy
@@ -311,7 +311,7 @@ def test_target_kl_measures_the_whole_window():
     """A window of three steps: the KL the controller reads at its close is that between the
     parameters at the window's start and after its third update, on the closing step's last
     micro-batch (not the two steps a forward pass before the last update would see)."""
-    from rlvla3.algos import approx_kl
+    from rlvla3.algos.losses import approx_kl
 
     class Recording(LearnerCore):
         def _drift(self):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from support.reach_episodes import collect_segments, episodes, make_policy
 
-from rlvla3.algos import AlgoConfig
+from rlvla3.algos.config import AlgoConfig
 from rlvla3.learner.core import BatchStart, LearnerCore, StreamingStart
 from rlvla3.learner.step import AdvantageNormalizer
 from rlvla3.weight_sync import parameter_sum

@@ -10,7 +10,8 @@ import pytest
 import torch
 from support.reach_episodes import collect_segments, episodes, make_policy
 
-from rlvla3.algos import AlgoConfig, objective, reference_kl
+from rlvla3.algos.config import AlgoConfig
+from rlvla3.algos.losses import objective, reference_kl
 from rlvla3.config import ConfigError
 from rlvla3.learner.core import BatchStart, LearnerCore
 from rlvla3.learner.samples import prepare_samples

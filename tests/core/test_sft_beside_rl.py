@@ -16,7 +16,7 @@ from datalake import synthetic
 from datalake.demos import load_demos
 from datalake.writer import WriterConfig, write_dataset
 from envs import env_spec
-from rlvla3.algos import AlgoConfig
+from rlvla3.algos.config import AlgoConfig
 from rlvla3.config import ConfigError
 from rlvla3.learner.core import BatchStart, LearnerCore
 from rlvla3.learner.samples import prepare_samples

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.algos import AlgoConfig, objective, ppo_loss
+from rlvla3.algos.config import AlgoConfig
+from rlvla3.algos.losses import objective, ppo_loss
 from rlvla3.protocols import Evaluation
 
 

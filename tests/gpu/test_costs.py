@@ -12,7 +12,7 @@ import pytest
 
 from envs import dilate_env
 from measure.gpu.cost_check import usable
-from rlvla3.algos import AlgoConfig
+from rlvla3.algos.config import AlgoConfig
 from rlvla3.config import ConfigError, Named, build
 from rlvla3.gpu.costs import (
     CALIBRATIONS,

@@ -174,7 +174,7 @@ def test_ppo_and_grpo_steps_on_groot_lower_their_objective(algo, one_torch_threa
     PPO / GRPO objective with the value head) on the tiny GR00T: two optimizer steps on the
     episodes it acted lower the objective on them."""
     from envs import env_spec, make_env
-    from rlvla3.algos import AlgoConfig
+    from rlvla3.algos.config import AlgoConfig
     from rlvla3.config import Named
     from rlvla3.episode.tasks import TaskSampler
     from rlvla3.learner.core import BatchStart, LearnerCore

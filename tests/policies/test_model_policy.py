@@ -388,7 +388,7 @@ def test_pi05_preset_is_refused_on_cpu():
 def test_rl_core_pipeline_runs_with_the_vla_policy():
     """Rollout core -> recorded episodes -> PPO learner core, with the tiny VLA as the policy."""
     from envs import env_spec, make_env
-    from rlvla3.algos import AlgoConfig
+    from rlvla3.algos.config import AlgoConfig
     from rlvla3.episode.tasks import TaskSampler
     from rlvla3.learner.core import BatchStart, LearnerCore
     from rlvla3.learner.samples import prepare_samples

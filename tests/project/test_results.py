@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from actors.eval.evaluate import check_checkpoint
-from rlvla3.algos import AlgoConfig
+from rlvla3.algos.config import AlgoConfig
 from rlvla3.checkpoint.files import check_init_from, check_resume, load_policy, row_source
 from rlvla3.checkpoint.trust import locate_checkpoint
 from rlvla3.learner.core import rl_engine
