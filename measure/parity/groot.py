@@ -108,6 +108,41 @@ def _worst(name: str, stages: list[Stage]) -> Stage:
 
 
 @torch.no_grad()
+def chain_stages(net, cache, ref: Callable[[str, str], list[torch.Tensor]], n: int,
+                 steps: int, role: Callable[[int], str]) -> list[Stage]:
+    """The action head's denoising chain against the reference, step by step, both ways
+    (sampled, deterministic): the action encoding, each DiT block (``role(j)`` names block
+    ``j``'s attention) and the velocity (GR00T-N1.5 and N1.7 share the chain)."""
+    stages: list[Stage] = []
+    kv = net.cross_kv(cache, 1)
+    blocks = len(net.action_head.model.transformer_blocks)
+    for kind in ("sampled", "deterministic"):
+        enc: list[Stage] = []
+        dit: list[list[Stage]] = [[] for _ in range(blocks)]
+        vel: list[Stage] = []
+        for k in range(steps):
+            x = torch.cat([r[k] for r in ref(kind, "chain_x")])
+            timestep = torch.full((n,), int(k / steps * net.shapes.buckets))
+            record: list[torch.Tensor] = []
+            encodings: list[torch.Tensor] = []
+            v = net.velocity(cache, kv, x, timestep, record, encodings)
+            enc.append(_diff("", encodings[0], torch.cat([r[k] for r in ref(kind,
+                                                                           "action_encoding")])))
+            for j in range(blocks):
+                dit[j].append(_diff("", record[j], torch.cat([r[k] for r in
+                                                              ref(kind, f"dit_block.{j}")])))
+            vel.append(_diff("", v, torch.cat([r[k] for r in ref(kind, "velocity")])))
+        if kind == "sampled":
+            stages.append(_worst(f"action encoding, {steps} steps", enc))
+            stages += [_worst(f"DiT block {j} ({role(j)}), {steps} steps", dit[j])
+                       for j in range(blocks)]
+            stages += [Stage(f"velocity, step {k} (t = {k}/{steps})", s.max_abs_diff,
+                             s.elements, s.scale) for k, s in enumerate(vel)]
+        else:
+            stages.append(_worst(f"velocity, {steps} steps (deterministic)", vel))
+    return stages
+
+
 def compare(path: Path) -> list[Stage]:
     meta, t = load_fixture(path)
     policy = fixture_policy(path, meta, t)
@@ -141,33 +176,8 @@ def compare(path: Path) -> list[Stage]:
                             torch.cat([r[0] for r in ref("sampled", key)])))
     stages.append(_diff("state encoding", cache.state, torch.cat(ref("sampled",
                                                                     "state_encoding"))))
-    kv = net.cross_kv(cache, 1)
-    steps = meta["steps"]
-    blocks = len(net.action_head.model.transformer_blocks)
-    for kind in ("sampled", "deterministic"):
-        enc: list[Stage] = []
-        dit: list[list[Stage]] = [[] for _ in range(blocks)]
-        vel: list[Stage] = []
-        for k in range(steps):
-            x = torch.cat([r[k] for r in ref(kind, "chain_x")])
-            timestep = torch.full((n,), int(k / steps * net.shapes.buckets))
-            record: list[torch.Tensor] = []
-            encodings: list[torch.Tensor] = []
-            v = net.velocity(cache, kv, x, timestep, record, encodings)
-            enc.append(_diff("", encodings[0], torch.cat([r[k] for r in ref(kind,
-                                                                           "action_encoding")])))
-            for j in range(blocks):
-                dit[j].append(_diff("", record[j], torch.cat([r[k] for r in
-                                                              ref(kind, f"dit_block.{j}")])))
-            vel.append(_diff("", v, torch.cat([r[k] for r in ref(kind, "velocity")])))
-        if kind == "sampled":
-            stages.append(_worst(f"action encoding, {steps} steps", enc))
-            stages += [_worst(f"DiT block {j} ({'cross' if j % 2 == 0 else 'self'}-attention), "
-                              f"{steps} steps", dit[j]) for j in range(blocks)]
-            stages += [Stage(f"velocity, step {k} (t = {k}/{steps})", s.max_abs_diff,
-                             s.elements, s.scale) for k, s in enumerate(vel)]
-        else:
-            stages.append(_worst(f"velocity, {steps} steps (deterministic)", vel))
+    stages += chain_stages(net, cache, ref, n, meta["steps"],
+                           lambda j: "cross-attention" if j % 2 == 0 else "self-attention")
     policy.seed_sampling(meta["sampling_seed"])
     noise = policy.initial_noise(n, deterministic=False)
     stages.append(_diff("initial noise (sampled)", noise, t["noise.sampled"]))

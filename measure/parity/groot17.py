@@ -38,7 +38,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from measure.parity.groot import _worst, export_actions, fixture_obs, fixture_spec, load_fixture
+from measure.parity.groot import (
+    chain_stages,
+    export_actions,
+    fixture_obs,
+    fixture_spec,
+    load_fixture,
+)
 from measure.parity.vla import (
     EXPORT_REFERENCE,
     TOLERANCE,
@@ -119,36 +125,11 @@ def compare(path: Path) -> list[Stage]:
         stages.append(_diff(name, torch.cat(per(ours)),
                             torch.cat([r[0] for r in ref("obs", key)])))
     stages.append(_diff("state encoding", cache.state, torch.cat(ref("obs", "state_encoding"))))
-    kv = net.cross_kv(cache, 1)
-    steps = meta["steps"]
-    blocks = len(net.action_head.model.transformer_blocks)
     every = 2 * net.shapes.attend_text_every
-    for kind in ("sampled", "deterministic"):
-        enc: list[Stage] = []
-        dit: list[list[Stage]] = [[] for _ in range(blocks)]
-        vel: list[Stage] = []
-        for k in range(steps):
-            x = torch.cat([r[k] for r in ref(kind, "chain_x")])
-            timestep = torch.full((n,), int(k / steps * net.shapes.buckets))
-            record: list[torch.Tensor] = []
-            encodings: list[torch.Tensor] = []
-            v = net.velocity(cache, kv, x, timestep, record, encodings)
-            enc.append(_diff("", encodings[0], torch.cat([r[k] for r in ref(kind,
-                                                                           "action_encoding")])))
-            for j in range(blocks):
-                dit[j].append(_diff("", record[j], torch.cat([r[k] for r in
-                                                              ref(kind, f"dit_block.{j}")])))
-            vel.append(_diff("", v, torch.cat([r[k] for r in ref(kind, "velocity")])))
-        if kind == "sampled":
-            stages.append(_worst(f"action encoding, {steps} steps", enc))
-            role = lambda j: "self-attention" if j % 2 else (  # noqa: E731
-                "cross-attention to text" if j % every == 0 else "cross-attention to images")
-            stages += [_worst(f"DiT block {j} ({role(j)}), {steps} steps", dit[j])
-                       for j in range(blocks)]
-            stages += [Stage(f"velocity, step {k} (t = {k}/{steps})", s.max_abs_diff,
-                             s.elements, s.scale) for k, s in enumerate(vel)]
-        else:
-            stages.append(_worst(f"velocity, {steps} steps (deterministic)", vel))
+    stages += chain_stages(
+        net, cache, ref, n, meta["steps"],
+        lambda j: "self-attention" if j % 2 else (
+            "cross-attention to text" if j % every == 0 else "cross-attention to images"))
     policy.seed_sampling(meta["sampling_seed"])
     stages.append(_diff("initial noise (sampled)", policy.initial_noise(n, deterministic=False),
                         t["noise.sampled"]))
