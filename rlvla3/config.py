@@ -167,14 +167,23 @@ def require(condition: bool, field_path: str, message: str) -> None:
 
 
 def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """``update`` over ``base``; nested mappings merge, everything else replaces."""
+    """``update`` over ``base``; nested mappings merge, everything else replaces. A choice
+    (``Named``: a mapping of ``name`` and ``options`` alone) given another name is replaced
+    whole: the options of one component are not another's (``rollout.batching`` switched
+    from ``fixed`` to ``adaptive`` does not keep ``b_max``)."""
     out = dict(base)
     for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) \
+                and not _renamed_choice(out[key], value):
             out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
+
+
+def _renamed_choice(base: Mapping[str, Any], update: Mapping[str, Any]) -> bool:
+    return (set(base) <= {"name", "options"} and "name" in update
+            and update["name"] != base.get("name"))
 
 
 def parse_override(text: str) -> dict[str, Any]:

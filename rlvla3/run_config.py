@@ -27,7 +27,7 @@ from rlvla3.config import Named, build, deep_merge, load_mapping, require
 from rlvla3.engine.config import EngineConfig
 from rlvla3.gpu.costs import REAL, check_costs, resolve_costs
 from rlvla3.queue.pacing import pace_target
-from rlvla3.rollout.batching import batching_config
+from rlvla3.rollout.batching import batching_config, largest_batch
 
 Placement = Literal["colocated", "disaggregated"]
 RolloutStrategyName = Literal["lockstep", "pipelined", "autoreset", "async"]
@@ -167,11 +167,6 @@ class RolloutConfig:
     """Rollout inference servers and their dynamic batcher."""
 
     num_servers: int = 1
-    b_max: int = 64
-    """Fixed batching: fire a batch when this many requests are pending (adaptive batching
-    chooses its own, up to its ``b_limit``)."""
-    t_max_ms: float = 5.0
-    """Fixed batching: ... or when this long has passed since the first pending request."""
     num_cpus: float = 0.5
     num_gpus: float = 0.0
     gpu_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -183,7 +178,8 @@ class RolloutConfig:
     resources: Mapping[str, float] = field(default_factory=dict)
     """Custom Ray resources each rollout server asks for, e.g. ``{rollout: 1}``."""
     batching: Named = field(default_factory=lambda: Named("fixed"))
-    """How batches are formed (``rlvla3.rollout.batcher``): ``fixed`` fires at ``b_max`` or ``t_max_ms``;
+    """How batches are formed (``rlvla3.rollout.batching``): ``fixed`` fires once ``b_max``
+    requests are pending or ``t_max_ms`` after the first (options: ``b_max``, ``t_max_ms``);
     ``adaptive`` chooses both online from the measured per-call and per-sample cost and the
     arrival rate (options: ``b_limit``, ``headroom``, ``max_latency_ms``)."""
     cost_model: Named = field(default_factory=lambda: Named(REAL))
@@ -202,14 +198,11 @@ class RolloutConfig:
     def largest_batch(self) -> int:
         """The most requests one policy call can hold: ``b_max`` under fixed batching, the
         adaptive policy's ``b_limit`` (the memory preflight sizes a server by it)."""
-        adaptive = batching_config(self.batching, "batching")
-        return self.b_max if adaptive is None else adaptive.b_limit
+        return largest_batch(self.batching)
 
     def validate(self) -> None:
         check_custom_resources(self.resources)
         require(self.num_servers >= 1, "num_servers", "must be >= 1")
-        require(self.b_max >= 1, "b_max", "must be >= 1")
-        require(self.t_max_ms >= 0, "t_max_ms", "must be >= 0")
         require(self.torch_threads >= 1, "torch_threads", "must be >= 1")
         require(self.lanes >= 1, "lanes", "must be >= 1")
         require(self.weights_every >= 1, "weights_every", "must be >= 1")
@@ -513,7 +506,37 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
             print(f"rlvla3: config field '{section}.{old}' is spelled '{new_section}.{new}' "
                   f"now; the old spelling {DEPRECATED}", file=sys.stderr)
             data = deep_merge({new_section: {new: value}}, data)
-    return data
+    return _batching_options(data)
+
+
+def _batching_options(data: dict[str, Any]) -> dict[str, Any]:
+    """``rollout.b_max`` / ``rollout.t_max_ms``, the fixed rule's options before they moved
+    under ``rollout.batching.options``: moved there under fixed batching, dropped under another
+    rule (which never read them), with one warning line. They win over options given in the new
+    spelling: the shipped presets use that, so an old spelling comes from a later layer (a
+    user's file or ``--set``)."""
+    rollout = data.get("rollout")
+    if not isinstance(rollout, Mapping) or not {"b_max", "t_max_ms"} & set(rollout):
+        return data
+    rollout = dict(rollout)
+    old = {key: rollout.pop(key) for key in ("b_max", "t_max_ms") if key in rollout}
+    choice = rollout.get("batching", "fixed")
+    name = choice if isinstance(choice, str) else (choice or {}).get("name", "fixed")
+    spelled = ", ".join(f"'rollout.{key}'" for key in old)
+    if name == "fixed":
+        given = {} if isinstance(choice, str) else dict((choice or {}).get("options") or {})
+        rollout["batching"] = {"name": "fixed", "options": {**given, **old}}
+        now = f"is spelled 'rollout.batching.options.{next(iter(old))}' now"
+        if len(old) > 1:
+            now = "are spelled 'rollout.batching.options.b_max' / '.t_max_ms' now"
+        print(f"rlvla3: config field{'s' if len(old) > 1 else ''} {spelled} {now}; the old "
+              f"spelling {DEPRECATED}", file=sys.stderr)
+    else:
+        print(f"rlvla3: config field{'s' if len(old) > 1 else ''} {spelled} ignored: "
+              f"{name} batching does not read {'them' if len(old) > 1 else 'it'} (fixed "
+              f"batching's options are 'rollout.batching.options.b_max' / '.t_max_ms' now)",
+              file=sys.stderr)
+    return {**data, "rollout": rollout}
 
 
 def adopt_init_policy(data: dict[str, Any]) -> dict[str, Any]:

@@ -81,8 +81,7 @@ class RolloutServer:
         self.metrics = RoleMetrics("rollout", f"rollout-{server_id}")
         self.weights_sources = tuple(weights_sources)
         self.service = RolloutService(
-            lanes, partial(make_batching_rule, cfg.batching, b_max=cfg.b_max,
-                           t_max_ms=cfg.t_max_ms, time_scale=time_dilation),
+            lanes, partial(make_batching_rule, cfg.batching, time_scale=time_dilation),
             cfg.weights_every, self.metrics, time_dilation,
             catch_up=self._latest_weights if self.restarted and self.weights_sources else None)
         self.memory = ProcessMemory()

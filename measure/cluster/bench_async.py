@@ -57,8 +57,8 @@ WORKLOADS = {
         "env.name=latency_replay",
         "env_workers.num_workers=4",
         "env_workers.slots_per_worker=16",
-        "rollout.b_max=64",
-        "rollout.t_max_ms=5",
+        "rollout.batching.options.b_max=64",
+        "rollout.batching.options.t_max_ms=5",
         "learner.global_batch=256",
         "learner.micro_batch=64",
         "queue.capacity=256",
@@ -71,7 +71,7 @@ WORKLOADS = {
         "env.options.suite=libero_spatial",
         "env_workers.num_workers=2",
         "env_workers.slots_per_worker=2",
-        "rollout.b_max=4",
+        "rollout.batching.options.b_max=4",
         "learner.global_batch=64",
         "learner.micro_batch=16",
         "queue.max_staleness=8",
@@ -155,7 +155,7 @@ def recorded_segments(cfg, spec, n: int):
 
 
 def inference_stage_alone(cfg, spec, segments, seconds: float) -> float:
-    """Decisions/s of one rollout core on full ``b_max`` batches (the server's compute)."""
+    """Decisions/s of one rollout core on full batches (``b_max``) (the server's compute)."""
     from rlvla3.policies import build_policy
     from rlvla3.rollout.core import RolloutCore
 
@@ -166,7 +166,7 @@ def inference_stage_alone(cfg, spec, segments, seconds: float) -> float:
 
     observations = [Observation({c: b.images[c][0] for c in b.images}, b.state[0],
                                 b.instruction[0]) for b in pool]
-    batch = [observations[i % len(observations)] for i in range(cfg.rollout.b_max)]
+    batch = [observations[i % len(observations)] for i in range(cfg.rollout.largest_batch)]
     done, start = 0, time.monotonic()
     while time.monotonic() - start < seconds:
         core.act_batch(batch)

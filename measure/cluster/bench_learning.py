@@ -42,7 +42,7 @@ def workload(slots: int) -> list[str]:
     if slots % per:
         raise SystemExit(f"bench learning: --slots must be a multiple of 16 (or <= 16), got {slots}")
     return [f"env_workers.num_workers={slots // per}", f"env_workers.slots_per_worker={per}",
-            f"rollout.b_max={slots}"]
+            f"rollout.batching.options.b_max={slots}"]
 
 
 def run_one(mode: str, seed: int, overrides: list[str], budget: int, root: Path,

@@ -118,7 +118,7 @@ def colocated_layout(gpus: int, slots: int, slots_per_worker: int) -> list[str]:
     return [f"learner.num_learners={nodes}", f"learner.ranks_per_actor={per}",
             f"learner.resources={{sim_gpu: {per / 2}}}",
             f"rollout.num_servers={nodes}", f"rollout.lanes={per}",
-            f"rollout.resources={{sim_gpu: {per / 2}}}", "rollout.b_max=256",
+            f"rollout.resources={{sim_gpu: {per / 2}}}", "rollout.batching.options.b_max=256",
             "pipeline.placement=disaggregated",  # one gang over the nodes (PACK)
             f"env_workers.num_workers={slots // slots_per_worker}",
             f"env_workers.slots_per_worker={slots_per_worker}",

@@ -430,7 +430,6 @@ def plan_overrides(plan: Plan, slots_per_worker: int, granularity: int = 1,
            f"env_workers.slots_per_worker={slots_per_worker}",
            f"learner.global_batch={b.global_batch}",
            f"rollout.batching={{name: adaptive, options: {{b_limit: {plan.request.b_limit}}}}}",
-           f"rollout.b_max={plan.b_max}", f"rollout.t_max_ms={plan.t_max_ms:.3f}",
            f"rollout.weights_every={b.weights_every}",
            f"queue.pace_lag={plan.pace_lag:.2f}", f"queue.max_staleness={plan.max_staleness}",
            "queue.pace_backlog=0"]  # the lag bound alone (PlanRequest.pace_backlog)

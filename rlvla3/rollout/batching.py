@@ -6,8 +6,8 @@ requests are pending or ``t_max_s`` after the first one, taking at most ``b_max`
 rule of every arrival and, after each batch, its size and service time. Two strategies,
 chosen by ``rollout.batching``:
 
-- ``FixedBatching``: the configured ``b_max`` / ``t_max`` always (RL-VLA3's design:
-  ``fire_at = b_max``).
+- ``FixedBatching``: the configured ``b_max`` / ``t_max_ms`` always (``FixedConfig``;
+  RL-VLA3's design: ``fire_at = b_max``).
 - ``AdaptiveBatching``: both chosen online. It fits the service time of a batch of B
   requests as ``a + b x B`` (per-call and per-sample cost, exponentially weighted least
   squares over recent batches) and measures the arrival rate ``lambda``. A GPU keeps up with
@@ -97,6 +97,21 @@ class FixedBatching:
 
     def state(self) -> dict[str, float]:
         return {"b_max": self.b_max, "t_max_ms": 1000.0 * self.t_max_s / self.time_scale}
+
+
+@dataclass(frozen=True)
+class FixedConfig:
+    """Options of the fixed batching rule (``rollout.batching.options``)."""
+
+    b_max: int = 64
+    """Fire a batch when this many requests are pending."""
+    t_max_ms: float = 5.0
+    """... or when this long has passed since the first pending request (simulated ms)."""
+
+    def validate(self) -> None:
+        require(self.b_max >= 1, "b_max", f"must be >= 1, got {self.b_max}")
+        require(math.isfinite(self.t_max_ms) and self.t_max_ms >= 0, "t_max_ms",
+                f"must be >= 0, got {self.t_max_ms}")
 
 
 @dataclass(frozen=True)
@@ -221,29 +236,35 @@ class AdaptiveBatching:
 
 
 BATCHING_RULES = ("fixed", "adaptive")
-OPTIONS: dict[str, str] = {"adaptive": "rlvla3.rollout.batching:AdaptiveConfig"}
-"""The dataclass a batching rule's ``options`` build into (``fixed`` takes none); the docs'
-config reference renders it."""
+OPTIONS: dict[str, str] = {"fixed": "rlvla3.rollout.batching:FixedConfig",
+                           "adaptive": "rlvla3.rollout.batching:AdaptiveConfig"}
+"""The dataclass a batching rule's ``options`` build into; the docs' config reference renders
+it."""
 
 
-def batching_config(choice: Named, path: str) -> AdaptiveConfig | None:
-    """Validate ``rollout.batching``: ``fixed`` (no options; it uses ``b_max`` / ``t_max_ms``)
-    or ``adaptive`` with ``AdaptiveConfig`` options."""
-    if choice.name == "fixed":
-        require(not choice.options, f"{path}.options",
-                "fixed batching takes no options: set rollout.b_max and rollout.t_max_ms")
-        return None
-    if choice.name == "adaptive":
-        return build(AdaptiveConfig, dict(choice.options), f"{path}.options")
-    raise ConfigError(f"{path}.name", f"unknown batching {choice.name!r} (known: "
-                                      f"{', '.join(BATCHING_RULES)})")
+def batching_config(choice: Named, path: str = "rollout.batching"
+                    ) -> FixedConfig | AdaptiveConfig:
+    """Validate ``rollout.batching``: ``fixed`` with ``FixedConfig`` options or ``adaptive``
+    with ``AdaptiveConfig`` options."""
+    configs: dict[str, type[FixedConfig] | type[AdaptiveConfig]] = {
+        "fixed": FixedConfig, "adaptive": AdaptiveConfig}
+    if choice.name not in configs:
+        raise ConfigError(f"{path}.name", f"unknown batching {choice.name!r} (known: "
+                                          f"{', '.join(BATCHING_RULES)})")
+    return build(configs[choice.name], dict(choice.options), f"{path}.options")
 
 
-def make_batching_rule(choice: Named, b_max: int, t_max_ms: float,
-                      time_scale: float = 1.0) -> BatchingRule:
+def largest_batch(choice: Named) -> int:
+    """The most requests one policy call can hold under ``choice``: ``b_max`` under fixed
+    batching, the adaptive rule's ``b_limit`` (the memory preflight sizes a server by it)."""
+    cfg = batching_config(choice)
+    return cfg.b_max if isinstance(cfg, FixedConfig) else cfg.b_limit
+
+
+def make_batching_rule(choice: Named, time_scale: float = 1.0) -> BatchingRule:
     """The rule ``choice`` names; times in simulated ms become real seconds x ``time_scale``."""
-    adaptive = batching_config(choice, "rollout.batching")
-    if adaptive is None:
-        return FixedBatching(b_max, t_max_ms / 1000.0 * time_scale, time_scale)
-    return AdaptiveBatching(adaptive, time_scale)
+    cfg = batching_config(choice)
+    if isinstance(cfg, FixedConfig):
+        return FixedBatching(cfg.b_max, cfg.t_max_ms / 1000.0 * time_scale, time_scale)
+    return AdaptiveBatching(cfg, time_scale)
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rlvla3.config import ConfigError, build
+from rlvla3.config import ConfigError, Named, build
 from rlvla3.rollout.batcher import BatcherClosed, DynamicBatcher
 from rlvla3.rollout.batching import FixedBatching
 from rlvla3.run_config import RolloutConfig
@@ -232,13 +232,18 @@ def test_close_before_any_request():
     assert asyncio.run(main()).batches == 0
 
 
+def _fixed(**options):
+    return {"batching": {"name": "fixed", "options": options}}
+
+
 @pytest.mark.parametrize(
     ("data", "field"),
     [
-        ({"b_max": 0}, "rollout.b_max"),
-        ({"t_max_ms": -1.0}, "rollout.t_max_ms"),
-        ({"b_max": 2.5}, "rollout.b_max"),
-        ({"t_max": 5}, "rollout.t_max"),
+        (_fixed(b_max=0), "rollout.batching.options.b_max"),
+        (_fixed(t_max_ms=-1.0), "rollout.batching.options.t_max_ms"),
+        (_fixed(b_max=2.5), "rollout.batching.options.b_max"),
+        (_fixed(t_max=5), "rollout.batching.options.t_max"),
+        ({"b_max": 4}, "rollout.b_max"),  # the old spelling: only load_run_config upgrades it
     ],
 )
 def test_config_errors_name_the_field(data, field):
@@ -248,8 +253,33 @@ def test_config_errors_name_the_field(data, field):
 
 
 def test_config_accepts_zero_t_max():
-    cfg = build(RolloutConfig, {"b_max": 1, "t_max_ms": 0}, "rollout")
-    assert cfg.b_max == 1 and cfg.t_max_ms == 0.0 and cfg.largest_batch == 1
+    cfg = build(RolloutConfig, _fixed(b_max=1, t_max_ms=0), "rollout")
+    assert cfg.batching.options == {"b_max": 1, "t_max_ms": 0} and cfg.largest_batch == 1
+    assert build(RolloutConfig, {}, "rollout").largest_batch == 64  # fixed, its defaults
+    adaptive = build(RolloutConfig, {"batching": {"name": "adaptive",
+                                                  "options": {"b_limit": 96}}}, "rollout")
+    assert adaptive.largest_batch == 96
+
+
+def test_the_old_spelling_of_the_fixed_rules_options_is_moved_with_one_line(capsys):
+    from rlvla3.run_config import load_run_config
+
+    cfg = load_run_config("default", overrides=["rollout.b_max=3"])
+    assert cfg.rollout.batching == Named("fixed", {"b_max": 3, "t_max_ms": 2.0})  # preset's t
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'rollout.b_max' is spelled 'rollout.batching.options.b_max'" \
+        in err[0] and "deprecated" in err[0]
+    # both, in a user's file: moved together, the old spelling over the preset's new one
+    cfg = load_run_config("default", overrides=["rollout.t_max_ms=0", "rollout.b_max=5"])
+    assert cfg.rollout.batching.options == {"b_max": 5, "t_max_ms": 0}
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    # under adaptive batching they were never read: dropped, and the line says so
+    cfg = load_run_config("default", overrides=["rollout.batching=adaptive", "rollout.b_max=9"])
+    assert cfg.rollout.batching == Named("adaptive", {}) and cfg.rollout.largest_batch == 256
+    err = capsys.readouterr().err
+    assert "'rollout.b_max' ignored: adaptive batching does not read it" in err
+    load_run_config("default")
+    assert capsys.readouterr().err == ""  # the presets use the new spelling
 
 
 def test_a_fixed_policy_built_in_code_refuses_what_the_config_refuses():
@@ -259,8 +289,15 @@ def test_a_fixed_policy_built_in_code_refuses_what_the_config_refuses():
         FixedBatching(4, -0.001)
 
 
-def test_the_largest_batch_is_the_adaptive_policys_limit_not_the_fixed_b_max():
-    adaptive = build(RolloutConfig, {"b_max": 8, "batching": {"name": "adaptive",
-                                                              "options": {"b_limit": 128}}})
-    assert adaptive.largest_batch == 128
-    assert build(RolloutConfig, {"b_max": 8}).largest_batch == 8
+def test_a_choice_given_another_name_does_not_keep_the_old_ones_options():
+    from rlvla3.run_config import load_run_config
+
+    for override in ("rollout.batching={name: adaptive, options: {b_limit: 64}}",
+                     "rollout.batching.name=adaptive"):
+        cfg = load_run_config("default", overrides=[override])  # the preset's is fixed's
+        assert cfg.rollout.batching.name == "adaptive"
+        assert "b_max" not in cfg.rollout.batching.options
+    cfg = load_run_config("default", overrides=["rollout.batching.options.b_max=16"])
+    assert cfg.rollout.batching == Named("fixed", {"b_max": 16, "t_max_ms": 2.0})  # merged
+    # a section that is more than a choice merges as before: algo keeps the preset's gamma
+    assert load_run_config("default", overrides=["algo.name=grpo"]).algo.gamma == 0.95

@@ -105,11 +105,11 @@ def test_rate_decays_when_arrivals_stop():
 
 
 def test_fixed_policy_and_time_dilation():
-    fixed = make_batching_rule(Named("fixed"), b_max=32, t_max_ms=5.0, time_scale=4.0)
+    fixed = make_batching_rule(Named("fixed", {"b_max": 32, "t_max_ms": 5.0}), time_scale=4.0)
     assert isinstance(fixed, FixedBatching)
     assert fixed.limits(1, 0.0) == Limits(32, pytest.approx(0.02), 32)
     assert fixed.state()["t_max_ms"] == pytest.approx(5.0)  # reported in simulated ms
-    assert isinstance(make_batching_rule(Named("adaptive", {"b_limit": 64}), 8, 2.0),
+    assert isinstance(make_batching_rule(Named("adaptive", {"b_limit": 64})),
                       AdaptiveBatching)
 
 

@@ -28,8 +28,9 @@ from rlvla3.types import WeightsMessage
 @pytest.mark.parametrize(
     ("override", "field"),
     [
-        ("rollout.b_max=0", "rollout.b_max"),
-        ("rollout.t_max_ms=-1", "rollout.t_max_ms"),
+        ("rollout.batching.options.b_max=0", "rollout.batching.options.b_max"),
+        ("rollout.batching.options.t_max_ms=-1", "rollout.batching.options.t_max_ms"),
+        ("rollout.batching.options.b_limit=8", "rollout.batching.options.b_limit"),
         ("pipeline.mode=turbo", "pipeline.mode"),
         ("learner.micro_batch=0", "learner.micro_batch"),
         ("learner.global_batch=10", "learner.global_batch"),

@@ -113,7 +113,8 @@ def test_resolve_overrides_and_custom_figures():
     (["rollout.batching=greedy"], "rollout.batching.name"),
     (["rollout.batching={name: adaptive, options: {headroom: 0.5}}"],
      "rollout.batching.options.headroom"),
-    (["rollout.batching={name: fixed, options: {b_limit: 4}}"], "rollout.batching.options"),
+    (["rollout.batching={name: fixed, options: {b_limit: 4}}"],
+     "rollout.batching.options.b_limit"),
 ])
 def test_config_errors_name_the_field(overrides, field):
     with pytest.raises(ConfigError) as info:
