@@ -234,6 +234,8 @@ def load_mapping(
         text = resources.files(package).joinpath(f"{preset}.yaml").read_text()
         data = yaml.safe_load(text) or {}
     data = deep_merge(data, file_data)
-    for item in overrides:
+    # a choice's new name first, so that options given for it on the same command line are
+    # not dropped with the old choice's (``deep_merge``), whichever order they came in
+    for item in sorted(overrides, key=lambda o: not o.split("=", 1)[0].strip().endswith(".name")):
         data = deep_merge(data, parse_override(item))
     return data

@@ -297,6 +297,9 @@ def test_a_choice_given_another_name_does_not_keep_the_old_ones_options():
         cfg = load_run_config("default", overrides=[override])  # the preset's is fixed's
         assert cfg.rollout.batching.name == "adaptive"
         assert "b_max" not in cfg.rollout.batching.options
+    cfg = load_run_config("default", overrides=["rollout.batching.options.b_limit=32",
+                                                "rollout.batching.name=adaptive"])
+    assert cfg.rollout.batching == Named("adaptive", {"b_limit": 32})  # kept, given after
     cfg = load_run_config("default", overrides=["rollout.batching.options.b_max=16"])
     assert cfg.rollout.batching == Named("fixed", {"b_max": 16, "t_max_ms": 2.0})  # merged
     # a section that is more than a choice merges as before: algo keeps the preset's gamma
