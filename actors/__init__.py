@@ -3,7 +3,7 @@
 Packages:
     roles    the RL roles as actors: env worker, rollout server, trajectory queue, learner
              rank and group, run status
-    rl       the RL job: ``rlvla3 rl`` / ``plan``, the controller, topology, strategies,
+    rl       the RL job: ``rlvla3 rl`` / ``plan``, the controller, topology, rollout drivers,
              checkpointing, failures, stop rules
     sft      the SFT job on Ray Train: ``rlvla3 sft``
     eval     closed-loop evaluation: ``rlvla3 eval``, rounds over eval workers, comparisons

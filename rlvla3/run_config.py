@@ -8,9 +8,9 @@ optional YAML file and ``--set`` overrides, builds the dataclasses (unknown keys
 fail with the dotted field), then checks the rules that span sections. Env- and policy-specific
 options are validated by their own registries (``check_components``) before any actor starts.
 
-The pipeline mode is a name for a combination of four strategies, so that the RL-VLA3 ablation
+The pipeline mode is a name for a combination of four choices, so that the RL-VLA3 ablation
 (colocated sync / disaggregated / +train async / +rollout async / +streamer) is one setting and
-each strategy can also be chosen on its own.
+each choice can also be made on its own.
 """
 
 from __future__ import annotations
@@ -30,41 +30,41 @@ from rlvla3.queue.pacing import pace_target
 from rlvla3.rollout.batching import batching_config, largest_batch
 
 Placement = Literal["colocated", "disaggregated"]
-RolloutStrategyName = Literal["lockstep", "pipelined", "autoreset", "async"]
-TrainingStrategyName = Literal["sync", "async"]
-LearnerStrategyName = Literal["batch", "streaming"]
+RolloutDriver = Literal["lockstep", "pipelined", "autoreset", "async"]
+TrainingSchedule = Literal["sync", "async"]
+LearnerStart = Literal["batch", "streaming"]
 
 
 @dataclass(frozen=True)
-class Strategies:
+class PipelineChoices:
     """The four independent choices behind a pipeline mode."""
 
     placement: Placement
     """colocated: all roles share one pool of resources; disaggregated: each role its own."""
-    rollout: RolloutStrategyName
+    rollout: RolloutDriver
     """lockstep: every env steps, then one inference batch, until every slot finished its
     episode; pipelined: two env groups in lockstep, one simulating while the other is inferred;
     autoreset: lockstep for a fixed number of decisions per round, a finished episode resets in
     place and the next one goes on; async: every slot its own loop."""
-    training: TrainingStrategyName
+    training: TrainingSchedule
     """sync: rollout, then train, then sync weights; async: both run at once (bounded staleness)."""
-    learner: LearnerStrategyName
+    learner: LearnerStart
     """batch: wait for the global batch; streaming: start each micro-batch as soon as it is full."""
 
 
-MODES: dict[str, Strategies] = {
-    "sync": Strategies("colocated", "lockstep", "sync", "batch"),
-    "sync_autoreset": Strategies("colocated", "autoreset", "sync", "batch"),
-    "disaggregated": Strategies("disaggregated", "pipelined", "sync", "batch"),
-    "train_async": Strategies("disaggregated", "pipelined", "async", "batch"),
-    "rollout_async": Strategies("disaggregated", "async", "async", "batch"),
-    "full": Strategies("disaggregated", "async", "async", "streaming"),
+MODES: dict[str, PipelineChoices] = {
+    "sync": PipelineChoices("colocated", "lockstep", "sync", "batch"),
+    "sync_autoreset": PipelineChoices("colocated", "autoreset", "sync", "batch"),
+    "disaggregated": PipelineChoices("disaggregated", "pipelined", "sync", "batch"),
+    "train_async": PipelineChoices("disaggregated", "pipelined", "async", "batch"),
+    "rollout_async": PipelineChoices("disaggregated", "async", "async", "batch"),
+    "full": PipelineChoices("disaggregated", "async", "async", "streaming"),
 }
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """Which ablation mode to run; a non-empty strategy field overrides the mode's choice."""
+    """Which ablation mode to run; a non-empty choice field overrides the mode's choice."""
 
     mode: str = "full"
     placement: str = ""
@@ -82,16 +82,16 @@ class PipelineConfig:
             "training": ("sync", "async"),
             "learner": ("batch", "streaming"),
         }
-        for name, choices in allowed.items():
+        for name, known in allowed.items():
             value = getattr(self, name)
-            require(value in ("", *choices), name, f"{value!r} is not one of {list(choices)}")
+            require(value in ("", *known), name, f"{value!r} is not one of {list(known)}")
         require(self.round_decisions >= 0, "round_decisions", "must be >= 0")
-        strategies = self.strategies()
-        require(not (strategies.rollout == "async" and strategies.training == "sync"), "rollout",
+        chosen = self.choices()
+        require(not (chosen.rollout == "async" and chosen.training == "sync"), "rollout",
                 "async rollout needs async training (free-running env slots never pause for a "
                 "training phase)")
 
-    def strategies(self) -> Strategies:
+    def choices(self) -> PipelineChoices:
         base = MODES[self.mode]
         changes = {k: getattr(self, k) for k in ("placement", "rollout", "training", "learner")
                    if getattr(self, k)}
@@ -449,18 +449,18 @@ class RunConfig:
                 "periodic evaluation (eval_every > 0) needs held-out initial states")
         if self.algo.name == "grpo":
             require(self.algo.group_size >= 2, "algo.group_size", "GRPO needs groups of >= 2")
-        strategies = self.pipeline.strategies()
-        require(not self.algo.redraw_rounds or strategies.rollout == "async",
+        choices = self.pipeline.choices()
+        require(not self.algo.redraw_rounds or choices.rollout == "async",
                 "algo.redraw_rounds", f"dynamic sampling needs the async rollout (its "
                 f"admissions hand a redraw to the group's env worker), got rollout "
-                f"{strategies.rollout!r}: use pipeline.mode full or rollout_async")
-        if strategies.rollout == "pipelined":
+                f"{choices.rollout!r}: use pipeline.mode full or rollout_async")
+        if choices.rollout == "pipelined":
             require(self.env_workers.num_workers >= 2, "env_workers.num_workers",
-                    "the pipelined rollout strategy needs at least 2 env workers (two groups)")
+                    "the pipelined rollout driver needs at least 2 env workers (two groups)")
 
     @property
-    def strategies(self) -> Strategies:
-        return self.pipeline.strategies()
+    def choices(self) -> PipelineChoices:
+        return self.pipeline.choices()
 
 
 def check_resources(cfg: RunConfig, cpus_available: float, learners_only: bool = False) -> None:

@@ -6,7 +6,7 @@ Modules:
     controller     ``Controller``: one run in sequence (start, drive, checkpoint, stop, summary)
     topology       which actors exist, their resources and placement, and how they are wired
     schedule       the sync and async schedules: each owns the run's loop (and the async stop)
-    strategies     rollout strategies (lockstep, pipelined, autoreset, async) chosen by config
+    drivers        rollout drivers (lockstep, pipelined, autoreset, async) chosen by config
     capacity       which actors do not run, since when, and what the run does about it
     failures       when a learner error rebuilds the learner group and when it ends the run
     checkpointer   when the run saves its state, and what a resume restores beside the learner

@@ -10,7 +10,7 @@ It validates the run config against the env and policy registries, and runs the 
 ``Topology`` (which actors exist and where, ``actors.rl.topology``) with its ``LearnerGroup``
 (rebuilt when a rank is lost, ``actors.roles.learner_group``), the schedule that drives them and
 owns the run's loop (``actors.rl.schedule``: synchronous or asynchronous, with its rollout
-strategy, ``actors.rl.strategies``, and the stop sequence of an asynchronous run), the ``RunMonitor`` (progress rows, accounting,
+driver, ``actors.rl.drivers``, and the stop sequence of an asynchronous run), the ``RunMonitor`` (progress rows, accounting,
 ``actors.observe.monitor``), the ``CapacityWatch`` (actors that lost their node,
 ``actors.rl.capacity``), the ``Checkpointer`` (``actors.rl.checkpointer``), ``PeriodicEval``
 (``actors.rl.periodic_eval``), ``LearnerFailures`` (whether a learner error rebuilds the group
@@ -158,7 +158,7 @@ class Controller:
         self.resume = resume
         self.quiet = quiet
         self.spec = check_components(cfg)
-        self.strategies = cfg.strategies
+        self.choices = cfg.choices
         self.schedule = make_schedule(cfg, self.spec)
         self.topology: Topology | None = None
         self.monitor: RunMonitor | None = None
@@ -192,7 +192,7 @@ class Controller:
         self.monitor = RunMonitor(self.topology, self.run_dir)
         demands = {a.role: dict(a.resources) for a in actor_specs(cfg)}
         self.capacity = CapacityWatch(self.topology, demands,
-                                      lockstep=self.strategies.rollout != "async",
+                                      lockstep=self.choices.rollout != "async",
                                       wait_s=cfg.ray.node_wait_s)
         self._sync_initial_weights()
         return self.topology
@@ -265,7 +265,7 @@ class Controller:
         self.check_storage()
         self.files.write_text("config.yaml", yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
         topo = self.topology or self.build()
-        self.log(f"rlvla3 rl: mode={self.cfg.pipeline.mode} strategies={self.strategies} "
+        self.log(f"rlvla3 rl: mode={self.cfg.pipeline.mode} pipeline={self.choices} "
                   f"env={self.cfg.env.name} policy={self.cfg.policy.name} "
                   f"run_dir={self.files.uri}")
         self.log(learner_line(self.cfg))
@@ -516,7 +516,7 @@ class Controller:
         return {
             **row,
             "mode": self.cfg.pipeline.mode,
-            "strategies": self.strategies.__dict__,
+            "pipeline": self.choices.__dict__,
             "env": self.cfg.env.name,
             "policy": self.cfg.policy.name,
             "algo": self.cfg.algo.name,

@@ -1,6 +1,6 @@
 """Schedules: how a run's rollout and training take turns, each owning its loop.
 
-Input: a rollout strategy (``actors.rl.strategies``) and the run it drives, seen through
+Input: a rollout driver (``actors.rl.drivers``) and the run it drives, seen through
 ``Run`` (the controller: its topology, its limits, its progress ticks, its answer to a lost
 learner). Output: the run's loop until ``Run.done()``, and the stop's record.
 
@@ -41,7 +41,7 @@ from typing import Protocol
 import ray
 from ray.exceptions import RayTaskError
 
-from actors.rl.strategies import ROLLOUT_STRATEGIES, ContinuousRollout, RoundRollout
+from actors.rl.drivers import ROLLOUT_DRIVERS, ContinuousRollout, RoundRollout
 from actors.rl.topology import Topology
 from actors.roles.learner_group import LOSS_ERRORS
 from rlvla3.run_config import RunConfig
@@ -225,9 +225,9 @@ SCHEDULES = {
 
 
 def make_schedule(cfg: RunConfig, spec: EnvSpec) -> Schedule:
-    """The schedule and rollout strategy ``cfg.pipeline`` names (a validated config never pairs
+    """The schedule and rollout driver ``cfg.pipeline`` names (a validated config never pairs
     the asynchronous rollout, which has no rounds, with the synchronous schedule)."""
-    strategies = cfg.strategies
-    rollout = ROLLOUT_STRATEGIES[strategies.rollout](cfg.pipeline.round_decisions
+    choices = cfg.choices
+    rollout = ROLLOUT_DRIVERS[choices.rollout](cfg.pipeline.round_decisions
                                                      or spec.max_decisions)
-    return SCHEDULES[strategies.training](rollout, cfg, spec)
+    return SCHEDULES[choices.training](rollout, cfg, spec)

@@ -2,7 +2,7 @@
 
 Input: a validated ``RunConfig``, the env spec and the run directory. Output: a ``Topology``
 holding the queue, rollout servers, learners (with their ``LearnerGroup``), env workers and the
-run's status actor, placed by the placement strategy, with the learner group formed and, when
+run's status actor, placed by the placement choice, with the learner group formed and, when
 configured, the collective weight channel open.
 
 Placement (each role asks for ``num_cpus``, ``num_gpus`` and its custom ``resources``, e.g.
@@ -160,13 +160,13 @@ def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
     """Place and start every actor of a run (see the module docstring). ``concurrent``: the
     training strategy overlaps rollout and training, so the queue is bounded (backpressure)
     and learners bound staleness; otherwise a round bounds both, and the queue holds a round."""
-    strategies = cfg.strategies
+    choices = cfg.choices
     lc, rc, ec = cfg.learner, cfg.rollout, cfg.env_workers
     demands: dict[str, list[dict]] = {"learner": [], "rollout": [], "env": []}
     for actor in actor_specs(cfg):
         if actor.role in demands:
             demands[actor.role].append(dict(actor.resources))
-    pg, sched = PLACEMENTS[strategies.placement]().schedule(demands, cfg.ray.placement_timeout_s)
+    pg, sched = PLACEMENTS[choices.placement]().schedule(demands, cfg.ray.placement_timeout_s)
     names = actor_names(f"{run_name}:{uuid.uuid4().hex[:6]}", cfg)
     here = NodeAffinitySchedulingStrategy(driver_node(), soft=False)
 
@@ -202,7 +202,7 @@ def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
             num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, resources=dict(lc.resources),
             max_concurrency=4, scheduling_strategy=sched["learner"][r], max_restarts=-1,
             max_task_retries=-1 if single else 0, name=names["learner"][r], namespace=NAMESPACE,
-        ).remote(r, lc.num_learners, cfg.policy, spec, cfg.algo, lc, strategies.learner,
+        ).remote(r, lc.num_learners, cfg.policy, spec, cfg.algo, lc, choices.learner,
                  cfg.seed, names["rollout"], names["queue"][0], run_dir,
                  cfg.queue.max_staleness if concurrent else None, cfg.init_from, train_cost)
         for r in range(lc.num_learners)

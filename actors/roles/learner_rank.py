@@ -42,7 +42,7 @@ from rlvla3.engine import group
 from rlvla3.engine.group import Ranks, free_port
 from rlvla3.gpu.costs import TrainingCost
 from rlvla3.gpu.sim import SimulatedEngine
-from rlvla3.learner.core import LEARNER_STRATEGIES, LearnerCore, rl_engine
+from rlvla3.learner.core import LEARNER_STARTS, LearnerCore, rl_engine
 from rlvla3.learner.step import LearnerState, StepStats
 from rlvla3.policies import build_policy
 from rlvla3.protocols import Policy
@@ -60,7 +60,7 @@ class Learner:
     """One learner rank."""
 
     def __init__(self, rank: int, world_size: int, policy: Named, spec: EnvSpec,
-                 algo: AlgoConfig, cfg: LearnerConfig, strategy: str, seed: int,
+                 algo: AlgoConfig, cfg: LearnerConfig, start: str, seed: int,
                  servers: list[str], queue: str, run_dir: str = "",
                  max_staleness: int | None = None, init_from: str = "",
                  cost: TrainingCost | None = None):
@@ -72,7 +72,7 @@ class Learner:
         self.spec = spec
         self.cfg = cfg
         self.algo = algo
-        self.strategy = strategy
+        self.start = start
         self.max_staleness = max_staleness
         self.seed = seed
         self.cost = cost
@@ -128,7 +128,7 @@ class Learner:
         self.simulated = SimulatedEngine(engine, self.cost) if self.cost is not None else None
         self.core = LearnerCore(
             self.policy, self.algo, 0, self.cfg.micro_batch, self.cfg.lr,
-            LEARNER_STRATEGIES[self.strategy](), engine=self.simulated or engine,
+            LEARNER_STARTS[self.start](), engine=self.simulated or engine,
             max_staleness=self.max_staleness,
             reference=self._reference() if self.algo.ref_kl_coef > 0 else None,
             demos=self._demos(ranks.rank) if self.algo.sft_coef > 0 else None)

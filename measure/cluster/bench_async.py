@@ -176,12 +176,12 @@ def inference_stage_alone(cfg, spec, segments, seconds: float) -> float:
 
 def training_stage_alone(cfg, spec, segments, seconds: float) -> float:
     """Decision samples/s one learner trains (micro-batches, accumulation, optimizer steps)."""
-    from rlvla3.learner.core import LEARNER_STRATEGIES, LearnerCore
+    from rlvla3.learner.core import LEARNER_STARTS, LearnerCore
     from rlvla3.policies import build_policy
 
     torch.set_num_threads(cfg.learner.torch_threads)
     core = LearnerCore(build_policy(cfg.policy, spec), cfg.algo, cfg.learner.global_batch,
-                       cfg.learner.micro_batch, cfg.learner.lr, LEARNER_STRATEGIES["streaming"]())
+                       cfg.learner.micro_batch, cfg.learner.lr, LEARNER_STARTS["streaming"]())
     start = time.monotonic()
     while time.monotonic() - start < seconds:
         core.add_groups([s] for s in segments)

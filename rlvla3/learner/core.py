@@ -2,7 +2,7 @@
 FSDP2), one policy version per optimizer step. A step takes exactly this rank's ``rank_batches``
 share of the global batch, no sample twice, and its gradient is that of one step on the whole
 batch, advantages standardised by constants fixed for the step on all ranks, whatever the
-micro-batches and the strategy (``StreamingStart``, ``BatchStart``); a batch gets
+micro-batches and the start rule (``StreamingStart``, ``BatchStart``); a batch gets
 ``algo.update_epochs`` steps and counts as trained once. All ranks run ``micro_per_step``
 micro-batches and abandon a step together; an unstarted item with a stale oldest decision is
 discarded whole; a decision given to ``add_groups`` is trained, discarded, in step or buffered::
@@ -73,7 +73,7 @@ class StreamingStart:
         return buffered >= min(micro_batch, remaining_in_step)
 
 
-LEARNER_STRATEGIES = {"batch": BatchStart, "streaming": StreamingStart}
+LEARNER_STARTS = {"batch": BatchStart, "streaming": StreamingStart}
 
 
 def rank_batches(global_batch: int, world_size: int) -> list[int]:
@@ -115,7 +115,7 @@ class LearnerCore:
     """Micro-batched, accumulating PPO/GRPO learner over a ``TrainingEngine``."""
 
     def __init__(self, policy: Policy, algo: AlgoConfig, local_batch: int, micro_batch: int,
-                 lr: float, strategy: BatchStart | StreamingStart,
+                 lr: float, start: BatchStart | StreamingStart,
                  engine: TrainingEngine | None = None, max_staleness: int | None = None,
                  reduce: Reduce | None = None, grad_share: float | None = None,
                  micro_per_step: int | None = None, reference: Policy | None = None,
@@ -144,7 +144,7 @@ class LearnerCore:
         self.micro_batch = micro_batch
         self.micro_per_step = micro_per_step or math.ceil(local_batch / micro_batch)
         """Micro-batches of every optimizer step, the same on every rank."""
-        self.strategy = strategy
+        self.start = start
         self.staleness = StalenessBound(max_staleness)
         """Unstarted items it calls stale are discarded (``max_staleness`` None: none is)."""
         self.reduce = reduce or self.engine.reduce
@@ -330,7 +330,7 @@ class LearnerCore:
 
     def run_available(self, on_step: Callable[[StepStats], None] | None = None,
                       until_version: int | None = None) -> int:
-        """Run every micro-batch the strategy allows now (and, if given, until the version
+        """Run every micro-batch the start rule allows now (and, if given, until the version
         reaches ``until_version``); return how many optimizer steps ran. Stops early when the
         ranks abandon a step (another rank flushed)."""
         steps = 0
@@ -344,7 +344,7 @@ class LearnerCore:
                     if self.buffered < self.local_batch:
                         return steps
                     self.normalizer.seed(self.buffer.peek_advantages(self.local_batch))
-                if not self.strategy.may_start(self.buffered, remaining, size):
+                if not self.start.may_start(self.buffered, remaining, size):
                     return steps
                 raw = self.buffer.take(size)
                 self._step_raw.append(raw)

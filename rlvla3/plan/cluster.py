@@ -134,7 +134,7 @@ def place(cfg: RunConfig, nodes: list[NodeInfo]) -> Placement:
         if a.role in ("queue", "status"):
             plan.where[a.key] = driver
     roles = [a for a in specs if a.role not in ("queue", "status")]
-    if cfg.strategies.placement == "colocated":
+    if cfg.choices.placement == "colocated":
         need = _total([a.resources for a in roles])
         node = next((n.node_id for n in nodes if _fits(free[n.node_id], need)), None)
         for a in roles:
@@ -192,7 +192,7 @@ def check_placement(cfg: RunConfig, plan: Placement, can_add_nodes: bool) -> lis
     field_of = {"learner": "learner.resources", "rollout": "rollout.resources",
                 "env": "env_workers.resources"}
     for role, actors in by_role.items():
-        if cfg.strategies.placement == "colocated":
+        if cfg.choices.placement == "colocated":
             need = _total([a.resources for a in plan.actors if a.role not in ("queue", "status")])
             what = f"the colocated bundle of every role {describe_demand(need)}"
             path = "pipeline.placement"

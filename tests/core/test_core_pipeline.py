@@ -129,7 +129,7 @@ def test_more_learners_than_cpus_is_rejected():
 
 
 def test_modes_map_to_strategies():
-    modes = {m: load_run_config("smoke", overrides=[f"pipeline.mode={m}"]).strategies
+    modes = {m: load_run_config("smoke", overrides=[f"pipeline.mode={m}"]).choices
              for m in ("sync", "disaggregated", "train_async", "rollout_async", "full")}
     assert modes["sync"].rollout == "lockstep" and modes["sync"].training == "sync"
     assert modes["disaggregated"].rollout == "pipelined"
@@ -137,7 +137,7 @@ def test_modes_map_to_strategies():
     assert modes["rollout_async"].rollout == "async" and modes["rollout_async"].learner == "batch"
     assert modes["full"].learner == "streaming"
     one_off = load_run_config("smoke", overrides=["pipeline.mode=full", "pipeline.learner=batch"])
-    assert one_off.strategies.learner == "batch" and one_off.strategies.rollout == "async"
+    assert one_off.choices.learner == "batch" and one_off.choices.rollout == "async"
 
 
 def test_override_and_config_file(tmp_path):
@@ -167,11 +167,11 @@ def test_accumulation_and_streaming_equal_full_batch_steps_with_normalisation():
     algo = AlgoConfig("ppo", proximal_window=2)
     assert algo.normalize_advantages and algo.proximal == "window"
     results = []
-    for micro, strategy, arrivals in ((batch, BatchStart(), 1), (16, StreamingStart(), 5),
+    for micro, start, arrivals in ((batch, BatchStart(), 1), (16, StreamingStart(), 5),
                                       (16, BatchStart(), 3)):
         policy = make_policy(2)
         core = LearnerCore(policy, algo, local_batch=batch, micro_batch=micro, lr=1e-2,
-                           strategy=strategy)
+                           start=start)
         for idx in np.array_split(np.arange(len(segments)), arrivals):
             core.add_groups(episodes([segments[i] for i in idx]))
             core.run_available(until_version=3)
@@ -190,12 +190,12 @@ def test_update_epochs_step_again_on_the_same_batch_and_count_it_once():
     segments = collect_segments(make_policy(1), 12)
     batch = sum(len(s) for s in segments)
     results, cores = [], []
-    for epochs, micro, strategy, arrivals in ((1, batch, BatchStart(), 1),
+    for epochs, micro, start, arrivals in ((1, batch, BatchStart(), 1),
                                               (2, batch, BatchStart(), 1),
                                               (2, 8, StreamingStart(), 4)):
         policy = make_policy(2)
         core = LearnerCore(policy, AlgoConfig("ppo", update_epochs=epochs), local_batch=batch,
-                           micro_batch=micro, lr=1e-2, strategy=strategy)
+                           micro_batch=micro, lr=1e-2, start=start)
         for idx in np.array_split(np.arange(len(segments)), arrivals):
             core.add_groups(episodes([segments[i] for i in idx]))
             core.run_available()
@@ -225,7 +225,7 @@ def test_a_step_with_a_non_finite_gradient_leaves_the_weights_and_is_counted():
     batch = sum(len(s) for s in segments)
     policy = make_policy(2)
     core = LearnerCore(policy, AlgoConfig("ppo"), local_batch=batch, micro_batch=batch, lr=1e-2,
-                       strategy=BatchStart())
+                       start=BatchStart())
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     core.add_groups(episodes([bad, *segments[1:]]))
     assert core.run_available() == 1
@@ -272,7 +272,7 @@ def test_target_kl_adapts_the_rate_when_a_proximal_window_closes(target, directi
 
     algo = AlgoConfig("ppo", proximal_window=2, target_kl=target, kl_lr_factor=2.0)
     core = LearnerCore(make_policy(2), algo, local_batch=batch, micro_batch=batch, lr=1e-3,
-                       strategy=BatchStart(), reduce=reduce)
+                       start=BatchStart(), reduce=reduce)
     stats = []
     core.add_groups(episodes(segments))
     core.run_available(on_step=stats.append, until_version=4)
@@ -286,7 +286,7 @@ def test_target_kl_adapts_the_rate_when_a_proximal_window_closes(target, directi
     assert core.optimizer.state_dict()["param_groups"][0]["lr"] == pytest.approx(
         1e-3 * factor**2)
     fixed = LearnerCore(make_policy(2), AlgoConfig("ppo", proximal_window=2), local_batch=batch,
-                        micro_batch=batch, lr=1e-3, strategy=BatchStart())
+                        micro_batch=batch, lr=1e-3, start=BatchStart())
     assert fixed.kl_lr is None
 
 
@@ -300,7 +300,7 @@ def test_target_kl_measures_each_step_after_its_update(proximal):
     batch = sum(len(s) for s in segments) // 4
     algo = AlgoConfig("ppo", proximal=proximal, target_kl=1e-9, kl_lr_factor=1.5)
     core = LearnerCore(make_policy(2), algo, local_batch=batch, micro_batch=batch // 2,
-                       lr=1e-3, strategy=BatchStart())
+                       lr=1e-3, start=BatchStart())
     stats = []
     core.add_groups(episodes(segments))
     core.run_available(on_step=stats.append, until_version=4)
@@ -323,7 +323,7 @@ def test_target_kl_measures_the_whole_window():
     batch = sum(len(s) for s in segments) // 4
     algo = AlgoConfig("ppo", proximal_window=3, target_kl=1e-3)
     core = Recording(make_policy(2), algo, local_batch=batch, micro_batch=batch, lr=1e-2,
-                     strategy=BatchStart())
+                     start=BatchStart())
     core.probes = []
     start = copy.deepcopy(core.policy)
     stats, versions = [], []

@@ -63,7 +63,7 @@ def test_a_learner_with_the_anchor_stays_nearer_its_reference():
     for coef in (0.0, 50.0):
         policy = make_policy(2)
         core = LearnerCore(policy, AlgoConfig("ppo", ref_kl_coef=coef), local_batch=batch,
-                           micro_batch=batch, lr=3e-2, strategy=BatchStart(),
+                           micro_batch=batch, lr=3e-2, start=BatchStart(),
                            reference=copy.deepcopy(reference) if coef else None)
         steps = []
         for _ in range(6):
@@ -80,7 +80,7 @@ def test_a_learner_with_the_anchor_stays_nearer_its_reference():
     assert all(np.isfinite(v) and v >= 0 for v in reported[50.0])
     with pytest.raises(ValueError, match="reference policy"):
         LearnerCore(make_policy(2), AlgoConfig("ppo", ref_kl_coef=1.0), local_batch=batch,
-                    micro_batch=batch, lr=1e-2, strategy=BatchStart())
+                    micro_batch=batch, lr=1e-2, start=BatchStart())
 
 
 def test_the_config_refuses_an_anchor_without_init_from_or_below_zero():

@@ -78,7 +78,7 @@ def test_a_learner_with_the_sft_loss_stays_nearer_the_demonstrations(demos_root)
         policy = make_policy(2)
         algo = AlgoConfig("ppo", sft_coef=coef, sft_datasets=(demos_root,) if coef else ())
         core = LearnerCore(policy, algo, local_batch=batch, micro_batch=batch // 2 + 1,
-                           lr=3e-2, strategy=BatchStart(), demos=demos if coef else None)
+                           lr=3e-2, start=BatchStart(), demos=demos if coef else None)
         steps = []
         for _ in range(6):
             core.add_groups(episodes(segments))

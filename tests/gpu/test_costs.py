@@ -179,7 +179,7 @@ def test_simulated_engine_pays_per_sample_and_per_step():
     engine = SimulatedEngine(rl_engine(policy, algo, 1e-3),
                              TrainingCost(costs, ranks=4, dilation=2.0), clock=fake.clock(2.0))
     core = LearnerCore(policy, algo, local_batch=16, micro_batch=8, lr=1e-3,
-                       strategy=StreamingStart(), engine=engine)
+                       start=StreamingStart(), engine=engine)
     core.add_groups(episodes(segments))
     steps = core.run_available()
     assert steps >= 1

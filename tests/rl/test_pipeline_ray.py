@@ -233,7 +233,7 @@ def test_autoreset_rounds_step_every_slot(ray_cluster, tmp_path):
     """sync_autoreset: in each of a round's ``round_decisions`` lockstep steps every slot
     either steps or is resetting (in the background, after its episode ended): no slot waits
     for the round's slowest episode, nor for another slot's reset."""
-    from actors.rl.strategies import AutoresetRollout
+    from actors.rl.drivers import AutoresetRollout
 
     cfg = load_run_config("smoke", overrides=SMALL + ["pipeline.mode=sync_autoreset",
                                                       "env.options.max_decisions=4"])

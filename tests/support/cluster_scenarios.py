@@ -146,7 +146,7 @@ def scenario_placement(facts: Facts, cluster, nodes, tmp: Path) -> None:
             topo = controller.build()
             _wait(lambda t=topo: all(n is not None for ns in t.nodes().values() for n in ns),
                   "every actor running")  # the last env workers may still be starting
-            out[mode] = {"placement": cfg.strategies.placement, "nodes": where(topo, names),
+            out[mode] = {"placement": cfg.choices.placement, "nodes": where(topo, names),
                          "build_s": round(time.monotonic() - start, 1),
                          "actor_names": {role: list(ns) for role, ns in topo.names.items()}}
         finally:

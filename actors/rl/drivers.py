@@ -1,4 +1,4 @@
-"""Rollout strategies: how the env workers' slots are driven, chosen by ``pipeline.rollout``.
+"""Rollout drivers: how the env workers' slots are driven, chosen by ``pipeline.rollout``.
 
 Input: the env worker and rollout server handles of a run. Output: episodes shipped to the
 trajectory queue by the workers; errors of the rollout, raised to the schedule
@@ -18,7 +18,7 @@ trajectory queue by the workers; errors of the rollout, raised to the schedule
 - ``AsyncRollout``: every slot runs its own loop inside its worker; the rollout server's batcher
   groups requests, and the trajectory queue paces episode starts.
 
-The lockstep strategies run rounds (``RoundRollout``, for the synchronous schedule) or rounds in
+The lockstep drivers run rounds (``RoundRollout``, for the synchronous schedule) or rounds in
 the background (``ContinuousRollout``, for the asynchronous one); ``AsyncRollout`` only runs in
 the background.
 """
@@ -175,7 +175,7 @@ class AsyncRollout:
         ray.wait(self._runs, num_returns=len(self._runs), timeout=timeout_s)
 
 
-ROLLOUT_STRATEGIES = {
+ROLLOUT_DRIVERS = {
     "lockstep": lambda decisions: LockstepRollout(groups=1),
     "pipelined": lambda decisions: LockstepRollout(groups=2),
     "autoreset": AutoresetRollout,
