@@ -520,22 +520,19 @@ def _batching_options(data: dict[str, Any]) -> dict[str, Any]:
         return data
     rollout = dict(rollout)
     old = {key: rollout.pop(key) for key in ("b_max", "t_max_ms") if key in rollout}
-    choice = rollout.get("batching", "fixed")
-    name = choice if isinstance(choice, str) else (choice or {}).get("name", "fixed")
+    choice = rollout.get("batching") or "fixed"
+    name = choice if isinstance(choice, str) else choice.get("name", "fixed")
     spelled = ", ".join(f"'rollout.{key}'" for key in old)
+    now = ", ".join(f"'rollout.batching.options.{key}'" for key in old)
+    fields, plural = ("fields", True) if len(old) > 1 else ("field", False)
     if name == "fixed":
-        given = {} if isinstance(choice, str) else dict((choice or {}).get("options") or {})
+        given = {} if isinstance(choice, str) else dict(choice.get("options") or {})
         rollout["batching"] = {"name": "fixed", "options": {**given, **old}}
-        now = f"is spelled 'rollout.batching.options.{next(iter(old))}' now"
-        if len(old) > 1:
-            now = "are spelled 'rollout.batching.options.b_max' / '.t_max_ms' now"
-        print(f"rlvla3: config field{'s' if len(old) > 1 else ''} {spelled} {now}; the old "
-              f"spelling {DEPRECATED}", file=sys.stderr)
+        print(f"rlvla3: config {fields} {spelled} {'are' if plural else 'is'} spelled {now} now; "
+              f"the old spelling {DEPRECATED}", file=sys.stderr)
     else:
-        print(f"rlvla3: config field{'s' if len(old) > 1 else ''} {spelled} ignored: "
-              f"{name} batching does not read {'them' if len(old) > 1 else 'it'} (fixed "
-              f"batching's options are 'rollout.batching.options.b_max' / '.t_max_ms' now)",
-              file=sys.stderr)
+        print(f"rlvla3: config {fields} {spelled} ignored: {name} batching does not read "
+              f"{'them' if plural else 'it'} (fixed batching's are {now})", file=sys.stderr)
     return {**data, "rollout": rollout}
 
 
