@@ -105,6 +105,14 @@ class AlgoConfig:
     every episode of the group the same, its decisions sharing it (each decision's advantage
     times the group's mean length over its episode's), so the group's decisions weigh what they
     did in total (Dr. GRPO, Liu et al. 2025, on the length bias of per-token averaging)."""
+    positive_advantages_only: bool = False
+    """GRPO: an episode below its group's mean gets advantage 0, not a negative one, so the
+    update raises the likelihood of the group's better episodes and never pushes down its worse
+    ones (imitation of the group's successes, within PPO's clip). Pushing down the likelihood of
+    an action the policy sampled itself moves a Gaussian's mean away from it by
+    ``(a - mu) / sigma^2``, in a direction chance picks and without bound; pushing one up moves
+    the mean toward an action that succeeded, and stops when it gets there. The failures' decisions
+    still count in the loss's average (they scale the step, they do not steer it)."""
     update_epochs: int = 1
     """Optimizer steps taken on each batch (PPO's epochs): after the step on a freshly arrived
     batch the learner steps ``update_epochs - 1`` more times on the same micro-batches, with the
@@ -176,6 +184,8 @@ class AlgoConfig:
                 f"{self.episode_weight!r} is not one of decisions, equal")
         require(self.episode_weight == "decisions" or self.name == "grpo", "episode_weight",
                 "weighs the episodes of a GRPO group: needs algo.name: grpo")
+        require(not self.positive_advantages_only or self.name == "grpo",
+                "positive_advantages_only", "zeroes GRPO's below-mean episodes: needs algo.name: grpo")
         require(self.update_epochs >= 1, "update_epochs", f"must be >= 1, got {self.update_epochs}")
         require(self.target_kl is None or (math.isfinite(self.target_kl) and self.target_kl > 0),
                 "target_kl", f"must be > 0 (or null: a fixed learning rate), got {self.target_kl}")

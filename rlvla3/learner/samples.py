@@ -113,6 +113,8 @@ def _grpo_advantages(
         raise ValueError(f"a GRPO group holds episodes of one (task, initial state), got "
                          f"{sorted((k.task_id, k.init_state_id) for k in keys)}")
     episode_advantage = grpo_advantages(np.array([s.episode_return for s in segments]))
+    if cfg.positive_advantages_only:
+        episode_advantage = np.maximum(episode_advantage, 0.0)
     lengths = [len(s) for s in segments]
     if cfg.episode_weight == "equal":  # each episode's decisions share one episode's weight
         episode_advantage = episode_advantage * (np.mean(lengths) / np.array(lengths))

@@ -362,6 +362,23 @@ def test_grpo_episode_weight_equal_gives_each_episode_of_a_group_the_same_weight
         AlgoConfig(name="grpo", episode_weight="episode").validate()  # type: ignore[arg-type]
 
 
+def test_grpo_positive_advantages_only_zeroes_the_episodes_below_the_group_mean():
+    """One success in a group of three: the success keeps its advantage (weighed by
+    ``episode_weight`` as without the option), the two failures get 0 instead of a negative one;
+    refused with PPO."""
+    k = EpisodeKey(0, 0)
+    group = [_segment(k, [1.0], [0.0]), _segment(k, [0.0] * 2, [0.0] * 2),
+             _segment(k, [0.0] * 3, [0.0] * 3)]
+    signed = prepare_samples(group, AlgoConfig(name="grpo", group_size=3, episode_weight="equal"))
+    positive = prepare_samples(group, AlgoConfig(name="grpo", group_size=3, episode_weight="equal",
+                                                 positive_advantages_only=True))
+    assert (signed.advantages[1:] < 0).all()
+    np.testing.assert_allclose(positive.advantages[:1], signed.advantages[:1])
+    np.testing.assert_array_equal(positive.advantages[1:], np.zeros(5, np.float32))
+    with pytest.raises(ConfigError, match="positive_advantages_only"):
+        AlgoConfig(name="ppo", positive_advantages_only=True).validate()
+
+
 def test_prepare_samples_grpo_broadcasts_group_advantage():
     cfg = AlgoConfig(name="grpo", group_size=2)
     k0, k1 = EpisodeKey(0, 0), EpisodeKey(0, 1)
