@@ -127,24 +127,24 @@ def _record_target(args: argparse.Namespace, inits: list[int]) -> tuple[Any, dic
     from rlvla3.config import Named
 
     if args.suite in BENCHMARK_TASKS:
-        from envs.metaworld.split import split_note
+        from envs.metaworld.split import split_note as metaworld_split_note
 
         scenes = {"split": "test" if args.placements == "bundled" else "train",
                   "state_seed": args.placement_seed,
                   "allow_eval_overlap": args.allow_eval_overlap}
         env = Named("metaworld", {"benchmark": args.suite, **scenes})
-        return env, scenes, split_note(env)
+        return env, scenes, metaworld_split_note(env)
     if args.suite in ISAACLAB_SUITES:
         split = "test" if args.placements == "bundled" else "train"
         scenes = {"split": split, "allow_eval_overlap": args.allow_eval_overlap}
         env = Named("isaaclab", {"task": args.suite.removeprefix("isaaclab_"), **scenes})
         return env, scenes, {"split": split, "eval_overlap": split == "test"}
-    from envs.libero.split import split_note
+    from envs.libero.split import split_note as libero_split_note
 
     scenes = {"placements": args.placements, "placement_seed": args.placement_seed,
               "allow_eval_overlap": args.allow_eval_overlap}
     env = Named("libero", {"suite": args.suite, **scenes})
-    return env, scenes, split_note(env, inits)
+    return env, scenes, libero_split_note(env, inits)
 
 
 def _record(args: argparse.Namespace) -> int:

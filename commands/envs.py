@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from envs.isaaclab import setup
 from envs.isaaclab.catalog import TASKS
@@ -40,8 +41,8 @@ def _setup(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    report = {"root": str(setup.root()), "isaaclab": setup.located(False),
-              "isaaclab_kit": setup.located(True)}
+    report: dict[str, Any] = {"root": str(setup.root()), "isaaclab": setup.located(False),
+                              "isaaclab_kit": setup.located(True)}
     if args.json:
         print(json.dumps(report))
         return 0

@@ -198,11 +198,12 @@ def plan_episodes(
     samples: int,
 ) -> list[tuple[int, int]]:
     """(dataset, episode position) draws for one epoch, deterministic in (seed, epoch)."""
-    live = [i for i, m in enumerate(metas) if m is not None and m.episodes]
+    by_index = {i: m for i, m in enumerate(metas) if m is not None and m.episodes}
+    live = list(by_index)
     if not live:
         return []
     w = np.array([weights[i] if weights else 1.0 for i in live], dtype=np.float64)
-    mean_len = np.array([metas[i].total_frames / len(metas[i].episodes) for i in live])
+    mean_len = np.array([by_index[i].total_frames / len(by_index[i].episodes) for i in live])
     p = w / mean_len
     p = p / p.sum()
     rng = np.random.default_rng([seed, epoch])
@@ -212,10 +213,10 @@ def plan_episodes(
     while frames < samples:
         i = live[int(rng.choice(len(live), p=p))]
         if not perms[i]:
-            perms[i] = rng.permutation(len(metas[i].episodes)).tolist()
+            perms[i] = rng.permutation(len(by_index[i].episodes)).tolist()
         pos = perms[i].pop()
         plan.append((i, pos))
-        frames += metas[i].episodes[pos].length
+        frames += by_index[i].episodes[pos].length
     return plan
 
 
@@ -249,7 +250,8 @@ class FrameDecoder:
     ):
         self.fs = [resolve_filesystem(u)[0] for u in uris]
         self.cameras = list(cameras)
-        self.size = tuple(image_size)
+        h, w = image_size
+        self.size = (h, w)
         self.cache = DecoderCache(max_open, tolerance_s)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -301,7 +303,8 @@ class Lake:
         first = live[0]
         self.cameras = tuple(config.cameras) or tuple(camera_name(k) for k in first.camera_keys)
         native = first.feature_shape(first.camera_keys[0])[:2] if first.camera_keys else (224, 224)
-        self.image_size: tuple[int, int] = tuple(config.image_size) or native
+        h, w = tuple(config.image_size) or native
+        self.image_size = (h, w)
         self.state_dim = first.feature_shape(STATE_KEY)[0]
         self.action_dim = first.feature_shape(ACTION_KEY)[0]
         for i, m in enumerate(self.metas):
@@ -384,9 +387,11 @@ class Lake:
         plan = self.plan(epoch)
         uris = [m.uri if m is not None else "" for m in self.metas]
         items = [{"dataset": d, "position": p} for d, p in plan]
-        ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 1000)))
+        ds: ray.data.Dataset = ray.data.from_items(
+            items, override_num_blocks=max(1, min(len(items), 1000))
+        )
         ds = ds.map_batches(
-            expand_episodes,
+            expand_episodes,  # type: ignore[arg-type]
             batch_size=1,
             batch_format="numpy",
             fn_kwargs={
@@ -474,12 +479,12 @@ class PackedLoader:
             np.int64
         )
         return PackedBatch(
-            obs, rows["actions"], rows["action_mask"], lengths, cu_seqlens(lengths), source
+            obs, rows["actions"], rows["action_mask"], lengths, cu_seqlens(lengths.tolist()), source
         )
 
     def _pack(
         self, pool: dict[str, np.ndarray], final: bool
-    ) -> tuple[list[PackedBatch], dict[str, np.ndarray]]:
+    ) -> tuple[list[PackedBatch], dict[str, np.ndarray] | None]:
         cfg = self.config
         rows = pack_best_fit(pool["_len"].tolist(), cfg.max_tokens, cfg.max_segments)
         # Best-fit fills rows in order; the emptiest row waits for the next window unless final.

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,10 @@ from datalake.writer import EpisodeRecord, LeRobotWriter, WriterConfig
 from envs.libero.scenes import RECORD_SIDECAR
 from rlvla3.protocols import Env
 from rlvla3.types import ObsBatch, Observation
+
+if TYPE_CHECKING:
+    from envs.libero.env import Suite
+    from envs.metaworld.env import Benchmark
 
 log = logging.getLogger("datalake.record")
 
@@ -154,12 +158,9 @@ class Staging:
     def add(self, job: Job, item: EpisodeRecord | str, fault: bool) -> None:
         if isinstance(item, EpisodeRecord):
             tmp = self.path(job).with_suffix(".tmp.npz")
+            images: dict[str, Any] = {f"image.{cam}": v for cam, v in item.images.items()}
             np.savez(
-                tmp,
-                state=item.state,
-                action=item.action,
-                task=np.array(item.task),
-                **{f"image.{cam}": frames for cam, frames in item.images.items()},
+                tmp, state=item.state, action=item.action, task=np.array(item.task), **images
             )
             tmp.replace(self.path(job))
             row = {"job": list(job), "recorded": True}
@@ -231,7 +232,7 @@ def record_dataset(
                 print(f"[record] {len(jobs) - len(todo) + done}/{len(jobs)} episodes "
                       f"({lost} not recorded), {rate:.1f} s/episode", file=sys.stderr, flush=True)
         finally:
-            ray.get([a.close.remote() for a in pool_actors])
+            ray.get([a.close.remote() for a in pool_actors])  # type: ignore[attr-defined]
     faults = [job for job in jobs if not staging.finished(job)]
     failed = [staging.outcomes[job]["why"] for job in jobs
               if job in staging.outcomes and not staging.outcomes[job]["recorded"]]
@@ -260,7 +261,7 @@ def record_dataset(
 
 
 def libero_recorder(
-    suite: str,
+    suite: Suite,
     image_size: tuple[int, int],
     action_noise: float = 0.0,
     policy: str = "",
@@ -294,6 +295,7 @@ def libero_recorder(
     def run_expert(env: Env, task_id: int, init_id: int, take: int) -> Demonstration | None:
         noise = action_noise if take > 0 else 0.0
         drive = driver if policy else None
+        assert isinstance(env, LiberoEnv)
         episode = run_expert_episode(
             env, task_id, init_id, True, noise, seed=take, driver=drive, driver_share=policy_share
         )
@@ -305,7 +307,7 @@ def libero_recorder(
 
 
 def metaworld_recorder(
-    benchmark: str,
+    benchmark: Benchmark,
     image_size: tuple[int, int],
     action_noise: float = 0.0,
     options: Mapping[str, Any] | None = None,
@@ -327,6 +329,7 @@ def metaworld_recorder(
 
     def run_expert(env: Env, task_id: int, init_id: int, take: int) -> Demonstration | None:
         noise = action_noise if take > 0 else 0.0
+        assert isinstance(env, MetaWorldEnv)
         episode = run_expert_episode(env, task_id, init_id, True, noise, seed=take)
         return Demonstration(episode.success, episode.observations, episode.actions)
 

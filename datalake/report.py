@@ -90,6 +90,7 @@ def _check_videos(meta: DatasetMeta, problems: list[str],
             )
             with av.open(path if handle is None else handle) as container:
                 stream = container.streams.video[0]
+                assert stream.time_base is not None
                 duration = (
                     float(stream.duration * stream.time_base)
                     if stream.duration

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal, cast
 
 import av
 import numpy as np
 import pyarrow.fs as pafs
+from av.video.stream import VideoStream
 
 logging.getLogger("libav").setLevel(logging.ERROR)
 
@@ -78,8 +79,9 @@ class VideoEncoder:
         self.fps = fps
         self.frames = 0
         self._container = av.open(path, "w")
-        self._stream = self._container.add_stream(
-            codec.encoder, rate=fps, options=dict(codec.options)
+        self._stream = cast(
+            VideoStream,
+            self._container.add_stream(codec.encoder, rate=fps, options=dict(codec.options)),
         )
         self._stream.width, self._stream.height = width, height
         self._stream.pix_fmt = codec.pix_fmt
@@ -113,13 +115,16 @@ def probe(path: str) -> dict[str, Any]:
     """LeRobot's ``info`` entry of a video feature (``video.height``, ``video.codec``, ...)."""
     with av.open(path) as container:
         stream = container.streams.video[0]
+        rate = stream.base_rate or stream.average_rate
+        if rate is None:
+            raise TypeError(f"video {path} has no frame rate")
         return {
             "video.height": stream.height,
             "video.width": stream.width,
             "video.codec": stream.codec.canonical_name,
             "video.pix_fmt": stream.pix_fmt,
             "is_depth_map": False,
-            "video.fps": int(stream.base_rate or stream.average_rate),
+            "video.fps": int(rate),
             "video.channels": 3,
             "has_audio": any(s.type == "audio" for s in container.streams),
         }
@@ -146,8 +151,9 @@ class VideoFileReader:
                 f"cannot open video {path}: {exc}", path, f"cannot open: {exc}"
             ) from exc
         self._stream.thread_type = "AUTO"
+        assert self._stream.time_base is not None
         self._time_base = float(self._stream.time_base)
-        self._frames = None
+        self._frames: Iterator[av.VideoFrame] | None = None
         self._current: tuple[float, av.VideoFrame] | None = None
         self.decoded = 0
         self.seeks = 0
@@ -163,6 +169,7 @@ class VideoFileReader:
         self.seeks += 1
 
     def _next(self) -> tuple[float, av.VideoFrame] | None:
+        assert self._frames is not None
         try:
             frame = next(self._frames)
         except StopIteration:
@@ -172,6 +179,8 @@ class VideoFileReader:
                 f"decoding {self.path} failed: {exc}", self.path, "decoding failed"
             ) from exc
         self.decoded += 1
+        if frame.pts is None:
+            raise TypeError(f"frame without pts in {self.path}")
         return float(frame.pts * self._time_base), frame
 
     def frame_at(self, ts: float, size: tuple[int, int] | None = None) -> np.ndarray:
@@ -276,7 +285,7 @@ def encode_png(image: np.ndarray) -> bytes:
 
 def decode_image(data: bytes, size: tuple[int, int] | None = None) -> np.ndarray:
     """A PNG / JPEG image stored in parquet as ``[H, W, 3]`` uint8, resized to ``size`` (H, W)."""
-    codec = "png" if data[:4] == b"\x89PNG" else "mjpeg"
+    codec: Literal["png", "mjpeg"] = "png" if data[:4] == b"\x89PNG" else "mjpeg"
     try:
         frames = av.CodecContext.create(codec, "r").decode(av.Packet(data))
     except av.FFmpegError as exc:

@@ -228,7 +228,7 @@ class LeRobotWriter:
         ep_index = len(self.episodes)
         task_index = self.tasks.setdefault(episode.task, len(self.tasks))
         frame_index = np.arange(n, dtype=np.int64)
-        columns = {
+        columns: dict[str, np.ndarray] = {
             "action": np.asarray(episode.action, dtype=np.float32),
             "observation.state": np.asarray(episode.state, dtype=np.float32),
             "timestamp": (frame_index / self.config.fps).astype(np.float32),

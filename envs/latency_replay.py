@@ -133,7 +133,8 @@ class LatencyReplayConfig:
 class LatencyModel(Protocol):
     """Where latencies come from. A *scene* is the per-episode draw (e.g. its mean step time)."""
 
-    description: str
+    @property
+    def description(self) -> str: ...
 
     def reset_ms(self, rng: np.random.Generator) -> float:
         """One hard-reset latency, ms."""

@@ -60,6 +60,7 @@ def _child_main(conn: Connection, factory: Callable[..., Env], kwargs: Mapping[s
         if command == "close":
             break
         try:
+            result: Observation | StepResult | dict[str, Any]
             if command == "reset":
                 result = env.reset(*payload)
             elif command == "step":
@@ -109,9 +110,7 @@ class ProcessEnv:
         self._ready = False
         self._last_obs: Observation | None = None
         self._start()
-        if spec is None:
-            spec = self._wait_ready(start_timeout_s)
-        self.spec = spec
+        self.spec = spec if spec is not None else self._receive_ready(start_timeout_s)
 
     @property
     def pid(self) -> int | None:
@@ -157,9 +156,11 @@ class ProcessEnv:
         self._proc.join(timeout=1)
         raise _Fault(f"simulator process died during {what} (exit code {self._proc.exitcode})")
 
-    def _wait_ready(self, timeout: float) -> EnvSpec | None:
-        if self._ready:
-            return None
+    def _wait_ready(self, timeout: float) -> None:
+        if not self._ready:
+            self._receive_ready(timeout)
+
+    def _receive_ready(self, timeout: float) -> EnvSpec:
         kind, payload = self._receive(timeout, "start")
         if kind != "ready":
             raise EnvProcessError(f"env process failed to start:\n{payload}")

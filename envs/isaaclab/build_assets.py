@@ -288,6 +288,7 @@ def write_usd(model: Any, data: Any, out: Path) -> dict[str, Any]:
                 geom.AddOrientOp().Set(_gf_quat(shape.pose.rot))
                 geom.AddScaleOp().Set(Gf.Vec3f(*shape.box.tolist()))
             else:
+                assert shape.points is not None and shape.faces is not None
                 geom = UsdGeom.Mesh.Define(stage, path)
                 geom.CreatePointsAttr(Vt.Vec3fArray([Gf.Vec3f(*p) for p in shape.points.tolist()]))
                 geom.CreateFaceVertexCountsAttr(Vt.IntArray([3] * len(shape.faces)))

@@ -225,7 +225,7 @@ def spec_of(cfg: IsaacLabConfig) -> EnvSpec:
     steps = cfg.max_steps or shape.max_steps
     return EnvSpec(
         cameras=cfg.camera_names,
-        image_size=tuple(cfg.image_size),
+        image_size=(cfg.image_size[0], cfg.image_size[1]),
         state_dim=shape.state_dim,
         action_dim=shape.action_dim,
         chunk_len=cfg.chunk_len,
@@ -250,8 +250,8 @@ def server_config(cfg: IsaacLabConfig, seed: int) -> Any:
     if cfg.reward == "sparse":
         task_options.update(progress_scale=0.0, success_bonus=1.0)
     return ServerConfig(task=cfg.task, num_envs=cfg.num_envs, device=cfg.device,
-                        task_options=task_options,
-                        cameras=cfg.camera_names, image_size=tuple(cfg.image_size),
+                        task_options=task_options, cameras=cfg.camera_names,
+                        image_size=(cfg.image_size[0], cfg.image_size[1]),
                         max_steps=cfg.max_steps, chunk_len=cfg.chunk_len, kit=cfg.kit,
                         python=cfg.python, seed=seed, gym=gym,
                         step_timeout_s=cfg.step_timeout_s, start_timeout_s=cfg.start_timeout_s,

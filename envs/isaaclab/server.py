@@ -77,7 +77,7 @@ def serve(config: dict[str, Any], reply: Any) -> int:
         send({"error": traceback.format_exc()})
         return 1
     send({"ready": spec.to_json()})
-    batched = None
+    batched: BatchedSlots | None = None
     for line in sys.stdin.buffer:
         message = decode(line)
         command = message["cmd"]
@@ -86,13 +86,18 @@ def serve(config: dict[str, Any], reply: Any) -> int:
         try:
             if command == "attach":
                 shm = shared_memory.SharedMemory(name=message["shm"])
-                resource_tracker.unregister(shm._name, "shared_memory")  # the worker owns it
+                # the worker owns it
+                resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
                 batched = BatchedSlots(task, spec.chunk_len, Layout(spec, shm.buf))
                 send({"ok": True})
             elif command == "reset":
+                if batched is None:
+                    raise AttributeError("reset before attach")
                 batched.reset(message["ids"], message["variants"], message["layouts"])
                 send({"ok": True})
             elif command == "step":
+                if batched is None:
+                    raise AttributeError("step before attach")
                 batched.step(message["ids"])
                 send({"ok": True})
             elif command == "describe":

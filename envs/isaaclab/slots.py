@@ -47,6 +47,7 @@ class ServerSlots:
         self.spec = spec
         self.layout_of = layout_of
         self.variant_of = variant_of
+        assert server.spec is not None
         self.n = server.spec.num_envs
         self._task: dict[int, int] = {}
         self._born: dict[int, int] = {}
@@ -59,12 +60,14 @@ class ServerSlots:
 
     def _observation(self, slot: int) -> Observation:
         layout = self.server.layout
+        assert layout is not None and self.server.spec is not None
         images = {cam: layout.image(cam)[slot].copy() for cam in self.spec.cameras}
         return Observation(images=images, state=layout["state"][slot].copy(),
                            instruction=self.server.spec.instructions[self._task[slot]])
 
     def reset(self, slot: int, task_id: int, init_state_id: int) -> Observation:
         variant = self.variant_of(task_id)
+        assert self.server.spec is not None
         if not 0 <= variant < len(self.server.spec.instructions):
             raise IndexError(f"task_id {task_id} out of range "
                              f"0..{len(self.server.spec.instructions) - 1}")
@@ -114,6 +117,7 @@ class ServerSlots:
               ) -> dict[int, StepResult]:
         """One batched server step for ``slots``."""
         out: dict[int, StepResult] = {}
+        assert self.server.layout is not None
         actions = self.server.layout["actions"]
         actions[:] = 0.0
         for s in slots:
@@ -124,6 +128,7 @@ class ServerSlots:
         except ServerFault as fault:
             return {s: self._fault(s, str(fault)) for s in slots}
         layout = self.server.layout
+        assert layout is not None
         for s in slots:
             flags = layout["flags"][s]
             self._last[s] = self._observation(s)

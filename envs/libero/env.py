@@ -286,6 +286,8 @@ class LiberoEnv:
 
     @property
     def task(self) -> LiberoTask:
+        if self._task is None:
+            raise AttributeError("no task before the first reset()")
         return self._task
 
     @property
@@ -412,6 +414,7 @@ class LiberoEnv:
             if gate.rendered < len(self.cfg.cameras):  # it stopped early, before the last step
                 raw = {**raw, **self._render_cameras()}
             self._last_obs = self._observation(raw)
+        assert self._last_obs is not None
         return StepResult(self._last_obs, reward, success, truncated, success, steps)
 
     @contextlib.contextmanager
@@ -475,7 +478,7 @@ class LiberoEnv:
                 raw["robot0_gripper_qpos"],
             ]
         ).astype(np.float32)
-        return Observation(images=images, state=state, instruction=self._task.instruction)
+        return Observation(images=images, state=state, instruction=self.task.instruction)
 
     def close(self) -> None:
         for sim in self._built.values():

@@ -174,7 +174,7 @@ class PickPlaceExpert:
         site = self.raw.object_sites_dict[target]
         pos = np.array(self.data.site_xpos[self.model.site(target).id])
         parent = getattr(site, "parent_name", None)
-        if self.goal.relation == "in" and parent in self.raw.objects_dict:
+        if self.goal.relation == "in" and parent is not None and parent in self.raw.objects_dict:
             return pos[:2], self._box(parent).top
         return pos[:2], float(pos[2])
 
@@ -208,6 +208,7 @@ class PickPlaceExpert:
                 score = min(clearance, 0.05) - 0.02 * point[0]  # prefer the robot's side (-x)
                 if score > best_score:
                     best, best_score = (point, d), score
+        assert best is not None
         point, d = best
         return _Plan(np.array([point[0], point[1], max(top - 0.02, box.bottom + 0.012)]), d)
 

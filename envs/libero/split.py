@@ -122,7 +122,7 @@ def training_overlap(checkpoint: str | Path, _seen: set[str] | None = None,
     datasets (``meta/record.json``). With ``fresh``, the evaluation runs on fresh placements,
     and training on those same scenes (same suite, placement seed, task and id) is reported."""
     seen = _seen if _seen is not None else set()
-    run, config = saved_run(checkpoint)  # an RL run's config, or an SFT run's (its lake: below)
+    run, config = saved_run(str(checkpoint))  # an RL run's config, or an SFT run's (lake: below)
     if run in seen:
         return []
     seen.add(run)

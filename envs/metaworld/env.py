@@ -60,13 +60,14 @@ STATE_DIM = 4
 ACTION_DIM = 4
 MAX_STEP_REWARD = 10.0
 """MetaWorld's per-step reward lies in ``[0, 10]`` (10 once a task is solved)."""
+Benchmark = Literal["mt10", "ml10", "mt50"]
 
 
 @dataclass(frozen=True)
 class MetaWorldConfig:
     """Which MetaWorld tasks, how they are observed, where episodes start."""
 
-    benchmark: Literal["mt10", "ml10", "mt50"] = "mt10"
+    benchmark: Benchmark = "mt10"
     task_ids: tuple[int, ...] = ()
     """Benchmark task indices this env serves (env task ``i`` is ``task_ids[i]``); empty: all."""
     cameras: tuple[str, ...] = ("corner", "wrist")
@@ -122,7 +123,7 @@ class MetaWorldConfig:
 def spec_of(cfg: MetaWorldConfig) -> EnvSpec:
     return EnvSpec(
         cameras=cfg.cameras,
-        image_size=tuple(cfg.image_size),
+        image_size=(cfg.image_size[0], cfg.image_size[1]),
         state_dim=STATE_DIM,
         action_dim=ACTION_DIM,
         chunk_len=cfg.chunk_len,
@@ -257,6 +258,7 @@ class MetaWorldEnv:
         return images
 
     def _observation(self) -> Observation:
+        assert self.raw_obs is not None
         state = np.asarray(self.raw_obs[:STATE_DIM], dtype=np.float32)
         return Observation(images=self.render(), state=state,
                            instruction=INSTRUCTIONS[self.task_name])

@@ -47,7 +47,7 @@ def scripted_policy(task_name: str) -> Any:
     import_metaworld()
     from metaworld.policies import ENV_POLICY_MAP
 
-    return ENV_POLICY_MAP[task_name]()
+    return ENV_POLICY_MAP[task_name]()  # type: ignore[abstract]
 
 
 def run_expert_episode(env: MetaWorldEnv, task_id: int, init_state_id: int, record: bool = False,

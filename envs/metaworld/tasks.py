@@ -126,8 +126,9 @@ def import_metaworld() -> Any:
                         self.model.eq_data[i, :WELD_DATA] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0,
                                                              0.0, 0.0, 0.0, 5.0)
 
-        SawyerMocapBase.reset_mocap_welds = reset_mocap_welds
-        SawyerMocapBase._rlvla3_fitted = True
+        patched: Any = SawyerMocapBase
+        patched.reset_mocap_welds = reset_mocap_welds
+        patched._rlvla3_fitted = True
     return metaworld
 
 

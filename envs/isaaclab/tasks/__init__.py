@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 TASKS: dict[str, str] = {
     "reach": "envs.isaaclab.tasks.reach:DEFINITION",
@@ -78,7 +78,7 @@ class GymTask:
         import gymnasium as gym
 
         options = cfg._rlvla3_options
-        self.env = gym.make(name, cfg=cfg).unwrapped
+        self.env = cast(Any, gym.make(name, cfg=cfg).unwrapped)
         self.options = options
         self.num_envs = int(self.env.num_envs)
         self.device = self.env.device

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from envs.isaaclab.tasks import TaskDefinition
 
@@ -62,7 +62,7 @@ class CartpoleTask:
     def __init__(self, cfg: Any):
         import gymnasium as gym
 
-        self.env = gym.make(TASK, cfg=cfg).unwrapped
+        self.env = cast(Any, gym.make(TASK, cfg=cfg).unwrapped)
         self.env.reset()
         self.num_envs = self.env.num_envs
         self.device = self.env.device

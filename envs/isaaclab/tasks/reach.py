@@ -221,7 +221,7 @@ class ReachEnv(DirectRLEnv):
         self.reached = torch.zeros(n, dtype=torch.bool, device=self.device)
         self.joint_target = self.robot.data.default_joint_pos.torch.clone()
         self.move = torch.zeros(n, 3, device=self.device)
-        self.down = None
+        self.down: torch.Tensor | None = None
         """The hand's orientation at the home pose (held while reaching)."""
         self._pending: dict[int, tuple[int, int]] = {}
 
@@ -304,7 +304,7 @@ class ReachEnv(DirectRLEnv):
                                   .expand(n, 3))
         camera.set_world_poses_from_view(eye, ahead)
 
-    def _reset_idx(self, env_ids: Sequence[int] | None) -> None:
+    def _reset_idx(self, env_ids: Sequence[int] | torch.Tensor | None) -> None:
         if env_ids is None:
             env_ids = self.robot._ALL_INDICES
         super()._reset_idx(env_ids)
