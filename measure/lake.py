@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ from datalake.pipeline import FrameDecoder, Lake, LakeConfig, PackedBatch, Packe
 from datalake.samples import episode_samples
 from datalake.writer import WriterConfig, write_dataset
 from rlvla3.machine import usable_cpus
+from rlvla3.types import ObsBatch
 
 
 class SampleDataset(Dataset):
@@ -58,13 +59,15 @@ class SampleDataset(Dataset):
         cfg = lake.config
         self.uris = [m.uri if m is not None else "" for m in lake.metas]
         self.cameras = tuple(lake.cameras)
-        self.image_size = tuple(lake.image_size)
+        self.image_size = lake.image_size
         self.chunk_len, self.normalize = cfg.chunk_len, cfg.normalize
         self.max_open, self.tolerance_s = cfg.max_open_files, cfg.tolerance_s
         self.plan = lake.plan(epoch)
         self.index: list[tuple[int, int]] = []
         for j, (d, pos) in enumerate(self.plan):
-            self.index += [(j, t) for t in range(lake.metas[d].episodes[pos].length)]
+            meta = lake.metas[d]
+            assert meta is not None  # the plan draws from live datasets only
+            self.index += [(j, t) for t in range(meta.episodes[pos].length)]
         self.cache_episodes = cache_episodes
         self._rows: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         self._decoder: FrameDecoder | None = None
@@ -190,13 +193,15 @@ def _consume(rows, step) -> dict[str, float]:
 
 
 def _trainer(spec, preset: str, image_size: int, seed: int):
-    """A fresh VLA and a step function: forward + backward + AdamW on one packed row."""
+    """A fresh VLA's token counts (the lake's ``length_fn``) and a step function: forward +
+    backward + AdamW on one packed row."""
     from rlvla3.config import Named
     from rlvla3.policies import build_policy
+    from rlvla3.policies.vla.policy import VLAPolicy
 
     torch.manual_seed(seed)
-    policy = build_policy(Named("vla", {"preset": preset, "image_size": image_size, "seed": seed}),
-                          spec)
+    policy = cast(VLAPolicy, build_policy(
+        Named("vla", {"preset": preset, "image_size": image_size, "seed": seed}), spec))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
 
     def step(batch: PackedBatch) -> None:
@@ -206,7 +211,10 @@ def _trainer(spec, preset: str, image_size: int, seed: int):
         loss.backward()
         optimizer.step()
 
-    return policy, step
+    def length_fn(obs: ObsBatch, action_mask: np.ndarray) -> np.ndarray:
+        return policy.token_counts(obs)
+
+    return length_fn, step
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -244,8 +252,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                  configure_logging=False, log_to_driver=False)
     results = {}
     for name in ("dataloader", "lake"):
-        policy, step = _trainer(spec, args.preset, args.model_size, args.seed)
-        lake = Lake(cfg, length_fn=lambda obs, mask, p=policy: p.token_counts(obs))
+        length_fn, step = _trainer(spec, args.preset, args.model_size, args.seed)
+        lake = Lake(cfg, length_fn=length_fn)
         if name == "lake":
             results[name] = _consume(lake.packed(), step)
         else:

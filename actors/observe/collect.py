@@ -10,18 +10,21 @@ episodes, a learner's buffered samples) is counted as lost.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Generic, TypeVar
 
 import ray
 
 from actors.observe.figures import add_counts
 from rlvla3.role_stats import Role
 
+R = TypeVar("R", bound=Role)
+
 
 class WaitingForActors(RuntimeError):
     """None of a role's actors has run yet (they wait for resources)."""
 
 
-class RoleStats:
+class RoleStats(Generic[R]):
     """Stats of one role's actors across restarts (see the module docstring).
 
     An actor that does not run (restarting after its process or node died, waiting for a node
@@ -35,17 +38,17 @@ class RoleStats:
         self.lost: dict[str, int] = {}
         self.down: dict[int, str] = {}
         self._seen: dict[int, dict] = {}
-        self._pending: dict[int, object] = {}
+        self._pending: dict[int, ray.ObjectRef] = {}
 
-    def collect(self, handles: list, timeout_s: float = 60.0) -> list[Role]:
+    def collect(self, handles: list, timeout_s: float = 60.0) -> list[R]:
         from actors.runtime.cluster_state import actor_state
 
         for i, h in enumerate(handles):  # one call in flight per actor
             if i not in self._pending:
                 self._pending[i] = h.stats.remote()
         refs = [self._pending[i] for i in range(len(handles))]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(timeout_s, 1.0))
-        ready = set(ready)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=min(timeout_s, 1.0))
+        ready = set(done)
         late = [i for i, ref in enumerate(refs) if ref not in ready]
         for i in late:  # slow, or not running at all: only a running actor is waited for
             state = actor_state(handles[i])
@@ -57,7 +60,7 @@ class RoleStats:
                                    f"call within {timeout_s:.0f}s")
             if state != "ALIVE":
                 self._went_down(i, state)
-        answered: dict[int, Role] = {}
+        answered: dict[int, R] = {}
         for i, ref in enumerate(refs):
             if ref in ready:
                 del self._pending[i]
@@ -110,7 +113,7 @@ class RoleStats:
             seen["carry"][key] = add_counts(seen["carry"].get(key, {} if isinstance(value, dict)
                                                               else 0), value)
 
-    def _as_down(self, i: int) -> Role:
+    def _as_down(self, i: int) -> R:
         """The record of an actor that does not run: its counters so far, nothing in flight
         (an actor never seen running, e.g. one waiting for a new node, counts zeros)."""
         seen = self._seen.get(i)

@@ -14,13 +14,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 
 from actors.observe.collect import RoleStats
 from actors.observe.figures import accounting, progress_row
-from rlvla3.role_stats import Snapshot
+from rlvla3.role_stats import EnvWorkerStats, LearnerStats, RolloutServerStats, Snapshot
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 
 class RoleHandles(Protocol):
@@ -30,7 +33,7 @@ class RoleHandles(Protocol):
     workers: list
     servers: list
     learners: list
-    queue: object
+    queue: Any
 
 
 class RunMonitor:
@@ -39,11 +42,11 @@ class RunMonitor:
     def __init__(self, topology: RoleHandles, run_dir: Path):
         self.topo = topology
         self.run_dir = run_dir
-        self.workers = RoleStats("env_worker")
-        self.servers = RoleStats("rollout_server")
-        self.learners = RoleStats("learner")
+        self.workers: RoleStats[EnvWorkerStats] = RoleStats("env_worker")
+        self.servers: RoleStats[RolloutServerStats] = RoleStats("rollout_server")
+        self.learners: RoleStats[LearnerStats] = RoleStats("learner")
         self.history: list[dict] = []
-        self._tb = None
+        self._tb: SummaryWriter | None = None
 
     @property
     def restarts(self) -> dict[str, int]:

@@ -63,7 +63,7 @@ def collect(timeout_s: float = 10.0) -> list[dict]:
     autoscaler ``pending_nodes`` and ``resource_demand`` (the cluster's, as text)."""
     named = [a for a in ray.util.list_named_actors(all_namespaces=True)
              if a["name"].startswith(NAME_PREFIX)]
-    refs = []
+    refs: list[ray.ObjectRef] = []
     for actor in named:
         try:
             handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
@@ -166,7 +166,7 @@ def connect(address: str, timeout_s: float) -> bool:
     def join() -> None:
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
-                     logging_level="ERROR", configure_logging=False)
+                     configure_logging=False)
         except Exception as exc:  # re-raised in the caller's thread
             errors.append(exc)
         finally:

@@ -85,6 +85,7 @@ class Checkpointer:
         if not force:
             return None
         self._collect(wait=True, strict=True)
+        assert self._saved is not None  # a strict collect of the pending save sets it or raises
         return self._saved[2]
 
     def _collect(self, wait: bool, strict: bool = False) -> None:

@@ -38,8 +38,10 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TypeVar, cast
 
 import ray
+import torch
 import yaml
 
 from actors.observe.collect import WaitingForActors
@@ -74,7 +76,9 @@ from rlvla3.policies import build_policy
 from rlvla3.queue.pacing import group_rounds, inherent_lag
 from rlvla3.role_stats import Snapshot
 from rlvla3.run_config import RunConfig, check_resources
-from rlvla3.types import EnvSpec
+from rlvla3.types import EnvSpec, WeightsMessage
+
+T = TypeVar("T")
 
 
 def check_components(cfg: RunConfig) -> EnvSpec:
@@ -92,7 +96,7 @@ def check_components(cfg: RunConfig) -> EnvSpec:
     check_training_split(cfg.env, cfg.env_workers.init_state_ids)  # never on eval states
     policy = build_policy(cfg.policy, spec)
     if cfg.init_from:
-        check_init_from(cfg.init_from, cfg.policy, spec, policy)
+        check_init_from(cfg.init_from, cfg.policy, spec, cast(torch.nn.Module, policy))
     if cfg.algo.sft_coef > 0:
         check_sft_datasets(cfg.algo.sft_datasets, spec, policy)
     return spec
@@ -145,6 +149,13 @@ def local_resources(cfg: RunConfig) -> dict[str, float]:
     return out
 
 
+def _built(part: T | None) -> T:
+    """A part of the run that ``Controller.build`` makes and ``shutdown`` drops."""
+    if part is None:
+        raise RuntimeError("the run's actors are not built (Controller.build) or were shut down")
+    return part
+
+
 class Controller:
     """Builds and runs one RL run (see the module docstring)."""
 
@@ -160,8 +171,8 @@ class Controller:
         self.spec = check_components(cfg)
         self.choices = cfg.choices
         self.schedule = make_schedule(cfg, self.spec)
-        self.topology: Topology | None = None
-        self.monitor: RunMonitor | None = None
+        self._topology: Topology | None = None
+        self._monitor: RunMonitor | None = None
         self.evaluator = PeriodicEval(cfg, self.spec.num_tasks)
         self.counters: dict = {**dict.fromkeys(RUN_COUNTERS, 0), "wall_s": 0.0}
         self.partial_counters: list[str] = []
@@ -170,7 +181,7 @@ class Controller:
         self.samplers_continued = 0
         """Env workers that continued a resumed run's episode sequence."""
         self._watchdog_stop = threading.Event()
-        self.capacity: CapacityWatch | None = None
+        self._capacity: CapacityWatch | None = None
         self._down_workers: set[int] = set()
         self.budget = RunBudget(cfg, self.log)
         self.stopped_by: str | None = None  # the limit that ended the run
@@ -187,15 +198,28 @@ class Controller:
         self.check_storage()
         self.memory_plan = self._preflight()  # resolves learner.sharding: auto
         cfg = self.cfg
-        self.topology = build_topology(cfg, self.spec, self.files.uri, basename(self.files.uri),
-                                       self.schedule.concurrent)
-        self.monitor = RunMonitor(self.topology, self.run_dir)
+        topology = build_topology(cfg, self.spec, self.files.uri, basename(self.files.uri),
+                                  self.schedule.concurrent)
+        self._topology = topology
+        self._monitor = RunMonitor(topology, self.run_dir)
         demands = {a.role: dict(a.resources) for a in actor_specs(cfg)}
-        self.capacity = CapacityWatch(self.topology, demands,
-                                      lockstep=self.choices.rollout != "async",
-                                      wait_s=cfg.ray.node_wait_s)
+        self._capacity = CapacityWatch(topology, demands,
+                                       lockstep=self.choices.rollout != "async",
+                                       wait_s=cfg.ray.node_wait_s)
         self._sync_initial_weights()
-        return self.topology
+        return topology
+
+    @property
+    def topology(self) -> Topology:
+        return _built(self._topology)
+
+    @property
+    def monitor(self) -> RunMonitor:
+        return _built(self._monitor)
+
+    @property
+    def capacity(self) -> CapacityWatch:
+        return _built(self._capacity)
 
     def check_storage(self) -> None:
         """Before any actor starts: a local storage path is refused on a cluster of more than
@@ -254,7 +278,7 @@ class Controller:
         elif self.cfg.init_from:
             ckpt = locate_checkpoint(self.cfg.init_from)
             ray.get([lr.load_weights.remote(ckpt) for lr in topo.learners])
-        message = ray.get(topo.learners[0].weights_message.remote())
+        message: WeightsMessage = ray.get(topo.learners[0].weights_message.remote())
         ref = ray.put(message)
         ray.get([s.load_weights_now.remote(ref) for s in topo.servers])
         self._wait_for_env_workers()
@@ -264,7 +288,7 @@ class Controller:
     def run(self) -> dict:
         self.check_storage()
         self.files.write_text("config.yaml", yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
-        topo = self.topology or self.build()
+        topo = self._topology or self.build()
         self.log(f"rlvla3 rl: mode={self.cfg.pipeline.mode} pipeline={self.choices} "
                   f"env={self.cfg.env.name} policy={self.cfg.policy.name} "
                   f"run_dir={self.files.uri}")
@@ -287,6 +311,7 @@ class Controller:
             self._watchdog_stop.set()
             self.capacity.stop()
         summary = self._tick(final=True)
+        assert summary is not None  # a final tick returns the summary or raises
         summary["stopped_by"] = self.stopped_by
         summary["target_reached"] = self.budget.target_reached
         self.files.write_text("summary.json", json.dumps(summary, indent=2))
@@ -333,6 +358,7 @@ class Controller:
         if not every:
             return
         topo, last, since, told = self.topology, None, time.monotonic(), 0.0
+        state: str | tuple[int, int]
         while not self._watchdog_stop.wait(min(every / 4, 5.0)):
             try:
                 workers = ray.get([w.stats.remote() for w in topo.workers], timeout=10)
@@ -569,7 +595,9 @@ class Controller:
     # ---- periodic evaluation on held-out initial states ----------------------------------
     def _maybe_start_eval(self, version: int, final: bool = False) -> None:
         if self.evaluator.due(version, final):
-            self.evaluator.start(version, self.checkpoints.save(self.counters, force=True))
+            checkpoint = self.checkpoints.save(self.counters, force=True)
+            assert checkpoint is not None  # a forced save returns its location or raises
+            self.evaluator.start(version, checkpoint)
 
     def _collect_eval(self, wait_s: float = 0.0) -> None:
         result = self.evaluator.collect(wait_s)
@@ -584,12 +612,12 @@ class Controller:
     def shutdown(self) -> None:
         self._watchdog_stop.set()
         self.evaluator.cancel()
-        if self.topology is not None:
-            self.topology.close()
-            self.topology = None
-        if self.monitor is not None:
-            self.monitor.close()
-            self.monitor = None
+        if self._topology is not None:
+            self._topology.close()
+            self._topology = None
+        if self._monitor is not None:
+            self._monitor.close()
+            self._monitor = None
             try:
                 self.files.push("metrics.jsonl", "steps.jsonl", "tb")
             except OSError as exc:

@@ -76,7 +76,7 @@ class LockstepRollout:
 
     def _round(self, workers: list, servers: list) -> None:
         """Every slot of ``workers`` runs one episode, in lockstep."""
-        obs = ray.get([w.begin_episodes.remote() for w in workers])
+        obs: list | None = ray.get([w.begin_episodes.remote() for w in workers])
         while obs is not None and not self._stop.is_set():
             obs = self._step(workers, servers, obs, autoreset=False)
 
@@ -147,7 +147,7 @@ class AutoresetRollout(LockstepRollout):
         self.decisions = decisions
 
     def _round(self, workers: list, servers: list) -> None:
-        obs = ray.get([w.continue_episodes.remote() for w in workers])
+        obs: list | None = ray.get([w.continue_episodes.remote() for w in workers])
         for _ in range(self.decisions):
             if obs is None or self._stop.is_set():
                 return

@@ -15,11 +15,15 @@ run, not added to it) and the ``env_steps`` the evaluation itself simulated.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import ray
 
 from rlvla3.config import Named
 from rlvla3.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from actors.eval.rounds import EvalRound
 
 
 def suite_task_ids(env: Named, num_tasks: int) -> list[int]:
@@ -38,7 +42,7 @@ class PeriodicEval:
         self.suite_ids = suite_task_ids(cfg.env, num_tasks)
         self.results: list[dict] = []
         self._workers: list | None = None
-        self._running = None
+        self._running: EvalRound | None = None
         self._checkpoint = ""
         self._version = 0
         self._last_version = 0

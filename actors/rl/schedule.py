@@ -35,7 +35,7 @@ the same schedule: the asynchronous one restarts every rank's loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import ray
@@ -51,7 +51,8 @@ from rlvla3.types import EnvSpec
 class Run(Protocol):
     """What a schedule drives: the controller's side of the loop."""
 
-    topology: Topology
+    @property
+    def topology(self) -> Topology: ...
 
     @property
     def learners(self) -> list:
@@ -215,7 +216,7 @@ def one_line(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {text[0] if text else ''}"
 
 
-SCHEDULES = {
+SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "sync": lambda rollout, cfg, spec: SyncSchedule(
         rollout, cfg.learner.global_batch,
         spec.max_decisions * (cfg.algo.group_size if cfg.algo.name == "grpo" else 1)),

@@ -33,7 +33,7 @@ closed under ``algo.target_kl``, ``ref_kl`` only with ``algo.ref_kl_coef``, ``sf
 with ``algo.sft_coef``: absent from the median and quantiles elsewhere)."""
 
 
-def _quantiles(values: list[float]) -> dict:
+def _quantiles(values: list[float | None]) -> dict:
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite:
         return {"p10": None, "p50": None, "p90": None, "max": None}

@@ -66,7 +66,8 @@ def learner_line(cfg: RunConfig) -> str:
             f"{extra}; learner.sharding)")
 
 
-def learner_group(cfg: RunConfig, ranks: int, engines: Iterable[str], rebuilds: int) -> dict:
+def learner_group(cfg: RunConfig, ranks: int, engines: Iterable[str], rebuilds: list[dict]
+                  ) -> dict:
     """``summary.json``'s ``learner_group``: the engine the ranks report running (the
     configured one until a rank has published weights), their number, rebuilds."""
     running = sorted({e for e in engines if e})

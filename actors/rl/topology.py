@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -58,17 +59,17 @@ UNBOUNDED = 1 << 30
 class Topology:
     """The actors of one run."""
 
-    queue: object
+    queue: Any
     servers: list
     learners: list
     """Every learner rank's handle, in the original rank order (``group.active``: those that
     train now)."""
     workers: list
-    pg: object = None
-    extra: dict = field(default_factory=dict)
-    names: dict = field(default_factory=dict)
+    pg: object
+    extra: dict
+    names: dict
     """role -> actor names, in index order."""
-    group: LearnerGroup | None = None
+    group: LearnerGroup
 
     def nodes(self) -> dict[str, list[str | None]]:
         """role -> the node id each actor runs on now (None: not running)."""
@@ -141,7 +142,8 @@ class Disaggregated:
                     "env": ["SPREAD"] * len(demands["env"])}
 
 
-PLACEMENTS = {"colocated": Colocated, "disaggregated": Disaggregated}
+PLACEMENTS: dict[str, type[Colocated | Disaggregated]] = {
+    "colocated": Colocated, "disaggregated": Disaggregated}
 
 
 def actor_names(run: str, cfg: RunConfig) -> dict[str, list[str]]:
@@ -210,11 +212,11 @@ def build_topology(cfg: RunConfig, spec: EnvSpec, run_dir: str, run_name: str,
     group = LearnerGroup(learners, names["learner"], queue, cfg.ray.node_wait_s)
     group.form()
     if lc.weight_sync == "collective":
-        addr, port = ray.get(learners[0].address.remote())
+        addr, port = ray.get(learners[0].address.remote())  # type: ignore[attr-defined]
         world = 1 + len(servers)
         backend = "nccl" if lc.num_gpus > 0 and rc.num_gpus > 0 else "gloo"
-        ray.get([learners[0].open_weight_channel.remote(addr, port, world, backend)]
-                + [s.open_weight_channel.remote(addr, port, i + 1, world, backend)
+        ray.get([learners[0].open_weight_channel.remote(addr, port, world, backend)]  # type: ignore[attr-defined]
+                + [s.open_weight_channel.remote(addr, port, i + 1, world, backend)  # type: ignore[attr-defined]
                    for i, s in enumerate(servers)])
     task_ids = list(ec.task_ids) or list(range(spec.num_tasks))
     init_ids = list(ec.init_state_ids) or [

@@ -31,10 +31,12 @@ Accounting: ``decisions`` (produced) = decisions of running episodes (``inflight
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import ray
@@ -81,7 +83,7 @@ class EnvWorker:
         self.queue = lookup(queue)
         self.metrics = RoleMetrics("env", f"env-{worker_id}")
         self.memory = ProcessMemory()
-        self._stop = False
+        self._stop = threading.Event()
         self._started = time.monotonic()
         self._recorders: list[EpisodeRecorder | None] = [None] * cfg.slots_per_worker
         self._tickets: list[int | None] = [None] * cfg.slots_per_worker
@@ -94,11 +96,11 @@ class EnvWorker:
         """What each slot waits on now (admit, reset, step, infer, put, idle): the watchdog's
         answer to "what is this run waiting on"."""
         self.incarnation = uuid.uuid4().hex
-        self.counts = {"env_steps": 0, "decisions": 0, "episodes": 0, "successes": 0,
-                       "dropped_faults": 0, "dropped_decisions": 0, "shipped_decisions": 0,
-                       "shipped_env_steps": 0, "env_busy_s": 0.0, "infer_wait_s": 0.0,
-                       "infer_requests": 0,
-                       "queue_wait_s": 0.0, "admit_wait_s": 0.0, "lockstep_skips": 0}
+        self.counts: dict[str, Any] = {
+            "env_steps": 0, "decisions": 0, "episodes": 0, "successes": 0, "dropped_faults": 0,
+            "dropped_decisions": 0, "shipped_decisions": 0, "shipped_env_steps": 0,
+            "env_busy_s": 0.0, "infer_wait_s": 0.0, "infer_requests": 0, "queue_wait_s": 0.0,
+            "admit_wait_s": 0.0, "lockstep_skips": 0}
         self.length_hist: dict[int, int] = {}
         """Decisions per finished episode (shipped or dropped): what was produced."""
         self.recent: deque[tuple[float, bool, int]] = deque(maxlen=RECENT_EPISODES)
@@ -131,17 +133,18 @@ class EnvWorker:
 
     async def _step(self, slot: int, chunk: ActionChunk) -> StepResult:
         """Execute ``chunk`` on ``slot``, record it, and ship the episode if it ended."""
+        obs, rec = self._obs[slot], self._recorders[slot]
+        assert obs is not None and rec is not None  # a slot steps inside an episode it began
         self._phases[slot] = "step"
         try:
             result = await self._call(self.envs[slot].step, chunk.actions)
         except asyncio.TimeoutError:
-            result = StepResult(self._obs[slot], 0.0, False, True, False, 0,
+            result = StepResult(obs, 0.0, False, True, False, 0,
                                 fault=f"step timed out after {self.cfg.step_timeout_s}s")
         except Exception as exc:  # noqa: BLE001 - an in-process simulator raised: a fault
-            result = StepResult(self._obs[slot], 0.0, False, True, False, 0,
+            result = StepResult(obs, 0.0, False, True, False, 0,
                                 fault=f"step raised {type(exc).__name__}: {exc}"[:300])
-        rec = self._recorders[slot]
-        rec.record(self._obs[slot], chunk, result)
+        rec.record(obs, chunk, result)
         self.counts["env_steps"] += result.steps
         self.counts["decisions"] += 1
         self.metrics.inc("env_steps", result.steps)
@@ -154,6 +157,7 @@ class EnvWorker:
 
     async def _finish(self, slot: int, last: StepResult) -> None:
         rec, self._recorders[slot] = self._recorders[slot], None
+        assert rec is not None  # called by ``_step``, inside the episode
         ticket, self._tickets[slot] = self._tickets[slot], None
         self.length_hist[len(rec)] = self.length_hist.get(len(rec), 0) + 1
         if last.fault:
@@ -199,15 +203,15 @@ class EnvWorker:
         return self.servers[(self.worker_id + slot) % len(self.servers)]
 
     # ---- asynchronous rollout ----------------------------------------------------------
-    async def run(self) -> dict:
+    async def run(self) -> EnvWorkerStats:
         """Run every slot's own episode loop until ``stop()``."""
-        self._stop = False
+        self._stop.clear()
         await asyncio.gather(*(self._slot_loop(i) for i in range(len(self.envs))))
         return self.stats()
 
     async def _slot_loop(self, slot: int) -> None:
         server = self._server(slot)
-        while not self._stop:
+        while not self._stop.is_set():
             key = self.sampler.next(self._slot_tasks[slot])
             start = time.monotonic()
             self._phases[slot] = "admit"
@@ -218,23 +222,23 @@ class EnvWorker:
                 break
             if admission.key != key:  # a GRPO group draws again: the slot runs its key
                 self.sampler.put_back(key)
-            if self._stop:
+            if self._stop.is_set():
                 await self.queue.cancel.remote(admission.ticket)
                 break
             obs = await self._reset(slot, admission.key, admission.ticket)
-            while not self._stop:
+            while not self._stop.is_set():
                 start = time.monotonic()
                 self._phases[slot] = "infer"
                 chunk = await server.act.remote(obs)
                 self.counts["infer_wait_s"] += time.monotonic() - start
                 self.counts["infer_requests"] += 1
-                await self._step(slot, chunk)
+                result = await self._step(slot, chunk)
                 if self._recorders[slot] is None:
                     break
-                obs = self._obs[slot]
+                obs = result.obs
 
     def stop(self) -> None:
-        self._stop = True
+        self._stop.set()
 
     # ---- lockstep rollout (driven by the controller) ----------------------------------
     async def begin_episodes(self) -> list[Observation]:
@@ -272,8 +276,9 @@ class EnvWorker:
         and sits out the lockstep steps until it is done (counted in ``lockstep_skips``), so a
         slow reset delays only its own slot, never the others' steps; at least one slot of the
         worker is ready when this returns."""
-        live = [i for i, c in enumerate(chunks) if c is not None and self._recorders[i] is not None]
-        await asyncio.gather(*(self._step(i, chunks[i]) for i in live))
+        live = [(i, c) for i, c in enumerate(chunks)
+                if c is not None and self._recorders[i] is not None]
+        await asyncio.gather(*(self._step(i, c) for i, c in live))
         if not autoreset:
             return [self._obs[i] if self._recorders[i] is not None else None
                     for i in range(len(self.envs))]

@@ -18,7 +18,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import ray
 import torch
 
@@ -30,6 +32,7 @@ from rlvla3.algos.config import AlgoConfig
 from rlvla3.checkpoint.files import (
     CheckpointMeta,
     SavedCheckpoint,
+    StateSnapshot,
     load_policy,
     row_source,
     save_run_checkpoint,
@@ -39,6 +42,7 @@ from rlvla3.checkpoint.storage import basename
 from rlvla3.checkpoint.trust import listed_files, locate_checkpoint
 from rlvla3.config import Named
 from rlvla3.engine import group
+from rlvla3.engine.engine import TrainingEngine
 from rlvla3.engine.group import Ranks, free_port
 from rlvla3.gpu.costs import TrainingCost
 from rlvla3.gpu.sim import SimulatedEngine
@@ -49,6 +53,9 @@ from rlvla3.protocols import Policy
 from rlvla3.role_stats import LearnerStats
 from rlvla3.run_config import LearnerConfig
 from rlvla3.types import EnvSpec, WeightsMessage
+
+if TYPE_CHECKING:
+    from rlvla3.weight_sync import WeightBroadcaster
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -79,8 +86,9 @@ class Learner:
         self.init_from = init_from
         self.device = torch.device("cuda" if cfg.num_gpus > 0 and torch.cuda.is_available()
                                    else "cpu")
-        self.policy = build_policy(policy, spec).to(self.device)
-        self.core: LearnerCore | None = None
+        self.policy = build_policy(policy, spec)
+        cast(torch.nn.Module, self.policy).to(self.device)
+        self._core: LearnerCore | None = None
         """Made once this rank knows its group (``init_group``; at once for a lone rank)."""
         self.simulated: SimulatedEngine | None = None
         """The engine on simulated GPUs (``learner.cost_model``), with its clock."""
@@ -89,7 +97,7 @@ class Learner:
         self.servers = [lookup(name) for name in servers]
         self.queue = lookup(queue)
         self.incarnation = uuid.uuid4().hex
-        self._channel = None
+        self._channel: WeightBroadcaster | None = None
         self._stop = threading.Event()
         self._stepping = threading.RLock()
         """Held through every optimizer step and weight load: what reads the weights from
@@ -97,7 +105,8 @@ class Learner:
         self._saving = threading.Lock()
         self._training = threading.Event()
         """``run`` is training: a sharded snapshot waits for its step agreement."""
-        self._snapshot = None  # the last checkpoint's copy, reused as the next one's buffers
+        self._snapshot: tuple[StateSnapshot, StateSnapshot | None] | None = None
+        """The last checkpoint's copy, reused as the next one's buffers."""
         self._message: WeightsMessage | None = None
         """The weights last published (rank 0): what a server that asks gets."""
         self._started = time.monotonic()
@@ -120,15 +129,22 @@ class Learner:
         if world_size == 1:
             self._make_core(Ranks(0, 1, self.device))
 
+    @property
+    def core(self) -> LearnerCore:
+        """This rank's learner core, made once it knows its group (``_make_core``)."""
+        if self._core is None:
+            raise RuntimeError(f"learner {self.rank}: its group is not formed yet (init_group)")
+        return self._core
+
     # ---- setup -------------------------------------------------------------------------
     def _make_core(self, ranks: Ranks) -> None:
         """The engine and the learner core for this rank's place in the group; then, after
         a restart, the state of the last checkpoint, and the first published weights."""
         engine = rl_engine(self.policy, self.algo, self.cfg.lr, self.cfg.engine(), ranks)
         self.simulated = SimulatedEngine(engine, self.cost) if self.cost is not None else None
-        self.core = LearnerCore(
+        self._core = LearnerCore(
             self.policy, self.algo, 0, self.cfg.micro_batch, self.cfg.lr,
-            LEARNER_STARTS[self.start](), engine=self.simulated or engine,
+            LEARNER_STARTS[self.start](), engine=cast(TrainingEngine, self.simulated or engine),
             max_staleness=self.max_staleness,
             reference=self._reference() if self.algo.ref_kl_coef > 0 else None,
             demos=self._demos(ranks.rank) if self.algo.sft_coef > 0 else None)
@@ -161,7 +177,7 @@ class Learner:
                 self.queue.learner_buffered.remote(self.rank, 0)  # the old rank's report
             self.rank, self.world_size = rank, world_size
             self._reported_buffered = -1
-        if self.core is not None and self.core.engine.ranks.world == self.world_size:
+        if self._core is not None and self._core.engine.ranks.world == self.world_size:
             return True  # a lone rank: made at construction
         ranks = group.join(self.cfg.backend, master_addr, master_port, self.rank,
                            self.world_size, self.device, host_state=self.cfg.offload)
@@ -182,7 +198,9 @@ class Learner:
         reference = build_policy(self.policy_choice, self.spec)
         loaded, _ = load_policy(self.init_from)
         reference.load_state_dict(loaded.state_dict())
-        return reference.to(self.device).eval()
+        cast(torch.nn.Module, reference).to(self.device)
+        reference.eval()
+        return reference
 
     def _demos(self, rank: int) -> DemoSet:
         """``algo.sft_datasets`` decoded into this rank's memory, drawn with a seed of its own
@@ -241,9 +259,10 @@ class Learner:
         weights = self.core.weights(dtype)
         if self.rank != 0:
             return
+        assert weights is not None  # gathered whole on rank 0
         self._message = WeightsMessage(self.core.version, {
-            k: v.numpy() if v.dtype != torch.bfloat16 else v for k, v in weights.items()},
-            self.lineage)
+            k: v.numpy() if v.dtype != torch.bfloat16 else cast(np.ndarray, v)  # numpy: no bf16
+            for k, v in weights.items()}, self.lineage)
         if not announce:
             return
         if self._channel is not None:
@@ -260,14 +279,21 @@ class Learner:
         from rlvla3.weight_sync import WeightBroadcaster
 
         device = "cuda" if backend == "nccl" else "cpu"
-        template = {k: torch.as_tensor(v) for k, v in self._message.tensors.items()}
+        template = {k: torch.as_tensor(v) for k, v in self._published.tensors.items()}
         self._channel = WeightBroadcaster(template, host, port, 0, world_size, backend, device)
         return backend
 
-    def weights_message(self) -> WeightsMessage:
-        """The weights last published (rank 0)."""
+    def weights_message(self) -> WeightsMessage | None:
+        """The weights last published (rank 0; None on the others)."""
         with self._stepping:
             return self._message
+
+    @property
+    def _published(self) -> WeightsMessage:
+        """The weights last published: rank 0's, from ``_make_core`` on."""
+        if self._message is None:
+            raise RuntimeError(f"learner {self.rank}: no weights published (rank 0 publishes)")
+        return self._message
 
     def _pull(self, max_items: int, timeout_s: float, max_decisions: int | None = None) -> int:
         """Take up to ``max_items`` queue items (fewer once they hold ``max_decisions``)."""
@@ -458,11 +484,11 @@ class Learner:
 
         reference, _ = load_policy(path)
         with self._stepping:
-            now = {k: torch.as_tensor(v) for k, v in self._message.tensors.items()}
+            now = {k: torch.as_tensor(v) for k, v in self._published.tensors.items()}
         return relative_change(reference.state_dict(), now)
 
     def stats(self) -> LearnerStats:
-        if self.core is None:  # a rank of a group not formed yet (``init_group``)
+        if self._core is None:  # a rank of a group not formed yet (``init_group``)
             return LearnerStats(incarnation=self.incarnation, rank=self.rank,
                                 world_size=self.world_size, restored_from=self.restored_from,
                                 waiting_for="the learner group (init_group)")
@@ -472,24 +498,25 @@ class Learner:
         self.metrics.set("busy_fraction", busy)
         self.metrics.set("data_wait_fraction", wait)
         published, last = core.last_publish, self.last
+        counts: dict[str, Any] = core.counts
+        # what gathering the weights for the servers cost this rank
+        publish: dict[str, Any] = {} if published is None else dict(
+            engine=core.engine.name, publish_s=round(published.seconds, 4),
+            publish_peak_mb=round(published.peak_bytes / 2**20, 2),
+            publish_dtype=published.dtype)
+        step: dict[str, Any] = {} if last is None else dict(
+            loss=last.loss, entropy=last.entropy, kl_per_decision=last.kl_per_decision,
+            clip_fraction=last.clip_fraction, staleness=last.mean_staleness)
         return LearnerStats(
             incarnation=self.incarnation, rank=self.rank, world_size=self.world_size,
             restored_from=self.restored_from, version=core.version,
-            samples_trained=core.samples_trained, **core.counts, buffered=core.buffered,
+            samples_trained=core.samples_trained, **counts, buffered=core.buffered,
             in_step=core.in_step, busy_fraction=busy, busy_s=core.busy_s,
             data_wait_fraction=wait, lost_segments=self.lost_segments,
             lost_decisions=self.lost_decisions, staleness_hist=dict(core.staleness_hist),
             length_hist=dict(core.length_hist),
             cost=self.simulated.clock.stats if self.simulated is not None else None,
-            # what gathering the weights for the servers cost this rank
-            **({} if published is None else dict(
-                engine=core.engine.name, publish_s=round(published.seconds, 4),
-                publish_peak_mb=round(published.peak_bytes / 2**20, 2),
-                publish_dtype=published.dtype)),
-            **({} if last is None else dict(
-                loss=last.loss, entropy=last.entropy, kl_per_decision=last.kl_per_decision,
-                clip_fraction=last.clip_fraction, staleness=last.mean_staleness)),
-            memory=self.memory.sample())
+            **publish, **step, memory=self.memory.sample())
 
     def take_history(self) -> list[dict]:
         out, self.history = self.history, []

@@ -32,6 +32,7 @@ import hashlib
 import time
 import uuid
 from functools import partial
+from typing import cast
 
 import ray
 import torch
@@ -73,7 +74,7 @@ class RolloutServer:
         for noise in noises:
             model = build_policy(policy, spec)
             if cfg.num_gpus > 0 and torch.cuda.is_available():
-                model.to("cuda", getattr(torch, cfg.gpu_dtype))
+                cast(torch.nn.Module, model).to("cuda", getattr(torch, cfg.gpu_dtype))
             model.seed_sampling(noise)
             cores.append(RolloutCore(model, cfg.deterministic))
         lanes, self.simulated = rollout_lanes(cores, cfg.cost_model, time_dilation,
@@ -149,7 +150,7 @@ class RolloutServer:
         from rlvla3.weight_sync import parameter_sum
 
         return await self.service.between_batches(
-            lambda model: (model.version, parameter_sum(model.policy)))
+            lambda model: (model.version, parameter_sum(cast(torch.nn.Module, model.policy))))
 
     def stats(self) -> RolloutServerStats:
         """Counters for the controller's progress line and summary."""

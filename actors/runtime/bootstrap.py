@@ -91,10 +91,10 @@ def init_ray(address: str = "", field: str = "ray.address", **kwargs) -> None:
     line += f", {cpus:g} CPUs"
     if not address and cpus > usable_cpus():  # sized by what the roles ask (``local_ray_cpus``)
         line += f" on the {usable_cpus()} cores this process may use (the roles share them)"
-    if getattr(context, "dashboard_url", None):
-        line += f", dashboard http://{context.dashboard_url}"
-        port = context.dashboard_url.rpartition(":")[2]
-        if not address and port != str(DASHBOARD_PORT):
+    dashboard = getattr(context, "dashboard_url", None)
+    if dashboard:
+        line += f", dashboard http://{dashboard}"
+        if not address and dashboard.rpartition(":")[2] != str(DASHBOARD_PORT):
             line += f" ({DASHBOARD_PORT} is taken on this machine)"
     print(line, file=sys.stderr, flush=True)
 

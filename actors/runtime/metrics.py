@@ -30,7 +30,7 @@ _GAUGES = {
     "success_rate": "Success rate of recently finished episodes",
     "loss": "Learner loss",
 }
-_HISTOGRAMS = {
+_HISTOGRAMS: dict[str, tuple[str, list[float]]] = {
     "batch_size": ("Rollout batch size", [1, 2, 4, 8, 16, 32, 64, 128, 256]),
     "batch_wait_ms": ("Time from first request to batch fire (ms)", [0.5, 1, 2, 5, 10, 20, 50, 100]),
     "staleness": ("Policy versions between acting and training", [0.5, 1.5, 2.5, 3.5, 4.5, 8.5, 16.5]),

@@ -32,8 +32,9 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import torch
 import yaml
 
 from actors.sft.sft_config import SFTConfig
@@ -213,13 +214,13 @@ def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
     lake = Lake(cfg.lake)
     check_files(lake, cfg.lake.max_skip_fraction)
     spec = spec_for(cfg, lake)
-    if cfg.env is not None:
+    if (env := cfg.env) is not None:
         lake_cfg = dataclasses.replace(
             cfg.lake, cameras=spec.cameras, image_size=spec.image_size, chunk_len=spec.chunk_len
         )
         cfg = dataclasses.replace(cfg, lake=lake_cfg)
         lake = Lake(lake_cfg)
-        check_robot(lake, spec, cfg.env.name)
+        check_robot(lake, spec, env.name)
     if cfg.init_from:  # the checkpoint's stats, not the datasets': the weights were fit to them
         cfg = build(SFTConfig, adopt_init_policy(to_dict(cfg)))
     cfg = with_dataset_stats(cfg, lake)
@@ -228,7 +229,7 @@ def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
 
     resolve(POLICIES, cfg.policy.name, "policy.name")
     # What every worker builds; on GPUs the driver keeps off the devices.
-    policy = None if cfg.use_gpu else build_policy(cfg.policy, spec)
+    policy = None if cfg.use_gpu else cast(torch.nn.Module, build_policy(cfg.policy, spec))
     if Storage(cfg.run_dir).is_file("checkpoints/latest"):  # resumed: what it needs is there
         check_resume(cfg.run_dir)
     if cfg.init_from:

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -100,14 +100,16 @@ def train_loop(config: dict[str, Any]) -> None:
     if os.path.isdir(config["cwd"]):  # relative paths (a checkpoint, a tokenizer) mean what
         os.chdir(config["cwd"])  # they meant where the job started; Ray Train moved us away
     cfg = build(SFTConfig, config["sft"])
-    spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["spec"].items()})
+    spec_fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                   for k, v in config["spec"].items()}
+    spec = EnvSpec(**spec_fields)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     ranks = join_group(cfg, rank, world)
     device = ranks.device
-    policy = build_policy(cfg.policy, spec).to(device)
+    policy = cast(torch.nn.Module, build_policy(cfg.policy, spec)).to(device)
     engine = TrainingEngine(policy, cfg.engine(), ranks, "sft_loss",
                             lambda params: torch.optim.AdamW(params, lr=cfg.lr,
                                                              weight_decay=cfg.weight_decay))
@@ -131,7 +133,8 @@ def train_loop(config: dict[str, Any]) -> None:
     log_path = files.local / "metrics.jsonl"
     hooks: list[subprocess.Popen] = []
     skipped = 0
-    window = {"loss": [], "samples": 0, "tokens": 0, "wait": 0.0, "t0": time.perf_counter()}
+    window: dict[str, Any] = {"loss": [], "samples": 0, "tokens": 0, "wait": 0.0,
+                              "t0": time.perf_counter()}
     while step < cfg.max_steps:
         ledger = SkipLedger(cfg.lake.max_skip_fraction, cfg.lake.min_samples_before_abort)
         if rank == 0:
@@ -149,6 +152,7 @@ def train_loop(config: dict[str, Any]) -> None:
                 if not have:  # some rank's shard ended: every rank ends the epoch here
                     ended = True
                     break
+                assert batch is not None  # ``have``: every rank drew one
                 with engine.accumulate(last=micro == cfg.grad_accum - 1):
                     actions = torch.as_tensor(batch.actions, device=device)
                     mask = torch.as_tensor(batch.action_mask, device=device)

@@ -117,10 +117,10 @@ def env_stage_alone(cfg, spec, seconds: float, warmup_s: float) -> float:
     workers = [ray.remote(EnvWorker).options(num_cpus=0, max_concurrency=1000).remote(
         w, cfg.env, spec, ec, list(range(spec.num_tasks)), list(range(spec.num_init_states)),
         cfg.seed, 1, [f"{tag}:rollout0"], f"{tag}:queue0") for w in range(ec.num_workers)]
-    refs = [w.run.remote() for w in workers]
+    refs = [w.run.remote() for w in workers]  # type: ignore[attr-defined]
 
     def total() -> int:
-        return sum(s.env_steps for s in ray.get([w.stats.remote() for w in workers]))
+        return sum(s.env_steps for s in ray.get([w.stats.remote() for w in workers]))  # type: ignore[attr-defined]
 
     time.sleep(warmup_s)
     start, first = time.monotonic(), total()
@@ -128,10 +128,10 @@ def env_stage_alone(cfg, spec, seconds: float, warmup_s: float) -> float:
     steps = total() - first
     elapsed = time.monotonic() - start
     for w in workers:
-        w.stop.remote()
+        w.stop.remote()  # type: ignore[attr-defined]
     ray.wait(refs, num_returns=len(refs), timeout=60)
     for handle in [*workers, server, queue]:
-        ray.kill(handle)
+        ray.kill(handle)  # type: ignore[arg-type]
     return steps / elapsed
 
 
@@ -280,7 +280,7 @@ def measure(args: argparse.Namespace) -> dict:
     infer_alone = inference_stage_alone(cfg, spec, segments, 10.0) * steps_per_decision
     train_alone = training_stage_alone(cfg, spec, segments, 15.0) * steps_per_decision
     stages = {"env": env_alone, "inference": infer_alone, "training": train_alone}
-    slowest = min(stages, key=stages.get)
+    slowest = min(stages, key=stages.__getitem__)
     out = {
         "env": args.env,
         "seconds_per_mode": args.seconds,

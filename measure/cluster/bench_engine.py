@@ -23,16 +23,18 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-REACH = {"image_size": 16, "max_decisions": 6}
-POLICIES = {"small": {"channels": 8, "hidden": 32},
-            "vla": {"preset": "tiny", "image_size": 16}}
+REACH: dict[str, Any] = {"image_size": 16, "max_decisions": 6}
+POLICIES: dict[str, dict[str, Any]] = {"small": {"channels": 8, "hidden": 32},
+                                       "vla": {"preset": "tiny", "image_size": 16}}
 
 
-def _samples(algo_name: str, episodes: int, proximal: str = "window", policy: str = "small"):
+def _samples(algo_name: Literal["ppo", "grpo"], episodes: int,
+             proximal: Literal["window", "step"] = "window", policy: str = "small"):
     """The same decisions on every rank: real reach episodes of a seeded policy of the kind
     trained (a VLA's samples carry its flow chain; GRPO: groups of four episodes of one task
     and initial state)."""
@@ -144,6 +146,7 @@ def rank_main(argv: list[str]) -> None:
     if args.rank == 0:
         from safetensors.torch import save_file
 
+        assert weights is not None  # gather_weights returns the whole state on rank 0
         save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "params.safetensors"))
     group.leave()
 
@@ -186,6 +189,7 @@ def sft_main(args: argparse.Namespace, policy, data, ranks, shares: list[int]) -
     if args.rank == 0:
         from safetensors.torch import save_file
 
+        assert weights is not None  # gather_weights returns the whole state on rank 0
         save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "params.safetensors"))
     group.leave()
 

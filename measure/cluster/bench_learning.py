@@ -26,6 +26,7 @@ import json
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -97,12 +98,12 @@ def success_at(curve: list[dict], env_steps: float) -> float:
     return float(np.interp(env_steps, xs, [r["success"] for r in curve]))
 
 
-def _spread(values: list[float]) -> dict:
-    values = [v for v in values if v is not None and np.isfinite(v)]
-    if not values:
+def _spread(values: Sequence[float | None]) -> dict:
+    kept = [v for v in values if v is not None and np.isfinite(v)]
+    if not kept:
         return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3), "n": len(values)}
+    return {"median": round(statistics.median(kept), 3), "min": round(min(kept), 3),
+            "max": round(max(kept), 3), "n": len(kept)}
 
 
 def compare(runs: dict[str, dict[int, dict]], reference: str, other: str,
@@ -122,12 +123,12 @@ def compare(runs: dict[str, dict[int, dict]], reference: str, other: str,
     grid = np.linspace(budget * 0.1, budget, 10)
     gaps = []
     for x in grid:
-        ref = [success_at(r["curve"], x) for r in runs[reference].values()]
-        mine = [success_at(r["curve"], x) for r in runs[other].values()]
-        if all(np.isfinite(ref)) and all(np.isfinite(mine)):
-            gaps.append({"env_steps": int(x), f"{reference}": round(float(np.mean(ref)), 3),
-                         f"{other}": round(float(np.mean(mine)), 3),
-                         "difference": round(float(np.mean(mine) - np.mean(ref)), 3)})
+        at_ref = [success_at(r["curve"], x) for r in runs[reference].values()]
+        at_mine = [success_at(r["curve"], x) for r in runs[other].values()]
+        if all(np.isfinite(at_ref)) and all(np.isfinite(at_mine)):
+            gaps.append({"env_steps": int(x), f"{reference}": round(float(np.mean(at_ref)), 3),
+                         f"{other}": round(float(np.mean(at_mine)), 3),
+                         "difference": round(float(np.mean(at_mine) - np.mean(at_ref)), 3)})
     out["success_at_equal_env_steps"] = gaps
     out["largest_shortfall"] = round(max((-g["difference"] for g in gaps), default=0.0), 3)
     return out

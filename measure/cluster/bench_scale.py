@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -183,12 +184,16 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace, root: Path):
         from actors.rl.plan_job import env_timing
-        from rlvla3.config import Named
+        from rlvla3.config import ConfigError, Named
         from rlvla3.gpu.costs import resolve_costs
 
         self.args = args
         self.root = root
-        self.costs = resolve_costs(Named(args.cost_model), "--cost-model")
+        costs = resolve_costs(Named(args.cost_model), "--cost-model")
+        if costs is None:
+            raise ConfigError("--cost-model",
+                              "the benchmark simulates GPU stages; 'real' has no figures")
+        self.costs = costs
         self.env = env_timing()
         self.results: dict = {"cost_model": args.cost_model, "costs": self.costs.describe(),
                               "update_epochs": args.update_epochs,
@@ -356,10 +361,11 @@ class Bench:
             table.setdefault(str(run["gpus"]), {})[run["mode"]] = run
         scaling = {}
         for gpus, modes in table.items():
-            row = {m: {"env_steps_per_s": r["env_steps_per_s"],
-                       "trained_env_steps_per_s": r["trained_env_steps_per_s"],
-                       "mean_batch_size": r["mean_batch_size"], "env_slots": r["env_slots"],
-                       "dilation": r["dilation"]} for m, r in modes.items()}
+            row: dict[str, Any] = {
+                m: {"env_steps_per_s": r["env_steps_per_s"],
+                    "trained_env_steps_per_s": r["trained_env_steps_per_s"],
+                    "mean_batch_size": r["mean_batch_size"], "env_slots": r["env_slots"],
+                    "dilation": r["dilation"]} for m, r in modes.items()}
             syncs = [m for m in SYNC_MODES if m in modes
                      and modes[m]["trained_env_steps_per_s"] > 0]
             if "full" in modes and syncs:

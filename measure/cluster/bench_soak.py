@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -71,7 +72,7 @@ def rate(samples: list[tuple[float, int]], start: float, end: float) -> float:
     return (s1 - s0) / max(t1 - t0, 1e-9)
 
 
-def slope_per_hour(rows: list[tuple[float, ...]], i: int) -> float:
+def slope_per_hour(rows: Sequence[tuple[float, ...]], i: int) -> float:
     """Least-squares slope of column ``i`` against time (column 0, seconds), per hour."""
     if len(rows) < 2:
         return 0.0
@@ -95,7 +96,9 @@ def measure(args: argparse.Namespace) -> dict:
 
     cfg = config_from_args(args)
     ensure_ray(cfg, log_to_driver=not args.json)
-    session = ray._private.worker.global_worker.node.session_name
+    node = ray._private.worker.global_worker.node
+    assert node is not None  # ensure_ray started or joined Ray
+    session = node.session_name
     rng = random.Random(args.seed)
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory() as tmp:

@@ -142,7 +142,7 @@ def against_local(storage: str, names: list[str], repeats: int, optimizer: str) 
                               "policies": {}}
     with tempfile.TemporaryDirectory(prefix="rlvla3-bench-local-") as local_root:
         for name in names:
-            row = {"local": measure(str(Path(local_root)), name, repeats, adam)}
+            row: dict[str, Any] = {"local": measure(str(Path(local_root)), name, repeats, adam)}
             print(f"{name} local: {json.dumps(row['local'])}", file=sys.stderr, flush=True)
             row["storage"] = measure(storage, name, repeats, adam)
             print(f"{name} storage: {json.dumps(row['storage'])}", file=sys.stderr, flush=True)

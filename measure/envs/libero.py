@@ -128,7 +128,7 @@ def measure_chunks(suite: str, tasks: list[int], chunks: int, image: int, seed: 
             _log(f"chunks task {tasks[env_task]}: {counts}")
     finally:
         env.close()
-    out = {mode: _percentiles(samples) for mode, samples in ms.items()}
+    out: dict[str, Any] = {mode: _percentiles(samples) for mode, samples in ms.items()}
     out["speedup_p50"] = round(out["step_by_step"]["p50"] / out["one_call"]["p50"], 2)
     return out
 

@@ -19,11 +19,12 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from envs.metaworld.env import make_metaworld_env
+from envs.process_env import ProcessEnv
 from rlvla3.machine import usable_cpus
 
 
@@ -31,7 +32,7 @@ def _log(message: str) -> None:
     print(f"[bench env metaworld] {message}", file=sys.stderr, flush=True)
 
 
-def _cpu_seconds(pids: list[int]) -> float:
+def _cpu_seconds(pids: list[int | None]) -> float:
     import psutil
 
     total = 0.0
@@ -82,7 +83,8 @@ def measure_latency(args: Any, cameras: bool) -> dict[str, Any]:
 def measure_throughput(args: Any, procs: int, cameras: bool) -> dict[str, Any]:
     import psutil
 
-    envs = [make_metaworld_env(_options(args, cameras, args.chunk_len), "bench", args.seed + i)
+    envs = [cast(ProcessEnv, make_metaworld_env(_options(args, cameras, args.chunk_len), "bench",
+                                                args.seed + i))
             for i in range(procs)]
     counts = [0] * procs
     stop = threading.Event()

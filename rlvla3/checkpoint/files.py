@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from safetensors.torch import load as safetensors_load
@@ -70,6 +70,13 @@ class CheckpointMeta:
     """The RL learner's state between two optimizer steps (``LearnerState.as_json``: the
     advantage normaliser's moments, the proximal copy's version); empty for SFT and for
     checkpoints written before it was kept."""
+
+
+class HasState(Protocol):
+    """What ``save_checkpoint`` reads of a module or optimizer: a live one or a
+    ``StateSnapshot``."""
+
+    def state_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -146,8 +153,8 @@ def _step_key(name: str) -> tuple[int, int] | None:
     return None if match is None else (int(match[1]), int(match[2] or 0))
 
 
-def _write_files(stage: Path, policy: Policy, optimizer: Any, rng: torch.Tensor | None,
-                 shadow: Any = None) -> list[str]:
+def _write_files(stage: Path, policy: HasState, optimizer: HasState | None,
+                 rng: torch.Tensor | None, shadow: Any = None) -> list[str]:
     state = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
     save_file(state, str(stage / "policy.safetensors"))
     names = ["policy.safetensors"]
@@ -168,9 +175,9 @@ def _write_files(stage: Path, policy: Policy, optimizer: Any, rng: torch.Tensor 
 
 def save_checkpoint(
     directory: str | Path,
-    policy: Policy,
+    policy: HasState,
     meta: CheckpointMeta,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: HasState | None = None,
     rng: torch.Tensor | None = None,
     shadow: Any = None,
 ) -> str:
@@ -285,8 +292,8 @@ def save_sharded_run_checkpoint(run_dir: str | Path, tensors: dict[str, torch.Te
     return target.uri
 
 
-def save_run_checkpoint(run_dir: str | Path, policy: Policy, meta: CheckpointMeta,
-                        optimizer: torch.optim.Optimizer | None = None, keep: int = 2,
+def save_run_checkpoint(run_dir: str | Path, policy: HasState, meta: CheckpointMeta,
+                        optimizer: HasState | None = None, keep: int = 2,
                         rng: torch.Tensor | None = None, pinned: Iterable[str] = (),
                         shadow: Any = None) -> str:
     """Save ``checkpoints/step-<version>`` in a run directory (a local path or URI), point

@@ -73,7 +73,8 @@ class StreamingStart:
         return buffered >= min(micro_batch, remaining_in_step)
 
 
-LEARNER_STARTS = {"batch": BatchStart, "streaming": StreamingStart}
+LEARNER_STARTS: dict[str, type[BatchStart | StreamingStart]] = {
+    "batch": BatchStart, "streaming": StreamingStart}
 
 
 def rank_batches(global_batch: int, world_size: int) -> list[int]:
