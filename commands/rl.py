@@ -156,7 +156,7 @@ def _storage_field(args: argparse.Namespace) -> str:
 def _train(controller, cfg: RunConfig) -> dict:
     """Start (or join) Ray, check the storage from the cluster's side, run with the signal
     handlers of ``_stop_on_signals``, and shut the run down whatever happens."""
-    from actors.rl.controller import ensure_ray
+    from actors.rl.startup import ensure_ray
 
     previous: dict = {}
     try:

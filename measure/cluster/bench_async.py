@@ -255,7 +255,7 @@ def run_mode(mode: str, overrides: list[str], seconds: float, warmup_s: float, r
 
 def measure(args: argparse.Namespace) -> dict:
     """Run the benchmark; return the JSON-able result."""
-    from actors.rl.controller import check_components, ensure_ray
+    from actors.rl.startup import check_components, ensure_ray
     from rlvla3.run_config import load_run_config
 
     overrides = list(WORKLOADS[args.env]) + args.overrides

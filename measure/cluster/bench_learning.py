@@ -171,7 +171,7 @@ def chart(runs: dict[str, dict[int, dict]], title: str, path: Path) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from actors.rl.controller import ensure_ray
+    from actors.rl.startup import ensure_ray
     from rlvla3.run_config import load_run_config
 
     modes = [m for m in args.modes.split(",") if m]

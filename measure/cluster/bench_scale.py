@@ -278,7 +278,7 @@ class Bench:
         allow against what this machine's env workers, Ray calls and queue delivered. The
         shortfall is the machine's own overhead on the env loop (at this load); returned as
         simulated ms per decision (``PlanRequest.slot_overhead_ms``)."""
-        from actors.rl.controller import check_components
+        from actors.rl.startup import check_components
         from envs.latency_replay import summarize_latency
         from rlvla3.run_config import load_run_config
 

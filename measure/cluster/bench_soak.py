@@ -92,7 +92,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def measure(args: argparse.Namespace) -> dict:
     """Run the benchmark; return the JSON-able result."""
-    from actors.rl.controller import Controller, ensure_ray
+    from actors.rl.controller import Controller
+    from actors.rl.startup import ensure_ray
 
     cfg = config_from_args(args)
     ensure_ray(cfg, log_to_driver=not args.json)

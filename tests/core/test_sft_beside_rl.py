@@ -11,7 +11,7 @@ import pytest
 import torch
 from support.reach_episodes import REACH, collect_segments, episodes, make_policy
 
-from actors.rl.controller import check_components
+from actors.rl.startup import check_components
 from datalake import synthetic
 from datalake.demos import load_demos
 from datalake.writer import WriterConfig, write_dataset

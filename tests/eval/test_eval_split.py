@@ -277,7 +277,7 @@ def test_evaluate_checkpoint_on_eval_workers(ray_cluster, tmp_path):
 def test_rl_config_refuses_training_on_evaluation_states():
     """RL validation (before any actor starts) applies the split: bundled training states are
     refused unless allowed; periodic evaluation ids are bundled states (0..49)."""
-    from actors.rl.controller import check_components
+    from actors.rl.startup import check_components
     from rlvla3.run_config import load_run_config
 
     assert check_components(load_run_config("libero_spatial")).num_init_states > 50  # fresh
