@@ -15,7 +15,7 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -89,6 +89,12 @@ class Policy(Protocol):
     def eval(self) -> object:
         """Inference mode (``torch.nn.Module.eval``): no dropout, no batch-statistics updates."""
         ...
+
+
+def as_module(policy: Policy) -> torch.nn.Module:
+    """The ``torch.nn.Module`` every policy also is: the typed view of a policy for what takes a
+    module (moving it to a device, an engine, a checkpoint writer)."""
+    return cast("torch.nn.Module", policy)
 
 
 class Metrics(Protocol):

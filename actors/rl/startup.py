@@ -12,10 +12,8 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import cast
 
 import ray
-import torch
 
 from actors.runtime.bootstrap import NAMESPACE, init_ray
 from envs import check_training_split, dilate_env, env_spec
@@ -24,6 +22,7 @@ from rlvla3.config import ConfigError, require
 from rlvla3.machine import local_ray_cpus, usable_cpus
 from rlvla3.plan.cluster import actor_specs
 from rlvla3.policies import build_policy
+from rlvla3.protocols import as_module
 from rlvla3.run_config import RunConfig, check_resources
 from rlvla3.types import EnvSpec
 
@@ -43,7 +42,7 @@ def check_components(cfg: RunConfig) -> EnvSpec:
     check_training_split(cfg.env, cfg.env_workers.init_state_ids)  # never on eval states
     policy = build_policy(cfg.policy, spec)
     if cfg.init_from:
-        check_init_from(cfg.init_from, cfg.policy, spec, cast(torch.nn.Module, policy))
+        check_init_from(cfg.init_from, cfg.policy, spec, as_module(policy))
     if cfg.algo.sft_coef > 0:
         check_sft_datasets(cfg.algo.sft_datasets, spec, policy)
     return spec

@@ -49,7 +49,7 @@ from rlvla3.gpu.sim import SimulatedEngine
 from rlvla3.learner.core import LEARNER_STARTS, LearnerCore, rl_engine
 from rlvla3.learner.step import LearnerState, StepStats
 from rlvla3.policies import build_policy
-from rlvla3.protocols import Policy
+from rlvla3.protocols import Policy, as_module
 from rlvla3.role_stats import LearnerStats
 from rlvla3.run_config import LearnerConfig
 from rlvla3.types import EnvSpec, WeightsMessage
@@ -87,7 +87,7 @@ class Learner:
         self.device = torch.device("cuda" if cfg.num_gpus > 0 and torch.cuda.is_available()
                                    else "cpu")
         self.policy = build_policy(policy, spec)
-        cast(torch.nn.Module, self.policy).to(self.device)
+        as_module(self.policy).to(self.device)
         self._core: LearnerCore | None = None
         """Made once this rank knows its group (``init_group``; at once for a lone rank)."""
         self.simulated: SimulatedEngine | None = None
@@ -198,7 +198,7 @@ class Learner:
         reference = build_policy(self.policy_choice, self.spec)
         loaded, _ = load_policy(self.init_from)
         reference.load_state_dict(loaded.state_dict())
-        cast(torch.nn.Module, reference).to(self.device)
+        as_module(reference).to(self.device)
         reference.eval()
         return reference
 

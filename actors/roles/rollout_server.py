@@ -32,7 +32,6 @@ import hashlib
 import time
 import uuid
 from functools import partial
-from typing import cast
 
 import ray
 import torch
@@ -43,6 +42,7 @@ from actors.runtime.process_memory import ProcessMemory
 from rlvla3.config import Named
 from rlvla3.gpu.sim import rollout_lanes
 from rlvla3.policies import build_policy
+from rlvla3.protocols import as_module
 from rlvla3.role_stats import RolloutServerStats
 from rlvla3.rollout.batching import make_batching_rule
 from rlvla3.rollout.core import RolloutCore, RolloutService
@@ -74,7 +74,7 @@ class RolloutServer:
         for noise in noises:
             model = build_policy(policy, spec)
             if cfg.num_gpus > 0 and torch.cuda.is_available():
-                cast(torch.nn.Module, model).to("cuda", getattr(torch, cfg.gpu_dtype))
+                as_module(model).to("cuda", getattr(torch, cfg.gpu_dtype))
             model.seed_sampling(noise)
             cores.append(RolloutCore(model, cfg.deterministic))
         lanes, self.simulated = rollout_lanes(cores, cfg.cost_model, time_dilation,
@@ -150,7 +150,7 @@ class RolloutServer:
         from rlvla3.weight_sync import parameter_sum
 
         return await self.service.between_batches(
-            lambda model: (model.version, parameter_sum(cast(torch.nn.Module, model.policy))))
+            lambda model: (model.version, parameter_sum(as_module(model.policy))))
 
     def stats(self) -> RolloutServerStats:
         """Counters for the controller's progress line and summary."""

@@ -32,9 +32,8 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-import torch
 import yaml
 
 from actors.sft.sft_config import SFTConfig
@@ -46,6 +45,7 @@ from rlvla3.checkpoint.storage import Mirror, Storage, check_writable, join
 from rlvla3.checkpoint.trust import locate_checkpoint
 from rlvla3.config import ConfigError, Named, build, to_dict
 from rlvla3.machine import local_ray_cpus, usable_cpus
+from rlvla3.protocols import as_module
 from rlvla3.run_config import adopt_init_policy
 from rlvla3.types import EnvSpec
 
@@ -229,7 +229,7 @@ def prepare(cfg: SFTConfig, verify: bool = False) -> SFTJob:
 
     resolve(POLICIES, cfg.policy.name, "policy.name")
     # What every worker builds; on GPUs the driver keeps off the devices.
-    policy = None if cfg.use_gpu else cast(torch.nn.Module, build_policy(cfg.policy, spec))
+    policy = None if cfg.use_gpu else as_module(build_policy(cfg.policy, spec))
     if Storage(cfg.run_dir).is_file("checkpoints/latest"):  # resumed: what it needs is there
         check_resume(cfg.run_dir)
     if cfg.init_from:

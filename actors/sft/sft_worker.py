@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,6 +59,7 @@ from rlvla3.checkpoint.trust import resolve_checkpoint
 from rlvla3.config import build
 from rlvla3.engine import group
 from rlvla3.engine.engine import TrainingEngine
+from rlvla3.protocols import as_module
 from rlvla3.types import EnvSpec
 
 
@@ -109,7 +110,7 @@ def train_loop(config: dict[str, Any]) -> None:
     torch.manual_seed(cfg.seed)
     ranks = join_group(cfg, rank, world)
     device = ranks.device
-    policy = cast(torch.nn.Module, build_policy(cfg.policy, spec)).to(device)
+    policy = as_module(build_policy(cfg.policy, spec)).to(device)
     engine = TrainingEngine(policy, cfg.engine(), ranks, "sft_loss",
                             lambda params: torch.optim.AdamW(params, lr=cfg.lr,
                                                              weight_decay=cfg.weight_decay))

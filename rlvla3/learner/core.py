@@ -24,7 +24,6 @@ from typing import cast
 
 import numpy as np
 import torch
-from torch import nn
 
 from rlvla3.algos.config import AlgoConfig
 from rlvla3.algos.losses import approx_kl, objective
@@ -50,7 +49,7 @@ from rlvla3.learner.step import (
     Reduce,
     StepStats,
 )
-from rlvla3.protocols import Demonstrations, Policy
+from rlvla3.protocols import Demonstrations, Policy, as_module
 from rlvla3.queue.pacing import StalenessBound
 from rlvla3.types import TrajectorySegment
 
@@ -93,7 +92,7 @@ def rl_engine(policy: Policy, algo: AlgoConfig, lr: float, cfg: EngineConfig | N
               ranks: Ranks | None = None) -> TrainingEngine:
     """The engine an RL learner rank trains through: Adam (eps 1e-5) at ``lr``, gradients of
     ``evaluate``, a frozen proximal copy under ``proximal: window``."""
-    module = cast(nn.Module, policy)  # every policy is a torch module (``Policy``)
+    module = as_module(policy)
     return TrainingEngine(module, cfg or EngineConfig(), ranks or Ranks(), "evaluate",
                           lambda params: torch.optim.Adam(params, lr=lr, eps=1e-5),
                           keep_shadow=algo.proximal == "window")
@@ -247,7 +246,7 @@ class LearnerCore:
         """Copies of what a whole checkpoint holds, taken now (between two steps; written
         while training goes on): ``reuse``, an earlier copy's weights and optimizer state
         whose write has finished, lends its buffers (``rlvla3.checkpoint.files.snapshot``)."""
-        weights, optimizer, rng = snapshot(cast(nn.Module, self.policy), self.optimizer, reuse)
+        weights, optimizer, rng = snapshot(self.policy, self.optimizer, reuse)
         shadow = self.engine.shadow
         return WholeCopy(self.version, weights, optimizer, rng, self.state(),
                          None if shadow is None else StateSnapshot(
